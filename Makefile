@@ -1,0 +1,29 @@
+# keyfold developer targets. `make` lists them; `make test` is what CI runs.
+GO ?= go
+
+.PHONY: help
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
+
+.PHONY: test
+test: ## vet, check generated code, run every test (what CI runs)
+	$(GO) vet ./...
+	$(MAKE) proto-check
+	$(GO) test -count=1 -timeout 15m ./...
+
+.PHONY: proto
+proto: ## regenerate the .pb.go files from proto/keyfold/v1/*.proto (needs protoc)
+	protoc --plugin=protoc-gen-go="$$($(GO) tool -n protoc-gen-go)" \
+		--go_out=. --go_opt=paths=source_relative proto/keyfold/v1/*.proto
+
+.PHONY: proto-check
+proto-check: proto ## fail if the committed .pb.go differ from what `make proto` generates
+	@git diff --exit-code -- proto/ || (echo "generated code is stale: run make proto and commit" >&2; exit 1)
+
+.PHONY: bench
+bench: ## run the Go benchmarks (figures go to BENCHMARKS.md)
+	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./...
+
+.PHONY: serve
+serve: ## run a node on the embedded store with the quickstart pipelines
+	$(GO) run ./cmd/keyfold serve --config examples/quickstart.yaml

@@ -1,0 +1,19 @@
+// Package persistence defines where keyfold keeps its state: a fenced,
+// append-only log per key group and a snapshot per key.
+//
+// Keys hash to one of a fixed number of key groups. A group is the unit of
+// ownership: a node that takes a group over calls [Log.Claim], which bumps
+// the group's epoch, and from then on every append and snapshot write
+// carries that epoch. The store rejects a write with an older epoch
+// ([ErrFenced]) and changes nothing, so a stale owner can never corrupt a
+// group, whatever the cluster's placement believes.
+//
+// A checkpoint writes the snapshots of the keys changed since the last one
+// ([Snapshots.Put]) and then advances the group's checkpoint position,
+// trimming the log at or below it ([Log.Trim]). Recovery reads each key's
+// snapshot and replays the records above the checkpoint position, skipping
+// those a key's snapshot already reflects.
+//
+// Stores live in sub-packages (embedded is the on-disk store for one node);
+// every store passes the conformance suite in persistencetest.
+package persistence

@@ -1,0 +1,17 @@
+package persistence
+
+import "errors"
+
+var (
+	// ErrFenced reports a write carrying an epoch older than the group's
+	// current one: another owner has claimed the group since. Nothing was
+	// written; the caller must drop the group.
+	ErrFenced = errors.New("persistence: fenced by a newer epoch")
+	// ErrNotFound reports a snapshot that does not exist.
+	ErrNotFound = errors.New("persistence: not found")
+	// ErrGroupsMismatch reports a store created for another number of key
+	// groups. The number of groups is fixed for the life of a deployment.
+	ErrGroupsMismatch = errors.New("persistence: key group count differs from the store's")
+	// ErrClosed reports a call on a closed store.
+	ErrClosed = errors.New("persistence: closed")
+)
