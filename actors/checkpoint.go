@@ -1,0 +1,168 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/keyfold/keyfold/persistence"
+)
+
+// checkpointParallelism bounds the groups checkpointed at once; their synced
+// writes share fsyncs in the store.
+const checkpointParallelism = 16
+
+// checkpoint writes, for every group with changed keys, the snapshots of
+// those keys and then advances the group's checkpoint position (trimming its
+// log), so replay after a crash starts there.
+func (h *Host) checkpoint(ctx context.Context) error {
+	var (
+		wg    sync.WaitGroup
+		sem   = make(chan struct{}, checkpointParallelism)
+		errMu sync.Mutex
+		first error
+	)
+	for g := range h.cfg.Groups {
+		h.mu.Lock()
+		gs := &h.groups[g]
+		idle := gs.dispatched <= gs.checkpoint && len(gs.dirty) == 0
+		h.mu.Unlock()
+		if idle {
+			continue
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := h.checkpointGroup(ctx, g); err != nil {
+				errMu.Lock()
+				if first == nil {
+					first = err
+				}
+				errMu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+// checkpointGroup checkpoints one group. Snapshot requests are sent under
+// h.mu, after every record up to gs.dispatched was sent to its keys, so each
+// reply reflects at least those records: the log can be trimmed through the
+// dispatched position read under the same lock.
+func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
+	h.mu.Lock()
+	gs := &h.groups[g]
+	through, epoch := gs.dispatched, gs.epoch
+	replies := make(chan snapshotReply, len(gs.dirty))
+	n := 0
+	for id := range gs.dirty {
+		h.sendLocked(id, g, &snapshotMsg{reply: replies})
+		n++
+	}
+	h.mu.Unlock()
+
+	snaps := make([]persistence.Snapshot, 0, n)
+	got := make([]snapshotReply, 0, n)
+	for range n {
+		select {
+		case r := <-replies:
+			if r.err != nil {
+				return fmt.Errorf("actors: checkpoint group %d: %w", g, r.err)
+			}
+			snaps = append(snaps, persistence.Snapshot{Key: r.id.snapshotKey(), Data: r.data})
+			got = append(got, r)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-h.failCh:
+			return h.Err()
+		}
+	}
+	// Deterministic write order makes the store's work reproducible.
+	slices.SortFunc(snaps, func(a, b persistence.Snapshot) int {
+		switch {
+		case a.Key < b.Key:
+			return -1
+		case a.Key > b.Key:
+			return 1
+		}
+		return 0
+	})
+	if len(snaps) > 0 {
+		if err := h.store.Put(ctx, g, epoch, snaps); err != nil {
+			return fmt.Errorf("actors: checkpoint group %d: %w", g, err)
+		}
+	}
+	if err := h.store.Trim(ctx, g, epoch, through); err != nil {
+		return fmt.Errorf("actors: checkpoint group %d: %w", g, err)
+	}
+	h.stats.checkpoints.Add(1)
+
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, r := range got {
+		if gs.dirty[r.id] <= r.pos {
+			delete(gs.dirty, r.id)
+		}
+	}
+	if through > gs.checkpoint {
+		gs.checkpoint = through
+	}
+	return nil
+}
+
+// passivate stops grains whose state is in their snapshot (not dirty) and
+// that were idle past IdleTimeout, and, while more than MaxActive grains are
+// active, the least recently used clean ones. A stopped key's next message
+// activates it again from its snapshot.
+func (h *Host) passivate() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	idleBefore := time.Now().Add(-h.cfg.IdleTimeout).UnixNano()
+	excess := len(h.active) - h.cfg.MaxActive
+	type cand struct {
+		id keyID
+		a  *activation
+	}
+	var lru []cand
+	for id, a := range h.active {
+		if _, dirty := h.groups[a.group].dirty[id]; dirty {
+			continue
+		}
+		if a.lastUsed < idleBefore {
+			h.stopLocked(id, a)
+			excess--
+			continue
+		}
+		if excess > 0 {
+			lru = append(lru, cand{id, a})
+		}
+	}
+	if excess <= 0 {
+		return
+	}
+	slices.SortFunc(lru, func(x, y cand) int {
+		switch {
+		case x.a.lastUsed < y.a.lastUsed:
+			return -1
+		case x.a.lastUsed > y.a.lastUsed:
+			return 1
+		}
+		return 0
+	})
+	for _, c := range lru[:min(excess, len(lru))] {
+		h.stopLocked(c.id, c.a)
+	}
+}
+
+// stopLocked passivates a grain. Poison is a user message: it is processed
+// after every message already in the mailbox, and nothing is sent after it
+// because the grain leaves the registry under h.mu.
+func (h *Host) stopLocked(id keyID, a *activation) {
+	delete(h.active, id)
+	h.system.Root.Poison(a.pid)
+	h.stats.passivated.Add(1)
+}

@@ -1,0 +1,173 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/keyfold/keyfold/persistence"
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
+)
+
+// commitLoop is the group commit: it takes every ingest queued while the
+// previous write was syncing, turns them into one log record per key group,
+// appends all records in one call (one synced write), and hands each key its
+// inputs in log order. It returns when the queue is closed and drained.
+func (h *Host) commitLoop() {
+	for {
+		req, ok := <-h.queue
+		if !ok {
+			return
+		}
+		reqs := []*ingestReq{req}
+		n := len(req.events)
+	more:
+		for n < h.cfg.MaxCommitEvents {
+			select {
+			case r, ok := <-h.queue:
+				if !ok {
+					break more
+				}
+				reqs = append(reqs, r)
+				n += len(r.events)
+			default:
+				break more
+			}
+		}
+		h.commit(reqs)
+	}
+}
+
+// keyBatch is one key's share of a commit.
+type keyBatch struct {
+	id     keyID
+	inputs *keyfoldv1.KeyInputs
+	msg    applyMsg
+}
+
+// groupBatch is one key group's share of a commit: one log record.
+type groupBatch struct {
+	group uint32
+	keys  []*keyBatch
+	index map[keyID]*keyBatch
+}
+
+func (h *Host) commit(reqs []*ingestReq) {
+	if err := h.Err(); err != nil {
+		for _, r := range reqs {
+			r.w.pending.Store(1)
+			r.w.finish(0, err)
+		}
+		return
+	}
+	nowMs := h.cfg.Now().UnixMilli()
+	batches := make(map[uint32]*groupBatch)
+	for _, r := range reqs {
+		segs := 0
+		for _, ev := range r.events {
+			id := keyID{r.pipeline, ev.Key}
+			g := GroupOf(id.pipeline, id.key, h.cfg.Groups)
+			gb := batches[g]
+			if gb == nil {
+				gb = &groupBatch{group: g, index: make(map[keyID]*keyBatch)}
+				batches[g] = gb
+			}
+			kb := gb.index[id]
+			if kb == nil {
+				kb = &keyBatch{id: id, inputs: &keyfoldv1.KeyInputs{Pipeline: id.pipeline, Key: id.key}}
+				gb.index[id] = kb
+				gb.keys = append(gb.keys, kb)
+			}
+			kb.inputs.Inputs = append(kb.inputs.Inputs, &keyfoldv1.Input{Event: ev.Raw, IngestTimeMs: nowMs})
+			if s := len(kb.msg.segs); s == 0 || kb.msg.segs[s-1].w != r.w {
+				kb.msg.segs = append(kb.msg.segs, segment{nowMs: nowMs, w: r.w})
+				segs++
+			}
+			last := &kb.msg.segs[len(kb.msg.segs)-1]
+			last.events = append(last.events, ev)
+		}
+		r.w.pending.Store(int64(segs))
+	}
+
+	groups := make([]*groupBatch, 0, len(batches))
+	for _, gb := range batches {
+		groups = append(groups, gb)
+	}
+	slices.SortFunc(groups, func(a, b *groupBatch) int { return int(a.group) - int(b.group) })
+
+	entries := make([]persistence.Entry, len(groups))
+	h.mu.Lock()
+	for i, gb := range groups {
+		entries[i] = persistence.Entry{Group: gb.group, Epoch: h.groups[gb.group].epoch}
+	}
+	h.mu.Unlock()
+	for i, gb := range groups {
+		rec := &keyfoldv1.LogRecord{Keys: make([]*keyfoldv1.KeyInputs, len(gb.keys))}
+		for j, kb := range gb.keys {
+			rec.Keys[j] = kb.inputs
+		}
+		data, err := encodeRecord(rec)
+		if err != nil { // cannot happen for these messages
+			err = fmt.Errorf("actors: encode record: %w", err)
+			for _, gb := range groups {
+				failGroup(gb, err)
+			}
+			return
+		}
+		entries[i].Data = data
+	}
+
+	positions, err := h.store.Append(context.Background(), entries)
+	h.stats.commits.Add(1)
+	if err != nil {
+		h.log.Error("append failed", "groups", len(entries), "err", err)
+		if errors.Is(err, persistence.ErrFenced) {
+			// Another owner claimed one of our groups; our view of it is
+			// stale. Stop, and let a restart reclaim and replay.
+			h.fail(err)
+		}
+	}
+
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, gb := range groups {
+		pos := persistence.Position(0)
+		if i < len(positions) {
+			pos = positions[i]
+		}
+		if pos == 0 {
+			failGroup(gb, fmt.Errorf("%w: %w", ErrUnavailable, err))
+			continue
+		}
+		gs := &h.groups[gb.group]
+		for _, kb := range gb.keys {
+			kb.msg.pos = pos
+			h.sendLocked(kb.id, gb.group, &kb.msg)
+			gs.dirty[kb.id] = pos
+		}
+		gs.dispatched = pos
+		if pos-gs.checkpoint >= uint64(h.cfg.CheckpointRecords) {
+			h.nudgeCheckpoint()
+		}
+	}
+	if len(h.active) > h.cfg.MaxActive {
+		h.nudgeCheckpoint()
+	}
+}
+
+// failGroup finishes every segment of a group that was not appended.
+func failGroup(gb *groupBatch, err error) {
+	for _, kb := range gb.keys {
+		for _, s := range kb.msg.segs {
+			s.w.finish(0, err)
+		}
+	}
+}
+
+func (h *Host) nudgeCheckpoint() {
+	select {
+	case h.checkpointNow <- struct{}{}:
+	default:
+	}
+}

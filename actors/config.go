@@ -1,0 +1,103 @@
+package actors
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/keyfold/keyfold/actors/fold"
+	"github.com/keyfold/keyfold/persistence"
+)
+
+// Config configures a Host. Zero durations and sizes take the defaults
+// below.
+type Config struct {
+	// Store keeps the key-group logs and the snapshots. Required.
+	Store persistence.Store
+	// Pipelines by name. Required.
+	Pipelines map[string]*fold.Pipeline
+	// Groups is the number of key groups, fixed for the deployment.
+	Groups uint32
+	// CheckpointInterval bounds the time between checkpoints, and so the
+	// replay after a crash.
+	CheckpointInterval time.Duration
+	// CheckpointRecords triggers a checkpoint early once any group's log has
+	// this many records above its checkpoint.
+	CheckpointRecords int
+	// IdleTimeout passivates keys that received nothing for this long.
+	IdleTimeout time.Duration
+	// MaxActive bounds the number of active keys; beyond it the least
+	// recently used ones are passivated at the next checkpoint.
+	MaxActive int
+	// MaxCommitEvents bounds the events one group commit collects.
+	MaxCommitEvents int
+	// Logger receives the host's logs; nil discards them.
+	Logger *slog.Logger
+	// Now is the processing-time clock; nil is time.Now. Its readings are
+	// logged with the inputs, so replay never reads it.
+	Now func() time.Time
+}
+
+// Defaults.
+const (
+	DefaultGroups             = 256
+	DefaultCheckpointInterval = 5 * time.Second
+	DefaultCheckpointRecords  = 1000
+	DefaultIdleTimeout        = 5 * time.Minute
+	DefaultMaxActive          = 100_000
+	DefaultMaxCommitEvents    = 50_000
+)
+
+func (c *Config) setDefaults() {
+	if c.Groups == 0 {
+		c.Groups = DefaultGroups
+	}
+	if c.CheckpointInterval == 0 {
+		c.CheckpointInterval = DefaultCheckpointInterval
+	}
+	if c.CheckpointRecords == 0 {
+		c.CheckpointRecords = DefaultCheckpointRecords
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.MaxActive == 0 {
+		c.MaxActive = DefaultMaxActive
+	}
+	if c.MaxCommitEvents == 0 {
+		c.MaxCommitEvents = DefaultMaxCommitEvents
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Validate reports every problem of c at once.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Store == nil {
+		errs = append(errs, errors.New("actors: config: Store is required"))
+	}
+	if len(c.Pipelines) == 0 {
+		errs = append(errs, errors.New("actors: config: at least one pipeline is required"))
+	}
+	for _, v := range []struct {
+		name string
+		bad  bool
+	}{
+		{"CheckpointInterval", c.CheckpointInterval < 0},
+		{"CheckpointRecords", c.CheckpointRecords < 0},
+		{"IdleTimeout", c.IdleTimeout < 0},
+		{"MaxActive", c.MaxActive < 0},
+		{"MaxCommitEvents", c.MaxCommitEvents < 0},
+	} {
+		if v.bad {
+			errs = append(errs, fmt.Errorf("actors: config: %s must not be negative", v.name))
+		}
+	}
+	return errors.Join(errs...)
+}

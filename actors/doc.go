@@ -1,0 +1,15 @@
+// Package actors runs keyfold's per-key state machines (package fold) as
+// protoactor-go actors, one per (pipeline, key), and owns the path of an
+// ingest through them: group commit to the key-group logs, then apply, then
+// respond. It also checkpoints, recovers and passivates keys.
+//
+// A [Host] is one node's worth of keys. Every key hashes to a key group; the
+// host claims its groups at start (bumping their epochs, which fences any
+// earlier owner) and replays each group's log above its checkpoint into the
+// keys' actors before it serves.
+//
+// Ordering: one commit loop appends records and hands each key its inputs
+// in log order, so a key applies its events in the order of its group's log.
+// Queries and snapshot requests travel through the same mailboxes, so a
+// query sees every event acknowledged before it was sent.
+package actors

@@ -1,0 +1,20 @@
+package actors
+
+import "errors"
+
+var (
+	// ErrNotReady reports a call before the node has recovered its state.
+	ErrNotReady = errors.New("actors: node not ready")
+	// ErrClosed reports an ingest or query after the host stopped accepting.
+	ErrClosed = errors.New("actors: host is shutting down")
+	// ErrNotFound reports a query for a key that holds no state.
+	ErrNotFound = errors.New("actors: key not found")
+	// ErrUnknownPipeline reports a pipeline the host was not configured with.
+	ErrUnknownPipeline = errors.New("actors: unknown pipeline")
+	// ErrUnavailable reports that the store failed a write; nothing of the
+	// affected groups was applied, and the call may be retried.
+	ErrUnavailable = errors.New("actors: store unavailable")
+	// ErrFailed reports that the host stopped after a storage failure; the
+	// process must restart (and replay) before it can serve again.
+	ErrFailed = errors.New("actors: host failed")
+)

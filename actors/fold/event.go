@@ -1,0 +1,227 @@
+package fold
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+)
+
+// Event is a validated event, reduced to what its key's state needs. It is
+// immutable once prepared.
+type Event struct {
+	// Raw is the event exactly as received; it is what gets logged.
+	Raw []byte
+	// Key names the event's actor within its pipeline.
+	Key string
+	// ID is the idempotency id, "" if the event has none.
+	ID string
+	// Time is the event time in Unix milliseconds, or 0 when the pipeline
+	// has no time field (ingest time is used).
+	Time int64
+
+	contrib []contribution // one per aggregate of the pipeline, in order
+}
+
+// contribution is what one event adds to one aggregate.
+type contribution struct {
+	ok   bool    // the event contributes (field present, where matched)
+	num  float64 // sum, min, max
+	last []byte  // last: the value as JSON
+}
+
+// Prepare decodes and validates one event, a JSON object. It returns a
+// *FieldError (wrapping ErrInvalidEvent) naming the field at fault when the
+// key is missing or not a string or number, when a numeric aggregate's
+// field is not a number, when the time or id field has the wrong type, or
+// when a where filter fails on the event. A field that is simply absent
+// leaves its aggregate unchanged.
+func (p *Pipeline) Prepare(raw []byte) (*Event, error) {
+	var fields map[string]any
+	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
+		return nil, &FieldError{Field: "", Reason: describeJSONError(raw, err)}
+	}
+	ev := &Event{Raw: raw}
+
+	kv, ok := lookup(fields, p.keyField, p.key)
+	if !ok || kv == nil {
+		return nil, &FieldError{Field: p.keyField, Reason: "key field is missing"}
+	}
+	key, err := scalarString(kv)
+	if err != nil {
+		return nil, &FieldError{Field: p.keyField, Reason: "key " + err.Error()}
+	}
+	if key == "" {
+		return nil, &FieldError{Field: p.keyField, Reason: "key must not be empty"}
+	}
+	ev.Key = key
+
+	if p.idField != "" {
+		if v, ok := lookup(fields, p.idField, p.id); ok && v != nil {
+			id, err := scalarString(v)
+			if err != nil {
+				return nil, &FieldError{Field: p.idField, Reason: "id " + err.Error()}
+			}
+			ev.ID = id
+		}
+	}
+	if p.timeField != "" {
+		if v, ok := lookup(fields, p.timeField, p.time); ok && v != nil {
+			t, err := eventTime(v)
+			if err != nil {
+				return nil, &FieldError{Field: p.timeField, Reason: err.Error()}
+			}
+			ev.Time = t
+		}
+	}
+
+	ev.contrib = make([]contribution, len(p.aggs))
+	for i := range p.aggs {
+		c, err := p.aggs[i].contribution(fields)
+		if err != nil {
+			return nil, err
+		}
+		ev.contrib[i] = c
+	}
+	return ev, nil
+}
+
+func (a *aggregate) contribution(fields map[string]any) (contribution, error) {
+	var c contribution
+	if a.where != nil {
+		ok, err := a.where.match(fields)
+		if err != nil {
+			return c, &FieldError{Field: "aggregates." + a.name + ".where", Reason: err.Error()}
+		}
+		if !ok {
+			return c, nil
+		}
+	}
+	if a.op == OpCount {
+		c.ok = true
+		return c, nil
+	}
+	v, ok := lookup(fields, a.field, a.path)
+	if !ok || v == nil {
+		return c, nil // absent: no contribution
+	}
+	switch {
+	case a.op.numeric():
+		f, isNum := v.(float64)
+		if !isNum {
+			return c, &FieldError{Field: a.field, Reason: fmt.Sprintf("%s needs a number, got %s", a.op, describe(v))}
+		}
+		c.num = f
+	case a.op == OpLast:
+		b, err := json.Marshal(v)
+		if err != nil { // cannot happen for decoded JSON
+			return c, &FieldError{Field: a.field, Reason: err.Error()}
+		}
+		c.last = b
+	}
+	c.ok = true
+	return c, nil
+}
+
+// lookup finds a field by its literal name, else by walking its dotted path
+// through nested objects.
+func lookup(fields map[string]any, name string, path []string) (any, bool) {
+	if v, ok := fields[name]; ok {
+		return v, true
+	}
+	if len(path) < 2 {
+		return nil, false
+	}
+	var cur any = fields
+	for _, part := range path {
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		if cur, ok = m[part]; !ok {
+			return nil, false
+		}
+	}
+	return cur, true
+}
+
+// scalarString renders a key or id: strings as they are, numbers in their
+// shortest decimal form (42, 4.5).
+func scalarString(v any) (string, error) {
+	switch x := v.(type) {
+	case string:
+		return x, nil
+	case float64:
+		return strconv.FormatFloat(x, 'f', -1, 64), nil
+	default:
+		return "", fmt.Errorf("must be a string or a number, got %s", describe(v))
+	}
+}
+
+// eventTime reads an RFC 3339 string or a number of Unix milliseconds.
+func eventTime(v any) (int64, error) {
+	switch x := v.(type) {
+	case string:
+		t, err := time.Parse(time.RFC3339Nano, x)
+		if err != nil {
+			return 0, fmt.Errorf("time must be RFC 3339 or Unix milliseconds, got %q", x)
+		}
+		return t.UnixMilli(), nil
+	case float64:
+		if math.IsNaN(x) || math.IsInf(x, 0) || x < 0 || x > 1<<53 {
+			return 0, fmt.Errorf("time in Unix milliseconds out of range: %v", x)
+		}
+		return int64(x), nil
+	default:
+		return 0, fmt.Errorf("time must be RFC 3339 or Unix milliseconds, got %s", describe(v))
+	}
+}
+
+func describe(v any) string {
+	switch x := v.(type) {
+	case nil:
+		return "null"
+	case string:
+		if len(x) > 40 {
+			x = x[:40] + "…"
+		}
+		return fmt.Sprintf("string %q", x)
+	case bool:
+		return fmt.Sprintf("bool %v", x)
+	case float64:
+		return fmt.Sprintf("number %v", x)
+	case []any:
+		return "array"
+	case map[string]any:
+		return "object"
+	default:
+		return fmt.Sprintf("%T", v)
+	}
+}
+
+func describeJSONError(raw []byte, err error) string {
+	trimmed := bytes.TrimSpace(raw)
+	if len(trimmed) > 0 && trimmed[0] != '{' {
+		return "event must be a JSON object"
+	}
+	if err == nil {
+		return "event must be a JSON object, got null"
+	}
+	return "invalid JSON: " + err.Error()
+}
+
+// PrepareBatch prepares every event of a batch. If any is invalid it returns
+// a *BatchError for the first one, and the batch must be rejected whole.
+func (p *Pipeline) PrepareBatch(raws [][]byte) ([]*Event, error) {
+	events := make([]*Event, len(raws))
+	for i, raw := range raws {
+		ev, err := p.Prepare(raw)
+		if err != nil {
+			return nil, &BatchError{Index: i, Err: err}
+		}
+		events[i] = ev
+	}
+	return events, nil
+}

@@ -1,0 +1,176 @@
+package fold
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+)
+
+// DefaultDedupWindow is how long an event id is remembered when a pipeline
+// names an id field but no dedup_window.
+const DefaultDedupWindow = 24 * time.Hour
+
+// Spec is the configuration of one pipeline, as written in YAML.
+type Spec struct {
+	// Key is the (dotted) field whose value names the key's actor. The value
+	// must be a string or a number.
+	Key string `yaml:"key"`
+	// Time is the event-time field (RFC 3339 string or Unix milliseconds).
+	// Empty means event time is ingest time.
+	Time string `yaml:"time"`
+	// ID is the idempotency field: an event whose id was already applied to
+	// its key within DedupWindow is a duplicate and changes nothing.
+	ID string `yaml:"id"`
+	// DedupWindow is how long applied ids are remembered (default 24h).
+	DedupWindow time.Duration `yaml:"dedup_window"`
+	// Aggregates are the running aggregates of each key, by name.
+	Aggregates map[string]AggregateSpec `yaml:"aggregates"`
+}
+
+// AggregateSpec is one running aggregate.
+type AggregateSpec struct {
+	// Op is one of count, sum, min, max, last.
+	Op string `yaml:"op"`
+	// Field is the (dotted) field the op reads; required except for count.
+	Field string `yaml:"field"`
+	// Where, if set, is an expression over the event's fields: only events
+	// for which it is true contribute (see the README for the language).
+	Where string `yaml:"where"`
+}
+
+// Op is an aggregate operation.
+type Op uint8
+
+// The aggregate operations.
+const (
+	OpCount Op = iota + 1
+	OpSum
+	OpMin
+	OpMax
+	OpLast
+)
+
+var opNames = map[string]Op{"count": OpCount, "sum": OpSum, "min": OpMin, "max": OpMax, "last": OpLast}
+
+func (o Op) String() string {
+	for name, op := range opNames {
+		if op == o {
+			return name
+		}
+	}
+	return fmt.Sprintf("Op(%d)", uint8(o))
+}
+
+// numeric reports whether the op needs a numeric field.
+func (o Op) numeric() bool { return o == OpSum || o == OpMin || o == OpMax }
+
+// Pipeline is a compiled Spec. It is immutable and safe for concurrent use.
+type Pipeline struct {
+	name        string
+	key         []string // dotted paths, split
+	keyField    string
+	timeField   string
+	time        []string
+	idField     string
+	id          []string
+	dedupWindow time.Duration
+	aggs        []aggregate // sorted by name
+}
+
+type aggregate struct {
+	name  string
+	op    Op
+	field string
+	path  []string
+	where *where
+}
+
+// Compile validates spec and compiles it into a Pipeline. It reports every
+// problem at once, each as a *SpecError naming the pipeline and the entry.
+func Compile(name string, spec Spec) (*Pipeline, error) {
+	var errs []error
+	bad := func(entry, format string, args ...any) {
+		errs = append(errs, &SpecError{Pipeline: name, Entry: entry, Problem: fmt.Sprintf(format, args...)})
+	}
+	if name == "" || strings.ContainsAny(name, "/ \t\n") {
+		bad("", "name must be non-empty and contain no '/' or whitespace")
+	}
+	if spec.Key == "" {
+		bad("key", "is required (the field that names each key)")
+	}
+	if spec.DedupWindow < 0 {
+		bad("dedup_window", "must not be negative")
+	}
+	if spec.DedupWindow == 0 {
+		spec.DedupWindow = DefaultDedupWindow
+	}
+	p := &Pipeline{
+		name:        name,
+		keyField:    spec.Key,
+		key:         splitPath(spec.Key),
+		timeField:   spec.Time,
+		time:        splitPath(spec.Time),
+		idField:     spec.ID,
+		id:          splitPath(spec.ID),
+		dedupWindow: spec.DedupWindow,
+	}
+	names := make([]string, 0, len(spec.Aggregates))
+	for n := range spec.Aggregates {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		a := spec.Aggregates[n]
+		entry := "aggregates." + n
+		op, ok := opNames[a.Op]
+		switch {
+		case a.Op == "":
+			bad(entry, "op is required (one of %s)", opList())
+			continue
+		case !ok:
+			bad(entry, "unknown op %q (want one of %s)", a.Op, opList())
+			continue
+		}
+		if op != OpCount && a.Field == "" {
+			bad(entry, "op %s needs a field", op)
+		}
+		agg := aggregate{name: n, op: op, field: a.Field, path: splitPath(a.Field)}
+		if a.Where != "" {
+			prog, err := compileWhere(a.Where)
+			if err != nil {
+				bad(entry, "where %q does not compile: %v", a.Where, err)
+			}
+			agg.where = prog
+		}
+		p.aggs = append(p.aggs, agg)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func opList() string {
+	names := make([]string, 0, len(opNames))
+	for n := range opNames {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return strings.Join(names, ", ")
+}
+
+// Name returns the pipeline's name.
+func (p *Pipeline) Name() string { return p.name }
+
+// DedupWindow returns how long applied ids are remembered.
+func (p *Pipeline) DedupWindow() time.Duration { return p.dedupWindow }
+
+func splitPath(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ".")
+}

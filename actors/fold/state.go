@@ -1,0 +1,143 @@
+package fold
+
+import (
+	"encoding/json"
+	"math"
+)
+
+// State is the folded state of one key. The zero value is the state of a key
+// that has seen nothing. It is not safe for concurrent use: it belongs to
+// its key's actor.
+type State struct {
+	seq  uint64
+	now  int64 // the key's clock: the largest processing time applied
+	aggs []aggState
+	// Ids applied within the dedup window: a set for lookup and the same ids
+	// oldest first for expiry.
+	seen  map[string]int64
+	order []seenID
+}
+
+type aggState struct {
+	count uint64
+	num   float64
+	last  []byte
+}
+
+type seenID struct {
+	id string
+	at int64
+}
+
+// Seq returns the number of events applied to the key, duplicates excluded.
+func (s *State) Seq() uint64 { return s.seq }
+
+// Empty reports whether no event was ever applied.
+func (s *State) Empty() bool { return s.seq == 0 && len(s.seen) == 0 }
+
+// Apply folds one prepared event into the key's state at processing time
+// nowMs (Unix milliseconds, taken from the log). It reports whether the event
+// was a duplicate, in which case the aggregates and seq are unchanged.
+func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
+	if nowMs > s.now {
+		s.now = nowMs
+	}
+	p.expireIDs(s)
+	if ev.ID != "" {
+		if _, dup := s.seen[ev.ID]; dup {
+			return true
+		}
+		if s.seen == nil {
+			s.seen = make(map[string]int64)
+		}
+		s.seen[ev.ID] = s.now
+		s.order = append(s.order, seenID{id: ev.ID, at: s.now})
+	}
+	if len(s.aggs) != len(p.aggs) {
+		s.aggs = append(s.aggs, make([]aggState, len(p.aggs)-len(s.aggs))...)
+	}
+	for i := range p.aggs {
+		c := &ev.contrib[i]
+		if !c.ok {
+			continue
+		}
+		a := &s.aggs[i]
+		switch p.aggs[i].op {
+		case OpSum:
+			a.num += c.num
+		case OpMin:
+			if a.count == 0 || c.num < a.num {
+				a.num = c.num
+			}
+		case OpMax:
+			if a.count == 0 || c.num > a.num {
+				a.num = c.num
+			}
+		case OpLast:
+			a.last = c.last
+		}
+		a.count++
+	}
+	s.seq++
+	return false
+}
+
+// expireIDs forgets ids applied longer than the dedup window ago.
+func (p *Pipeline) expireIDs(s *State) {
+	horizon := s.now - p.dedupWindow.Milliseconds()
+	n := 0
+	for n < len(s.order) && s.order[n].at <= horizon {
+		delete(s.seen, s.order[n].id)
+		n++
+	}
+	if n > 0 {
+		s.order = s.order[n:]
+		if len(s.order) == 0 {
+			s.order = nil // let the backing array go
+		}
+	}
+}
+
+// Aggregates returns the current value of every aggregate, by name: count is
+// a uint64; sum a float64 (0 before any value); min and max a float64, or
+// nil before any value; last the value's JSON (json.RawMessage), or nil.
+func (p *Pipeline) Aggregates(s *State) map[string]any {
+	out := make(map[string]any, len(p.aggs))
+	for i, agg := range p.aggs {
+		var a aggState
+		if i < len(s.aggs) {
+			a = s.aggs[i]
+		}
+		switch agg.op {
+		case OpCount:
+			out[agg.name] = a.count
+		case OpSum:
+			out[agg.name] = jsonNumber(a.num)
+		case OpMin, OpMax:
+			if a.count == 0 {
+				out[agg.name] = nil
+			} else {
+				out[agg.name] = jsonNumber(a.num)
+			}
+		case OpLast:
+			if a.last == nil {
+				out[agg.name] = nil
+			} else {
+				out[agg.name] = json.RawMessage(a.last)
+			}
+		}
+	}
+	return out
+}
+
+// jsonNumber keeps values JSON can encode: sums that overflowed to ±Inf are
+// clamped to the largest finite float64.
+func jsonNumber(f float64) float64 {
+	switch {
+	case math.IsInf(f, 1):
+		return math.MaxFloat64
+	case math.IsInf(f, -1):
+		return -math.MaxFloat64
+	}
+	return f
+}

@@ -1,0 +1,161 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/keyfold/keyfold/actors/fold"
+	"github.com/keyfold/keyfold/persistence"
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
+	"google.golang.org/protobuf/proto"
+)
+
+// Messages of a grain. They carry Go channels and pointers: grains are local
+// to their host; routing between nodes happens before a batch reaches one.
+
+// applyMsg hands a key its inputs from the log record at pos.
+type applyMsg struct {
+	pos  persistence.Position
+	segs []segment
+}
+
+// segment is a run of one ingest call's events for the key, all logged with
+// the same processing time. w is nil during replay.
+type segment struct {
+	nowMs  int64
+	events []*fold.Event
+	w      *waiter
+}
+
+type queryMsg struct{ reply chan queryReply }
+
+type queryReply struct {
+	view KeyView
+	err  error
+}
+
+type snapshotMsg struct{ reply chan snapshotReply }
+
+type snapshotReply struct {
+	id  keyID
+	pos persistence.Position
+	// data is the encoded keyfold.v1.Snapshot; nil when the key holds no
+	// state, which deletes its snapshot.
+	data []byte
+	err  error
+}
+
+// KeyView is what a query returns about one key.
+type KeyView struct {
+	Seq        uint64
+	Aggregates map[string]any
+}
+
+// grain is the actor of one key: it owns the key's fold.State and is the
+// only code that touches it.
+type grain struct {
+	host     *Host
+	id       keyID
+	group    uint32
+	pipeline *fold.Pipeline
+	state    fold.State
+	pos      persistence.Position // last log position applied
+	broken   error                // set when activation failed; the host is failing
+}
+
+func (g *grain) Receive(c actor.Context) {
+	defer func() {
+		if r := recover(); r != nil {
+			err := fmt.Errorf("actors: grain %s/%s panicked: %v", g.id.pipeline, g.id.key, r)
+			g.broken = err
+			g.host.fail(err)
+		}
+	}()
+	switch m := c.Message().(type) {
+	case *actor.Started:
+		g.activate()
+	case *applyMsg:
+		g.apply(m)
+	case *queryMsg:
+		m.reply <- g.query()
+	case *snapshotMsg:
+		m.reply <- g.snapshot()
+	}
+}
+
+// activate loads the key's snapshot. A passivated key always has a current
+// one, so activation is a single read.
+func (g *grain) activate() {
+	data, err := g.host.store.Get(context.Background(), g.group, g.id.snapshotKey())
+	if errors.Is(err, persistence.ErrNotFound) {
+		return
+	}
+	if err == nil {
+		var snap keyfoldv1.Snapshot
+		if err = proto.Unmarshal(data, &snap); err == nil {
+			g.pos = snap.Position
+			g.state, err = g.pipeline.StateFromProto(snap.State)
+		}
+	}
+	if err != nil {
+		g.broken = fmt.Errorf("actors: activate %s/%s: %w", g.id.pipeline, g.id.key, err)
+		g.host.fail(g.broken)
+	}
+}
+
+func (g *grain) apply(m *applyMsg) {
+	if g.broken != nil {
+		for _, s := range m.segs {
+			s.w.finish(0, ErrFailed)
+		}
+		return
+	}
+	if m.pos <= g.pos { // replay of a record the snapshot already reflects
+		for _, s := range m.segs {
+			s.w.finish(0, nil)
+		}
+		return
+	}
+	for _, s := range m.segs {
+		dups := 0
+		for _, ev := range s.events {
+			if g.pipeline.Apply(&g.state, ev, s.nowMs) {
+				dups++
+			}
+		}
+		g.host.stats.events.Add(int64(len(s.events)))
+		g.host.stats.duplicates.Add(int64(dups))
+		s.w.finish(dups, nil)
+	}
+	g.pos = m.pos
+}
+
+func (g *grain) query() queryReply {
+	if g.broken != nil {
+		return queryReply{err: ErrFailed}
+	}
+	if g.state.Empty() {
+		return queryReply{err: ErrNotFound}
+	}
+	return queryReply{view: KeyView{Seq: g.state.Seq(), Aggregates: g.pipeline.Aggregates(&g.state)}}
+}
+
+func (g *grain) snapshot() snapshotReply {
+	r := snapshotReply{id: g.id, pos: g.pos}
+	if g.broken != nil {
+		r.err = g.broken
+		return r
+	}
+	if g.state.Empty() {
+		return r
+	}
+	r.data, r.err = proto.Marshal(&keyfoldv1.Snapshot{
+		Pipeline: g.id.pipeline,
+		Key:      g.id.key,
+		Position: g.pos,
+		State:    g.pipeline.StateProto(&g.state),
+	})
+	return r
+}

@@ -1,0 +1,376 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/keyfold/keyfold/actors/fold"
+	"github.com/keyfold/keyfold/persistence"
+)
+
+// Host runs the keys of one node. Create it with New, call Recover once, then
+// Run until the context ends; Ingest and Query may be called from any
+// goroutine once Recover returned.
+type Host struct {
+	cfg    Config
+	store  persistence.Store
+	log    *slog.Logger
+	system *actor.ActorSystem
+
+	queue chan *ingestReq
+
+	// gate orders Ingest against shutdown: Ingest enqueues under RLock, and
+	// closing takes the write lock, so nothing is enqueued after close.
+	gate   sync.RWMutex
+	closed bool
+
+	// mu guards the registry of active grains and the groups' bookkeeping.
+	// Messages to grains are sent while holding it, so a grain is never
+	// passivated between being looked up and being sent to.
+	mu     sync.Mutex
+	active map[keyID]*activation
+	groups []groupState
+
+	checkpointNow chan struct{} // nudges the checkpoint loop
+
+	failed   atomic.Pointer[error]
+	failOnce sync.Once
+	failCh   chan struct{}
+
+	stats hostStats
+}
+
+type activation struct {
+	pid      *actor.PID
+	group    uint32
+	lastUsed int64 // unix nanos
+}
+
+type groupState struct {
+	epoch      persistence.Epoch
+	checkpoint persistence.Position // checkpoint position in the store
+	dispatched persistence.Position // last record handed to the grains
+	// dirty holds, for each key whose state is newer than its snapshot, the
+	// last position handed to it.
+	dirty map[keyID]persistence.Position
+}
+
+type ingestReq struct {
+	pipeline string
+	events   []*fold.Event
+	w        *waiter
+}
+
+type hostStats struct {
+	events      atomic.Int64
+	duplicates  atomic.Int64
+	commits     atomic.Int64
+	checkpoints atomic.Int64
+	replayed    atomic.Int64
+	activations atomic.Int64
+	passivated  atomic.Int64
+}
+
+// Stats are counters of a host, for tests, metrics and the dashboard.
+type Stats struct {
+	ActiveKeys  int
+	Events      int64 // events applied (duplicates included) since start
+	Duplicates  int64
+	Commits     int64 // group commits (synced appends)
+	Checkpoints int64 // group checkpoints written
+	Replayed    int64 // log records replayed by Recover
+	Activations int64
+	Passivated  int64
+}
+
+// New returns a host. It does no I/O and starts nothing.
+func New(cfg Config) (*Host, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	h := &Host{
+		cfg:           cfg,
+		store:         cfg.Store,
+		log:           cfg.Logger,
+		queue:         make(chan *ingestReq, 1024),
+		active:        make(map[keyID]*activation),
+		groups:        make([]groupState, cfg.Groups),
+		checkpointNow: make(chan struct{}, 1),
+		failCh:        make(chan struct{}),
+	}
+	for i := range h.groups {
+		h.groups[i].dirty = make(map[keyID]persistence.Position)
+	}
+	// protoactor logs at INFO about every start and stop; keep only its
+	// warnings, on our logger.
+	quiet := slog.New(levelFilter{h.log.Handler(), slog.LevelWarn})
+	h.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+	return h, nil
+}
+
+// Recover claims every key group, which fences off any earlier owner, and
+// replays each group's log above its checkpoint into its keys. Call it once,
+// before Run.
+func (h *Host) Recover(ctx context.Context) error {
+	if err := h.store.CheckGroups(ctx, h.cfg.Groups); err != nil {
+		return fmt.Errorf("actors: recover: %w", err)
+	}
+	start := time.Now()
+	for g := range h.cfg.Groups {
+		st, err := h.store.Claim(ctx, g)
+		if err != nil {
+			return fmt.Errorf("actors: recover: claim group %d: %w", g, err)
+		}
+		h.mu.Lock()
+		gs := &h.groups[g]
+		gs.epoch, gs.checkpoint, gs.dispatched = st.Epoch, st.Checkpoint, st.Checkpoint
+		h.mu.Unlock()
+		err = h.store.Read(ctx, g, st.Checkpoint, func(pos persistence.Position, data []byte) error {
+			h.replay(g, pos, data)
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("actors: recover: read group %d: %w", g, err)
+		}
+	}
+	h.log.Info("recovered", "groups", h.cfg.Groups, "records", h.stats.replayed.Load(),
+		"keys", h.Stats().ActiveKeys, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// replay hands one logged record to its keys. Inputs that no longer prepare
+// (a pipeline removed or changed since they were logged) are skipped.
+func (h *Host) replay(g uint32, pos persistence.Position, data []byte) {
+	h.stats.replayed.Add(1)
+	rec, err := decodeRecord(data)
+	if err != nil {
+		h.log.Error("skipping undecodable log record", "group", g, "seq", pos, "err", err)
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, ki := range rec.Keys {
+		p := h.cfg.Pipelines[ki.Pipeline]
+		if p == nil {
+			h.log.Warn("skipping logged inputs of an unknown pipeline", "pipeline", ki.Pipeline, "key", ki.Key)
+			continue
+		}
+		msg := &applyMsg{pos: pos}
+		for _, in := range ki.Inputs {
+			ev, err := p.Prepare(in.Event)
+			if err != nil {
+				h.log.Warn("skipping logged input that no longer validates", "pipeline", ki.Pipeline, "key", ki.Key, "seq", pos, "err", err)
+				continue
+			}
+			if len(msg.segs) == 0 || msg.segs[len(msg.segs)-1].nowMs != in.IngestTimeMs {
+				msg.segs = append(msg.segs, segment{nowMs: in.IngestTimeMs})
+			}
+			last := &msg.segs[len(msg.segs)-1]
+			last.events = append(last.events, ev)
+		}
+		id := keyID{ki.Pipeline, ki.Key}
+		h.sendLocked(id, g, msg)
+		h.groups[g].dirty[id] = pos
+	}
+	h.groups[g].dispatched = pos
+}
+
+// Run commits ingests, checkpoints and passivates until ctx ends; then it
+// drains: it stops accepting, commits what was queued, writes a final
+// checkpoint and stops the grains. It returns nil after a clean drain, or
+// the error that failed the host.
+func (h *Host) Run(ctx context.Context) error {
+	commitDone := make(chan struct{})
+	go func() {
+		defer close(commitDone)
+		h.commitLoop()
+	}()
+	ticker := time.NewTicker(h.cfg.CheckpointInterval)
+	defer ticker.Stop()
+	var err error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case <-h.failCh:
+			break loop
+		case <-ticker.C:
+		case <-h.checkpointNow:
+		}
+		if err = h.checkpoint(ctx); err != nil && ctx.Err() == nil {
+			h.fail(err)
+			break loop
+		}
+		h.passivate()
+	}
+	h.gate.Lock()
+	h.closed = true
+	close(h.queue)
+	h.gate.Unlock()
+	<-commitDone
+	if fe := h.failed.Load(); fe != nil {
+		h.system.Shutdown()
+		return *fe
+	}
+	// Final checkpoint, so the next start replays nothing.
+	drainCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := h.checkpoint(drainCtx); err != nil {
+		h.system.Shutdown()
+		return fmt.Errorf("actors: final checkpoint: %w", err)
+	}
+	h.system.Shutdown()
+	return nil
+}
+
+// fail stops the host after an error that leaves memory and store out of
+// step (a fenced or failed write, a snapshot that cannot be read). The
+// process must restart; recovery replays the log.
+func (h *Host) fail(err error) {
+	h.failOnce.Do(func() {
+		err = fmt.Errorf("%w: %w", ErrFailed, err)
+		h.failed.Store(&err)
+		h.log.Error("host failed; restart to recover", "err", err)
+		close(h.failCh)
+	})
+}
+
+// Err returns the error that failed the host, or nil.
+func (h *Host) Err() error {
+	if p := h.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Result is the outcome of one ingest call.
+type Result struct {
+	Accepted   int // events applied
+	Duplicates int // events skipped as already applied
+}
+
+// Ingest validates a batch of events of one pipeline (each a JSON object),
+// logs it durably and applies it to its keys. An invalid event rejects the
+// whole batch with a *fold.BatchError, before anything is logged. Ingest
+// returns only after every event is in its group's log, synced, and applied.
+// If ctx ends first the events may still be applied; retrying events that
+// carry ids is safe.
+func (h *Host) Ingest(ctx context.Context, pipeline string, raws [][]byte) (Result, error) {
+	p, ok := h.cfg.Pipelines[pipeline]
+	if !ok {
+		return Result{}, fmt.Errorf("%w %q", ErrUnknownPipeline, pipeline)
+	}
+	events, err := p.PrepareBatch(raws)
+	if err != nil {
+		return Result{}, err
+	}
+	if len(events) == 0 {
+		return Result{}, nil
+	}
+	req := &ingestReq{pipeline: pipeline, events: events, w: newWaiter()}
+	h.gate.RLock()
+	if h.closed {
+		h.gate.RUnlock()
+		return Result{}, ErrClosed
+	}
+	select {
+	case h.queue <- req:
+	case <-ctx.Done():
+		h.gate.RUnlock()
+		return Result{}, ctx.Err()
+	}
+	h.gate.RUnlock()
+	select {
+	case <-req.w.done:
+	case <-ctx.Done():
+		return Result{}, ctx.Err()
+	}
+	dups, err := req.w.result()
+	if err != nil {
+		return Result{}, err
+	}
+	return Result{Accepted: len(events) - dups, Duplicates: dups}, nil
+}
+
+// Query returns a key's state, read through its grain, so it reflects every
+// ingest acknowledged before the call. A key without state is ErrNotFound.
+func (h *Host) Query(ctx context.Context, pipeline, key string) (KeyView, error) {
+	if _, ok := h.cfg.Pipelines[pipeline]; !ok {
+		return KeyView{}, fmt.Errorf("%w %q", ErrUnknownPipeline, pipeline)
+	}
+	if err := h.Err(); err != nil {
+		return KeyView{}, err
+	}
+	msg := &queryMsg{reply: make(chan queryReply, 1)}
+	id := keyID{pipeline, key}
+	h.mu.Lock()
+	h.sendLocked(id, GroupOf(pipeline, key, h.cfg.Groups), msg)
+	h.mu.Unlock()
+	select {
+	case r := <-msg.reply:
+		return r.view, r.err
+	case <-ctx.Done():
+		return KeyView{}, ctx.Err()
+	case <-h.failCh:
+		return KeyView{}, h.Err()
+	}
+}
+
+// sendLocked sends msg to the key's grain, activating it if needed. h.mu
+// must be held.
+func (h *Host) sendLocked(id keyID, group uint32, msg any) {
+	a := h.active[id]
+	if a == nil {
+		g := &grain{host: h, id: id, group: group, pipeline: h.cfg.Pipelines[id.pipeline]}
+		// The grain recovers its own panics (failing the host), so the
+		// supervisor never restarts it with a half-applied state.
+		props := actor.PropsFromProducer(func() actor.Actor { return g })
+		a = &activation{pid: h.system.Root.Spawn(props), group: group}
+		h.active[id] = a
+		h.stats.activations.Add(1)
+	}
+	a.lastUsed = time.Now().UnixNano()
+	h.system.Root.Send(a.pid, msg)
+}
+
+// Stats returns the host's counters.
+func (h *Host) Stats() Stats {
+	h.mu.Lock()
+	n := len(h.active)
+	h.mu.Unlock()
+	return Stats{
+		ActiveKeys:  n,
+		Events:      h.stats.events.Load(),
+		Duplicates:  h.stats.duplicates.Load(),
+		Commits:     h.stats.commits.Load(),
+		Checkpoints: h.stats.checkpoints.Load(),
+		Replayed:    h.stats.replayed.Load(),
+		Activations: h.stats.activations.Load(),
+		Passivated:  h.stats.passivated.Load(),
+	}
+}
+
+// levelFilter drops records below min, for libraries that log too much.
+type levelFilter struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (f levelFilter) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= f.min && f.Handler.Enabled(ctx, l)
+}
+
+func (f levelFilter) WithAttrs(a []slog.Attr) slog.Handler {
+	return levelFilter{f.Handler.WithAttrs(a), f.min}
+}
+
+func (f levelFilter) WithGroup(n string) slog.Handler {
+	return levelFilter{f.Handler.WithGroup(n), f.min}
+}

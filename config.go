@@ -1,0 +1,157 @@
+package keyfold
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"time"
+
+	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/actors/fold"
+	"github.com/keyfold/keyfold/persistence"
+)
+
+// PipelineConfig configures one pipeline; see fold.Spec for its fields.
+type PipelineConfig = fold.Spec
+
+// AggregateConfig configures one aggregate; see fold.AggregateSpec.
+type AggregateConfig = fold.AggregateSpec
+
+// Config configures a Node. The zero value of every field but Pipelines is a
+// usable default (see Defaults); LoadConfig reads it from YAML.
+type Config struct {
+	// DataDir is where the embedded store keeps its files (default
+	// "keyfold-data"). Ignored when Store is set.
+	DataDir string `yaml:"data_dir"`
+	// HTTPAddr is the HTTP API's listen address, e.g. "127.0.0.1:8080".
+	// Empty serves no HTTP (for embedders); the CLI defaults it.
+	HTTPAddr string `yaml:"http"`
+	// GRPCAddr is the gRPC API's listen address (served by a later version;
+	// accepted now so configurations need not change).
+	GRPCAddr string `yaml:"grpc"`
+	// KeyGroups is the number of key groups (default 256). It is fixed for a
+	// deployment: a store created with another number refuses to open.
+	KeyGroups uint32 `yaml:"key_groups"`
+	// CheckpointInterval bounds the time between checkpoints and so the
+	// replay after a crash (default 5s).
+	CheckpointInterval time.Duration `yaml:"checkpoint_interval"`
+	// IdleTimeout passivates keys idle this long (default 5m).
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// MaxActiveKeys bounds the keys held in memory (default 100000).
+	MaxActiveKeys int `yaml:"max_active_keys"`
+	// MaxBodyBytes bounds an HTTP request body (default 8 MiB); larger
+	// bodies get 413.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// ShutdownTimeout bounds the wait for in-flight requests when draining
+	// (default 10s).
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	// Pipelines by name. At least one is required.
+	Pipelines map[string]PipelineConfig `yaml:"pipelines"`
+
+	// Store, if set, is used instead of the embedded store at DataDir. The
+	// node closes it when Run returns.
+	Store persistence.Store `yaml:"-"`
+	// Logger receives the node's structured logs; nil discards them.
+	Logger *slog.Logger `yaml:"-"`
+}
+
+// Defaults.
+const (
+	DefaultDataDir         = "keyfold-data"
+	DefaultMaxBodyBytes    = 8 << 20
+	DefaultShutdownTimeout = 10 * time.Second
+)
+
+// withDefaults returns c with every unset field at its default. It is the
+// one place defaults are filled in.
+func (c Config) withDefaults() Config {
+	if c.DataDir == "" {
+		c.DataDir = DefaultDataDir
+	}
+	if c.KeyGroups == 0 {
+		c.KeyGroups = actors.DefaultGroups
+	}
+	if c.CheckpointInterval == 0 {
+		c.CheckpointInterval = actors.DefaultCheckpointInterval
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = actors.DefaultIdleTimeout
+	}
+	if c.MaxActiveKeys == 0 {
+		c.MaxActiveKeys = actors.DefaultMaxActive
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Validate reports every problem of c at once, and compiles the pipelines
+// to find theirs (each names the pipeline and the entry).
+func (c Config) Validate() error {
+	_, err := c.compile()
+	return err
+}
+
+func (c Config) compile() (map[string]*fold.Pipeline, error) {
+	var errs []error
+	if len(c.Pipelines) == 0 {
+		errs = append(errs, errors.New("keyfold: config: no pipelines: define at least one under pipelines:"))
+	}
+	for _, a := range []struct{ name, addr string }{{"http", c.HTTPAddr}, {"grpc", c.GRPCAddr}} {
+		if a.addr == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a.addr); err != nil {
+			errs = append(errs, fmt.Errorf("keyfold: config: %s address %q: %v", a.name, a.addr, err))
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    int64
+	}{
+		{"checkpoint_interval", int64(c.CheckpointInterval)},
+		{"idle_timeout", int64(c.IdleTimeout)},
+		{"max_active_keys", int64(c.MaxActiveKeys)},
+		{"max_body_bytes", c.MaxBodyBytes},
+		{"shutdown_timeout", int64(c.ShutdownTimeout)},
+	} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("keyfold: config: %s must not be negative", d.name))
+		}
+	}
+	pipelines := make(map[string]*fold.Pipeline, len(c.Pipelines))
+	for name, spec := range c.Pipelines {
+		p, err := fold.Compile(name, spec)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		pipelines[name] = p
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return pipelines, nil
+}
+
+// LoadConfig reads a YAML configuration file (see ParseConfig).
+func LoadConfig(path string) (Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("keyfold: config: %w", err)
+	}
+	c, err := ParseConfig(b)
+	if err != nil {
+		return Config{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}

@@ -1,0 +1,30 @@
+package keyfold
+
+import (
+	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/actors/fold"
+)
+
+// Errors of the embedding API. Callers test them with errors.Is.
+var (
+	// ErrNotReady reports a call before Run has recovered and started.
+	ErrNotReady = actors.ErrNotReady
+	// ErrUnknownPipeline reports a pipeline the node was not configured with.
+	ErrUnknownPipeline = actors.ErrUnknownPipeline
+	// ErrNotFound reports a key that holds no state.
+	ErrNotFound = actors.ErrNotFound
+	// ErrInvalidEvent wraps every rejection of a batch for one of its events;
+	// errors.As with *BatchError tells which event and field.
+	ErrInvalidEvent = fold.ErrInvalidEvent
+	// ErrClosed reports a call on a node that is draining or stopped.
+	ErrClosed = actors.ErrClosed
+	// ErrUnavailable reports a failed write to the store; retry.
+	ErrUnavailable = actors.ErrUnavailable
+)
+
+// BatchError rejects a batch because of one event: Index is its position in
+// the batch; Err (a *FieldError) names the field.
+type BatchError = fold.BatchError
+
+// FieldError names the field that made an event invalid.
+type FieldError = fold.FieldError

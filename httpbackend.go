@@ -1,0 +1,24 @@
+package keyfold
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/keyfold/keyfold/services/httpapi"
+)
+
+// httpBackend adapts a Node to the HTTP API.
+type httpBackend struct{ n *Node }
+
+var _ httpapi.Backend = httpBackend{}
+
+func (b httpBackend) Ingest(ctx context.Context, pipeline string, events []json.RawMessage) (int, int, error) {
+	r, err := b.n.Ingest(ctx, pipeline, events)
+	return r.Accepted, r.Duplicates, err
+}
+
+func (b httpBackend) Query(ctx context.Context, pipeline, key string) (any, error) {
+	return b.n.Query(ctx, pipeline, key)
+}
+
+func (b httpBackend) Serving() bool { return b.n.Serving() }

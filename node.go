@@ -1,0 +1,255 @@
+package keyfold
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+
+	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/actors/fold"
+	"github.com/keyfold/keyfold/persistence/embedded"
+	"github.com/keyfold/keyfold/services/httpapi"
+)
+
+// Node is one keyfold node: its store, its keys' actors and its listeners.
+type Node struct {
+	cfg       Config
+	pipelines map[string]*fold.Pipeline
+
+	host     atomic.Pointer[actors.Host] // set once recovered
+	ready    chan struct{}
+	draining atomic.Bool
+	httpAddr atomic.Pointer[string]
+
+	runOnce sync.Once
+	mu      sync.Mutex
+	cancel  context.CancelFunc // set while Run runs
+	started bool
+	closing bool
+	done    chan struct{} // closed when a started Run returns
+}
+
+// IngestResult is the outcome of one ingest call.
+type IngestResult struct {
+	Accepted   int `json:"accepted"`   // events applied
+	Duplicates int `json:"duplicates"` // events skipped: their id was already applied
+}
+
+// KeyState is one key's state.
+type KeyState struct {
+	Pipeline   string         `json:"pipeline"`
+	Key        string         `json:"key"`
+	Seq        uint64         `json:"seq"` // events applied, duplicates excluded
+	Aggregates map[string]any `json:"aggregates"`
+}
+
+// New validates cfg and returns a node. It does no I/O and starts nothing.
+func New(cfg Config) (*Node, error) {
+	cfg = cfg.withDefaults()
+	pipelines, err := cfg.compile()
+	if err != nil {
+		return nil, err
+	}
+	return &Node{cfg: cfg, pipelines: pipelines, ready: make(chan struct{}), done: make(chan struct{})}, nil
+}
+
+// Ready is closed once the node has recovered its state and its listeners
+// are bound.
+func (n *Node) Ready() <-chan struct{} { return n.ready }
+
+// HTTPAddr returns the bound HTTP address once Ready ("" if none).
+func (n *Node) HTTPAddr() string {
+	if p := n.httpAddr.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// Run opens the store, recovers every key group, serves, and blocks until
+// ctx ends or Close is called; then it drains (stops accepting, finishes
+// in-flight requests, checkpoints) and returns. It returns nil after a clean
+// drain. Run may be called once.
+func (n *Node) Run(ctx context.Context) error {
+	err := errors.New("keyfold: Run called twice")
+	n.runOnce.Do(func() { err = n.run(ctx) })
+	return err
+}
+
+func (n *Node) run(ctx context.Context) (err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	n.mu.Lock()
+	if n.closing {
+		n.mu.Unlock()
+		return nil
+	}
+	n.started, n.cancel = true, cancel
+	n.mu.Unlock()
+	defer close(n.done)
+	log := n.cfg.Logger
+
+	store := n.cfg.Store
+	if store == nil {
+		s, err := embedded.Open(n.cfg.DataDir, embedded.Options{Logger: log})
+		if err != nil {
+			return fmt.Errorf("keyfold: open store: %w", err)
+		}
+		store = s
+	}
+	defer func() {
+		if cerr := store.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("keyfold: close store: %w", cerr)
+		}
+	}()
+
+	host, err := actors.New(actors.Config{
+		Store:              store,
+		Pipelines:          n.pipelines,
+		Groups:             n.cfg.KeyGroups,
+		CheckpointInterval: n.cfg.CheckpointInterval,
+		IdleTimeout:        n.cfg.IdleTimeout,
+		MaxActive:          n.cfg.MaxActiveKeys,
+		Logger:             log,
+	})
+	if err != nil {
+		return err
+	}
+	if err := host.Recover(ctx); err != nil {
+		return err
+	}
+	n.host.Store(host)
+
+	var srv *http.Server
+	if n.cfg.HTTPAddr != "" {
+		ln, err := net.Listen("tcp", n.cfg.HTTPAddr)
+		if err != nil {
+			return fmt.Errorf("keyfold: listen http: %w", err)
+		}
+		addr := ln.Addr().String()
+		n.httpAddr.Store(&addr)
+		srv = &http.Server{
+			Handler:           httpapi.New(httpBackend{n}, httpapi.Options{MaxBodyBytes: n.cfg.MaxBodyBytes, Logger: log}),
+			ReadHeaderTimeout: httpapi.ReadHeaderTimeout,
+			ErrorLog:          nil,
+		}
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("http server failed", "err", err)
+				cancel()
+			}
+		}()
+		log.Info("listening", "http", addr)
+	}
+	if n.cfg.GRPCAddr != "" {
+		log.Warn("gRPC is not served by this version; ignoring the address", "grpc", n.cfg.GRPCAddr)
+	}
+
+	hostDone := make(chan error, 1)
+	hostCtx, stopHost := context.WithCancel(context.Background())
+	defer stopHost()
+	go func() { hostDone <- host.Run(hostCtx) }()
+	close(n.ready)
+
+	var hostErr error
+	select {
+	case <-ctx.Done():
+	case hostErr = <-hostDone:
+	}
+	n.draining.Store(true)
+	log.Info("draining")
+	if srv != nil {
+		sctx, scancel := context.WithTimeout(context.Background(), n.cfg.ShutdownTimeout)
+		if err := srv.Shutdown(sctx); err != nil {
+			log.Warn("http shutdown", "err", err)
+		}
+		scancel()
+	}
+	if hostErr == nil {
+		stopHost()
+		hostErr = <-hostDone
+	}
+	if hostErr != nil {
+		return hostErr
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// Close stops a running node and waits for Run to return. It is safe to
+// call more than once, and before Run (then Run returns at once).
+func (n *Node) Close() error {
+	n.mu.Lock()
+	n.closing = true
+	cancel, started := n.cancel, n.started
+	n.mu.Unlock()
+	if started {
+		cancel()
+		<-n.done
+	}
+	return nil
+}
+
+// Ingest validates a batch of events of one pipeline (each a JSON object),
+// logs it durably, applies it, and returns how many events were applied and
+// how many were duplicates. An invalid event rejects the whole batch with a
+// *BatchError (errors.Is ErrInvalidEvent) and nothing is applied.
+func (n *Node) Ingest(ctx context.Context, pipeline string, events []json.RawMessage) (IngestResult, error) {
+	h, err := n.serving(pipeline)
+	if err != nil {
+		return IngestResult{}, err
+	}
+	raws := make([][]byte, len(events))
+	for i, e := range events {
+		raws[i] = e
+	}
+	r, err := h.Ingest(ctx, pipeline, raws)
+	return IngestResult{Accepted: r.Accepted, Duplicates: r.Duplicates}, err
+}
+
+// Query returns one key's state, read through its actor: it reflects every
+// ingest acknowledged before the call. A key never seen is ErrNotFound.
+func (n *Node) Query(ctx context.Context, pipeline, key string) (KeyState, error) {
+	h, err := n.serving(pipeline)
+	if err != nil {
+		return KeyState{}, err
+	}
+	v, err := h.Query(ctx, pipeline, key)
+	if err != nil {
+		return KeyState{}, err
+	}
+	return KeyState{Pipeline: pipeline, Key: key, Seq: v.Seq, Aggregates: v.Aggregates}, nil
+}
+
+func (n *Node) serving(pipeline string) (*actors.Host, error) {
+	if _, ok := n.pipelines[pipeline]; !ok {
+		return nil, fmt.Errorf("%w %q", ErrUnknownPipeline, pipeline)
+	}
+	h := n.host.Load()
+	if h == nil {
+		return nil, ErrNotReady
+	}
+	return h, nil
+}
+
+// Stats returns the node's counters.
+func (n *Node) Stats() actors.Stats {
+	if h := n.host.Load(); h != nil {
+		return h.Stats()
+	}
+	return actors.Stats{}
+}
+
+// Healthy reports whether the process should be considered alive.
+func (n *Node) Healthy() bool { return true }
+
+// Serving reports whether the node accepts requests (ready, not draining,
+// not failed).
+func (n *Node) Serving() bool {
+	h := n.host.Load()
+	return h != nil && !n.draining.Load() && h.Err() == nil
+}

@@ -1,0 +1,15 @@
+// Package embedded is keyfold's on-disk store for one node, on Pebble
+// (github.com/cockroachdb/pebble/v2). It implements persistence.Store.
+//
+// Every write is one Pebble batch committed with a synced WAL write, so an
+// acknowledged write is on disk. [Store.Append] puts the records of all the
+// groups of a call in one batch: that is the group commit. Concurrent calls
+// for different key groups run in parallel, and Pebble shares one WAL sync
+// among the batches that commit together.
+//
+// Fencing needs no read on the write path: the store is the only writer of
+// its directory (Pebble locks it), so it keeps each group's epoch, checkpoint
+// and last position in memory, loaded on the group's first use, and checks
+// and assigns them under a per-group lock that is held until the batch is
+// durable. The key layout is in keys.go.
+package embedded

@@ -1,0 +1,496 @@
+package embedded
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/keyfold/keyfold/persistence"
+)
+
+// Store is the on-disk store. It is safe for concurrent use.
+type Store struct {
+	dir  string
+	db   *pebble.DB
+	lock *pebble.Lock
+	log  *slog.Logger
+
+	// life guards closed and active: calls in progress hold an active count
+	// so that Close waits for them (Pebble must not be closed under them).
+	life   sync.Mutex
+	idle   sync.Cond // signalled when active drops to 0 after Close began
+	closed bool
+	active int
+	done   chan struct{} // closed when Close is over
+
+	groupsMu sync.Mutex
+	groups   map[uint32]*group
+
+	metaMu sync.Mutex // serialises CheckGroups
+}
+
+var _ persistence.Store = (*Store)(nil)
+
+// group is a key group's state, loaded on its first use. mu is held from the
+// fencing check until the write is durable.
+type group struct {
+	mu         sync.Mutex
+	loaded     bool
+	epoch      persistence.Epoch
+	checkpoint persistence.Position
+	last       persistence.Position
+}
+
+// Open opens the store in dir, creating it if needed. Pebble locks the
+// directory: a second Open of it, in this process or another, fails until
+// the first store is closed.
+func Open(dir string, opts Options) (*Store, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
+	}
+	opts = opts.withDefaults()
+	// Pebble detects a second lock in this process by path: make it absolute.
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
+	}
+	if err := os.MkdirAll(abs, 0o755); err != nil {
+		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
+	}
+	lock, err := pebble.LockDirectory(abs, vfs.Default)
+	if err != nil {
+		return nil, fmt.Errorf("embedded: open %s: directory in use by another store: %w", dir, err)
+	}
+	po := opts.pebbleOptions()
+	po.Lock = lock
+	db, err := pebble.Open(abs, po)
+	if err != nil {
+		_ = lock.Close()
+		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
+	}
+	s := &Store{
+		dir:    abs,
+		db:     db,
+		lock:   lock,
+		log:    opts.Logger,
+		done:   make(chan struct{}),
+		groups: map[uint32]*group{},
+	}
+	s.idle.L = &s.life
+	if err := s.checkFormat(); err != nil {
+		_ = db.Close()
+		_ = lock.Close()
+		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
+	}
+	s.log.Debug("store opened", "dir", abs)
+	return s, nil
+}
+
+// Dir returns the store's directory, made absolute.
+func (s *Store) Dir() string { return s.dir }
+
+// checkFormat records the key layout's version in a new store and refuses
+// a store of another one.
+func (s *Store) checkFormat() error {
+	v, err := s.getUint64(metaFormatKey)
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+		return s.db.Set(metaFormatKey, encodeUint64(formatVersion), pebble.Sync)
+	case err != nil:
+		return fmt.Errorf("format version: %w", err)
+	case v != formatVersion:
+		return fmt.Errorf("unknown format version %d (this build knows %d)", v, formatVersion)
+	}
+	return nil
+}
+
+// Close waits for the calls in progress and closes the store. Later calls
+// fail with persistence.ErrClosed. Close is safe to call more than once.
+func (s *Store) Close() error {
+	s.life.Lock()
+	if s.closed {
+		s.life.Unlock()
+		<-s.done
+		return nil
+	}
+	s.closed = true
+	for s.active > 0 {
+		s.idle.Wait()
+	}
+	s.life.Unlock()
+	defer close(s.done)
+
+	err := s.db.Close()
+	if lerr := s.lock.Close(); err == nil {
+		err = lerr
+	}
+	if err != nil {
+		return fmt.Errorf("embedded: close: %w", err)
+	}
+	return nil
+}
+
+// begin starts a call: it fails if ctx is done or the store is closed, and
+// otherwise the caller must call end.
+func (s *Store) begin(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.life.Lock()
+	defer s.life.Unlock()
+	if s.closed {
+		return persistence.ErrClosed
+	}
+	s.active++
+	return nil
+}
+
+func (s *Store) end() {
+	s.life.Lock()
+	defer s.life.Unlock()
+	if s.active--; s.active == 0 && s.closed {
+		s.idle.Broadcast()
+	}
+}
+
+// lockGroup locks a group, loading its state on first use.
+func (s *Store) lockGroup(id uint32) (*group, error) {
+	s.groupsMu.Lock()
+	g := s.groups[id]
+	if g == nil {
+		g = &group{}
+		s.groups[id] = g
+	}
+	s.groupsMu.Unlock()
+
+	g.mu.Lock()
+	if !g.loaded {
+		if err := s.load(id, g); err != nil {
+			g.mu.Unlock()
+			return nil, err
+		}
+		g.loaded = true
+	}
+	return g, nil
+}
+
+// load reads a group's epoch, checkpoint and last position.
+func (s *Store) load(id uint32, g *group) error {
+	var err error
+	if g.epoch, err = s.getUint64(epochKey(id)); err != nil && !errors.Is(err, pebble.ErrNotFound) {
+		return fmt.Errorf("load epoch: %w", err)
+	}
+	if g.checkpoint, err = s.getUint64(checkpointKey(id)); err != nil && !errors.Is(err, pebble.ErrNotFound) {
+		return fmt.Errorf("load checkpoint: %w", err)
+	}
+	lower, upper := logBounds(id, 0, math.MaxUint64)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	if err != nil {
+		return fmt.Errorf("load last position: %w", err)
+	}
+	g.last = g.checkpoint
+	if it.Last() {
+		p, err := logPos(it.Key())
+		if err != nil {
+			_ = it.Close()
+			return fmt.Errorf("load last position: %w", err)
+		}
+		g.last = max(g.last, p)
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("load last position: %w", err)
+	}
+	return nil
+}
+
+// getUint64 reads an integer value; a missing key is pebble.ErrNotFound.
+func (s *Store) getUint64(key []byte) (uint64, error) {
+	b, closer, err := s.db.Get(key)
+	if err != nil {
+		return 0, err
+	}
+	defer closer.Close()
+	return decodeUint64(b)
+}
+
+// owns reports whether epoch is the group's current one. Nobody owns a
+// group that was never claimed.
+func (g *group) owns(epoch persistence.Epoch) bool {
+	return g.epoch != 0 && epoch == g.epoch
+}
+
+// Claim bumps the group's epoch, durably, and returns its state.
+func (s *Store) Claim(ctx context.Context, id uint32) (persistence.GroupState, error) {
+	if err := s.begin(ctx); err != nil {
+		return persistence.GroupState{}, fmt.Errorf("embedded: claim group %d: %w", id, err)
+	}
+	defer s.end()
+	g, err := s.lockGroup(id)
+	if err != nil {
+		return persistence.GroupState{}, fmt.Errorf("embedded: claim group %d: %w", id, err)
+	}
+	defer g.mu.Unlock()
+	epoch := g.epoch + 1
+	if err := s.db.Set(epochKey(id), encodeUint64(epoch), pebble.Sync); err != nil {
+		return persistence.GroupState{}, fmt.Errorf("embedded: claim group %d: %w", id, err)
+	}
+	g.epoch = epoch
+	return persistence.GroupState{Epoch: epoch, Checkpoint: g.checkpoint, Last: g.last}, nil
+}
+
+// Append appends the entries of all groups in one synced Pebble batch. It
+// holds the locks of the groups involved, in ascending order, until the
+// batch is durable; calls for disjoint groups run in parallel.
+func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]persistence.Position, error) {
+	pos := make([]persistence.Position, len(entries))
+	if err := s.begin(ctx); err != nil {
+		return pos, fmt.Errorf("embedded: append: %w", err)
+	}
+	defer s.end()
+	if len(entries) == 0 {
+		return pos, nil
+	}
+
+	ids := make([]uint32, len(entries))
+	for i, e := range entries {
+		ids[i] = e.Group
+	}
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	groups := make([]*group, 0, len(ids))
+	defer func() {
+		for _, g := range groups {
+			g.mu.Unlock()
+		}
+	}()
+	for _, id := range ids {
+		g, err := s.lockGroup(id)
+		if err != nil {
+			return pos, fmt.Errorf("embedded: append group %d: %w", id, err)
+		}
+		groups = append(groups, g)
+	}
+
+	next := make([]persistence.Position, len(ids))
+	fenced := make([]bool, len(ids))
+	for k, g := range groups {
+		next[k] = g.last
+	}
+	b := s.db.NewBatch()
+	defer b.Close()
+	var key [logKeyLen]byte
+	for i, e := range entries {
+		k, _ := slices.BinarySearch(ids, e.Group)
+		if !groups[k].owns(e.Epoch) {
+			fenced[k] = true
+			continue
+		}
+		next[k]++
+		pos[i] = next[k]
+		if err := b.Set(appendLogKey(key[:0], e.Group, next[k]), e.Data, nil); err != nil {
+			clear(pos)
+			return pos, fmt.Errorf("embedded: append group %d: %w", e.Group, err)
+		}
+	}
+	if !b.Empty() {
+		if err := b.Commit(pebble.Sync); err != nil {
+			clear(pos)
+			return pos, fmt.Errorf("embedded: append: %w", err)
+		}
+		for k, g := range groups {
+			g.last = next[k]
+		}
+	}
+
+	var errs []error
+	for k, f := range fenced {
+		if f {
+			errs = append(errs, fmt.Errorf("embedded: append group %d: %w", ids[k], persistence.ErrFenced))
+		}
+	}
+	return pos, errors.Join(errs...)
+}
+
+// Read calls fn with the group's records after a position. It reads a
+// consistent view of the log as of the call. fn may call the store, but not
+// Close.
+func (s *Store) Read(ctx context.Context, id uint32, after persistence.Position, fn func(persistence.Position, []byte) error) error {
+	if err := s.begin(ctx); err != nil {
+		return fmt.Errorf("embedded: read group %d: %w", id, err)
+	}
+	defer s.end()
+	if after == math.MaxUint64 {
+		return nil
+	}
+	lower, upper := logBounds(id, after+1, math.MaxUint64)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	if err != nil {
+		return fmt.Errorf("embedded: read group %d: %w", id, err)
+	}
+	if fnErr, err := readIter(ctx, it, fn); fnErr != nil || err != nil {
+		_ = it.Close()
+		if fnErr != nil {
+			return fnErr // fn's own error, as it is
+		}
+		return fmt.Errorf("embedded: read group %d: %w", id, err)
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("embedded: read group %d: %w", id, err)
+	}
+	return nil
+}
+
+// readIter calls fn with each record of it, checking ctx every so often. It
+// returns fn's error or its own.
+func readIter(ctx context.Context, it *pebble.Iterator, fn func(persistence.Position, []byte) error) (fnErr, err error) {
+	n := 0
+	for valid := it.First(); valid; valid = it.Next() {
+		if n++; n%256 == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+		}
+		p, err := logPos(it.Key())
+		if err != nil {
+			return nil, err
+		}
+		v, err := it.ValueAndErr()
+		if err != nil {
+			return nil, err
+		}
+		if err := fn(p, v); err != nil {
+			return err, nil
+		}
+	}
+	return nil, it.Error()
+}
+
+// Trim records the checkpoint and deletes the records through it with one
+// range deletion, in one synced batch. Trimming beyond the last position is
+// an error: later records would get positions at or below the checkpoint.
+func (s *Store) Trim(ctx context.Context, id uint32, epoch persistence.Epoch, through persistence.Position) error {
+	if err := s.begin(ctx); err != nil {
+		return fmt.Errorf("embedded: trim group %d: %w", id, err)
+	}
+	defer s.end()
+	g, err := s.lockGroup(id)
+	if err != nil {
+		return fmt.Errorf("embedded: trim group %d: %w", id, err)
+	}
+	defer g.mu.Unlock()
+	if !g.owns(epoch) {
+		return fmt.Errorf("embedded: trim group %d: %w", id, persistence.ErrFenced)
+	}
+	if through <= g.checkpoint {
+		return nil
+	}
+	if through > g.last {
+		return fmt.Errorf("embedded: trim group %d through %d: beyond the last position %d", id, through, g.last)
+	}
+	b := s.db.NewBatch()
+	defer b.Close()
+	lower, upper := logBounds(id, g.checkpoint+1, through)
+	if err := errors.Join(
+		b.Set(checkpointKey(id), encodeUint64(through), nil),
+		b.DeleteRange(lower, upper, nil),
+		b.Commit(pebble.Sync),
+	); err != nil {
+		return fmt.Errorf("embedded: trim group %d: %w", id, err)
+	}
+	g.checkpoint = through
+	return nil
+}
+
+// Put writes the snapshots in one synced batch.
+func (s *Store) Put(ctx context.Context, id uint32, epoch persistence.Epoch, snaps []persistence.Snapshot) error {
+	if err := s.begin(ctx); err != nil {
+		return fmt.Errorf("embedded: put group %d: %w", id, err)
+	}
+	defer s.end()
+	g, err := s.lockGroup(id)
+	if err != nil {
+		return fmt.Errorf("embedded: put group %d: %w", id, err)
+	}
+	defer g.mu.Unlock()
+	if !g.owns(epoch) {
+		return fmt.Errorf("embedded: put group %d: %w", id, persistence.ErrFenced)
+	}
+	if len(snaps) == 0 {
+		return nil
+	}
+	b := s.db.NewBatch()
+	defer b.Close()
+	for _, sn := range snaps {
+		if sn.Data == nil {
+			err = b.Delete(snapshotKey(id, sn.Key), nil)
+		} else {
+			err = b.Set(snapshotKey(id, sn.Key), sn.Data, nil)
+		}
+		if err != nil {
+			return fmt.Errorf("embedded: put group %d key %q: %w", id, sn.Key, err)
+		}
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		return fmt.Errorf("embedded: put group %d: %w", id, err)
+	}
+	return nil
+}
+
+// Get returns a copy of a key's snapshot.
+func (s *Store) Get(ctx context.Context, id uint32, key string) ([]byte, error) {
+	if err := s.begin(ctx); err != nil {
+		return nil, fmt.Errorf("embedded: get group %d key %q: %w", id, key, err)
+	}
+	defer s.end()
+	v, closer, err := s.db.Get(snapshotKey(id, key))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, fmt.Errorf("embedded: get group %d key %q: %w", id, key, persistence.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("embedded: get group %d key %q: %w", id, key, err)
+	}
+	defer closer.Close()
+	return append(make([]byte, 0, len(v)), v...), nil
+}
+
+// CheckGroups records the number of key groups in a new store and checks it
+// in an existing one.
+func (s *Store) CheckGroups(ctx context.Context, groups uint32) error {
+	if groups == 0 {
+		return fmt.Errorf("embedded: check groups: the number of key groups must be positive")
+	}
+	if err := s.begin(ctx); err != nil {
+		return fmt.Errorf("embedded: check groups: %w", err)
+	}
+	defer s.end()
+	s.metaMu.Lock()
+	defer s.metaMu.Unlock()
+	b, closer, err := s.db.Get(metaGroupsKey)
+	if errors.Is(err, pebble.ErrNotFound) {
+		if err := s.db.Set(metaGroupsKey, encodeUint32(groups), pebble.Sync); err != nil {
+			return fmt.Errorf("embedded: check groups: %w", err)
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("embedded: check groups: %w", err)
+	}
+	stored, err := decodeUint32(b)
+	closer.Close()
+	if err != nil {
+		return fmt.Errorf("embedded: check groups: %w", err)
+	}
+	if stored != groups {
+		return fmt.Errorf("embedded: check groups: %d, the store has %d: %w", groups, stored, persistence.ErrGroupsMismatch)
+	}
+	return nil
+}

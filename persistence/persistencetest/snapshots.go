@@ -1,0 +1,95 @@
+package persistencetest
+
+import (
+	"bytes"
+
+	"github.com/keyfold/keyfold/persistence"
+)
+
+// Put writes and overwrites snapshots, nil Data deletes one, and Get of a
+// missing one wraps ErrNotFound.
+func testSnapshots(e *env) {
+	ep := e.claim(1).Epoch
+	e.wantNoSnap(1, "a")
+
+	e.put(1, ep, snap("a", "1"), snap("b", "2"), snap("k\x00\xff", "binary key"))
+	e.wantSnap(1, "a", "1")
+	e.wantSnap(1, "b", "2")
+	e.wantSnap(1, "k\x00\xff", "binary key")
+	e.wantNoSnap(1, "k")
+	e.wantNoSnap(1, "c")
+
+	// Overwrite one and delete another in one write.
+	e.put(1, ep, snap("a", "1b"), persistence.Snapshot{Key: "b"})
+	e.wantSnap(1, "a", "1b")
+	e.wantNoSnap(1, "b")
+
+	// Deleting a missing snapshot and writing nothing are fine.
+	e.put(1, ep, persistence.Snapshot{Key: "missing"})
+	e.put(1, ep)
+
+	// Empty (non-nil) data is a snapshot, not a deletion.
+	e.put(1, ep, persistence.Snapshot{Key: "empty", Data: []byte{}})
+	e.wantSnap(1, "empty", "")
+
+	// A megabyte round-trips.
+	big := bytes.Repeat([]byte("snapshot"), 1<<17)
+	e.put(1, ep, persistence.Snapshot{Key: "big", Data: big})
+	e.wantSnap(1, "big", string(big))
+
+	// Snapshots do not show in the log.
+	e.wantLog(1, 0)
+	e.wantState(1, 0, 0)
+}
+
+// The store keeps its own copy of what Put gets and what Get returns.
+func testSnapshotsCopyData(e *env) {
+	ep := e.claim(1).Epoch
+	b := []byte("before")
+	e.put(1, ep, persistence.Snapshot{Key: "a", Data: b})
+	copy(b, "AFTER!")
+	e.wantSnap(1, "a", "before")
+
+	got, err := e.s.Get(e.ctx, 1, "a")
+	if err != nil {
+		e.t.Fatalf("Get: %v", err)
+	}
+	copy(got, "AFTER!")
+	e.wantSnap(1, "a", "before")
+}
+
+// The same key in two groups is two snapshots.
+func testSnapshotsIsolatedByGroup(e *env) {
+	ep1 := e.claim(1).Epoch
+	ep2 := e.claim(2).Epoch
+	e.put(1, ep1, snap("a", "one"))
+	e.wantNoSnap(2, "a")
+	e.put(2, ep2, snap("a", "two"))
+	e.wantSnap(1, "a", "one")
+	e.wantSnap(2, "a", "two")
+	e.put(2, ep2, persistence.Snapshot{Key: "a"})
+	e.wantSnap(1, "a", "one")
+	e.wantNoSnap(2, "a")
+	e.wantNoSnap(0, "a")
+	e.wantNoSnap(3, "a")
+}
+
+// A Put with a stale epoch writes nothing, not even its deletions.
+func testPutFenced(e *env) {
+	old := e.claim(1).Epoch
+	cur := e.claim(1).Epoch
+	e.put(1, cur, snap("a", "1"))
+
+	err := e.s.Put(e.ctx, 1, old, []persistence.Snapshot{snap("a", "stale"), snap("b", "stale")})
+	e.wantFenced("Put with a stale epoch", err)
+	err = e.s.Put(e.ctx, 1, old, []persistence.Snapshot{{Key: "a"}})
+	e.wantFenced("Put of a deletion with a stale epoch", err)
+	err = e.s.Put(e.ctx, 1, cur+1, []persistence.Snapshot{snap("a", "future")})
+	e.wantFenced("Put with a future epoch", err)
+	err = e.s.Put(e.ctx, 2, 0, []persistence.Snapshot{snap("a", "unclaimed")})
+	e.wantFenced("Put to an unclaimed group", err)
+
+	e.wantSnap(1, "a", "1")
+	e.wantNoSnap(1, "b")
+	e.wantNoSnap(2, "a")
+}

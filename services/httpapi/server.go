@@ -1,0 +1,178 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"time"
+)
+
+// ReadHeaderTimeout is the header timeout servers of this API should use.
+const ReadHeaderTimeout = 10 * time.Second
+
+// Backend is what the API serves; the keyfold package adapts its Node to it.
+type Backend interface {
+	// Ingest validates, logs and applies a batch of events of one pipeline.
+	Ingest(ctx context.Context, pipeline string, events []json.RawMessage) (accepted, duplicates int, err error)
+	// Query returns one key's state, encoded as JSON as it is.
+	Query(ctx context.Context, pipeline, key string) (any, error)
+	// Serving reports whether the node is ready and not draining.
+	Serving() bool
+}
+
+// Options configures the handler.
+type Options struct {
+	// MaxBodyBytes bounds request bodies; larger ones get 413.
+	MaxBodyBytes int64
+	// Logger receives request failures (5xx); nil discards.
+	Logger *slog.Logger
+}
+
+type server struct {
+	b    Backend
+	opts Options
+}
+
+// New returns the API's handler over b.
+func New(b Backend, opts Options) http.Handler {
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = 8 << 20
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &server{b: b, opts: opts}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/pipelines/{pipeline}/events", s.ingest)
+	mux.HandleFunc("GET /v1/pipelines/{pipeline}/keys/{key}", s.query)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !b.Serving() {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready"})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	})
+	return mux
+}
+
+type ingestResponse struct {
+	Accepted   int `json:"accepted"`
+	Duplicates int `json:"duplicates"`
+}
+
+func (s *server) ingest(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var events []json.RawMessage
+	if isNDJSON(r.Header.Get("Content-Type")) {
+		events, err = DecodeNDJSON(body)
+	} else {
+		events, err = DecodeJSON(body)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	acc, dups, err := s.b.Ingest(r.Context(), r.PathValue("pipeline"), events)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, ingestResponse{Accepted: acc, Duplicates: dups})
+}
+
+func (s *server) query(w http.ResponseWriter, r *http.Request) {
+	st, err := s.b.Query(r.Context(), r.PathValue("pipeline"), r.PathValue("key"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status := statusOf(err)
+	msg := err.Error()
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		msg = fmt.Sprintf("request body exceeds the limit of %d bytes", mbe.Limit)
+	}
+	if status >= 500 {
+		s.opts.Logger.Warn("request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
+	}
+	writeJSON(w, status, map[string]string{"error": msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func isNDJSON(ct string) bool {
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && (mt == "application/x-ndjson" || mt == "application/jsonl" || mt == "application/ndjson")
+}
+
+// DecodeJSON splits a batch: a JSON array of events, or a single event
+// object. Each event is returned as its raw bytes (aliasing body); whether
+// it is a valid event is for the pipeline to say.
+func DecodeJSON(body []byte) ([]json.RawMessage, error) {
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 {
+		return nil, fmt.Errorf("%w: empty body: want a JSON array of events", ErrBadBody)
+	}
+	if trimmed[0] == '{' {
+		if !json.Valid(trimmed) {
+			return nil, fmt.Errorf("%w: invalid JSON object", ErrBadBody)
+		}
+		return []json.RawMessage{trimmed}, nil
+	}
+	if trimmed[0] != '[' {
+		return nil, fmt.Errorf("%w: want a JSON array of events (or NDJSON with Content-Type: application/x-ndjson)", ErrBadBody)
+	}
+	var events []json.RawMessage
+	if err := json.Unmarshal(trimmed, &events); err != nil {
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			return nil, fmt.Errorf("%w: invalid JSON at byte %d: %v", ErrBadBody, se.Offset, err)
+		}
+		return nil, fmt.Errorf("%w: %v", ErrBadBody, err)
+	}
+	return events, nil
+}
+
+// DecodeNDJSON splits a batch of newline-delimited JSON events; blank lines
+// are skipped. Events alias body.
+func DecodeNDJSON(body []byte) ([]json.RawMessage, error) {
+	var events []json.RawMessage
+	for line := 1; len(body) > 0; line++ {
+		var b []byte
+		if i := bytes.IndexByte(body, '\n'); i >= 0 {
+			b, body = body[:i], body[i+1:]
+		} else {
+			b, body = body, nil
+		}
+		b = bytes.TrimSpace(b)
+		if len(b) == 0 {
+			continue
+		}
+		if !json.Valid(b) {
+			return nil, fmt.Errorf("%w: line %d: invalid JSON", ErrBadBody, line)
+		}
+		events = append(events, json.RawMessage(b))
+	}
+	return events, nil
+}

@@ -1,0 +1,134 @@
+package keyfold
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// ParseConfig parses a YAML configuration. Unknown keys anywhere are
+// errors, each reported with its line and, inside a pipeline, the pipeline
+// and entry; every problem is reported at once. The result is validated.
+func ParseConfig(b []byte) (Config, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return Config{}, fmt.Errorf("keyfold: config: %w", err)
+	}
+	var c Config
+	if len(doc.Content) == 0 {
+		return c, errors.New("keyfold: config: empty document")
+	}
+	root := doc.Content[0]
+	var errs []error
+	errs = append(errs, decodeStrict(root, &c, "config")...)
+	if p := mappingValue(root, "pipelines"); p != nil && p.Kind == yaml.MappingNode {
+		c.Pipelines = make(map[string]PipelineConfig, len(p.Content)/2)
+		for i := 0; i+1 < len(p.Content); i += 2 {
+			name, pn := p.Content[i].Value, p.Content[i+1]
+			var spec PipelineConfig
+			where := fmt.Sprintf("pipeline %q", name)
+			errs = append(errs, decodeStrict(pn, &spec, where)...)
+			if an := mappingValue(pn, "aggregates"); an != nil && an.Kind == yaml.MappingNode {
+				spec.Aggregates = make(map[string]AggregateConfig, len(an.Content)/2)
+				for j := 0; j+1 < len(an.Content); j += 2 {
+					aname := an.Content[j].Value
+					var a AggregateConfig
+					errs = append(errs, decodeStrict(an.Content[j+1], &a, fmt.Sprintf("%s: aggregates.%s", where, aname))...)
+					spec.Aggregates[aname] = a
+				}
+			}
+			c.Pipelines[name] = spec
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Config{}, err
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// decodeStrict decodes the scalar fields of a mapping node into out (a
+// pointer to a struct) and reports keys that are not among out's yaml tags.
+// Map-valued fields are decoded by the caller, entry by entry, so their
+// errors can name the entry.
+func decodeStrict(n *yaml.Node, out any, where string) []error {
+	if n.Kind != yaml.MappingNode {
+		return []error{fmt.Errorf("keyfold: config: %s (line %d): want a mapping, got %s", where, n.Line, kindName(n))}
+	}
+	t := reflect.TypeOf(out).Elem()
+	v := reflect.ValueOf(out).Elem()
+	fields := map[string]int{}
+	var known []string
+	for i := range t.NumField() {
+		tag := strings.Split(t.Field(i).Tag.Get("yaml"), ",")[0]
+		if tag == "" || tag == "-" {
+			continue
+		}
+		fields[tag] = i
+		known = append(known, tag)
+	}
+	slices.Sort(known)
+	var errs []error
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, val := n.Content[i], n.Content[i+1]
+		fi, ok := fields[k.Value]
+		if !ok {
+			errs = append(errs, fmt.Errorf("keyfold: config: %s (line %d): unknown key %q (known: %s)",
+				where, k.Line, k.Value, strings.Join(known, ", ")))
+			continue
+		}
+		f := v.Field(fi)
+		if f.Kind() == reflect.Map {
+			if val.Kind != yaml.MappingNode {
+				errs = append(errs, fmt.Errorf("keyfold: config: %s (line %d): %s: want a mapping, got %s", where, val.Line, k.Value, kindName(val)))
+			}
+			continue
+		}
+		if err := val.Decode(f.Addr().Interface()); err != nil {
+			errs = append(errs, fmt.Errorf("keyfold: config: %s (line %d): %s: %v", where, val.Line, k.Value, yamlReason(err)))
+		}
+	}
+	return errs
+}
+
+func mappingValue(n *yaml.Node, key string) *yaml.Node {
+	if n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		return fmt.Sprintf("%q", n.Value)
+	default:
+		return "something else"
+	}
+}
+
+// yamlReason strips yaml's "yaml: unmarshal errors:\n  line N: " framing.
+func yamlReason(err error) string {
+	var te *yaml.TypeError
+	if errors.As(err, &te) && len(te.Errors) > 0 {
+		s := te.Errors[0]
+		if i := strings.Index(s, ": "); strings.HasPrefix(s, "line ") && i > 0 {
+			s = s[i+2:]
+		}
+		return s
+	}
+	return err.Error()
+}
