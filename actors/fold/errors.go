@@ -15,6 +15,9 @@ type FieldError struct {
 }
 
 func (e *FieldError) Error() string {
+	if e.Field == "" {
+		return e.Reason
+	}
 	return fmt.Sprintf("field %q: %s", e.Field, e.Reason)
 }
 

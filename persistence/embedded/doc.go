@@ -12,4 +12,9 @@
 // and last position in memory, loaded on the group's first use, and checks
 // and assigns them under a per-group lock that is held until the batch is
 // durable. The key layout is in keys.go.
+//
+// As in Pebble, a write is visible to reads (Read, Get) as soon as it is in
+// the memtable, a little before its WAL sync completes; Claim, Trim and Put
+// of a group wait for the group's appends in progress. A failed WAL write is
+// fatal to Pebble (see [Options.Logger]).
 package embedded

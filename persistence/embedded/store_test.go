@@ -23,7 +23,7 @@ func TestStore(t *testing.T) {
 	})
 }
 
-func open(t *testing.T, dir string) *embedded.Store {
+func open(t testing.TB, dir string) *embedded.Store {
 	t.Helper()
 	s, err := embedded.Open(dir, embedded.Options{})
 	if err != nil {

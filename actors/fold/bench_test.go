@@ -1,0 +1,149 @@
+package fold_test
+
+import (
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/keyfold/keyfold/actors/fold"
+)
+
+// Each benchmark op is one event, so ns/op and allocs/op are per event.
+
+// quickstart compiles the logins pipeline of examples/quickstart.yaml: six
+// aggregates (two counts, one filtered; sum, max, min; last of a nested
+// field), an id with a 24h dedup window and a time field.
+func quickstart(b *testing.B) *fold.Pipeline {
+	b.Helper()
+	raw, err := os.ReadFile("../../examples/quickstart.yaml")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var doc struct {
+		Pipelines map[string]fold.Spec `yaml:"pipelines"`
+	}
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		b.Fatal(err)
+	}
+	spec, ok := doc.Pipelines["logins"]
+	if !ok || len(spec.Aggregates) != 6 {
+		b.Fatalf("examples/quickstart.yaml: want a logins pipeline with 6 aggregates, got %+v", spec)
+	}
+	p, err := fold.Compile("logins", spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+// benchEvents returns n realistic login events of one user, each with its
+// own id unless noIDs.
+func benchEvents(n int, noIDs bool) [][]byte {
+	types := []string{"login_ok", "login_ok", "login_ok", "login_failed"}
+	countries := []string{"FR", "DE", "US", "JP", "BR"}
+	out := make([][]byte, n)
+	for i := range out {
+		out[i] = fmt.Appendf(nil,
+			`{"event_id":"evt-%08d","user_id":"user-1234","ts":"2024-03-01T12:%02d:%02d.%03dZ","type":%q,"amount":%d.%02d,"geo":{"country":%q,"city":"somewhere"},"ua":"Mozilla/5.0 (X11; Linux x86_64)"}`,
+			i, i/60%60, i%60, i%1000, types[i%len(types)], i%500, i%100, countries[i%len(countries)])
+		if noIDs {
+			out[i] = append([]byte(`{"event_id":null,`), out[i][len(`{"event_id":"evt-00000000",`):]...)
+		}
+	}
+	return out
+}
+
+func BenchmarkPrepare(b *testing.B) {
+	p := quickstart(b)
+	raws := benchEvents(1024, false)
+	b.SetBytes(int64(len(raws[0])))
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if _, err := p.Prepare(raws[i%len(raws)]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkApply applies prepared events to one key at a steady state of
+// the dedup set: processing time advances so that an id expires before the
+// same event comes round again, and the key remembers ~1024 ids.
+func BenchmarkApply(b *testing.B) {
+	p := quickstart(b)
+	for _, withIDs := range []bool{true, false} {
+		b.Run(fmt.Sprintf("ids=%v", withIDs), func(b *testing.B) {
+			events, err := p.PrepareBatch(benchEvents(1024, !withIDs))
+			if err != nil {
+				b.Fatal(err)
+			}
+			step := p.DedupWindow().Milliseconds()/int64(len(events)) + 1
+			var s fold.State
+			now := int64(1_700_000_000_000)
+			for _, ev := range events { // warm up to the steady state
+				now += step
+				p.Apply(&s, ev, now)
+			}
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				now += step
+				if p.Apply(&s, events[i%len(events)], now) {
+					b.Fatal("unexpected duplicate")
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkPrepareApply is the whole per-event cost of the core.
+func BenchmarkPrepareApply(b *testing.B) {
+	p := quickstart(b)
+	raws := benchEvents(1024, false)
+	step := p.DedupWindow().Milliseconds()/int64(len(raws)) + 1
+	var s fold.State
+	now := int64(1_700_000_000_000)
+	b.SetBytes(int64(len(raws[0])))
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		ev, err := p.Prepare(raws[i%len(raws)])
+		if err != nil {
+			b.Fatal(err)
+		}
+		now += step
+		p.Apply(&s, ev, now)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+}
+
+// BenchmarkSnapshot is the cost of checkpointing a key that remembers ~1024
+// ids (one op is one MarshalState and one UnmarshalState).
+func BenchmarkSnapshot(b *testing.B) {
+	p := quickstart(b)
+	events, err := p.PrepareBatch(benchEvents(1024, false))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var s fold.State
+	now := int64(1_700_000_000_000)
+	for _, ev := range events {
+		now += int64(time.Second / time.Millisecond)
+		p.Apply(&s, ev, now)
+	}
+	buf, err := p.MarshalState(&s)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(buf)))
+	b.ReportAllocs()
+	for b.Loop() {
+		buf, err := p.MarshalState(&s)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := p.UnmarshalState(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

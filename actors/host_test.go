@@ -1,0 +1,326 @@
+package actors_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/actors/fold"
+	"github.com/keyfold/keyfold/persistence"
+	"github.com/keyfold/keyfold/persistence/embedded"
+	"github.com/keyfold/keyfold/persistence/faultstore"
+)
+
+func pipelines(t *testing.T) map[string]*fold.Pipeline {
+	t.Helper()
+	p, err := fold.Compile("p", fold.Spec{
+		Key: "k",
+		ID:  "id",
+		Aggregates: map[string]fold.AggregateSpec{
+			"n":    {Op: "count"},
+			"sum":  {Op: "sum", Field: "v"},
+			"last": {Op: "last", Field: "v"},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string]*fold.Pipeline{"p": p}
+}
+
+type harness struct {
+	t     *testing.T
+	dir   string
+	store persistence.Store
+	host  *actors.Host
+	stop  context.CancelFunc
+	done  chan error
+}
+
+func openStore(t *testing.T, dir string) *embedded.Store {
+	t.Helper()
+	s, err := embedded.Open(dir, embedded.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// start recovers and runs a host over store.
+func start(t *testing.T, store persistence.Store, cfg actors.Config) *harness {
+	t.Helper()
+	cfg.Store = store
+	if cfg.Pipelines == nil {
+		cfg.Pipelines = pipelines(t)
+	}
+	if cfg.Groups == 0 {
+		cfg.Groups = 8
+	}
+	h, err := actors.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Recover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	hs := &harness{t: t, store: store, host: h, stop: cancel, done: make(chan error, 1)}
+	go func() { hs.done <- h.Run(ctx) }()
+	return hs
+}
+
+// shutdown drains the host and returns Run's error. The store stays open.
+func (hs *harness) shutdown() error {
+	hs.stop()
+	select {
+	case err := <-hs.done:
+		return err
+	case <-time.After(30 * time.Second):
+		hs.t.Fatal("host did not stop within 30s")
+		return nil
+	}
+}
+
+func event(key string, id string, v int) []byte {
+	m := map[string]any{"k": key, "v": v}
+	if id != "" {
+		m["id"] = id
+	}
+	b, _ := json.Marshal(m)
+	return b
+}
+
+func (hs *harness) ingest(raws ...[]byte) actors.Result {
+	hs.t.Helper()
+	r, err := hs.host.Ingest(context.Background(), "p", raws)
+	if err != nil {
+		hs.t.Fatalf("ingest: %v", err)
+	}
+	return r
+}
+
+func (hs *harness) query(key string) actors.KeyView {
+	hs.t.Helper()
+	v, err := hs.host.Query(context.Background(), "p", key)
+	if err != nil {
+		hs.t.Fatalf("query %s: %v", key, err)
+	}
+	return v
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestIngestQueryOrder(t *testing.T) {
+	hs := start(t, openStore(t, t.TempDir()), actors.Config{})
+	defer hs.shutdown()
+	for i := range 100 {
+		hs.ingest(event("a", fmt.Sprint(i), i), event("b", "", i))
+	}
+	a, b := hs.query("a"), hs.query("b")
+	if a.Seq != 100 || a.Aggregates["sum"] != float64(4950) || string(a.Aggregates["last"].(json.RawMessage)) != "99" {
+		t.Errorf("a = %+v", a)
+	}
+	if b.Seq != 100 || string(b.Aggregates["last"].(json.RawMessage)) != "99" {
+		t.Errorf("b = %+v", b)
+	}
+	if _, err := hs.host.Query(context.Background(), "p", "never"); !errors.Is(err, actors.ErrNotFound) {
+		t.Errorf("unseen key: %v, want ErrNotFound", err)
+	}
+	if _, err := hs.host.Ingest(context.Background(), "nope", nil); !errors.Is(err, actors.ErrUnknownPipeline) {
+		t.Errorf("unknown pipeline: %v", err)
+	}
+}
+
+// TestConcurrentIngestPerKeyOrder: concurrent writers to the same keys; the
+// last value of each key is the one acknowledged last by its only writer.
+func TestConcurrentIngestPerKeyOrder(t *testing.T) {
+	hs := start(t, openStore(t, t.TempDir()), actors.Config{})
+	defer hs.shutdown()
+	const writers, batches = 8, 50
+	errc := make(chan error, writers)
+	for w := range writers {
+		go func() {
+			for i := range batches {
+				// each writer owns its key; every batch also touches a shared key
+				_, err := hs.host.Ingest(context.Background(), "p", [][]byte{
+					event(fmt.Sprintf("w%d", w), fmt.Sprintf("w%d-%d", w, i), i),
+					event("shared", fmt.Sprintf("s%d-%d", w, i), 1),
+				})
+				if err != nil {
+					errc <- err
+					return
+				}
+			}
+			errc <- nil
+		}()
+	}
+	for range writers {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for w := range writers {
+		v := hs.query(fmt.Sprintf("w%d", w))
+		if v.Seq != batches || string(v.Aggregates["last"].(json.RawMessage)) != fmt.Sprint(batches-1) {
+			t.Errorf("w%d = %+v", w, v)
+		}
+	}
+	if v := hs.query("shared"); v.Seq != writers*batches {
+		t.Errorf("shared seq = %d, want %d", v.Seq, writers*batches)
+	}
+	if st := hs.host.Stats(); st.Commits == 0 || st.Commits > writers*batches {
+		t.Errorf("commits = %d", st.Commits)
+	}
+}
+
+func TestPassivationBoundsActiveKeys(t *testing.T) {
+	hs := start(t, openStore(t, t.TempDir()), actors.Config{
+		MaxActive: 10, IdleTimeout: time.Hour, CheckpointInterval: 10 * time.Millisecond,
+	})
+	defer hs.shutdown()
+	for i := range 200 {
+		hs.ingest(event(fmt.Sprintf("k%d", i), "x", i))
+	}
+	eventually(t, "active keys <= 10", func() bool { return hs.host.Stats().ActiveKeys <= 10 })
+	// Passivated keys come back from their snapshots, dedup state included.
+	for i := range 200 {
+		k := fmt.Sprintf("k%d", i)
+		if r := hs.ingest(event(k, "x", 1000)); r.Duplicates != 1 {
+			t.Fatalf("%s: retried id not recognised after passivation: %+v", k, r)
+		}
+		if v := hs.query(k); v.Seq != 1 || v.Aggregates["sum"] != float64(i) {
+			t.Fatalf("%s after reactivation = %+v", k, v)
+		}
+	}
+	if st := hs.host.Stats(); st.Passivated < 190 || st.Activations < 390 {
+		t.Errorf("stats = %+v", st)
+	}
+}
+
+func TestIdleKeysPassivate(t *testing.T) {
+	hs := start(t, openStore(t, t.TempDir()), actors.Config{
+		IdleTimeout: 20 * time.Millisecond, CheckpointInterval: 10 * time.Millisecond,
+	})
+	defer hs.shutdown()
+	hs.ingest(event("a", "", 5), event("b", "", 6))
+	eventually(t, "idle keys passivated", func() bool { return hs.host.Stats().ActiveKeys == 0 })
+	if v := hs.query("a"); v.Seq != 1 || v.Aggregates["sum"] != float64(5) {
+		t.Errorf("a = %+v", v)
+	}
+}
+
+// TestRecoverReplaysUncheckpointedTail: without a checkpoint, a new host
+// rebuilds the state from the log alone, exactly once.
+func TestRecoverReplaysUncheckpointedTail(t *testing.T) {
+	dir := t.TempDir()
+	fs := faultstore.New(openStore(t, dir))
+	// No checkpoint may succeed: the state must come from the log.
+	fs.InjectAll(faultstore.OpTrim, faultstore.Fault{Err: errors.New("injected")})
+	hs := start(t, fs, actors.Config{CheckpointInterval: time.Hour})
+	for i := range 50 {
+		hs.ingest(event("a", fmt.Sprint(i), 1), event(fmt.Sprintf("k%d", i%7), "", i))
+	}
+	if err := hs.shutdown(); err == nil {
+		t.Fatal("shutdown with a failing checkpoint reported no error")
+	}
+	if err := fs.Close(); err != nil {
+		t.Fatal(err)
+	}
+	hs2 := start(t, openStore(t, dir), actors.Config{})
+	defer hs2.shutdown()
+	// Each ingest wrote one record per key group it touched.
+	if st := hs2.host.Stats(); st.Replayed < 50 || st.Replayed > 100 {
+		t.Errorf("replayed %d records, want 50..100", st.Replayed)
+	}
+	if v := hs2.query("a"); v.Seq != 50 || v.Aggregates["n"] != uint64(50) {
+		t.Errorf("a after replay = %+v", v)
+	}
+	if r := hs2.ingest(event("a", "49", 1)); r.Duplicates != 1 {
+		t.Errorf("id applied before the crash not deduplicated after replay: %+v", r)
+	}
+}
+
+// TestCleanShutdownLeavesNothingToReplay: the final checkpoint covers all.
+func TestCleanShutdownLeavesNothingToReplay(t *testing.T) {
+	dir := t.TempDir()
+	store := openStore(t, dir)
+	hs := start(t, store, actors.Config{CheckpointInterval: time.Hour})
+	for i := range 30 {
+		hs.ingest(event(fmt.Sprintf("k%d", i), "", i))
+	}
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	hs2 := start(t, store, actors.Config{})
+	defer hs2.shutdown()
+	if st := hs2.host.Stats(); st.Replayed != 0 {
+		t.Errorf("replayed %d records after a clean shutdown", st.Replayed)
+	}
+	if v := hs2.query("k29"); v.Seq != 1 || v.Aggregates["sum"] != float64(29) {
+		t.Errorf("k29 = %+v", v)
+	}
+}
+
+// TestFailedAppendAppliesNothing: a store error fails the call with
+// ErrUnavailable and changes no state; the host keeps serving.
+func TestFailedAppendAppliesNothing(t *testing.T) {
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	hs := start(t, fs, actors.Config{})
+	defer hs.shutdown()
+	hs.ingest(event("a", "1", 1))
+	fs.FailNext(faultstore.OpAppend, errors.New("disk on fire"))
+	if _, err := hs.host.Ingest(context.Background(), "p", [][]byte{event("a", "2", 10)}); !errors.Is(err, actors.ErrUnavailable) {
+		t.Fatalf("ingest with failing append: %v, want ErrUnavailable", err)
+	}
+	if v := hs.query("a"); v.Seq != 1 || v.Aggregates["sum"] != float64(1) {
+		t.Errorf("a changed by a failed append: %+v", v)
+	}
+	if r := hs.ingest(event("a", "2", 10)); r.Accepted != 1 {
+		t.Errorf("retry after failure: %+v", r)
+	}
+}
+
+// TestFencedHostStops: once another owner claims a group, the old host's
+// append is rejected by the store, nothing is applied and the host fails.
+func TestFencedHostStops(t *testing.T) {
+	store := openStore(t, t.TempDir())
+	hs := start(t, store, actors.Config{Groups: 1})
+	hs.ingest(event("a", "", 1))
+	if _, err := store.Claim(context.Background(), 0); err != nil { // a new owner
+		t.Fatal(err)
+	}
+	_, err := hs.host.Ingest(context.Background(), "p", [][]byte{event("a", "", 2)})
+	if !errors.Is(err, actors.ErrUnavailable) {
+		t.Fatalf("fenced ingest: %v", err)
+	}
+	if err := hs.shutdown(); !errors.Is(err, persistence.ErrFenced) || !errors.Is(err, actors.ErrFailed) {
+		t.Fatalf("Run after fencing = %v, want ErrFailed wrapping ErrFenced", err)
+	}
+}
+
+func TestBatchRejectedWhole(t *testing.T) {
+	hs := start(t, openStore(t, t.TempDir()), actors.Config{})
+	defer hs.shutdown()
+	_, err := hs.host.Ingest(context.Background(), "p", [][]byte{event("a", "", 1), []byte(`{"k":"a","v":"lots"}`)})
+	var be *fold.BatchError
+	if !errors.As(err, &be) || be.Index != 1 || !errors.Is(err, fold.ErrInvalidEvent) {
+		t.Fatalf("err = %v", err)
+	}
+	if _, err := hs.host.Query(context.Background(), "p", "a"); !errors.Is(err, actors.ErrNotFound) {
+		t.Errorf("rejected batch left state: %v", err)
+	}
+}

@@ -1,0 +1,181 @@
+package keyfold
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/actors/fold"
+)
+
+func configEqual(a, b Config) bool { return reflect.DeepEqual(a, b) }
+
+func TestLoadConfigQuickstart(t *testing.T) {
+	c, err := LoadConfig("examples/quickstart.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]PipelineConfig{"logins": {
+		Key: "user_id", Time: "ts", ID: "event_id", DedupWindow: 24 * time.Hour,
+		Aggregates: map[string]AggregateConfig{
+			"total":    {Op: "count"},
+			"failed":   {Op: "count", Where: "type == 'login_failed'"},
+			"amount":   {Op: "sum", Field: "amount"},
+			"biggest":  {Op: "max", Field: "amount"},
+			"smallest": {Op: "min", Field: "amount"},
+			"country":  {Op: "last", Field: "geo.country"},
+		},
+	}}
+	if !reflect.DeepEqual(c.Pipelines, want) {
+		t.Errorf("quickstart pipelines =\n%+v\nwant\n%+v", c.Pipelines, want)
+	}
+	if err := c.Validate(); err != nil {
+		t.Errorf("Validate: %v", err)
+	}
+}
+
+// Every example configuration loads.
+func TestLoadConfigExamples(t *testing.T) {
+	paths, err := filepath.Glob("examples/*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(paths) == 0 {
+		t.Fatal("no examples/*.yaml")
+	}
+	for _, path := range paths {
+		if _, err := LoadConfig(path); err != nil {
+			t.Errorf("%v", err)
+		}
+	}
+}
+
+func TestLoadConfigErrors(t *testing.T) {
+	dir := t.TempDir()
+
+	missing := filepath.Join(dir, "missing.yaml")
+	_, err := LoadConfig(missing)
+	if !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("LoadConfig(missing) = %v, want an error wrapping fs.ErrNotExist", err)
+	}
+
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("pipelines:\n  logins:\n    kye: user_id\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = LoadConfig(bad)
+	if err == nil || !strings.HasPrefix(err.Error(), bad+": ") || !strings.Contains(err.Error(), `unknown key "kye"`) {
+		t.Errorf("LoadConfig(bad) = %v, want the path, then the problem", err)
+	}
+}
+
+// Validate checks a Config built in Go (no YAML), reporting every problem.
+func TestValidate(t *testing.T) {
+	good := map[string]PipelineConfig{"logins": {Key: "user_id", Aggregates: map[string]AggregateConfig{"n": {Op: "count"}}}}
+	tests := []struct {
+		name string
+		cfg  Config
+		want []string // substrings, one per problem
+	}{
+		{"valid", Config{Pipelines: good}, nil},
+		{"valid with addresses", Config{Pipelines: good, HTTPAddr: "127.0.0.1:0", GRPCAddr: ":9090"}, nil},
+		{"no pipelines", Config{}, []string{"no pipelines"}},
+		{"everything wrong", Config{
+			HTTPAddr:           "127.0.0.1",
+			GRPCAddr:           "no-port",
+			CheckpointInterval: -time.Second,
+			IdleTimeout:        -time.Second,
+			MaxActiveKeys:      -1,
+			MaxBodyBytes:       -1,
+			ShutdownTimeout:    -time.Second,
+			Pipelines: map[string]PipelineConfig{
+				"a":       {Aggregates: map[string]AggregateConfig{"s": {Op: "sum"}}},
+				"b":       {Key: "k", Aggregates: map[string]AggregateConfig{"x": {Op: "median", Field: "v"}}},
+				"c d":     {Key: "k"},
+				"valid":   {Key: "k"},
+				"filters": {Key: "k", Aggregates: map[string]AggregateConfig{"w": {Op: "count", Where: "foo(bar)"}}},
+			},
+		}, []string{
+			`http address "127.0.0.1"`,
+			`grpc address "no-port"`,
+			"checkpoint_interval must not be negative",
+			"idle_timeout must not be negative",
+			"max_active_keys must not be negative",
+			"max_body_bytes must not be negative",
+			"shutdown_timeout must not be negative",
+			`pipeline "a": key: is required`,
+			`pipeline "a": aggregates.s: op sum needs a field`,
+			`pipeline "b": aggregates.x: unknown op "median"`,
+			`pipeline "c d": name must be non-empty`,
+			`pipeline "filters": aggregates.w: where "foo(bar)" does not compile: unknown function foo()`,
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.Validate()
+			if tc.want == nil {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			want := make([][]string, len(tc.want))
+			for i, w := range tc.want {
+				want[i] = []string{w}
+			}
+			for _, p := range checkProblems(err, want) {
+				t.Error(p)
+			}
+			var se *fold.SpecError
+			if strings.Contains(strings.Join(tc.want, ""), "pipeline ") && !errors.As(err, &se) {
+				t.Errorf("Validate error holds no *fold.SpecError: %v", err)
+			}
+		})
+	}
+}
+
+// Validate does not fill in defaults or change the Config.
+func TestValidateLeavesConfig(t *testing.T) {
+	c := Config{Pipelines: map[string]PipelineConfig{"p": {Key: "k"}}}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.KeyGroups != 0 || c.DataDir != "" || c.Pipelines["p"].DedupWindow != 0 {
+		t.Errorf("Validate changed the config: %+v", c)
+	}
+}
+
+func TestWithDefaults(t *testing.T) {
+	d := Config{}.withDefaults()
+	if d.Logger == nil {
+		t.Error("no default logger")
+	}
+	d.Logger = nil
+	want := Config{
+		DataDir:            DefaultDataDir,
+		KeyGroups:          actors.DefaultGroups,
+		CheckpointInterval: actors.DefaultCheckpointInterval,
+		IdleTimeout:        actors.DefaultIdleTimeout,
+		MaxActiveKeys:      actors.DefaultMaxActive,
+		MaxBodyBytes:       DefaultMaxBodyBytes,
+		ShutdownTimeout:    DefaultShutdownTimeout,
+	}
+	if !configEqual(d, want) {
+		t.Errorf("defaults =\n%+v\nwant\n%+v", d, want)
+	}
+
+	// Set fields are kept; HTTPAddr stays empty for embedders.
+	set := Config{DataDir: "d", KeyGroups: 8, CheckpointInterval: time.Second, IdleTimeout: time.Minute,
+		MaxActiveKeys: 10, MaxBodyBytes: 1024, ShutdownTimeout: time.Millisecond}
+	got := set.withDefaults()
+	got.Logger = nil
+	if !configEqual(got, set) {
+		t.Errorf("withDefaults changed set fields:\n%+v\nwant\n%+v", got, set)
+	}
+}

@@ -1,0 +1,59 @@
+package embedded_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/keyfold/keyfold/persistence"
+)
+
+// BenchmarkAppend appends batches of 2 KB records spread over 16 groups per
+// call, each call one synced write, from one or several goroutines (on
+// disjoint groups, so that Pebble can share a WAL sync among them).
+func BenchmarkAppend(b *testing.B) {
+	const (
+		groups     = 16
+		recordSize = 2 << 10
+	)
+	for _, perGroup := range []int{1, 16} {
+		for _, workers := range []int{1, 4} {
+			b.Run(fmt.Sprintf("records=%d/goroutines=%d", groups*perGroup, workers), func(b *testing.B) {
+				ctx := b.Context()
+				s := open(b, b.TempDir())
+				defer s.Close()
+				batches := make([][]persistence.Entry, workers)
+				for w := range batches {
+					for g := range uint32(groups) {
+						g += uint32(w * groups)
+						st, err := s.Claim(ctx, g)
+						if err != nil {
+							b.Fatal(err)
+						}
+						for range perGroup {
+							data := make([]byte, recordSize)
+							batches[w] = append(batches[w], persistence.Entry{Group: g, Epoch: st.Epoch, Data: data})
+						}
+					}
+				}
+				perCall := groups * perGroup
+				b.SetBytes(int64(perCall * recordSize))
+				b.ReportAllocs()
+				b.ResetTimer()
+				var wg sync.WaitGroup
+				for w := range workers {
+					wg.Go(func() {
+						for i := w; i < b.N; i += workers {
+							if _, err := s.Append(ctx, batches[w]); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				}
+				wg.Wait()
+				b.ReportMetric(float64(b.N*perCall)/b.Elapsed().Seconds(), "records/s")
+			})
+		}
+	}
+}

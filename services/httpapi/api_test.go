@@ -1,0 +1,203 @@
+package httpapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keyfold/keyfold"
+)
+
+const pipelinesYAML = `
+max_body_bytes: 4096
+pipelines:
+  logins:
+    key: user.id
+    id: event_id
+    aggregates:
+      total:   { op: count }
+      failed:  { op: count, where: "type == 'login_failed'" }
+      amount:  { op: sum, field: amount }
+      biggest: { op: max, field: amount }
+      country: { op: last, field: geo.country }
+`
+
+// startNode runs a real node on a temp dir and returns its HTTP base URL.
+func startNode(t *testing.T) string {
+	t.Helper()
+	cfg, err := keyfold.ParseConfig([]byte(pipelinesYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DataDir = t.TempDir()
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.KeyGroups = 16
+	n, err := keyfold.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- n.Run(context.Background()) }()
+	select {
+	case <-n.Ready():
+	case err := <-errc:
+		t.Fatalf("node stopped: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("node not ready after 20s")
+	}
+	t.Cleanup(func() {
+		if err := n.Close(); err != nil {
+			t.Error(err)
+		}
+		if err := <-errc; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return "http://" + n.HTTPAddr()
+}
+
+type response struct {
+	status int
+	body   map[string]any
+}
+
+func do(t *testing.T, method, url, contentType, body string) response {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("%s %s: Content-Type %q", method, url, ct)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("%s %s: body %q is not a JSON object: %v", method, url, b, err)
+	}
+	return response{resp.StatusCode, m}
+}
+
+func TestAPI(t *testing.T) {
+	base := startNode(t)
+	events := base + "/v1/pipelines/logins/events"
+	key := func(k string) string { return base + "/v1/pipelines/logins/keys/" + k }
+
+	steps := []struct {
+		name, method, url, ctype, body string
+		status                         int
+		want                           string // JSON the response must contain (subset)
+	}{
+		{"healthz", "GET", base + "/healthz", "", "", 200, `{"status":"ok"}`},
+		{"readyz", "GET", base + "/readyz", "", "", 200, `{"status":"ready"}`},
+		{"unseen key", "GET", key("alice"), "", "", 404, ``},
+		{"ingest array", "POST", events, "application/json",
+			`[{"user":{"id":"alice"},"event_id":"e1","type":"login_failed","amount":3,"geo":{"country":"DE"}},
+			  {"user":{"id":"alice"},"event_id":"e2","amount":5},
+			  {"user":{"id":7},"amount":1}]`, 200, `{"accepted":3,"duplicates":0}`},
+		{"state", "GET", key("alice"), "", "", 200,
+			`{"pipeline":"logins","key":"alice","seq":2,"aggregates":{"total":2,"failed":1,"amount":8,"biggest":5,"country":"DE"}}`},
+		{"numeric key", "GET", key("7"), "", "", 200, `{"key":"7","seq":1,"aggregates":{"country":null}}`},
+		{"retry is duplicate", "POST", events, "", `[{"user":{"id":"alice"},"event_id":"e1","amount":100}]`, 200, `{"accepted":0,"duplicates":1}`},
+		{"duplicate in one batch", "POST", events, "", `[{"user":{"id":"bob"},"event_id":"x"},{"user":{"id":"bob"},"event_id":"x"}]`, 200, `{"accepted":1,"duplicates":1}`},
+		{"ndjson", "POST", events, "application/x-ndjson", "{\"user\":{\"id\":\"carol\"},\"amount\":2}\n\n{\"user\":{\"id\":\"carol\"},\"amount\":4}\n", 200, `{"accepted":2,"duplicates":0}`},
+		{"ndjson state", "GET", key("carol"), "", "", 200, `{"seq":2,"aggregates":{"amount":6,"biggest":4}}`},
+		{"single object", "POST", events, "", `{"user":{"id":"dave"}}`, 200, `{"accepted":1}`},
+		{"empty array", "POST", events, "", `[]`, 200, `{"accepted":0,"duplicates":0}`},
+		{"unknown pipeline", "POST", base + "/v1/pipelines/nope/events", "", `[]`, 404, ``},
+		{"unknown pipeline query", "GET", base + "/v1/pipelines/nope/keys/a", "", "", 404, ``},
+		{"wrong type rejects batch", "POST", events, "",
+			`[{"user":{"id":"erin"},"amount":1},{"user":{"id":"erin"},"amount":"lots"}]`, 400, ``},
+		{"rejected batch changed nothing", "GET", key("erin"), "", "", 404, ``},
+		{"missing key", "POST", events, "", `[{"amount":1}]`, 400, ``},
+		{"not an object", "POST", events, "", `[1]`, 400, ``},
+		{"not json", "POST", events, "", `[{"user":`, 400, ``},
+		{"bad ndjson", "POST", events, "application/x-ndjson", "{\"user\":{\"id\":\"f\"}}\nnope\n", 400, ``},
+		{"empty body", "POST", events, "", ``, 400, ``},
+		{"too large", "POST", events, "", "[" + strings.Repeat(`{"user":{"id":"g"}},`, 400) + `{"user":{"id":"g"}}]`, 413, ``},
+		{"too large changed nothing", "GET", key("g"), "", "", 404, ``},
+	}
+	for _, s := range steps {
+		r := do(t, s.method, s.url, s.ctype, s.body)
+		if r.status != s.status {
+			t.Errorf("%s: status %d, want %d (body %v)", s.name, r.status, s.status, r.body)
+			continue
+		}
+		if s.status >= 400 {
+			if msg, _ := r.body["error"].(string); msg == "" {
+				t.Errorf("%s: error response without a message: %v", s.name, r.body)
+			}
+			continue
+		}
+		if s.want != "" {
+			var want map[string]any
+			if err := json.Unmarshal([]byte(s.want), &want); err != nil {
+				t.Fatalf("%s: bad want: %v", s.name, err)
+			}
+			if err := contains(r.body, want); err != nil {
+				t.Errorf("%s: %v\n got %v", s.name, err, r.body)
+			}
+		}
+	}
+}
+
+// TestErrorMessages checks that a rejected batch names the event and field.
+func TestErrorMessages(t *testing.T) {
+	base := startNode(t)
+	events := base + "/v1/pipelines/logins/events"
+	for _, c := range []struct{ body, want string }{
+		{`[{"user":{"id":"a"}},{"user":{"id":"a"},"amount":"lots"}]`, `event 1: field "amount": sum needs a number, got string "lots"`},
+		{`[{"amount":1}]`, `event 0: field "user.id": key field is missing`},
+		{`[{"user":{"id":true}}]`, `event 0: field "user.id": key must be a string or a number, got bool true`},
+		{`[{"user":{"id":"a"}}, 3]`, `event 1: event must be a JSON object`},
+	} {
+		r := do(t, "POST", events, "", c.body)
+		if got, _ := r.body["error"].(string); r.status != 400 || got != c.want {
+			t.Errorf("%s: got %d %q, want 400 %q", c.body, r.status, got, c.want)
+		}
+	}
+	r := do(t, "POST", base+"/v1/pipelines/nope/events", "", `[]`)
+	if got, _ := r.body["error"].(string); !strings.Contains(got, `"nope"`) {
+		t.Errorf("unknown pipeline: message %q does not name it", got)
+	}
+}
+
+// contains reports how got differs from want, where want is a subset.
+func contains(got, want map[string]any) error {
+	for k, w := range want {
+		g, ok := got[k]
+		if !ok {
+			return fmt.Errorf("missing %q", k)
+		}
+		if wm, ok := w.(map[string]any); ok {
+			gm, ok := g.(map[string]any)
+			if !ok {
+				return fmt.Errorf("%q: got %v, want an object", k, g)
+			}
+			if err := contains(gm, wm); err != nil {
+				return fmt.Errorf("%s.%w", k, err)
+			}
+			continue
+		}
+		if fmt.Sprint(g) != fmt.Sprint(w) {
+			return fmt.Errorf("%q: got %v, want %v", k, g, w)
+		}
+	}
+	return nil
+}
