@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/keyfold/keyfold/actors"
@@ -97,13 +99,15 @@ func (c Config) withDefaults() Config {
 // Validate reports every problem of c at once, and compiles the pipelines
 // to find theirs (each names the pipeline and the entry).
 func (c Config) Validate() error {
-	_, err := c.compile()
+	_, err := c.compile(true)
 	return err
 }
 
-func (c Config) compile() (map[string]*fold.Pipeline, error) {
+// compile validates c and compiles its pipelines. requirePipelines is false
+// only when ParseConfig already reported why some are missing.
+func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error) {
 	var errs []error
-	if len(c.Pipelines) == 0 {
+	if requirePipelines && len(c.Pipelines) == 0 {
 		errs = append(errs, errors.New("keyfold: config: no pipelines: define at least one under pipelines:"))
 	}
 	for _, a := range []struct{ name, addr string }{{"http", c.HTTPAddr}, {"grpc", c.GRPCAddr}} {
@@ -129,8 +133,8 @@ func (c Config) compile() (map[string]*fold.Pipeline, error) {
 		}
 	}
 	pipelines := make(map[string]*fold.Pipeline, len(c.Pipelines))
-	for name, spec := range c.Pipelines {
-		p, err := fold.Compile(name, spec)
+	for _, name := range slices.Sorted(maps.Keys(c.Pipelines)) {
+		p, err := fold.Compile(name, c.Pipelines[name])
 		if err != nil {
 			errs = append(errs, err)
 			continue

@@ -51,7 +51,7 @@ type KeyState struct {
 // New validates cfg and returns a node. It does no I/O and starts nothing.
 func New(cfg Config) (*Node, error) {
 	cfg = cfg.withDefaults()
-	pipelines, err := cfg.compile()
+	pipelines, err := cfg.compile(true)
 	if err != nil {
 		return nil, err
 	}

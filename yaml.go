@@ -3,6 +3,7 @@ package keyfold
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -23,16 +24,23 @@ func ParseConfig(b []byte) (Config, error) {
 		return c, errors.New("keyfold: config: empty document")
 	}
 	root := doc.Content[0]
-	var errs []error
-	errs = append(errs, decodeStrict(root, &c, "config")...)
+	if root.Kind == yaml.AliasNode || len(doc.Content) > 1 {
+		return c, errors.New("keyfold: config: want one YAML document with a mapping at the top")
+	}
+	errs := decodeStrict(root, &c, "config")
+	structural := len(errs) > 0
+	broken := map[string]bool{} // pipelines with structural problems
 	if p := mappingValue(root, "pipelines"); p != nil && p.Kind == yaml.MappingNode {
+		errs = append(errs, duplicateKeys(p, "pipelines")...)
 		c.Pipelines = make(map[string]PipelineConfig, len(p.Content)/2)
 		for i := 0; i+1 < len(p.Content); i += 2 {
 			name, pn := p.Content[i].Value, p.Content[i+1]
 			var spec PipelineConfig
 			where := fmt.Sprintf("pipeline %q", name)
+			before := len(errs)
 			errs = append(errs, decodeStrict(pn, &spec, where)...)
 			if an := mappingValue(pn, "aggregates"); an != nil && an.Kind == yaml.MappingNode {
+				errs = append(errs, duplicateKeys(an, where+": aggregates")...)
 				spec.Aggregates = make(map[string]AggregateConfig, len(an.Content)/2)
 				for j := 0; j+1 < len(an.Content); j += 2 {
 					aname := an.Content[j].Value
@@ -41,13 +49,23 @@ func ParseConfig(b []byte) (Config, error) {
 					spec.Aggregates[aname] = a
 				}
 			}
+			if len(errs) > before {
+				broken[name] = true
+				structural = true
+			}
 			c.Pipelines[name] = spec
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return Config{}, err
+	// Validate what decoded cleanly too, so every problem is reported at
+	// once, without echoes of the structural ones ("op is required" for an
+	// aggregate that had a typo).
+	check := c
+	check.Pipelines = maps.Clone(c.Pipelines)
+	maps.DeleteFunc(check.Pipelines, func(name string, _ PipelineConfig) bool { return broken[name] })
+	if _, err := check.compile(!structural); err != nil {
+		errs = append(errs, err)
 	}
-	if err := c.Validate(); err != nil {
+	if err := errors.Join(errs...); err != nil {
 		return Config{}, err
 	}
 	return c, nil
@@ -74,7 +92,7 @@ func decodeStrict(n *yaml.Node, out any, where string) []error {
 		known = append(known, tag)
 	}
 	slices.Sort(known)
-	var errs []error
+	errs := duplicateKeys(n, where)
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, val := n.Content[i], n.Content[i+1]
 		fi, ok := fields[k.Value]
@@ -93,6 +111,22 @@ func decodeStrict(n *yaml.Node, out any, where string) []error {
 		if err := val.Decode(f.Addr().Interface()); err != nil {
 			errs = append(errs, fmt.Errorf("keyfold: config: %s (line %d): %s: %v", where, val.Line, k.Value, yamlReason(err)))
 		}
+	}
+	return errs
+}
+
+// duplicateKeys reports keys given twice in a mapping: YAML forbids it, and
+// silently keeping the last would hide a mistake.
+func duplicateKeys(n *yaml.Node, where string) []error {
+	var errs []error
+	seen := make(map[string]int, len(n.Content)/2)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k := n.Content[i]
+		if first, dup := seen[k.Value]; dup {
+			errs = append(errs, fmt.Errorf("keyfold: config: %s (line %d): key %q given twice (first on line %d)", where, k.Line, k.Value, first))
+			continue
+		}
+		seen[k.Value] = k.Line
 	}
 	return errs
 }

@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -122,16 +123,40 @@ func (h *Host) Recover(ctx context.Context) error {
 		return fmt.Errorf("actors: recover: %w", err)
 	}
 	start := time.Now()
+	// Claim every group first, concurrently: each claim is a synced write,
+	// and the store shares fsyncs between concurrent writes.
+	states := make([]persistence.GroupState, h.cfg.Groups)
+	var (
+		wg    sync.WaitGroup
+		errMu sync.Mutex
+		errs  []error
+		sem   = make(chan struct{}, 32)
+	)
 	for g := range h.cfg.Groups {
-		st, err := h.store.Claim(ctx, g)
-		if err != nil {
-			return fmt.Errorf("actors: recover: claim group %d: %w", g, err)
-		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			st, err := h.store.Claim(ctx, g)
+			if err != nil {
+				errMu.Lock()
+				errs = append(errs, fmt.Errorf("actors: recover: claim group %d: %w", g, err))
+				errMu.Unlock()
+			}
+			states[g] = st
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	for g := range h.cfg.Groups {
+		st := states[g]
 		h.mu.Lock()
 		gs := &h.groups[g]
 		gs.epoch, gs.checkpoint, gs.dispatched = st.Epoch, st.Checkpoint, st.Checkpoint
 		h.mu.Unlock()
-		err = h.store.Read(ctx, g, st.Checkpoint, func(pos persistence.Position, data []byte) error {
+		err := h.store.Read(ctx, g, st.Checkpoint, func(pos persistence.Position, data []byte) error {
 			h.replay(g, pos, data)
 			return nil
 		})

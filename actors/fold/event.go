@@ -99,7 +99,7 @@ func (a *aggregate) contribution(fields map[string]any) (contribution, error) {
 			return c, nil
 		}
 	}
-	if a.op == OpCount {
+	if a.op == OpCount && a.field == "" {
 		c.ok = true
 		return c, nil
 	}
@@ -134,6 +134,11 @@ func lookup(fields map[string]any, name string, path []string) (any, bool) {
 	if len(path) < 2 {
 		return nil, false
 	}
+	return walk(fields, path)
+}
+
+// walk follows a path through nested objects.
+func walk(fields map[string]any, path []string) (any, bool) {
 	var cur any = fields
 	for _, part := range path {
 		m, ok := cur.(map[string]any)
@@ -147,13 +152,24 @@ func lookup(fields map[string]any, name string, path []string) (any, bool) {
 	return cur, true
 }
 
+// maxExactInt is the largest integer a float64 (a JSON number decoded by
+// encoding/json) holds exactly.
+const maxExactInt = 1 << 53
+
 // scalarString renders a key or id: strings as they are, numbers in their
-// shortest decimal form (42, 4.5).
+// shortest decimal form (42, 4.5). Integers at or beyond ±2^53 are refused: as
+// float64 they would round and distinct keys or ids would collide.
 func scalarString(v any) (string, error) {
 	switch x := v.(type) {
 	case string:
 		return x, nil
 	case float64:
+		if math.Abs(x) >= maxExactInt {
+			return "", fmt.Errorf("number %.0f is at or beyond ±2^53 and may have lost precision: send it as a string", x)
+		}
+		if x == 0 {
+			x = 0 // -0 and 0 name the same key
+		}
 		return strconv.FormatFloat(x, 'f', -1, 64), nil
 	default:
 		return "", fmt.Errorf("must be a string or a number, got %s", describe(v))
@@ -167,6 +183,9 @@ func eventTime(v any) (int64, error) {
 		t, err := time.Parse(time.RFC3339Nano, x)
 		if err != nil {
 			return 0, fmt.Errorf("time must be RFC 3339 or Unix milliseconds, got %q", x)
+		}
+		if t.UnixMilli() < 0 {
+			return 0, fmt.Errorf("time before 1970 is not supported: %q", x)
 		}
 		return t.UnixMilli(), nil
 	case float64:

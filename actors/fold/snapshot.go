@@ -22,7 +22,7 @@ func (p *Pipeline) StateProto(s *State) *keyfoldv1.KeyState {
 		}
 		a := s.aggs[i]
 		ks.Aggregates = append(ks.Aggregates, &keyfoldv1.AggregateState{
-			Name: agg.name, Count: a.count, Number: a.num, LastJson: a.last,
+			Name: agg.name, Op: agg.op.String(), Count: a.count, Number: a.num, LastJson: a.last,
 		})
 	}
 	for _, e := range s.order {
@@ -32,7 +32,8 @@ func (p *Pipeline) StateProto(s *State) *keyfoldv1.KeyState {
 }
 
 // UnmarshalState decodes a state written by MarshalState. Aggregates the
-// pipeline no longer has are dropped; new ones start empty.
+// pipeline no longer has are dropped; new ones, and ones whose op changed,
+// start empty.
 func (p *Pipeline) UnmarshalState(b []byte) (State, error) {
 	var ks keyfoldv1.KeyState
 	if err := proto.Unmarshal(b, &ks); err != nil {
@@ -53,7 +54,7 @@ func (p *Pipeline) StateFromProto(ks *keyfoldv1.KeyState) (State, error) {
 		byName[a.name] = i
 	}
 	for _, a := range ks.Aggregates {
-		if i, ok := byName[a.Name]; ok {
+		if i, ok := byName[a.Name]; ok && (a.Op == "" || a.Op == p.aggs[i].op.String()) {
 			s.aggs[i] = aggState{count: a.Count, num: a.Number, last: a.LastJson}
 		}
 	}

@@ -34,7 +34,8 @@ type Spec struct {
 type AggregateSpec struct {
 	// Op is one of count, sum, min, max, last.
 	Op string `yaml:"op"`
-	// Field is the (dotted) field the op reads; required except for count.
+	// Field is the (dotted) field the op reads; required except for count,
+	// which with a field counts the events where the field is present.
 	Field string `yaml:"field"`
 	// Where, if set, is an expression over the event's fields: only events
 	// for which it is true contribute (see the README for the language).
@@ -101,8 +102,8 @@ func Compile(name string, spec Spec) (*Pipeline, error) {
 	if spec.Key == "" {
 		bad("key", "is required (the field that names each key)")
 	}
-	if spec.DedupWindow < 0 {
-		bad("dedup_window", "must not be negative")
+	if spec.DedupWindow < 0 || (spec.DedupWindow > 0 && spec.DedupWindow < time.Millisecond) {
+		bad("dedup_window", "must be at least 1ms (got %v)", spec.DedupWindow)
 	}
 	if spec.DedupWindow == 0 {
 		spec.DedupWindow = DefaultDedupWindow
@@ -141,7 +142,7 @@ func Compile(name string, spec Spec) (*Pipeline, error) {
 		if a.Where != "" {
 			prog, err := compileWhere(a.Where)
 			if err != nil {
-				bad(entry, "where %q does not compile: %v", a.Where, err)
+				bad(entry, "where %q does not compile: %v", a.Where, firstLine(err))
 			}
 			agg.where = prog
 		}

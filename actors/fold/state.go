@@ -53,7 +53,7 @@ func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
 		s.seen[ev.ID] = s.now
 		s.order = append(s.order, seenID{id: ev.ID, at: s.now})
 	}
-	if len(s.aggs) != len(p.aggs) {
+	if len(s.aggs) < len(p.aggs) {
 		s.aggs = append(s.aggs, make([]aggState, len(p.aggs)-len(s.aggs))...)
 	}
 	for i := range p.aggs {

@@ -3,6 +3,7 @@ package fold
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/expr-lang/expr"
 	"github.com/expr-lang/expr/ast"
@@ -12,8 +13,8 @@ import (
 // where is a compiled filter: an expr-lang expression over an event's
 // fields that yields a bool.
 type where struct {
-	prog   *vm.Program
-	fields []string // the top-level fields it reads
+	prog  *vm.Program
+	paths [][]string // the field paths it reads (user, geo.country, …)
 }
 
 // compileWhere compiles a filter. Fields absent from an event are nil. Calls
@@ -38,13 +39,13 @@ func compileWhere(src string) (*where, error) {
 	if v.err != nil {
 		return nil, v.err
 	}
-	return &where{prog: prog, fields: v.fields}, nil
+	return &where{prog: prog, paths: v.paths}, nil
 }
 
 type whereVisitor struct {
-	seen   map[string]bool
-	fields []string
-	err    error
+	seen  map[string]bool
+	paths [][]string
+	err   error
 }
 
 func (v *whereVisitor) Visit(node *ast.Node) {
@@ -58,11 +59,45 @@ func (v *whereVisitor) Visit(node *ast.Node) {
 			}
 		}
 	case *ast.IdentifierNode:
-		if !v.seen[n.Value] {
-			v.seen[n.Value] = true
-			v.fields = append(v.fields, n.Value)
+		v.add([]string{n.Value})
+	case *ast.MemberNode:
+		if p := memberPath(n); p != nil {
+			v.add(p)
 		}
 	}
+}
+
+func (v *whereVisitor) add(path []string) {
+	if len(path) > 0 && path[0] == "$env" {
+		path = path[1:]
+	}
+	key := strings.Join(path, "\x00")
+	if len(path) == 0 || v.seen[key] {
+		return
+	}
+	v.seen[key] = true
+	v.paths = append(v.paths, path)
+}
+
+// memberPath returns the field path of a chain like geo.country or
+// $env["type"], or nil if the chain is not made of names.
+func memberPath(n *ast.MemberNode) []string {
+	prop, ok := n.Property.(*ast.StringNode)
+	if !ok {
+		return nil
+	}
+	var base []string
+	switch b := n.Node.(type) {
+	case *ast.IdentifierNode:
+		base = []string{b.Value}
+	case *ast.MemberNode:
+		if base = memberPath(b); base == nil {
+			return nil
+		}
+	default:
+		return nil
+	}
+	return append(base, prop.Value)
 }
 
 // match evaluates the filter on an event. A filter that cannot be evaluated
@@ -73,13 +108,23 @@ func (w *where) match(fields map[string]any) (bool, error) {
 	var m vm.VM
 	out, err := m.Run(w.prog, fields)
 	if err != nil {
-		for _, f := range w.fields {
-			if v, ok := fields[f]; !ok || v == nil {
+		for _, p := range w.paths {
+			if v, ok := walk(fields, p); !ok || v == nil {
 				return false, nil
 			}
 		}
-		return false, err
+		return false, firstLine(err)
 	}
 	b, _ := out.(bool)
 	return b, nil
+}
+
+// firstLine drops the source excerpt expr appends to its errors: messages
+// end up in one-line JSON errors.
+func firstLine(err error) error {
+	msg := err.Error()
+	if i := strings.IndexByte(msg, '\n'); i >= 0 {
+		return errors.New(strings.TrimSpace(msg[:i]))
+	}
+	return err
 }

@@ -729,11 +729,11 @@ func (w *workload) next(wr int) *batch {
 	w.seqs[wr]++
 	b := &batch{name: fmt.Sprintf("w%d-b%d", wr, w.seqs[wr]), writer: wr}
 	count := w.minEvents + rng.IntN(w.maxEvents-w.minEvents+1)
-	if rng.IntN(5) == 0 {
+	if rng.IntN(3) == 0 {
 		b.pipeline = "clicks"
 		b.probe = "probe-" + b.name
 		b.events = append(b.events, event{key: b.probe, amount: 1})
-		for range count / 4 {
+		for range count / 2 {
 			page := wr + w.writers*rng.IntN(w.pages/w.writers)
 			b.events = append(b.events, event{key: fmt.Sprintf("p%03d", page), amount: 1 + rng.Int64N(9)})
 		}
@@ -904,14 +904,14 @@ func TestCrashRecoveryExactlyOnce(t *testing.T) {
 	seed := testSeed(t)
 	rng := rand.New(rand.NewPCG(seed, 0))
 
-	cycles, writers, minEv, maxEv, minTarget, maxTarget := 3, 4, 50, 200, 20, 60
+	cycles, writers, minEv, maxEv, minTarget, maxTarget := 5, 4, 50, 200, 20, 60
 	if testing.Short() {
 		cycles, writers, minEv, maxEv, minTarget, maxTarget = 2, 3, 20, 80, 10, 25
 	}
 	// A short checkpoint interval, so that at each kill some keys are in
 	// snapshots and some only in the log; a short idle timeout, so that
 	// keys are also passivated and reactivated from their snapshots.
-	cfg := writeConfig(t, "checkpoint_interval: 100ms\nidle_timeout: 1s\n"+pipelinesYAML)
+	cfg := writeConfig(t, "key_groups: 32\ncheckpoint_interval: 20ms\nidle_timeout: 1s\n"+pipelinesYAML)
 	data := t.TempDir()
 	w := newWorkload(seed, writers, 200, 40, minEv, maxEv)
 	o := newOracle()

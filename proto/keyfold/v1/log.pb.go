@@ -339,7 +339,10 @@ type AggregateState struct {
 	// sum, min or max; meaningful only when count > 0.
 	Number float64 `protobuf:"fixed64,3,opt,name=number,proto3" json:"number,omitempty"`
 	// last: the JSON encoding of the last value.
-	LastJson      []byte `protobuf:"bytes,4,opt,name=last_json,json=lastJson,proto3" json:"last_json,omitempty"`
+	LastJson []byte `protobuf:"bytes,4,opt,name=last_json,json=lastJson,proto3" json:"last_json,omitempty"`
+	// The op that built this state (count, sum, …). An aggregate whose op
+	// changed under the same name starts afresh.
+	Op            string `protobuf:"bytes,5,opt,name=op,proto3" json:"op,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -400,6 +403,13 @@ func (x *AggregateState) GetLastJson() []byte {
 		return x.LastJson
 	}
 	return nil
+}
+
+func (x *AggregateState) GetOp() string {
+	if x != nil {
+		return x.Op
+	}
+	return ""
 }
 
 // SeenID records that an event id was applied at a processing time.
@@ -481,12 +491,13 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\n" +
 	"aggregates\x18\x03 \x03(\v2\x1a.keyfold.v1.AggregateStateR\n" +
 	"aggregates\x12&\n" +
-	"\x04seen\x18\x04 \x03(\v2\x12.keyfold.v1.SeenIDR\x04seen\"o\n" +
+	"\x04seen\x18\x04 \x03(\v2\x12.keyfold.v1.SeenIDR\x04seen\"\x7f\n" +
 	"\x0eAggregateState\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x04R\x05count\x12\x16\n" +
 	"\x06number\x18\x03 \x01(\x01R\x06number\x12\x1b\n" +
-	"\tlast_json\x18\x04 \x01(\fR\blastJson\"-\n" +
+	"\tlast_json\x18\x04 \x01(\fR\blastJson\x12\x0e\n" +
+	"\x02op\x18\x05 \x01(\tR\x02op\"-\n" +
 	"\x06SeenID\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x13\n" +
 	"\x05at_ms\x18\x02 \x01(\x03R\x04atMsB7Z5github.com/keyfold/keyfold/proto/keyfold/v1;keyfoldv1b\x06proto3"

@@ -1,0 +1,94 @@
+package keyfold_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/keyfold/keyfold"
+)
+
+const benchYAML = `
+pipelines:
+  logins:
+    key: user_id
+    id: event_id
+    aggregates:
+      total:   { op: count }
+      failed:  { op: count, where: "type == 'login_failed'" }
+      amount:  { op: sum, field: amount }
+      biggest: { op: max, field: amount }
+      country: { op: last, field: geo.country }
+`
+
+// BenchmarkHTTPIngest measures durable ingest over HTTP on the embedded
+// store: batches of 100 events over 10k keys, from GOMAXPROCS*4 concurrent
+// clients, so group commit has something to group. It reports events/s.
+func BenchmarkHTTPIngest(b *testing.B) {
+	cfg, err := keyfold.ParseConfig([]byte(benchYAML))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.DataDir = b.TempDir()
+	cfg.HTTPAddr = "127.0.0.1:0"
+	n, err := keyfold.New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- n.Run(context.Background()) }()
+	select {
+	case <-n.Ready():
+	case err := <-errc:
+		b.Fatal(err)
+	}
+	defer func() {
+		n.Close()
+		if err := <-errc; err != nil {
+			b.Error(err)
+		}
+	}()
+	url := "http://" + n.HTTPAddr() + "/v1/pipelines/logins/events"
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}, Timeout: time.Minute}
+
+	const batch = 100
+	var seq atomic.Int64
+	b.SetParallelism(4)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		var body bytes.Buffer
+		for pb.Next() {
+			body.Reset()
+			body.WriteByte('[')
+			base := seq.Add(batch)
+			for i := range int64(batch) {
+				if i > 0 {
+					body.WriteByte(',')
+				}
+				id := base + i
+				fmt.Fprintf(&body, `{"user_id":"u%d","event_id":"e%d","type":"login_failed","amount":%d,"geo":{"country":"DE"}}`, id%10000, id, id%100)
+			}
+			body.WriteByte(']')
+			resp, err := client.Post(url, "application/json", &body)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				b.Errorf("status %d", resp.StatusCode)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(seq.Load())/b.Elapsed().Seconds(), "events/s")
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(seq.Load()), "ns/event")
+}
