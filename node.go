@@ -26,7 +26,7 @@ type Node struct {
 	draining atomic.Bool
 	httpAddr atomic.Pointer[string]
 
-	runOnce sync.Once
+	ran     atomic.Bool
 	mu      sync.Mutex
 	cancel  context.CancelFunc // set while Run runs
 	started bool
@@ -75,9 +75,10 @@ func (n *Node) HTTPAddr() string {
 // in-flight requests, checkpoints) and returns. It returns nil after a clean
 // drain. Run may be called once.
 func (n *Node) Run(ctx context.Context) error {
-	err := errors.New("keyfold: Run called twice")
-	n.runOnce.Do(func() { err = n.run(ctx) })
-	return err
+	if !n.ran.CompareAndSwap(false, true) {
+		return errors.New("keyfold: Run called twice")
+	}
+	return n.run(ctx)
 }
 
 func (n *Node) run(ctx context.Context) (err error) {

@@ -117,8 +117,16 @@ func New(cfg Config) (*Host, error) {
 
 // Recover claims every key group, which fences off any earlier owner, and
 // replays each group's log above its checkpoint into its keys. Call it once,
-// before Run.
+// before Run. If it fails the host is unusable and has released its actors.
 func (h *Host) Recover(ctx context.Context) error {
+	err := h.recover(ctx)
+	if err != nil {
+		h.system.Shutdown()
+	}
+	return err
+}
+
+func (h *Host) recover(ctx context.Context) error {
 	if err := h.store.CheckGroups(ctx, h.cfg.Groups); err != nil {
 		return fmt.Errorf("actors: recover: %w", err)
 	}

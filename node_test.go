@@ -1,0 +1,160 @@
+package keyfold_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/keyfold/keyfold"
+	"github.com/keyfold/keyfold/persistence"
+)
+
+func testConfig(t *testing.T, dir string) keyfold.Config {
+	t.Helper()
+	cfg, err := keyfold.ParseConfig([]byte(`
+pipelines:
+  p:
+    key: k
+    id: id
+    aggregates:
+      n: { op: count }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DataDir = dir
+	cfg.KeyGroups = 8
+	return cfg
+}
+
+func run(t *testing.T, cfg keyfold.Config) (*keyfold.Node, chan error) {
+	t.Helper()
+	n, err := keyfold.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- n.Run(context.Background()) }()
+	select {
+	case <-n.Ready():
+	case err := <-errc:
+		t.Fatalf("Run: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("not ready after 20s")
+	}
+	return n, errc
+}
+
+func TestNodeLifecycle(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(t, dir)
+	n, err := keyfold.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Ingest(context.Background(), "p", nil); !errors.Is(err, keyfold.ErrNotReady) {
+		t.Errorf("Ingest before Run: %v, want ErrNotReady", err)
+	}
+	if n.Serving() {
+		t.Error("Serving before Run")
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- n.Run(context.Background()) }()
+	<-n.Ready()
+	if !n.Serving() {
+		t.Error("not Serving once Ready")
+	}
+	if n.HTTPAddr() != "" {
+		t.Errorf("HTTPAddr = %q with no HTTP configured", n.HTTPAddr())
+	}
+	res, err := n.Ingest(context.Background(), "p", []json.RawMessage{[]byte(`{"k":"a","id":"1"}`), []byte(`{"k":"a","id":"1"}`)})
+	if err != nil || res != (keyfold.IngestResult{Accepted: 1, Duplicates: 1}) {
+		t.Fatalf("Ingest = %+v, %v", res, err)
+	}
+	if err := n.Run(context.Background()); err == nil {
+		t.Error("second Run returned nil")
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if _, err := n.Ingest(context.Background(), "p", []json.RawMessage{[]byte(`{"k":"a"}`)}); err == nil {
+		t.Error("Ingest after Close succeeded")
+	}
+
+	// The state survives a restart.
+	n2, errc2 := run(t, cfg)
+	st, err := n2.Query(context.Background(), "p", "a")
+	if err != nil || st.Seq != 1 || st.Aggregates["n"] != uint64(1) {
+		t.Fatalf("after restart: %+v, %v", st, err)
+	}
+	n2.Close()
+	if err := <-errc2; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCloseBeforeRun(t *testing.T) {
+	n, err := keyfold.New(testConfig(t, t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- n.Run(context.Background()) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run after Close: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run after Close did not return")
+	}
+}
+
+// TestKeyGroupsFixed: a store created with one number of key groups refuses
+// a node configured with another.
+func TestKeyGroupsFixed(t *testing.T) {
+	dir := t.TempDir()
+	n, errc := run(t, testConfig(t, dir))
+	n.Close()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, dir)
+	cfg.KeyGroups = 16
+	n2, err := keyfold.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = n2.Run(context.Background())
+	if !errors.Is(err, persistence.ErrGroupsMismatch) {
+		t.Fatalf("Run with another key group count: %v, want ErrGroupsMismatch", err)
+	}
+}
+
+// TestSecondNodeOnSameDirRefused: the embedded store locks its directory.
+func TestSecondNodeOnSameDirRefused(t *testing.T) {
+	dir := t.TempDir()
+	n, errc := run(t, testConfig(t, dir))
+	defer func() {
+		n.Close()
+		<-errc
+	}()
+	n2, err := keyfold.New(testConfig(t, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n2.Run(context.Background()); err == nil {
+		t.Fatal("a second node on the same data directory started")
+	}
+}
