@@ -2,7 +2,6 @@ package keyfold_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -36,23 +35,7 @@ func BenchmarkHTTPIngest(b *testing.B) {
 	}
 	cfg.DataDir = b.TempDir()
 	cfg.HTTPAddr = "127.0.0.1:0"
-	n, err := keyfold.New(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- n.Run(context.Background()) }()
-	select {
-	case <-n.Ready():
-	case err := <-errc:
-		b.Fatal(err)
-	}
-	defer func() {
-		n.Close()
-		if err := <-errc; err != nil {
-			b.Error(err)
-		}
-	}()
+	n := run(b, cfg)
 	url := "http://" + n.HTTPAddr() + "/v1/pipelines/logins/events"
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}, Timeout: time.Minute}
 

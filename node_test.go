@@ -29,7 +29,9 @@ pipelines:
 	return cfg
 }
 
-func run(t *testing.T, cfg keyfold.Config) (*keyfold.Node, chan error) {
+// start runs a node until it is ready; the caller closes it and reads Run's
+// error from the channel.
+func start(t testing.TB, cfg keyfold.Config) (*keyfold.Node, chan error) {
 	t.Helper()
 	n, err := keyfold.New(cfg)
 	if err != nil {
@@ -45,6 +47,19 @@ func run(t *testing.T, cfg keyfold.Config) (*keyfold.Node, chan error) {
 		t.Fatal("not ready after 20s")
 	}
 	return n, errc
+}
+
+// run starts a node that is closed, and its Run checked, when t ends.
+func run(t testing.TB, cfg keyfold.Config) *keyfold.Node {
+	t.Helper()
+	n, errc := start(t, cfg)
+	t.Cleanup(func() {
+		n.Close()
+		if err := <-errc; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return n
 }
 
 func TestNodeLifecycle(t *testing.T) {
@@ -90,14 +105,10 @@ func TestNodeLifecycle(t *testing.T) {
 	}
 
 	// The state survives a restart.
-	n2, errc2 := run(t, cfg)
+	n2 := run(t, cfg)
 	st, err := n2.Query(context.Background(), "p", "a")
 	if err != nil || st.Seq != 1 || st.Aggregates["n"] != uint64(1) {
 		t.Fatalf("after restart: %+v, %v", st, err)
-	}
-	n2.Close()
-	if err := <-errc2; err != nil {
-		t.Fatal(err)
 	}
 }
 
@@ -125,7 +136,7 @@ func TestCloseBeforeRun(t *testing.T) {
 // a node configured with another.
 func TestKeyGroupsFixed(t *testing.T) {
 	dir := t.TempDir()
-	n, errc := run(t, testConfig(t, dir))
+	n, errc := start(t, testConfig(t, dir))
 	n.Close()
 	if err := <-errc; err != nil {
 		t.Fatal(err)
@@ -145,11 +156,7 @@ func TestKeyGroupsFixed(t *testing.T) {
 // TestSecondNodeOnSameDirRefused: the embedded store locks its directory.
 func TestSecondNodeOnSameDirRefused(t *testing.T) {
 	dir := t.TempDir()
-	n, errc := run(t, testConfig(t, dir))
-	defer func() {
-		n.Close()
-		<-errc
-	}()
+	run(t, testConfig(t, dir))
 	n2, err := keyfold.New(testConfig(t, dir))
 	if err != nil {
 		t.Fatal(err)
