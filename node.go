@@ -121,6 +121,10 @@ func (n *Node) run(ctx context.Context) (err error) {
 		return err
 	}
 	if err := host.Recover(ctx); err != nil {
+		if ctx.Err() != nil {
+			log.Info("stopped during recovery")
+			return nil // asked to stop: nothing was acknowledged yet
+		}
 		return err
 	}
 	n.host.Store(host)

@@ -226,7 +226,6 @@ func (h *Host) Run(ctx context.Context) error {
 	}()
 	ticker := time.NewTicker(h.cfg.CheckpointInterval)
 	defer ticker.Stop()
-	var err error
 loop:
 	for {
 		select {
@@ -237,9 +236,15 @@ loop:
 		case <-ticker.C:
 		case <-h.checkpointNow:
 		}
-		if err = h.checkpoint(ctx); err != nil && ctx.Err() == nil {
-			h.fail(err)
-			break loop
+		if err := h.checkpoint(ctx); err != nil && ctx.Err() == nil {
+			if errors.Is(err, persistence.ErrFenced) {
+				h.fail(err)
+				break loop
+			}
+			// The changed keys stay dirty and are retried at the next
+			// checkpoint; only replay after a crash grows meanwhile.
+			h.log.Warn("checkpoint failed; retrying at the next one", "err", err)
+			continue
 		}
 		h.passivate()
 	}

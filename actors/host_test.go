@@ -324,3 +324,20 @@ func TestBatchRejectedWhole(t *testing.T) {
 		t.Errorf("rejected batch left state: %v", err)
 	}
 }
+
+// TestFailedCheckpointIsRetried: a checkpoint that fails leaves its keys
+// dirty; the next one writes them, and the host keeps serving meanwhile.
+func TestFailedCheckpointIsRetried(t *testing.T) {
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	fs.FailNext(faultstore.OpPut, errors.New("injected"))
+	hs := start(t, fs, actors.Config{Groups: 1, CheckpointInterval: 10 * time.Millisecond})
+	hs.ingest(event("a", "", 1))
+	eventually(t, "a checkpoint after the failed one", func() bool { return hs.host.Stats().Checkpoints > 0 })
+	if fs.Calls(faultstore.OpPut) < 2 {
+		t.Errorf("Put called %d times, want a failure and a retry", fs.Calls(faultstore.OpPut))
+	}
+	hs.ingest(event("a", "", 2))
+	if err := hs.shutdown(); err != nil {
+		t.Fatalf("host failed after a transient checkpoint error: %v", err)
+	}
+}
