@@ -6,10 +6,11 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: ## vet, check generated code, run every test (what CI runs)
+test: ## vet, check generated code, run every test, and the in-process ones again under -race (what CI runs)
 	$(GO) vet ./...
 	$(MAKE) proto-check
 	$(GO) test -count=1 -timeout 15m ./...
+	$(GO) test -race -count=1 -timeout 15m . ./actors/... ./persistence/... ./services/...
 
 .PHONY: proto
 proto: ## regenerate the .pb.go files from proto/keyfold/v1/*.proto (needs protoc)
