@@ -7,25 +7,50 @@ import (
 	"testing"
 )
 
-// FuzzDecodeJSON: any body either splits into valid JSON values or fails
-// with ErrBadBody; it never panics.
+// FuzzDecodeJSON differentially checks the array splitter against
+// encoding/json: a valid JSON array splits into exactly the elements the
+// standard decoder finds, and an invalid body either fails with ErrBadBody
+// or yields an element that is itself invalid (so the pipeline rejects the
+// batch). It never panics.
 func FuzzDecodeJSON(f *testing.F) {
-	for _, s := range []string{`[]`, `[{"a":1},{"b":[1,2]}]`, `{"a":1}`, ` [ {} ] `, `[{"a":`, `[1,"x",null]`, `"x"`, `[{}]x`, ""} {
+	for _, s := range []string{`[]`, `[{"a":1},{"b":[1,2]}]`, `{"a":1}`, ` [ {} ] `, `[{"a":`, `[1,"x",null]`, `"x"`,
+		`[{}]x`, "", `[{"a":"]\"}"}, {"b":"\\"}]`, `[{},]`, `[,{}]`, `[{} {}]`, `[{"a":1}}]`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		events, err := DecodeJSON(body)
+		trimmed := bytes.TrimSpace(body)
+		var want []json.RawMessage
+		validArray := len(trimmed) > 0 && trimmed[0] == '[' && json.Unmarshal(trimmed, &want) == nil
 		if err != nil {
 			if !errors.Is(err, ErrBadBody) {
 				t.Fatalf("error %v does not wrap ErrBadBody", err)
 			}
+			if validArray {
+				t.Fatalf("valid array %q rejected: %v", body, err)
+			}
 			return
 		}
-		for i, ev := range events {
+		if validArray {
+			if len(events) != len(want) {
+				t.Fatalf("%q: split into %d events, encoding/json finds %d", body, len(events), len(want))
+			}
+			for i := range want {
+				if !bytes.Equal(events[i], want[i]) {
+					t.Fatalf("%q: event %d = %q, encoding/json finds %q", body, i, events[i], want[i])
+				}
+			}
+			return
+		}
+		if len(trimmed) > 0 && trimmed[0] == '{' {
+			return // a single object: validated by the pipeline
+		}
+		for _, ev := range events {
 			if !json.Valid(ev) {
-				t.Fatalf("event %d %q is not valid JSON", i, ev)
+				return // the pipeline rejects the batch
 			}
 		}
+		t.Fatalf("invalid body %q split into valid events %q", body, events)
 	})
 }
 

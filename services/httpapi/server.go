@@ -127,31 +127,117 @@ func isNDJSON(ct string) bool {
 }
 
 // DecodeJSON splits a batch: a JSON array of events, or a single event
-// object. Each event is returned as its raw bytes (aliasing body); whether
-// it is a valid event is for the pipeline to say.
+// object. Each event is returned as its raw bytes (aliasing body). Splitting
+// only finds the elements' boundaries; each element is validated when the
+// pipeline decodes it (an invalid one rejects the batch there), so the body
+// is parsed once, not twice.
 func DecodeJSON(body []byte) ([]json.RawMessage, error) {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 {
 		return nil, fmt.Errorf("%w: empty body: want a JSON array of events", ErrBadBody)
 	}
 	if trimmed[0] == '{' {
-		if !json.Valid(trimmed) {
-			return nil, fmt.Errorf("%w: invalid JSON object", ErrBadBody)
-		}
 		return []json.RawMessage{trimmed}, nil
 	}
 	if trimmed[0] != '[' {
 		return nil, fmt.Errorf("%w: want a JSON array of events (or NDJSON with Content-Type: application/x-ndjson)", ErrBadBody)
 	}
+	return splitArray(trimmed)
+}
+
+// splitArray returns the elements of a JSON array b (which starts with '['
+// and has no surrounding space) without decoding them.
+func splitArray(b []byte) ([]json.RawMessage, error) {
 	var events []json.RawMessage
-	if err := json.Unmarshal(trimmed, &events); err != nil {
-		var se *json.SyntaxError
-		if errors.As(err, &se) {
-			return nil, fmt.Errorf("%w: invalid JSON at byte %d: %v", ErrBadBody, se.Offset, err)
+	i := skipSpace(b, 1)
+	if i < len(b) && b[i] == ']' {
+		if i+1 != len(b) {
+			return nil, fmt.Errorf("%w: unexpected data after the array at byte %d", ErrBadBody, i+1)
 		}
-		return nil, fmt.Errorf("%w: %v", ErrBadBody, err)
+		return events, nil
 	}
-	return events, nil
+	for {
+		end, err := skipValue(b, i)
+		if err != nil {
+			return nil, fmt.Errorf("%w: event %d: %v", ErrBadBody, len(events), err)
+		}
+		events = append(events, json.RawMessage(b[i:end]))
+		i = skipSpace(b, end)
+		if i >= len(b) {
+			return nil, fmt.Errorf("%w: unterminated array", ErrBadBody)
+		}
+		switch b[i] {
+		case ',':
+			i = skipSpace(b, i+1)
+		case ']':
+			if i+1 != len(b) {
+				return nil, fmt.Errorf("%w: unexpected data after the array at byte %d", ErrBadBody, i+1)
+			}
+			return events, nil
+		default:
+			return nil, fmt.Errorf("%w: want ',' or ']' after event %d at byte %d, got %q", ErrBadBody, len(events)-1, i, b[i])
+		}
+	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipValue returns the end of the JSON value starting at b[i]: it matches
+// brackets and strings, and leaves full validation to the decoder.
+func skipValue(b []byte, i int) (int, error) {
+	if i >= len(b) {
+		return 0, errors.New("unexpected end of input")
+	}
+	switch b[i] {
+	case ',', ']', '}', ':':
+		return 0, fmt.Errorf("unexpected %q at byte %d", b[i], i)
+	case '{', '[':
+	case '"':
+		return skipString(b, i)
+	default: // number, true, false, null (or garbage the decoder rejects)
+		j := i
+		for j < len(b) && b[j] != ',' && b[j] != ']' && b[j] != '}' && b[j] != ' ' && b[j] != '\t' && b[j] != '\n' && b[j] != '\r' {
+			j++
+		}
+		return j, nil
+	}
+	depth := 0
+	for j := i; j < len(b); j++ {
+		switch b[j] {
+		case '"':
+			end, err := skipString(b, j)
+			if err != nil {
+				return 0, err
+			}
+			j = end - 1
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth == 0 {
+				return j + 1, nil
+			}
+		}
+	}
+	return 0, errors.New("unexpected end of input")
+}
+
+// skipString returns the end of the string starting at b[i] == '"'.
+func skipString(b []byte, i int) (int, error) {
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1, nil
+		}
+	}
+	return 0, errors.New("unterminated string")
 }
 
 // DecodeNDJSON splits a batch of newline-delimited JSON events; blank lines
