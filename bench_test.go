@@ -72,6 +72,9 @@ func BenchmarkHTTPIngest(b *testing.B) {
 		}
 	})
 	b.StopTimer()
+	if st := n.Stats(); st.Commits > 0 {
+		b.ReportMetric(float64(st.Events)/float64(st.Commits), "events/commit")
+	}
 	b.ReportMetric(float64(seq.Load())/b.Elapsed().Seconds(), "events/s")
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(seq.Load()), "ns/event")
 }
