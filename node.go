@@ -108,6 +108,43 @@ func (n *Node) run(ctx context.Context) (err error) {
 		}
 	}()
 
+	// Serve HTTP from the start, so /healthz answers during a long recovery
+	// (and /readyz says 503 until it is done).
+	stopHTTP := func() {}
+	if n.cfg.HTTPAddr != "" {
+		ln, err := net.Listen("tcp", n.cfg.HTTPAddr)
+		if err != nil {
+			return fmt.Errorf("keyfold: listen http: %w", err)
+		}
+		addr := ln.Addr().String()
+		n.httpAddr.Store(&addr)
+		srv := &http.Server{
+			Handler:           httpapi.New(httpBackend{n}, httpapi.Options{MaxBodyBytes: n.cfg.MaxBodyBytes, Logger: log}),
+			ReadHeaderTimeout: httpapi.ReadHeaderTimeout,
+		}
+		served := make(chan struct{})
+		go func() {
+			defer close(served)
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("http server failed", "err", err)
+				cancel()
+			}
+		}()
+		stopHTTP = func() {
+			// Stop accepting, let in-flight requests finish.
+			sctx, scancel := context.WithTimeout(context.Background(), n.cfg.ShutdownTimeout)
+			defer scancel()
+			if err := srv.Shutdown(sctx); err != nil {
+				log.Warn("http shutdown", "err", err)
+			}
+			<-served
+		}
+		log.Info("listening", "http", addr)
+	}
+	if n.cfg.GRPCAddr != "" {
+		log.Warn("gRPC is not served by this version; ignoring the address", "grpc", n.cfg.GRPCAddr)
+	}
+
 	host, err := actors.New(actors.Config{
 		Store:              store,
 		Pipelines:          n.pipelines,
@@ -118,9 +155,11 @@ func (n *Node) run(ctx context.Context) (err error) {
 		Logger:             log,
 	})
 	if err != nil {
+		stopHTTP()
 		return err
 	}
 	if err := host.Recover(ctx); err != nil {
+		stopHTTP()
 		if ctx.Err() != nil {
 			log.Info("stopped during recovery")
 			return nil // asked to stop: nothing was acknowledged yet
@@ -128,31 +167,6 @@ func (n *Node) run(ctx context.Context) (err error) {
 		return err
 	}
 	n.host.Store(host)
-
-	var srv *http.Server
-	if n.cfg.HTTPAddr != "" {
-		ln, err := net.Listen("tcp", n.cfg.HTTPAddr)
-		if err != nil {
-			return fmt.Errorf("keyfold: listen http: %w", err)
-		}
-		addr := ln.Addr().String()
-		n.httpAddr.Store(&addr)
-		srv = &http.Server{
-			Handler:           httpapi.New(httpBackend{n}, httpapi.Options{MaxBodyBytes: n.cfg.MaxBodyBytes, Logger: log}),
-			ReadHeaderTimeout: httpapi.ReadHeaderTimeout,
-			ErrorLog:          nil,
-		}
-		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("http server failed", "err", err)
-				cancel()
-			}
-		}()
-		log.Info("listening", "http", addr)
-	}
-	if n.cfg.GRPCAddr != "" {
-		log.Warn("gRPC is not served by this version; ignoring the address", "grpc", n.cfg.GRPCAddr)
-	}
 
 	hostDone := make(chan error, 1)
 	hostCtx, stopHost := context.WithCancel(context.Background())
@@ -167,13 +181,7 @@ func (n *Node) run(ctx context.Context) (err error) {
 	}
 	n.draining.Store(true)
 	log.Info("draining")
-	if srv != nil {
-		sctx, scancel := context.WithTimeout(context.Background(), n.cfg.ShutdownTimeout)
-		if err := srv.Shutdown(sctx); err != nil {
-			log.Warn("http shutdown", "err", err)
-		}
-		scancel()
-	}
+	stopHTTP()
 	if hostErr == nil {
 		stopHost()
 		hostErr = <-hostDone

@@ -4,11 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/keyfold/keyfold"
 	"github.com/keyfold/keyfold/persistence"
+	"github.com/keyfold/keyfold/persistence/embedded"
+	"github.com/keyfold/keyfold/persistence/faultstore"
 )
 
 func testConfig(t *testing.T, dir string) keyfold.Config {
@@ -163,5 +167,65 @@ func TestSecondNodeOnSameDirRefused(t *testing.T) {
 	}
 	if err := n2.Run(context.Background()); err == nil {
 		t.Fatal("a second node on the same data directory started")
+	}
+}
+
+// TestHealthDuringRecovery: HTTP is served from the start: /healthz is 200
+// while the node recovers, /readyz and the API are 503 until it is done.
+func TestHealthDuringRecovery(t *testing.T) {
+	dir := t.TempDir()
+	inner, err := embedded.Open(dir, embedded.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := faultstore.New(inner)
+	fs.Inject(faultstore.OpCheckGroups, 1, faultstore.Fault{Delay: time.Hour}) // until the context ends
+	cfg := testConfig(t, dir)
+	cfg.Store = fs
+	cfg.HTTPAddr = "127.0.0.1:0"
+	n, err := keyfold.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- n.Run(ctx) }()
+
+	var base string
+	eventually(t, "HTTP listening", func() bool { base = n.HTTPAddr(); return base != "" })
+	base = "http://" + base
+	for _, c := range []struct {
+		method, path string
+		want         int
+	}{
+		{"GET", "/healthz", 200},
+		{"GET", "/readyz", 503},
+		{"POST", "/v1/pipelines/p/events", 503},
+		{"GET", "/v1/pipelines/p/keys/a", 503},
+	} {
+		req, _ := http.NewRequest(c.method, base+c.path, strings.NewReader(`[{"k":"a"}]`))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("%s %s during recovery: %d, want %d", c.method, c.path, resp.StatusCode, c.want)
+		}
+	}
+	cancel() // stopping during recovery is a clean stop
+	if err := <-errc; err != nil {
+		t.Fatalf("Run stopped during recovery: %v", err)
+	}
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
