@@ -37,6 +37,6 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServe())
+	root.AddCommand(newServe(), newSend(), newGet())
 	return root
 }

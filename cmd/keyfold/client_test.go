@@ -1,0 +1,119 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/keyfold/keyfold"
+)
+
+// startInProcess runs a node in this process and returns its base URL.
+func startInProcess(t *testing.T) string {
+	t.Helper()
+	cfg, err := keyfold.ParseConfig([]byte(`
+pipelines:
+  logins:
+    key: user_id
+    id: event_id
+    aggregates:
+      total:  { op: count }
+      amount: { op: sum, field: amount }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DataDir, cfg.HTTPAddr, cfg.KeyGroups = t.TempDir(), "127.0.0.1:0", 8
+	n, err := keyfold.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- n.Run(context.Background()) }()
+	select {
+	case <-n.Ready():
+	case err := <-errc:
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		n.Close()
+		if err := <-errc; err != nil {
+			t.Error(err)
+		}
+	})
+	return "http://" + n.HTTPAddr()
+}
+
+func runCLI(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	root := newRoot()
+	var out, errOut bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	root.SetArgs(args)
+	err := root.ExecuteContext(context.Background())
+	return out.String() + errOut.String(), err
+}
+
+func TestSendAndGet(t *testing.T) {
+	base := startInProcess(t)
+	dir := t.TempDir()
+
+	var ndjson, array strings.Builder
+	array.WriteString("[\n")
+	for i := range 1200 {
+		fmt.Fprintf(&ndjson, `{"user_id":"u%d","event_id":"n%d","amount":1}`+"\n", i%3, i)
+		if i > 0 {
+			array.WriteString(",\n")
+		}
+		fmt.Fprintf(&array, `  {"user_id":"u%d","event_id":"a%d","amount":2}`, i%3, i)
+	}
+	array.WriteString("\n]\n")
+	nd, arr := filepath.Join(dir, "events.ndjson"), filepath.Join(dir, "events.json")
+	if err := os.WriteFile(nd, []byte(ndjson.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(arr, []byte(array.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	out, err := runCLI(t, "send", "--addr", base, "--batch", "100", "logins", nd)
+	if err != nil || !strings.Contains(out, "sent 1200 events: 1200 accepted, 0 duplicates") {
+		t.Fatalf("send ndjson: %v\n%s", err, out)
+	}
+	out, err = runCLI(t, "send", "--addr", base, "logins", arr)
+	if err != nil || !strings.Contains(out, "sent 1200 events: 1200 accepted, 0 duplicates") {
+		t.Fatalf("send array: %v\n%s", err, out)
+	}
+	// Sending the same file again is safe: every event is a duplicate.
+	out, err = runCLI(t, "send", "--addr", base, "-q", "logins", nd)
+	if err != nil || out != "" {
+		t.Fatalf("send -q again: %v\n%q", err, out)
+	}
+
+	out, err = runCLI(t, "get", "--addr", base, "logins", "u0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st keyfold.KeyState
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("get output %q: %v", out, err)
+	}
+	if st.Seq != 800 || st.Aggregates["amount"] != float64(1200) {
+		t.Errorf("u0 = %+v, want seq 800, amount 1200", st)
+	}
+
+	if _, err := runCLI(t, "get", "--addr", base, "logins", "nobody"); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("get unknown key: %v", err)
+	}
+	bad := filepath.Join(dir, "bad.ndjson")
+	os.WriteFile(bad, []byte(`{"user_id":"x","amount":"lots"}`+"\n"), 0o600)
+	if _, err := runCLI(t, "send", "--addr", base, "logins", bad); err == nil || !strings.Contains(err.Error(), `field \"amount\"`) && !strings.Contains(err.Error(), `field "amount"`) {
+		t.Errorf("send bad event: %v", err)
+	}
+}
