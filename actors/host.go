@@ -350,7 +350,11 @@ func (h *Host) Query(ctx context.Context, pipeline, key string) (KeyView, error)
 	id := keyID{pipeline, key}
 	h.mu.Lock()
 	h.sendLocked(id, GroupOf(pipeline, key, h.cfg.Groups), msg)
+	over := len(h.active) > h.cfg.MaxActive
 	h.mu.Unlock()
+	if over { // queries of unseen keys activate grains too
+		h.nudgeCheckpoint()
+	}
 	select {
 	case r := <-msg.reply:
 		return r.view, r.err

@@ -341,3 +341,16 @@ func TestFailedCheckpointIsRetried(t *testing.T) {
 		t.Fatalf("host failed after a transient checkpoint error: %v", err)
 	}
 }
+
+// TestQueriesOfUnseenKeysStayBounded: a scan of keys that hold nothing
+// activates grains, and they too leave memory.
+func TestQueriesOfUnseenKeysStayBounded(t *testing.T) {
+	hs := start(t, openStore(t, t.TempDir()), actors.Config{MaxActive: 10, IdleTimeout: time.Hour, CheckpointInterval: time.Hour})
+	defer hs.shutdown()
+	for i := range 100 {
+		if _, err := hs.host.Query(context.Background(), "p", fmt.Sprintf("ghost%d", i)); !errors.Is(err, actors.ErrNotFound) {
+			t.Fatalf("ghost%d: %v", i, err)
+		}
+	}
+	eventually(t, "active keys <= 10", func() bool { return hs.host.Stats().ActiveKeys <= 10 })
+}
