@@ -64,6 +64,9 @@ const (
 	DefaultDataDir         = "keyfold-data"
 	DefaultMaxBodyBytes    = 8 << 20
 	DefaultShutdownTimeout = 10 * time.Second
+	// MaxKeyGroups bounds key_groups: each group costs a little memory and a
+	// claim at start whether or not it holds keys.
+	MaxKeyGroups = 1 << 16
 )
 
 // withDefaults returns c with every unset field at its default. It is the
@@ -117,6 +120,9 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 		if _, _, err := net.SplitHostPort(a.addr); err != nil {
 			errs = append(errs, fmt.Errorf("keyfold: config: %s address %q: %v", a.name, a.addr, err))
 		}
+	}
+	if c.KeyGroups > MaxKeyGroups {
+		errs = append(errs, fmt.Errorf("keyfold: config: key_groups %d is more than %d", c.KeyGroups, MaxKeyGroups))
 	}
 	for _, d := range []struct {
 		name string

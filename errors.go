@@ -18,7 +18,8 @@ var (
 	ErrInvalidEvent = fold.ErrInvalidEvent
 	// ErrClosed reports a call on a node that is draining or stopped.
 	ErrClosed = actors.ErrClosed
-	// ErrUnavailable reports a failed write to the store; retry.
+	// ErrUnavailable reports a failed write to the store: the batch may or
+	// may not have been logged; retrying is safe for events with ids.
 	ErrUnavailable = actors.ErrUnavailable
 )
 

@@ -121,6 +121,8 @@ func (n *Node) run(ctx context.Context) (err error) {
 		srv := &http.Server{
 			Handler:           httpapi.New(httpBackend{n}, httpapi.Options{MaxBodyBytes: n.cfg.MaxBodyBytes, Logger: log}),
 			ReadHeaderTimeout: httpapi.ReadHeaderTimeout,
+			ReadTimeout:       httpapi.ReadTimeout,
+			IdleTimeout:       httpapi.IdleTimeout,
 		}
 		served := make(chan struct{})
 		go func() {

@@ -2,7 +2,6 @@ package actors
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 
@@ -121,12 +120,13 @@ func (h *Host) commit(reqs []*ingestReq) {
 	positions, err := h.store.Append(context.Background(), entries)
 	h.stats.commits.Add(1)
 	if err != nil {
+		// Whether a failed append reached the log is not known (a write can
+		// fail after it landed, a newer owner may hold the group), so memory
+		// can no longer be trusted to match the log: stop, and let a restart
+		// replay the log, which is the truth. Groups that were appended are
+		// still applied below, as replay would.
 		h.log.Error("append failed", "groups", len(entries), "err", err)
-		if errors.Is(err, persistence.ErrFenced) {
-			// Another owner claimed one of our groups; our view of it is
-			// stale. Stop, and let a restart reclaim and replay.
-			h.fail(err)
-		}
+		h.fail(err)
 	}
 
 	h.mu.Lock()

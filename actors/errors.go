@@ -11,8 +11,9 @@ var (
 	ErrNotFound = errors.New("actors: key not found")
 	// ErrUnknownPipeline reports a pipeline the host was not configured with.
 	ErrUnknownPipeline = errors.New("actors: unknown pipeline")
-	// ErrUnavailable reports that the store failed a write; nothing of the
-	// affected groups was applied, and the call may be retried.
+	// ErrUnavailable reports that the store failed a write. The events of the
+	// call may or may not have been logged (a restart replays what was), so
+	// retry only events that carry an id: those are applied once.
 	ErrUnavailable = errors.New("actors: store unavailable")
 	// ErrFailed reports that the host stopped after a storage failure; the
 	// process must restart (and replay) before it can serve again.

@@ -121,7 +121,7 @@ func New(cfg Config) (*Host, error) {
 func (h *Host) Recover(ctx context.Context) error {
 	err := h.recover(ctx)
 	if err != nil {
-		h.system.Shutdown()
+		h.stopAll()
 	}
 	return err
 }
@@ -165,8 +165,7 @@ func (h *Host) recover(ctx context.Context) error {
 		gs.epoch, gs.checkpoint, gs.dispatched = st.Epoch, st.Checkpoint, st.Checkpoint
 		h.mu.Unlock()
 		err := h.store.Read(ctx, g, st.Checkpoint, func(pos persistence.Position, data []byte) error {
-			h.replay(g, pos, data)
-			return nil
+			return h.replay(g, pos, data)
 		})
 		if err != nil {
 			return fmt.Errorf("actors: recover: read group %d: %w", g, err)
@@ -177,41 +176,39 @@ func (h *Host) recover(ctx context.Context) error {
 	return nil
 }
 
-// replay hands one logged record to its keys. Inputs that no longer prepare
-// (a pipeline removed or changed since they were logged) are skipped.
-func (h *Host) replay(g uint32, pos persistence.Position, data []byte) {
+// replay hands one logged record to its keys. The record's inputs were
+// accepted when logged, so they are applied whatever the configuration says
+// now (see fold.Pipeline.Replay); only the inputs of a pipeline that was
+// removed from the configuration are dropped, with a warning.
+func (h *Host) replay(g uint32, pos persistence.Position, data []byte) error {
 	h.stats.replayed.Add(1)
 	rec, err := decodeRecord(data)
 	if err != nil {
-		h.log.Error("skipping undecodable log record", "group", g, "seq", pos, "err", err)
-		return
+		return fmt.Errorf("actors: group %d record %d does not decode (corrupt log?): %w", g, pos, err)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, ki := range rec.Keys {
 		p := h.cfg.Pipelines[ki.Pipeline]
 		if p == nil {
-			h.log.Warn("skipping logged inputs of an unknown pipeline", "pipeline", ki.Pipeline, "key", ki.Key)
+			h.log.Warn("discarding logged inputs of a pipeline no longer configured",
+				"pipeline", ki.Pipeline, "key", ki.Key, "group", g, "seq", pos, "inputs", len(ki.Inputs))
 			continue
 		}
 		msg := &applyMsg{pos: pos}
 		for _, in := range ki.Inputs {
-			ev, err := p.Prepare(in.Event)
-			if err != nil {
-				h.log.Warn("skipping logged input that no longer validates", "pipeline", ki.Pipeline, "key", ki.Key, "seq", pos, "err", err)
-				continue
-			}
 			if len(msg.segs) == 0 || msg.segs[len(msg.segs)-1].nowMs != in.IngestTimeMs {
 				msg.segs = append(msg.segs, segment{nowMs: in.IngestTimeMs})
 			}
 			last := &msg.segs[len(msg.segs)-1]
-			last.events = append(last.events, ev)
+			last.events = append(last.events, p.Replay(in.Event, ki.Key))
 		}
 		id := keyID{ki.Pipeline, ki.Key}
 		h.sendLocked(id, g, msg)
 		h.groups[g].dirty[id] = pos
 	}
 	h.groups[g].dispatched = pos
+	return nil
 }
 
 // Run commits ingests, checkpoints and passivates until ctx ends; then it
@@ -253,19 +250,29 @@ loop:
 	close(h.queue)
 	h.gate.Unlock()
 	<-commitDone
+	defer h.stopAll()
 	if fe := h.failed.Load(); fe != nil {
-		h.system.Shutdown()
 		return *fe
 	}
 	// Final checkpoint, so the next start replays nothing.
 	drainCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := h.checkpoint(drainCtx); err != nil {
-		h.system.Shutdown()
 		return fmt.Errorf("actors: final checkpoint: %w", err)
 	}
-	h.system.Shutdown()
 	return nil
+}
+
+// stopAll stops every grain and the actor system. (protoactor's Shutdown
+// alone leaves running actors be.)
+func (h *Host) stopAll() {
+	h.mu.Lock()
+	for id, a := range h.active {
+		delete(h.active, id)
+		h.system.Root.Stop(a.pid)
+	}
+	h.mu.Unlock()
+	h.system.Shutdown()
 }
 
 // fail stops the host after an error that leaves memory and store out of
@@ -345,6 +352,12 @@ func (h *Host) Query(ctx context.Context, pipeline, key string) (KeyView, error)
 	}
 	if err := h.Err(); err != nil {
 		return KeyView{}, err
+	}
+	h.gate.RLock()
+	closed := h.closed
+	h.gate.RUnlock()
+	if closed {
+		return KeyView{}, ErrClosed
 	}
 	msg := &queryMsg{reply: make(chan queryReply, 1)}
 	id := keyID{pipeline, key}

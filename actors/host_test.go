@@ -228,7 +228,8 @@ func TestIdleKeysPassivate(t *testing.T) {
 func TestRecoverReplaysUncheckpointedTail(t *testing.T) {
 	dir := t.TempDir()
 	fs := faultstore.New(openStore(t, dir))
-	// No checkpoint may succeed: the state must come from the log.
+	// No checkpoint may write anything: the state must come from the log.
+	fs.InjectAll(faultstore.OpPut, faultstore.Fault{Err: errors.New("injected")})
 	fs.InjectAll(faultstore.OpTrim, faultstore.Fault{Err: errors.New("injected")})
 	hs := start(t, fs, actors.Config{CheckpointInterval: time.Hour})
 	for i := range 50 {
@@ -275,22 +276,44 @@ func TestCleanShutdownLeavesNothingToReplay(t *testing.T) {
 	}
 }
 
-// TestFailedAppendAppliesNothing: a store error fails the call with
-// ErrUnavailable and changes no state; the host keeps serving.
-func TestFailedAppendAppliesNothing(t *testing.T) {
-	fs := faultstore.New(openStore(t, t.TempDir()))
-	hs := start(t, fs, actors.Config{})
-	defer hs.shutdown()
-	hs.ingest(event("a", "1", 1))
-	fs.FailNext(faultstore.OpAppend, errors.New("disk on fire"))
-	if _, err := hs.host.Ingest(context.Background(), "p", [][]byte{event("a", "2", 10)}); !errors.Is(err, actors.ErrUnavailable) {
-		t.Fatalf("ingest with failing append: %v, want ErrUnavailable", err)
-	}
-	if v := hs.query("a"); v.Seq != 1 || v.Aggregates["sum"] != float64(1) {
-		t.Errorf("a changed by a failed append: %+v", v)
-	}
-	if r := hs.ingest(event("a", "2", 10)); r.Accepted != 1 {
-		t.Errorf("retry after failure: %+v", r)
+// TestFailedAppendStopsHost: a store error fails the call with
+// ErrUnavailable and stops the host (memory may no longer match the log);
+// a restart replays exactly what reached the log, whether the failed write
+// landed (Fault.After) or not.
+func TestFailedAppendStopsHost(t *testing.T) {
+	for _, landed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("landed=%v", landed), func(t *testing.T) {
+			dir := t.TempDir()
+			fs := faultstore.New(openStore(t, dir))
+			hs := start(t, fs, actors.Config{CheckpointInterval: time.Hour})
+			hs.ingest(event("a", "1", 1))
+			fs.Inject(faultstore.OpAppend, 1, faultstore.Fault{Err: errors.New("disk on fire"), After: landed})
+			if _, err := hs.host.Ingest(context.Background(), "p", [][]byte{event("a", "2", 10)}); !errors.Is(err, actors.ErrUnavailable) {
+				t.Fatalf("ingest with failing append: %v, want ErrUnavailable", err)
+			}
+			if err := hs.shutdown(); !errors.Is(err, actors.ErrFailed) {
+				t.Fatalf("Run after a failed append = %v, want ErrFailed", err)
+			}
+			if _, err := hs.host.Query(context.Background(), "p", "a"); err == nil {
+				t.Error("a failed host still answers queries")
+			}
+			fs.Close()
+
+			hs2 := start(t, openStore(t, dir), actors.Config{})
+			defer hs2.shutdown()
+			want := uint64(1)
+			if landed {
+				want = 2
+			}
+			if v := hs2.query("a"); v.Seq != want {
+				t.Errorf("after restart a = %+v, want seq %d", v, want)
+			}
+			// Retrying the uncertain event (it has an id) is safe either way.
+			hs2.ingest(event("a", "2", 10))
+			if v := hs2.query("a"); v.Seq != 2 || v.Aggregates["sum"] != float64(11) {
+				t.Errorf("after retry a = %+v", v)
+			}
+		})
 	}
 }
 
@@ -353,4 +376,38 @@ func TestQueriesOfUnseenKeysStayBounded(t *testing.T) {
 		}
 	}
 	eventually(t, "active keys <= 10", func() bool { return hs.host.Stats().ActiveKeys <= 10 })
+}
+
+// TestReplayAfterConfigChange: events acknowledged under one configuration
+// are all replayed under a stricter one: what no longer validates
+// contributes nothing, but every event counts and every id is remembered.
+func TestReplayAfterConfigChange(t *testing.T) {
+	dir := t.TempDir()
+	fs := faultstore.New(openStore(t, dir))
+	fs.InjectAll(faultstore.OpPut, faultstore.Fault{Err: errors.New("injected")})
+	lenient, err := fold.Compile("p", fold.Spec{Key: "k", ID: "id", Aggregates: map[string]fold.AggregateSpec{
+		"n": {Op: "count"}, "last": {Op: "last", Field: "v"}, // any value will do
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := start(t, fs, actors.Config{CheckpointInterval: time.Hour, Pipelines: map[string]*fold.Pipeline{"p": lenient}})
+	hs.ingest([]byte(`{"k":"a","id":"1","v":"lots"}`), []byte(`{"k":"a","id":"2","v":3}`))
+	hs.shutdown()
+	fs.Close()
+
+	strict, err := fold.Compile("p", fold.Spec{Key: "k", ID: "id", Aggregates: map[string]fold.AggregateSpec{
+		"n": {Op: "count"}, "sum": {Op: "sum", Field: "v"}, // "lots" is no longer acceptable
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs2 := start(t, openStore(t, dir), actors.Config{Pipelines: map[string]*fold.Pipeline{"p": strict}})
+	defer hs2.shutdown()
+	if v := hs2.query("a"); v.Seq != 2 || v.Aggregates["n"] != uint64(2) || v.Aggregates["sum"] != float64(3) {
+		t.Errorf("a after replay under the new config = %+v", v)
+	}
+	if r := hs2.ingest([]byte(`{"k":"a","id":"1","v":100}`)); r.Duplicates != 1 {
+		t.Errorf("id of the event that no longer validates was forgotten: %+v", r)
+	}
 }

@@ -34,10 +34,10 @@ type contribution struct {
 
 // Prepare decodes and validates one event, a JSON object. It returns a
 // *FieldError (wrapping ErrInvalidEvent) naming the field at fault when the
-// key is missing or not a string or number, when a numeric aggregate's
-// field is not a number, when the time or id field has the wrong type, or
-// when a where filter fails on the event. A field that is simply absent
-// leaves its aggregate unchanged.
+// key is missing or not a string or number, when the id is empty or not a
+// string or number, when a numeric aggregate's field is not a number, when
+// the time field has the wrong type, or when a where filter fails on the
+// event. A field that is simply absent leaves its aggregate unchanged.
 func (p *Pipeline) Prepare(raw []byte) (*Event, error) {
 	var fields map[string]any
 	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
@@ -57,12 +57,41 @@ func (p *Pipeline) Prepare(raw []byte) (*Event, error) {
 		return nil, &FieldError{Field: p.keyField, Reason: "key must not be empty"}
 	}
 	ev.Key = key
+	if err := p.prepareRest(ev, fields, true); err != nil {
+		return nil, err
+	}
+	return ev, nil
+}
 
+// Replay rebuilds an event of key from the log for replay. It never rejects:
+// the event was accepted when it was logged, and the log is the truth. If
+// the pipeline changed since and part of the event no longer validates, that
+// part contributes nothing, but the event still counts and its id is still
+// remembered, so an acknowledged event is never lost on replay.
+func (p *Pipeline) Replay(raw []byte, key string) *Event {
+	ev := &Event{Raw: raw, Key: key}
+	var fields map[string]any
+	if json.Unmarshal(raw, &fields) != nil {
+		fields = map[string]any{}
+	}
+	_ = p.prepareRest(ev, fields, false)
+	return ev
+}
+
+// prepareRest reads the id, the time and the aggregates' contributions.
+// When strict is false a field at fault is taken as absent instead.
+func (p *Pipeline) prepareRest(ev *Event, fields map[string]any, strict bool) error {
 	if p.idField != "" {
 		if v, ok := lookup(fields, p.idField, p.id); ok && v != nil {
 			id, err := scalarString(v)
-			if err != nil {
-				return nil, &FieldError{Field: p.idField, Reason: "id " + err.Error()}
+			switch {
+			case err != nil:
+				err = &FieldError{Field: p.idField, Reason: "id " + err.Error()}
+			case id == "":
+				err = &FieldError{Field: p.idField, Reason: "id must not be empty (leave it out, or null, for no id)"}
+			}
+			if err != nil && strict {
+				return err
 			}
 			ev.ID = id
 		}
@@ -70,22 +99,24 @@ func (p *Pipeline) Prepare(raw []byte) (*Event, error) {
 	if p.timeField != "" {
 		if v, ok := lookup(fields, p.timeField, p.time); ok && v != nil {
 			t, err := eventTime(v)
-			if err != nil {
-				return nil, &FieldError{Field: p.timeField, Reason: err.Error()}
+			if err != nil && strict {
+				return &FieldError{Field: p.timeField, Reason: err.Error()}
 			}
 			ev.Time = t
 		}
 	}
-
 	ev.contrib = make([]contribution, len(p.aggs))
 	for i := range p.aggs {
 		c, err := p.aggs[i].contribution(fields)
 		if err != nil {
-			return nil, err
+			if strict {
+				return err
+			}
+			c = contribution{}
 		}
 		ev.contrib[i] = c
 	}
-	return ev, nil
+	return nil
 }
 
 func (a *aggregate) contribution(fields map[string]any) (contribution, error) {

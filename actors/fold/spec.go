@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode"
 )
 
 // DefaultDedupWindow is how long an event id is remembered when a pipeline
@@ -96,8 +97,8 @@ func Compile(name string, spec Spec) (*Pipeline, error) {
 	bad := func(entry, format string, args ...any) {
 		errs = append(errs, &SpecError{Pipeline: name, Entry: entry, Problem: fmt.Sprintf(format, args...)})
 	}
-	if name == "" || strings.ContainsAny(name, "/ \t\n") {
-		bad("", "name must be non-empty and contain no '/' or whitespace")
+	if name == "" || strings.ContainsFunc(name, func(r rune) bool { return r == '/' || unicode.IsSpace(r) || unicode.IsControl(r) }) {
+		bad("", "name must be non-empty and contain no '/', whitespace or control characters")
 	}
 	if spec.Key == "" {
 		bad("key", "is required (the field that names each key)")

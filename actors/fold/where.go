@@ -48,9 +48,22 @@ type whereVisitor struct {
 	err   error
 }
 
+// orderDependent are the builtins whose result depends on Go's random map
+// iteration order: a filter using them could answer differently on replay.
+var orderDependent = map[string]bool{"keys": true, "values": true, "toPairs": true}
+
 func (v *whereVisitor) Visit(node *ast.Node) {
 	switch n := (*node).(type) {
+	case *ast.BuiltinNode:
+		if orderDependent[n.Name] && v.err == nil {
+			v.err = fmt.Errorf("%s() is not allowed: its order varies from run to run, and a filter must give the same answer on replay", n.Name)
+		}
 	case *ast.CallNode:
+		if m, ok := n.Callee.(*ast.MemberNode); ok && v.err == nil {
+			if name, ok := m.Property.(*ast.StringNode); ok && name.Value == "Local" {
+				v.err = errors.New("Local() is not allowed: it depends on the machine's time zone")
+			}
+		}
 		if id, ok := n.Callee.(*ast.IdentifierNode); ok && v.err == nil {
 			if id.Value == "now" {
 				v.err = errors.New("now() is not allowed: a filter must depend only on the event")

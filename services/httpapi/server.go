@@ -13,8 +13,13 @@ import (
 	"time"
 )
 
-// ReadHeaderTimeout is the header timeout servers of this API should use.
-const ReadHeaderTimeout = 10 * time.Second
+// Timeouts servers of this API should use: a client that trickles its
+// request must not hold a goroutine and a body buffer forever.
+const (
+	ReadHeaderTimeout = 10 * time.Second
+	ReadTimeout       = 2 * time.Minute // a whole request, body included
+	IdleTimeout       = 2 * time.Minute // between requests on a kept-alive connection
+)
 
 // Backend is what the API serves; the keyfold package adapts its Node to it.
 type Backend interface {
@@ -72,6 +77,10 @@ type ingestResponse struct {
 func (s *server) ingest(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
 	if err != nil {
+		var mbe *http.MaxBytesError
+		if !errors.As(err, &mbe) {
+			err = fmt.Errorf("%w: reading the body: %v", ErrBadBody, err)
+		}
 		s.fail(w, r, err)
 		return
 	}
