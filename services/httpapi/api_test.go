@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -119,9 +120,13 @@ func TestAPI(t *testing.T) {
 		{"ndjson", "POST", events, "application/x-ndjson", "{\"user\":{\"id\":\"carol\"},\"amount\":2}\n\n{\"user\":{\"id\":\"carol\"},\"amount\":4}\n", 200, `{"accepted":2,"duplicates":0}`},
 		{"ndjson state", "GET", key("carol"), "", "", 200, `{"seq":2,"aggregates":{"amount":6,"biggest":4}}`},
 		{"single object", "POST", events, "", `{"user":{"id":"dave"}}`, 200, `{"accepted":1}`},
+		{"key with a slash", "POST", events, "", `{"user":{"id":"a/b c"}}`, 200, `{"accepted":1}`},
+		{"escaped key", "GET", key(url.PathEscape("a/b c")), "", "", 200, `{"key":"a/b c","seq":1}`},
 		{"empty array", "POST", events, "", `[]`, 200, `{"accepted":0,"duplicates":0}`},
 		{"unknown pipeline", "POST", base + "/v1/pipelines/nope/events", "", `[]`, 404, ``},
 		{"unknown pipeline query", "GET", base + "/v1/pipelines/nope/keys/a", "", "", 404, ``},
+		{"no route", "GET", base + "/v2/nothing", "", "", 404, ``},
+		{"wrong method", "DELETE", events, "", "", 405, ``},
 		{"wrong type rejects batch", "POST", events, "",
 			`[{"user":{"id":"erin"},"amount":1},{"user":{"id":"erin"},"amount":"lots"}]`, 400, ``},
 		{"rejected batch changed nothing", "GET", key("erin"), "", "", 404, ``},

@@ -66,8 +66,43 @@ func New(b Backend, opts Options) http.Handler {
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
-	return mux
+	return jsonErrors{mux}
 }
+
+// jsonErrors answers requests no route takes (404, or 405 with its Allow
+// header) in the API's JSON error shape instead of the mux's plain text.
+type jsonErrors struct{ mux *http.ServeMux }
+
+func (j jsonErrors) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h, pattern := j.mux.Handler(r)
+	if pattern != "" {
+		j.mux.ServeHTTP(w, r)
+		return
+	}
+	c := &statusCapture{header: http.Header{}}
+	h.ServeHTTP(c, r)
+	if c.status == 0 {
+		c.status = http.StatusNotFound
+	}
+	if allow := c.header.Get("Allow"); allow != "" {
+		w.Header().Set("Allow", allow)
+	}
+	msg := fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)
+	if c.status == http.StatusMethodNotAllowed {
+		msg = fmt.Sprintf("method %s not allowed on %s", r.Method, r.URL.Path)
+	}
+	writeJSON(w, c.status, map[string]string{"error": msg})
+}
+
+// statusCapture records the status a handler answers, dropping its body.
+type statusCapture struct {
+	header http.Header
+	status int
+}
+
+func (c *statusCapture) Header() http.Header         { return c.header }
+func (c *statusCapture) Write(b []byte) (int, error) { return len(b), nil }
+func (c *statusCapture) WriteHeader(status int)      { c.status = status }
 
 type ingestResponse struct {
 	Accepted   int `json:"accepted"`
