@@ -80,6 +80,7 @@ type hostStats struct {
 // Stats are counters of a host, for tests, metrics and the dashboard.
 type Stats struct {
 	ActiveKeys  int
+	DirtyKeys   int   // keys changed since their last snapshot
 	Events      int64 // events applied (duplicates included) since start
 	Duplicates  int64
 	Commits     int64 // group commits (synced appends)
@@ -398,10 +399,14 @@ func (h *Host) sendLocked(id keyID, group uint32, msg any) {
 // Stats returns the host's counters.
 func (h *Host) Stats() Stats {
 	h.mu.Lock()
-	n := len(h.active)
+	n, dirty := len(h.active), 0
+	for i := range h.groups {
+		dirty += len(h.groups[i].dirty)
+	}
 	h.mu.Unlock()
 	return Stats{
 		ActiveKeys:  n,
+		DirtyKeys:   dirty,
 		Events:      h.stats.events.Load(),
 		Duplicates:  h.stats.duplicates.Load(),
 		Commits:     h.stats.commits.Load(),

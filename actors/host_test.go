@@ -411,3 +411,35 @@ func TestReplayAfterConfigChange(t *testing.T) {
 		t.Errorf("id of the event that no longer validates was forgotten: %+v", r)
 	}
 }
+
+// TestReplayBoundedByCheckpoint: after a crash, only what was logged since
+// the last checkpoint is replayed, however much was ingested before it.
+func TestReplayBoundedByCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	fs := faultstore.New(openStore(t, dir))
+	hs := start(t, fs, actors.Config{Groups: 4, CheckpointInterval: 5 * time.Millisecond})
+	for i := range 400 {
+		hs.ingest(event(fmt.Sprintf("k%d", i%50), fmt.Sprint(i), 1))
+	}
+	eventually(t, "a checkpoint of the first 400 batches", func() bool { return hs.host.Stats().DirtyKeys == 0 })
+	// From now on no checkpoint lands: the "crash" loses them all.
+	fs.InjectAll(faultstore.OpPut, faultstore.Fault{Err: errors.New("injected")})
+	fs.InjectAll(faultstore.OpTrim, faultstore.Fault{Err: errors.New("injected")})
+	for i := range 20 {
+		hs.ingest(event("late", fmt.Sprint(i), 1))
+	}
+	hs.shutdown()
+	fs.Close()
+
+	hs2 := start(t, openStore(t, dir), actors.Config{Groups: 4})
+	defer hs2.shutdown()
+	if st := hs2.host.Stats(); st.Replayed != 20 {
+		t.Errorf("replayed %d records, want the 20 logged after the last checkpoint", st.Replayed)
+	}
+	if v := hs2.query("late"); v.Seq != 20 {
+		t.Errorf("late = %+v", v)
+	}
+	if v := hs2.query("k7"); v.Seq != 8 {
+		t.Errorf("k7 = %+v, want seq 8", v)
+	}
+}
