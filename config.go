@@ -46,6 +46,9 @@ type Config struct {
 	// MaxBodyBytes bounds an HTTP request body (default 8 MiB); larger
 	// bodies get 413.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// MaxConcurrentIngests bounds the HTTP ingest requests processed at once
+	// (default 64), and with MaxBodyBytes the memory they take; more wait.
+	MaxConcurrentIngests int `yaml:"max_concurrent_ingests"`
 	// ShutdownTimeout bounds the wait for in-flight requests when draining
 	// (default 10s).
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
@@ -61,9 +64,10 @@ type Config struct {
 
 // Defaults.
 const (
-	DefaultDataDir         = "keyfold-data"
-	DefaultMaxBodyBytes    = 8 << 20
-	DefaultShutdownTimeout = 10 * time.Second
+	DefaultDataDir              = "keyfold-data"
+	DefaultMaxBodyBytes         = 8 << 20
+	DefaultMaxConcurrentIngests = 64
+	DefaultShutdownTimeout      = 10 * time.Second
 	// MaxKeyGroups bounds key_groups: each group costs a little memory and a
 	// claim at start whether or not it holds keys.
 	MaxKeyGroups = 1 << 16
@@ -89,6 +93,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.MaxConcurrentIngests == 0 {
+		c.MaxConcurrentIngests = DefaultMaxConcurrentIngests
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
@@ -132,6 +139,7 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 		{"idle_timeout", int64(c.IdleTimeout)},
 		{"max_active_keys", int64(c.MaxActiveKeys)},
 		{"max_body_bytes", c.MaxBodyBytes},
+		{"max_concurrent_ingests", int64(c.MaxConcurrentIngests)},
 		{"shutdown_timeout", int64(c.ShutdownTimeout)},
 	} {
 		if d.v < 0 {

@@ -165,6 +165,8 @@ func TestWithDefaults(t *testing.T) {
 		MaxActiveKeys:      actors.DefaultMaxActive,
 		MaxBodyBytes:       DefaultMaxBodyBytes,
 		ShutdownTimeout:    DefaultShutdownTimeout,
+
+		MaxConcurrentIngests: DefaultMaxConcurrentIngests,
 	}
 	if !configEqual(d, want) {
 		t.Errorf("defaults =\n%+v\nwant\n%+v", d, want)
@@ -172,7 +174,7 @@ func TestWithDefaults(t *testing.T) {
 
 	// Set fields are kept; HTTPAddr stays empty for embedders.
 	set := Config{DataDir: "d", KeyGroups: 8, CheckpointInterval: time.Second, IdleTimeout: time.Minute,
-		MaxActiveKeys: 10, MaxBodyBytes: 1024, ShutdownTimeout: time.Millisecond}
+		MaxActiveKeys: 10, MaxBodyBytes: 1024, ShutdownTimeout: time.Millisecond, MaxConcurrentIngests: 3}
 	got := set.withDefaults()
 	got.Logger = nil
 	if !configEqual(got, set) {

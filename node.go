@@ -119,7 +119,11 @@ func (n *Node) run(ctx context.Context) (err error) {
 		addr := ln.Addr().String()
 		n.httpAddr.Store(&addr)
 		srv := &http.Server{
-			Handler:           httpapi.New(httpBackend{n}, httpapi.Options{MaxBodyBytes: n.cfg.MaxBodyBytes, Logger: log}),
+			Handler: httpapi.New(httpBackend{n}, httpapi.Options{
+				MaxBodyBytes:         n.cfg.MaxBodyBytes,
+				MaxConcurrentIngests: n.cfg.MaxConcurrentIngests,
+				Logger:               log,
+			}),
 			ReadHeaderTimeout: httpapi.ReadHeaderTimeout,
 			ReadTimeout:       httpapi.ReadTimeout,
 			IdleTimeout:       httpapi.IdleTimeout,

@@ -15,6 +15,7 @@ var statusTable = []struct {
 	status int
 }{
 	{ErrBadBody, http.StatusBadRequest},
+	{ErrBusy, http.StatusServiceUnavailable},
 	{fold.ErrInvalidEvent, http.StatusBadRequest},
 	{actors.ErrUnknownPipeline, http.StatusNotFound},
 	{actors.ErrNotFound, http.StatusNotFound},

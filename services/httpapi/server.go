@@ -35,13 +35,18 @@ type Backend interface {
 type Options struct {
 	// MaxBodyBytes bounds request bodies; larger ones get 413.
 	MaxBodyBytes int64
+	// MaxConcurrentIngests bounds the ingest requests read and processed at
+	// once (default 64), and so the memory their bodies take: more wait
+	// for a slot, until their context ends (then 503).
+	MaxConcurrentIngests int
 	// Logger receives request failures (5xx); nil discards.
 	Logger *slog.Logger
 }
 
 type server struct {
-	b    Backend
-	opts Options
+	b     Backend
+	opts  Options
+	slots chan struct{} // ingest concurrency
 }
 
 // New returns the API's handler over b.
@@ -52,7 +57,10 @@ func New(b Backend, opts Options) http.Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &server{b: b, opts: opts}
+	if opts.MaxConcurrentIngests <= 0 {
+		opts.MaxConcurrentIngests = 64
+	}
+	s := &server{b: b, opts: opts, slots: make(chan struct{}, opts.MaxConcurrentIngests)}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/pipelines/{pipeline}/events", s.ingest)
 	mux.HandleFunc("GET /v1/pipelines/{pipeline}/keys/{key}", s.query)
@@ -109,7 +117,17 @@ type ingestResponse struct {
 	Duplicates int `json:"duplicates"`
 }
 
+// ErrBusy reports an ingest that found no slot before its context ended.
+var ErrBusy = errors.New("httpapi: too many concurrent ingest requests")
+
 func (s *server) ingest(w http.ResponseWriter, r *http.Request) {
+	select {
+	case s.slots <- struct{}{}:
+		defer func() { <-s.slots }()
+	case <-r.Context().Done():
+		s.fail(w, r, ErrBusy)
+		return
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError

@@ -1,0 +1,59 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+// blockingBackend holds every ingest until released.
+type blockingBackend struct {
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (b *blockingBackend) Ingest(ctx context.Context, _ string, events []json.RawMessage) (int, int, error) {
+	b.entered <- struct{}{}
+	<-b.release
+	return len(events), 0, nil
+}
+
+func (b *blockingBackend) Query(context.Context, string, string) (any, error) { return nil, nil }
+func (b *blockingBackend) Serving() bool                                      { return true }
+
+// TestIngestConcurrencyBounded: with one slot, a second ingest waits, and
+// gets 503 if its context ends before the slot frees.
+func TestIngestConcurrencyBounded(t *testing.T) {
+	b := &blockingBackend{entered: make(chan struct{}, 2), release: make(chan struct{})}
+	h := New(b, Options{MaxConcurrentIngests: 1})
+
+	first := httptest.NewRecorder()
+	done := make(chan struct{})
+	go func() {
+		h.ServeHTTP(first, httptest.NewRequest("POST", "/v1/pipelines/p/events", strings.NewReader(`[{}]`)))
+		close(done)
+	}()
+	<-b.entered // the first holds the only slot
+
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	second := httptest.NewRecorder()
+	h.ServeHTTP(second, httptest.NewRequest("POST", "/v1/pipelines/p/events", strings.NewReader(`[{}]`)).WithContext(ctx))
+	if second.Code != http.StatusServiceUnavailable {
+		t.Errorf("second ingest without a slot: %d, want 503", second.Code)
+	}
+	select {
+	case <-b.entered:
+		t.Error("the second ingest reached the backend")
+	default:
+	}
+	close(b.release)
+	<-done
+	if first.Code != http.StatusOK {
+		t.Errorf("first ingest: %d", first.Code)
+	}
+}
