@@ -169,7 +169,12 @@ func LoadConfig(path string) (Config, error) {
 	}
 	c, err := ParseConfig(b)
 	if err != nil {
-		return Config{}, fmt.Errorf("%s: %w", path, err)
+		// Name the file on every problem, one per line.
+		errs := flatten(err)
+		for i, e := range errs {
+			errs[i] = fmt.Errorf("%s: %w", path, e)
+		}
+		return Config{}, errors.Join(errs...)
 	}
 	return c, nil
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/keyfold/keyfold/actors/fold"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -27,43 +28,62 @@ func ParseConfig(b []byte) (Config, error) {
 	if root.Kind == yaml.AliasNode || len(doc.Content) > 1 {
 		return c, errors.New("keyfold: config: want one YAML document with a mapping at the top")
 	}
-	errs := decodeStrict(root, &c, "config")
+	errs, _ := decodeStrict(root, &c, "config")
 	structural := len(errs) > 0
-	broken := map[string]bool{} // pipelines with structural problems
+	// The entries with structural problems, by pipeline ("" = the whole
+	// pipeline), whose validation errors would only echo them ("op is
+	// required" for an aggregate whose op key had a typo).
+	broken := map[string]map[string]bool{}
 	if p := mappingValue(root, "pipelines"); p != nil && p.Kind == yaml.MappingNode {
 		errs = append(errs, duplicateKeys(p, "pipelines")...)
 		c.Pipelines = make(map[string]PipelineConfig, len(p.Content)/2)
 		for i := 0; i+1 < len(p.Content); i += 2 {
 			name, pn := p.Content[i].Value, p.Content[i+1]
+			bad := map[string]bool{}
 			var spec PipelineConfig
 			where := fmt.Sprintf("pipeline %q", name)
-			before := len(errs)
-			errs = append(errs, decodeStrict(pn, &spec, where)...)
+			perrs, badKeys := decodeStrict(pn, &spec, where)
+			errs = append(errs, perrs...)
+			for _, k := range badKeys {
+				bad[k] = true
+			}
+			if len(badKeys) > 0 && spec.Key == "" {
+				bad["key"] = true // most likely the key with a typo, already reported
+			}
 			if an := mappingValue(pn, "aggregates"); an != nil && an.Kind == yaml.MappingNode {
 				errs = append(errs, duplicateKeys(an, where+": aggregates")...)
 				spec.Aggregates = make(map[string]AggregateConfig, len(an.Content)/2)
 				for j := 0; j+1 < len(an.Content); j += 2 {
 					aname := an.Content[j].Value
 					var a AggregateConfig
-					errs = append(errs, decodeStrict(an.Content[j+1], &a, fmt.Sprintf("%s: aggregates.%s", where, aname))...)
+					aerrs, _ := decodeStrict(an.Content[j+1], &a, fmt.Sprintf("%s: aggregates.%s", where, aname))
+					if len(aerrs) > 0 {
+						bad["aggregates."+aname] = true
+						errs = append(errs, aerrs...)
+					}
 					spec.Aggregates[aname] = a
 				}
 			}
-			if len(errs) > before {
-				broken[name] = true
+			if len(bad) > 0 {
+				broken[name] = bad
 				structural = true
 			}
 			c.Pipelines[name] = spec
 		}
 	}
-	// Validate what decoded cleanly too, so every problem is reported at
-	// once, without echoes of the structural ones ("op is required" for an
-	// aggregate that had a typo).
+	// Validate too, so every problem is reported at once, but without the
+	// echoes of structural problems.
 	check := c
 	check.Pipelines = maps.Clone(c.Pipelines)
-	maps.DeleteFunc(check.Pipelines, func(name string, _ PipelineConfig) bool { return broken[name] })
+	maps.DeleteFunc(check.Pipelines, func(name string, _ PipelineConfig) bool { return broken[name][""] })
 	if _, err := check.compile(!structural); err != nil {
-		errs = append(errs, err)
+		for _, e := range flatten(err) {
+			var se *fold.SpecError
+			if errors.As(e, &se) && broken[se.Pipeline][se.Entry] {
+				continue
+			}
+			errs = append(errs, e)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return Config{}, err
@@ -71,13 +91,29 @@ func ParseConfig(b []byte) (Config, error) {
 	return c, nil
 }
 
+// flatten lists the leaves of a tree of errors.Join errors.
+func flatten(err error) []error {
+	j, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return []error{err}
+	}
+	var out []error
+	for _, e := range j.Unwrap() {
+		out = append(out, flatten(e)...)
+	}
+	return out
+}
+
 // decodeStrict decodes the scalar fields of a mapping node into out (a
 // pointer to a struct) and reports keys that are not among out's yaml tags.
 // Map-valued fields are decoded by the caller, entry by entry, so their
 // errors can name the entry.
-func decodeStrict(n *yaml.Node, out any, where string) []error {
+//
+// It also returns the keys that had problems ("" if the node itself is not
+// a mapping).
+func decodeStrict(n *yaml.Node, out any, where string) (errs []error, badKeys []string) {
 	if n.Kind != yaml.MappingNode {
-		return []error{fmt.Errorf("keyfold: config: %s (line %d): want a mapping, got %s", where, n.Line, kindName(n))}
+		return []error{fmt.Errorf("keyfold: config: %s (line %d): want a mapping, got %s", where, n.Line, kindName(n))}, []string{""}
 	}
 	t := reflect.TypeOf(out).Elem()
 	v := reflect.ValueOf(out).Elem()
@@ -92,27 +128,31 @@ func decodeStrict(n *yaml.Node, out any, where string) []error {
 		known = append(known, tag)
 	}
 	slices.Sort(known)
-	errs := duplicateKeys(n, where)
+	errs = duplicateKeys(n, where)
+	bad := func(key string, err error) {
+		errs = append(errs, err)
+		badKeys = append(badKeys, key)
+	}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, val := n.Content[i], n.Content[i+1]
 		fi, ok := fields[k.Value]
 		if !ok {
-			errs = append(errs, fmt.Errorf("keyfold: config: %s (line %d): unknown key %q (known: %s)",
+			bad(k.Value, fmt.Errorf("keyfold: config: %s (line %d): unknown key %q (known: %s)",
 				where, k.Line, k.Value, strings.Join(known, ", ")))
 			continue
 		}
 		f := v.Field(fi)
 		if f.Kind() == reflect.Map {
 			if val.Kind != yaml.MappingNode {
-				errs = append(errs, fmt.Errorf("keyfold: config: %s (line %d): %s: want a mapping, got %s", where, val.Line, k.Value, kindName(val)))
+				bad(k.Value, fmt.Errorf("keyfold: config: %s (line %d): %s: want a mapping, got %s", where, val.Line, k.Value, kindName(val)))
 			}
 			continue
 		}
 		if err := val.Decode(f.Addr().Interface()); err != nil {
-			errs = append(errs, fmt.Errorf("keyfold: config: %s (line %d): %s: %v", where, val.Line, k.Value, yamlReason(err)))
+			bad(k.Value, fmt.Errorf("keyfold: config: %s (line %d): %s: %v", where, val.Line, k.Value, yamlReason(err)))
 		}
 	}
-	return errs
+	return errs, badKeys
 }
 
 // duplicateKeys reports keys given twice in a mapping: YAML forbids it, and

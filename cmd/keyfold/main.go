@@ -17,7 +17,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := newRoot().ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "keyfold:", err)
+		fmt.Fprintln(os.Stderr, "error:", err)
 		var ee exitError
 		if errors.As(err, &ee) {
 			os.Exit(int(ee))
