@@ -157,6 +157,15 @@ func TestParseConfigRejects(t *testing.T) {
 			want: [][]string{{"config (line 1)", "want a mapping, got a list"}},
 		},
 		{
+			name: "structural and validation problems of one pipeline at once",
+			yaml: "pipelines:\n  logins:\n    key: user_id\n    bogus: 1\n    aggregates:\n      a: {op: avg, field: x}\n      b: {op: sum}\n",
+			want: [][]string{
+				{`pipeline "logins" (line 4)`, `unknown key "bogus"`},
+				{`pipeline "logins": aggregates.a`, `unknown op "avg"`},
+				{`pipeline "logins": aggregates.b`, "op sum needs a field"},
+			},
+		},
+		{
 			name: "every structural problem at once",
 			yaml: "bogus: 1\npipelines:\n  logins:\n    key: user_id\n    tim: ts\n    aggregates:\n      amount: {op: sum, field: amount, wher: x}\n  purchases:\n    kee: user_id\n    aggregates: [1]\n",
 			want: [][]string{
