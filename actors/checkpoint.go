@@ -73,7 +73,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 			if r.err != nil {
 				return fmt.Errorf("actors: checkpoint group %d: %w", g, r.err)
 			}
-			snaps = append(snaps, persistence.Snapshot{Key: r.id.snapshotKey(), Data: r.data})
+			snaps = append(snaps, r.snaps...)
 			got = append(got, r)
 		case <-ctx.Done():
 			return ctx.Err()
@@ -104,6 +104,11 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, r := range got {
+		// Sent before the key can turn clean and be passivated. A dirty key
+		// is always active.
+		if a := h.active[r.id]; a != nil {
+			h.system.Root.Send(a.pid, &savedMsg{version: r.version})
+		}
 		if gs.dirty[r.id] <= r.pos {
 			delete(gs.dirty, r.id)
 		}

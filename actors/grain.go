@@ -41,11 +41,16 @@ type snapshotMsg struct{ reply chan snapshotReply }
 type snapshotReply struct {
 	id  keyID
 	pos persistence.Position
-	// data is the encoded keyfold.v1.Snapshot; nil when the key holds no
-	// state, which deletes its snapshot.
-	data []byte
-	err  error
+	// snaps are the store entries to write: the key's snapshot (an encoded
+	// keyfold.v1.Snapshot, nil Data when the key holds no state) and its
+	// changed id buckets.
+	snaps   []persistence.Snapshot
+	version uint64 // the state version they reflect; acknowledged by savedMsg
+	err     error
 }
+
+// savedMsg tells a grain that its snapshot of version is stored.
+type savedMsg struct{ version uint64 }
 
 // KeyView is what a query returns about one key.
 type KeyView struct {
@@ -62,6 +67,7 @@ type grain struct {
 	pipeline *fold.Pipeline
 	state    fold.State
 	pos      persistence.Position // last log position applied
+	stored   uint64               // state version whose snapshot is stored (0: none)
 	broken   error                // set when activation failed; the host is failing
 }
 
@@ -82,6 +88,9 @@ func (g *grain) Receive(c actor.Context) {
 		m.reply <- g.query()
 	case *snapshotMsg:
 		m.reply <- g.snapshot()
+	case *savedMsg:
+		g.state.Persisted(m.version)
+		g.stored = max(g.stored, m.version)
 	}
 }
 
@@ -96,7 +105,10 @@ func (g *grain) activate() {
 		var snap keyfoldv1.Snapshot
 		if err = proto.Unmarshal(data, &snap); err == nil {
 			g.pos = snap.Position
-			g.state, err = g.pipeline.StateFromProto(snap.State)
+			g.state, err = g.pipeline.RestoreParts(snap.State, func(b int64) ([]byte, error) {
+				return g.host.store.Get(context.Background(), g.group, g.id.bucketKey(b))
+			})
+			g.stored = fold.RestoredVersion
 		}
 	}
 	if err != nil {
@@ -148,14 +160,24 @@ func (g *grain) snapshot() snapshotReply {
 		r.err = g.broken
 		return r
 	}
-	if g.state.Empty() {
+	parts, err := g.pipeline.SnapshotParts(&g.state, g.stored)
+	if err != nil {
+		r.err = err
 		return r
 	}
-	r.data, r.err = proto.Marshal(&keyfoldv1.Snapshot{
-		Pipeline: g.id.pipeline,
-		Key:      g.id.key,
-		Position: g.pos,
-		State:    g.pipeline.StateProto(&g.state),
-	})
+	r.version = parts.Version
+	core := persistence.Snapshot{Key: g.id.snapshotKey()} // nil Data deletes
+	if !g.state.Empty() {
+		core.Data, r.err = proto.Marshal(&keyfoldv1.Snapshot{
+			Pipeline: g.id.pipeline,
+			Key:      g.id.key,
+			Position: g.pos,
+			State:    parts.Core,
+		})
+	}
+	r.snaps = append(r.snaps, core)
+	for _, b := range parts.Buckets {
+		r.snaps = append(r.snaps, persistence.Snapshot{Key: g.id.bucketKey(b.Bucket), Data: b.Data})
+	}
 	return r
 }

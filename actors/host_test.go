@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -441,5 +442,49 @@ func TestReplayBoundedByCheckpoint(t *testing.T) {
 	}
 	if v := hs2.query("k7"); v.Seq != 8 {
 		t.Errorf("k7 = %+v, want seq 8", v)
+	}
+}
+
+// TestDedupAcrossBucketsAndRestarts: ids spread over many snapshot buckets
+// survive passivation, checkpoints and a restart, and expire on time.
+func TestDedupAcrossBucketsAndRestarts(t *testing.T) {
+	p, err := fold.Compile("p", fold.Spec{Key: "k", ID: "id", DedupWindow: time.Second, // 62ms buckets
+		Aggregates: map[string]fold.AggregateSpec{"n": {Op: "count"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var clock atomic.Int64
+	const t0 = 1_000_000
+	clock.Store(t0)
+	cfg := actors.Config{
+		Pipelines: map[string]*fold.Pipeline{"p": p}, MaxActive: 1, CheckpointInterval: 2 * time.Millisecond,
+		Now: func() time.Time { return time.UnixMilli(clock.Load()) },
+	}
+	dir := t.TempDir()
+	store := openStore(t, dir)
+	hs := start(t, store, cfg)
+	for i := range 100 {
+		clock.Store(t0 + 40*int64(i))
+		hs.ingest(event("a", fmt.Sprintf("i%d", i), 1))
+		hs.host.Query(context.Background(), "p", fmt.Sprintf("ghost%d", i)) // crowds a out
+	}
+	eventually(t, "all snapshots written", func() bool { return hs.host.Stats().DirtyKeys == 0 })
+	if hs.host.Stats().Passivated == 0 {
+		t.Error("nothing was passivated")
+	}
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+
+	hs2 := start(t, store, cfg)
+	defer hs2.shutdown()
+	// Now is t0+40*99: ids applied at or before now-1s (i <= 74) expired.
+	for _, c := range []struct {
+		id  string
+		dup bool
+	}{{"i99", true}, {"i75", true}, {"i74", false}, {"i0", false}} {
+		if r := hs2.ingest(event("a", c.id, 1)); (r.Duplicates == 1) != c.dup {
+			t.Errorf("%s after restart: %+v, want duplicate=%v", c.id, r, c.dup)
+		}
 	}
 }

@@ -147,3 +147,48 @@ func BenchmarkSnapshot(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkCheckpointHotKey: the snapshot of a key that applied an id every
+// second for a day (86,400 ids remembered), taken after one more event, as
+// a checkpoint takes it: the whole state inline, against the parts that
+// changed.
+func BenchmarkCheckpointHotKey(b *testing.B) {
+	p := quickstart(b) // dedup_window: 24h
+	var s fold.State
+	now := int64(1_700_000_000_000)
+	apply := func(i int) {
+		now += 1000
+		ev, err := p.Prepare([]byte(fmt.Sprintf(`{"user_id":"hot","event_id":"e%d"}`, i)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		p.Apply(&s, ev, now)
+	}
+	for i := range 86_400 {
+		apply(i)
+	}
+	b.Run("inline", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := p.MarshalState(&s); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("parts", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 86_400
+		for b.Loop() {
+			b.StopTimer()
+			stored := s.Version()
+			apply(i)
+			i++
+			b.StartTimer()
+			parts, err := p.SnapshotParts(&s, stored)
+			if err != nil {
+				b.Fatal(err)
+			}
+			s.Persisted(parts.Version)
+		}
+	})
+}

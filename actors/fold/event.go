@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -55,6 +56,9 @@ func (p *Pipeline) Prepare(raw []byte) (*Event, error) {
 	}
 	if key == "" {
 		return nil, &FieldError{Field: p.keyField, Reason: "key must not be empty"}
+	}
+	if strings.ContainsRune(key, 0) {
+		return nil, &FieldError{Field: p.keyField, Reason: "key must not contain NUL"}
 	}
 	ev.Key = key
 	if err := p.prepareRest(ev, fields, true); err != nil {

@@ -2,19 +2,31 @@ package fold
 
 import (
 	"fmt"
+	"slices"
 
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"google.golang.org/protobuf/proto"
 )
 
-// MarshalState encodes a key's state (keyfold.v1.KeyState). Aggregates are
-// stored by name, so a pipeline may gain or lose aggregates between runs.
+// MarshalState encodes a key's whole state (keyfold.v1.KeyState, ids
+// inline). Aggregates are stored by name, so a pipeline may gain or lose
+// aggregates between runs.
 func (p *Pipeline) MarshalState(s *State) ([]byte, error) {
 	return proto.Marshal(p.StateProto(s))
 }
 
-// StateProto returns a key's state as its persisted message.
+// StateProto returns a key's whole state as its persisted message, ids
+// inline.
 func (p *Pipeline) StateProto(s *State) *keyfoldv1.KeyState {
+	ks := p.coreProto(s)
+	for _, e := range s.ids.order {
+		ks.Seen = append(ks.Seen, &keyfoldv1.SeenID{Id: e.id, AtMs: e.at})
+	}
+	return ks
+}
+
+// coreProto is the state without its ids.
+func (p *Pipeline) coreProto(s *State) *keyfoldv1.KeyState {
 	ks := &keyfoldv1.KeyState{Seq: s.seq, NowMs: s.now}
 	for i, agg := range p.aggs {
 		if i >= len(s.aggs) || s.aggs[i].count == 0 {
@@ -24,9 +36,6 @@ func (p *Pipeline) StateProto(s *State) *keyfoldv1.KeyState {
 		ks.Aggregates = append(ks.Aggregates, &keyfoldv1.AggregateState{
 			Name: agg.name, Op: agg.op.String(), Count: a.count, Number: a.num, LastJson: a.last,
 		})
-	}
-	for _, e := range s.order {
-		ks.Seen = append(ks.Seen, &keyfoldv1.SeenID{Id: e.id, AtMs: e.at})
 	}
 	return ks
 }
@@ -42,13 +51,23 @@ func (p *Pipeline) UnmarshalState(b []byte) (State, error) {
 	return p.StateFromProto(&ks)
 }
 
-// StateFromProto rebuilds a key's state from its persisted message (nil is
-// the empty state).
+// StateFromProto rebuilds a key's state from its persisted message with ids
+// inline (nil is the empty state).
 func (p *Pipeline) StateFromProto(ks *keyfoldv1.KeyState) (State, error) {
 	if ks == nil {
 		return State{}, nil
 	}
-	s := State{seq: ks.Seq, now: ks.NowMs, aggs: make([]aggState, len(p.aggs))}
+	if len(ks.SeenBuckets) > 0 {
+		return State{}, fmt.Errorf("fold: state keeps its ids in %d buckets: restore it with RestoreParts", len(ks.SeenBuckets))
+	}
+	s := p.stateFromCore(ks)
+	p.loadIDs(&s, ks.Seen)
+	return s, nil
+}
+
+func (p *Pipeline) stateFromCore(ks *keyfoldv1.KeyState) State {
+	// A restored state is at version 1, all of it stored: see Persisted.
+	s := State{seq: ks.Seq, now: ks.NowMs, aggs: make([]aggState, len(p.aggs)), version: RestoredVersion}
 	byName := make(map[string]int, len(p.aggs))
 	for i, a := range p.aggs {
 		byName[a.name] = i
@@ -58,13 +77,107 @@ func (p *Pipeline) StateFromProto(ks *keyfoldv1.KeyState) (State, error) {
 			s.aggs[i] = aggState{count: a.Count, num: a.Number, last: a.LastJson}
 		}
 	}
-	if len(ks.Seen) > 0 {
-		s.seen = make(map[string]int64, len(ks.Seen))
-		s.order = make([]seenID, 0, len(ks.Seen))
-		for _, e := range ks.Seen {
-			s.seen[e.Id] = e.AtMs
-			s.order = append(s.order, seenID{id: e.Id, at: e.AtMs})
+	return s
+}
+
+// RestoredVersion is the version of a state rebuilt from the store: its
+// parts as of this version are stored.
+const RestoredVersion = 1
+
+// loadIDs adds stored ids (oldest first) to a restored state, skipping those
+// that have expired by the state's clock.
+func (p *Pipeline) loadIDs(s *State, ids []*keyfoldv1.SeenID) {
+	horizon := s.now - p.dedupWindow.Milliseconds()
+	for _, e := range ids {
+		if e.AtMs > horizon {
+			s.ids.add(e.Id, e.AtMs, p.bucketWidth(), RestoredVersion)
 		}
+	}
+}
+
+// Parts is a key's snapshot in the snapshot store's form: the core state,
+// which lists the id buckets, and the buckets that changed.
+type Parts struct {
+	Core *keyfoldv1.KeyState
+	// Buckets are the id buckets changed after the version given to
+	// SnapshotParts; a nil Data deletes the stored bucket.
+	Buckets []BucketPart
+	// Version is the state's version the parts reflect; pass it to
+	// Persisted once they are stored.
+	Version uint64
+}
+
+// BucketPart is one stored id bucket (an encoded keyfold.v1.SeenBucket).
+type BucketPart struct {
+	Bucket int64
+	Data   []byte
+}
+
+// SnapshotParts returns what to store to bring a key's stored snapshot up to
+// date, given that its parts as of version since are stored already: 0 when
+// nothing is (a new key), RestoredVersion for a key just restored, else the
+// Version of the last Parts stored.
+func (p *Pipeline) SnapshotParts(s *State, since uint64) (Parts, error) {
+	parts := Parts{Core: p.coreProto(s), Version: s.version}
+	// Ids are added in time order, so the buckets changed since are the
+	// newest ones: walk back from the newest id to the first unchanged
+	// bucket. The cost is that of what changed, not of the whole window.
+	byBucket := map[int64][]*keyfoldv1.SeenID{}
+	w := p.bucketWidth()
+	first := len(s.ids.order)
+	for first > 0 && s.ids.buckets[s.ids.order[first-1].at/w].changed > since {
+		first--
+	}
+	for _, e := range s.ids.order[first:] {
+		b := e.at / w
+		byBucket[b] = append(byBucket[b], &keyfoldv1.SeenID{Id: e.id, AtMs: e.at})
+	}
+	for b := range s.ids.buckets {
+		parts.Core.SeenBuckets = append(parts.Core.SeenBuckets, b)
+	}
+	slices.Sort(parts.Core.SeenBuckets)
+	for _, b := range parts.Core.SeenBuckets {
+		ids, ok := byBucket[b]
+		if !ok {
+			continue
+		}
+		data, err := proto.Marshal(&keyfoldv1.SeenBucket{Ids: ids})
+		if err != nil {
+			return Parts{}, fmt.Errorf("fold: encode id bucket: %w", err)
+		}
+		parts.Buckets = append(parts.Buckets, BucketPart{Bucket: b, Data: data})
+	}
+	for _, g := range s.ids.gone {
+		if g.version > since {
+			if _, back := s.ids.buckets[g.bucket]; !back {
+				parts.Buckets = append(parts.Buckets, BucketPart{Bucket: g.bucket})
+			}
+		}
+	}
+	return parts, nil
+}
+
+// Persisted records that the parts of version are stored.
+func (s *State) Persisted(version uint64) { s.ids.persisted(version) }
+
+// RestoreParts rebuilds a key's state from its stored core and, through
+// load, the id buckets the core lists.
+func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64) ([]byte, error)) (State, error) {
+	if core == nil {
+		return State{}, nil
+	}
+	s := p.stateFromCore(core)
+	p.loadIDs(&s, core.Seen) // a snapshot written with ids inline
+	for _, b := range core.SeenBuckets {
+		data, err := load(b)
+		if err != nil {
+			return State{}, fmt.Errorf("fold: load id bucket %d: %w", b, err)
+		}
+		var sb keyfoldv1.SeenBucket
+		if err := proto.Unmarshal(data, &sb); err != nil {
+			return State{}, fmt.Errorf("fold: decode id bucket %d: %w", b, err)
+		}
+		p.loadIDs(&s, sb.Ids)
 	}
 	return s, nil
 }

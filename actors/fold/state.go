@@ -12,10 +12,10 @@ type State struct {
 	seq  uint64
 	now  int64 // the key's clock: the largest processing time applied
 	aggs []aggState
-	// Ids applied within the dedup window: a set for lookup and the same ids
-	// oldest first for expiry.
-	seen  map[string]int64
-	order []seenID
+	ids  idSet // ids applied within the dedup window
+	// version counts the changes of the state in memory (it is not
+	// persisted); snapshots use it to tell what changed since the last one.
+	version uint64
 }
 
 type aggState struct {
@@ -24,34 +24,29 @@ type aggState struct {
 	last  []byte
 }
 
-type seenID struct {
-	id string
-	at int64
-}
-
 // Seq returns the number of events applied to the key, duplicates excluded.
 func (s *State) Seq() uint64 { return s.seq }
 
 // Empty reports whether no event was ever applied.
-func (s *State) Empty() bool { return s.seq == 0 && len(s.seen) == 0 }
+func (s *State) Empty() bool { return s.seq == 0 && s.ids.len() == 0 }
+
+// Version counts the changes of the state since it was created or restored.
+func (s *State) Version() uint64 { return s.version }
 
 // Apply folds one prepared event into the key's state at processing time
 // nowMs (Unix milliseconds, taken from the log). It reports whether the event
 // was a duplicate, in which case the aggregates and seq are unchanged.
 func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
+	s.version++
 	if nowMs > s.now {
 		s.now = nowMs
 	}
 	p.expireIDs(s)
 	if ev.ID != "" {
-		if _, dup := s.seen[ev.ID]; dup {
+		if s.ids.has(ev.ID) {
 			return true
 		}
-		if s.seen == nil {
-			s.seen = make(map[string]int64)
-		}
-		s.seen[ev.ID] = s.now
-		s.order = append(s.order, seenID{id: ev.ID, at: s.now})
+		s.ids.add(ev.ID, s.now, p.bucketWidth(), s.version)
 	}
 	if len(s.aggs) < len(p.aggs) {
 		s.aggs = append(s.aggs, make([]aggState, len(p.aggs)-len(s.aggs))...)
@@ -84,18 +79,13 @@ func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
 
 // expireIDs forgets ids applied longer than the dedup window ago.
 func (p *Pipeline) expireIDs(s *State) {
-	horizon := s.now - p.dedupWindow.Milliseconds()
-	n := 0
-	for n < len(s.order) && s.order[n].at <= horizon {
-		delete(s.seen, s.order[n].id)
-		n++
-	}
-	if n > 0 {
-		s.order = s.order[n:]
-		if len(s.order) == 0 {
-			s.order = nil // let the backing array go
-		}
-	}
+	s.ids.expire(s.now-p.dedupWindow.Milliseconds(), p.bucketWidth(), s.version)
+}
+
+// bucketWidth is the span of processing time, in ms, whose ids share a
+// snapshot bucket: a sixteenth of the dedup window.
+func (p *Pipeline) bucketWidth() int64 {
+	return max(p.dedupWindow.Milliseconds()/16, 1)
 }
 
 // Aggregates returns the current value of every aggregate, by name: count is

@@ -266,8 +266,13 @@ type KeyState struct {
 	// Largest processing time seen, Unix milliseconds; the key's clock.
 	NowMs      int64             `protobuf:"varint,2,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
 	Aggregates []*AggregateState `protobuf:"bytes,3,rep,name=aggregates,proto3" json:"aggregates,omitempty"`
-	// Ids applied within the dedup window, oldest first.
-	Seen          []*SeenID `protobuf:"bytes,4,rep,name=seen,proto3" json:"seen,omitempty"`
+	// Ids applied within the dedup window, oldest first, when stored inline.
+	Seen []*SeenID `protobuf:"bytes,4,rep,name=seen,proto3" json:"seen,omitempty"`
+	// When stored in buckets instead (the snapshot store's form, so that a
+	// checkpoint rewrites only the buckets that changed): the buckets that
+	// hold the ids, each stored as a SeenBucket next to the key's snapshot.
+	// A bucket may still hold ids that have expired since it was written.
+	SeenBuckets   []int64 `protobuf:"varint,5,rep,packed,name=seen_buckets,json=seenBuckets,proto3" json:"seen_buckets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -330,6 +335,59 @@ func (x *KeyState) GetSeen() []*SeenID {
 	return nil
 }
 
+func (x *KeyState) GetSeenBuckets() []int64 {
+	if x != nil {
+		return x.SeenBuckets
+	}
+	return nil
+}
+
+// SeenBucket holds the ids a key applied within one slice of the dedup
+// window, oldest first.
+type SeenBucket struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ids           []*SeenID              `protobuf:"bytes,1,rep,name=ids,proto3" json:"ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SeenBucket) Reset() {
+	*x = SeenBucket{}
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SeenBucket) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SeenBucket) ProtoMessage() {}
+
+func (x *SeenBucket) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SeenBucket.ProtoReflect.Descriptor instead.
+func (*SeenBucket) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *SeenBucket) GetIds() []*SeenID {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
 // AggregateState is the state of one named aggregate.
 type AggregateState struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -349,7 +407,7 @@ type AggregateState struct {
 
 func (x *AggregateState) Reset() {
 	*x = AggregateState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[5]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -361,7 +419,7 @@ func (x *AggregateState) String() string {
 func (*AggregateState) ProtoMessage() {}
 
 func (x *AggregateState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[5]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -374,7 +432,7 @@ func (x *AggregateState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AggregateState.ProtoReflect.Descriptor instead.
 func (*AggregateState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{5}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *AggregateState) GetName() string {
@@ -423,7 +481,7 @@ type SeenID struct {
 
 func (x *SeenID) Reset() {
 	*x = SeenID{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[6]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -435,7 +493,7 @@ func (x *SeenID) String() string {
 func (*SeenID) ProtoMessage() {}
 
 func (x *SeenID) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[6]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -448,7 +506,7 @@ func (x *SeenID) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeenID.ProtoReflect.Descriptor instead.
 func (*SeenID) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{6}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SeenID) GetId() string {
@@ -484,14 +542,18 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
 	"\bposition\x18\x03 \x01(\x04R\bposition\x12*\n" +
-	"\x05state\x18\x04 \x01(\v2\x14.keyfold.v1.KeyStateR\x05state\"\x97\x01\n" +
+	"\x05state\x18\x04 \x01(\v2\x14.keyfold.v1.KeyStateR\x05state\"\xba\x01\n" +
 	"\bKeyState\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\x12:\n" +
 	"\n" +
 	"aggregates\x18\x03 \x03(\v2\x1a.keyfold.v1.AggregateStateR\n" +
 	"aggregates\x12&\n" +
-	"\x04seen\x18\x04 \x03(\v2\x12.keyfold.v1.SeenIDR\x04seen\"\x7f\n" +
+	"\x04seen\x18\x04 \x03(\v2\x12.keyfold.v1.SeenIDR\x04seen\x12!\n" +
+	"\fseen_buckets\x18\x05 \x03(\x03R\vseenBuckets\"2\n" +
+	"\n" +
+	"SeenBucket\x12$\n" +
+	"\x03ids\x18\x01 \x03(\v2\x12.keyfold.v1.SeenIDR\x03ids\"\x7f\n" +
 	"\x0eAggregateState\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x04R\x05count\x12\x16\n" +
@@ -514,27 +576,29 @@ func file_proto_keyfold_v1_log_proto_rawDescGZIP() []byte {
 	return file_proto_keyfold_v1_log_proto_rawDescData
 }
 
-var file_proto_keyfold_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_proto_keyfold_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_proto_keyfold_v1_log_proto_goTypes = []any{
 	(*LogRecord)(nil),      // 0: keyfold.v1.LogRecord
 	(*KeyInputs)(nil),      // 1: keyfold.v1.KeyInputs
 	(*Input)(nil),          // 2: keyfold.v1.Input
 	(*Snapshot)(nil),       // 3: keyfold.v1.Snapshot
 	(*KeyState)(nil),       // 4: keyfold.v1.KeyState
-	(*AggregateState)(nil), // 5: keyfold.v1.AggregateState
-	(*SeenID)(nil),         // 6: keyfold.v1.SeenID
+	(*SeenBucket)(nil),     // 5: keyfold.v1.SeenBucket
+	(*AggregateState)(nil), // 6: keyfold.v1.AggregateState
+	(*SeenID)(nil),         // 7: keyfold.v1.SeenID
 }
 var file_proto_keyfold_v1_log_proto_depIdxs = []int32{
 	1, // 0: keyfold.v1.LogRecord.keys:type_name -> keyfold.v1.KeyInputs
 	2, // 1: keyfold.v1.KeyInputs.inputs:type_name -> keyfold.v1.Input
 	4, // 2: keyfold.v1.Snapshot.state:type_name -> keyfold.v1.KeyState
-	5, // 3: keyfold.v1.KeyState.aggregates:type_name -> keyfold.v1.AggregateState
-	6, // 4: keyfold.v1.KeyState.seen:type_name -> keyfold.v1.SeenID
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	6, // 3: keyfold.v1.KeyState.aggregates:type_name -> keyfold.v1.AggregateState
+	7, // 4: keyfold.v1.KeyState.seen:type_name -> keyfold.v1.SeenID
+	7, // 5: keyfold.v1.SeenBucket.ids:type_name -> keyfold.v1.SeenID
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_proto_keyfold_v1_log_proto_init() }
@@ -548,7 +612,7 @@ func file_proto_keyfold_v1_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_keyfold_v1_log_proto_rawDesc), len(file_proto_keyfold_v1_log_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
