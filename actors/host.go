@@ -67,29 +67,6 @@ type ingestReq struct {
 	w        *waiter
 }
 
-type hostStats struct {
-	events      atomic.Int64
-	duplicates  atomic.Int64
-	commits     atomic.Int64
-	checkpoints atomic.Int64
-	replayed    atomic.Int64
-	activations atomic.Int64
-	passivated  atomic.Int64
-}
-
-// Stats are counters of a host, for tests, metrics and the dashboard.
-type Stats struct {
-	ActiveKeys  int
-	DirtyKeys   int   // keys changed since their last snapshot
-	Events      int64 // events applied (duplicates included) since start
-	Duplicates  int64
-	Commits     int64 // group commits (synced appends)
-	Checkpoints int64 // group checkpoints written
-	Replayed    int64 // log records replayed by Recover
-	Activations int64
-	Passivated  int64
-}
-
 // New returns a host. It does no I/O and starts nothing.
 func New(cfg Config) (*Host, error) {
 	cfg.setDefaults()
@@ -114,102 +91,6 @@ func New(cfg Config) (*Host, error) {
 	quiet := slog.New(levelFilter{h.log.Handler(), slog.LevelWarn})
 	h.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
 	return h, nil
-}
-
-// Recover claims every key group, which fences off any earlier owner, and
-// replays each group's log above its checkpoint into its keys. Call it once,
-// before Run. If it fails the host is unusable and has released its actors.
-func (h *Host) Recover(ctx context.Context) error {
-	err := h.recover(ctx)
-	if err != nil {
-		h.stopAll()
-	}
-	return err
-}
-
-func (h *Host) recover(ctx context.Context) error {
-	if err := h.store.CheckGroups(ctx, h.cfg.Groups); err != nil {
-		return fmt.Errorf("actors: recover: %w", err)
-	}
-	start := time.Now()
-	// Claim every group first, concurrently: each claim is a synced write,
-	// and the store shares fsyncs between concurrent writes.
-	states := make([]persistence.GroupState, h.cfg.Groups)
-	var (
-		wg    sync.WaitGroup
-		errMu sync.Mutex
-		errs  []error
-		sem   = make(chan struct{}, 32)
-	)
-	for g := range h.cfg.Groups {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			st, err := h.store.Claim(ctx, g)
-			if err != nil {
-				errMu.Lock()
-				errs = append(errs, fmt.Errorf("actors: recover: claim group %d: %w", g, err))
-				errMu.Unlock()
-			}
-			states[g] = st
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	for g := range h.cfg.Groups {
-		st := states[g]
-		h.mu.Lock()
-		gs := &h.groups[g]
-		gs.epoch, gs.checkpoint, gs.dispatched = st.Epoch, st.Checkpoint, st.Checkpoint
-		h.mu.Unlock()
-		err := h.store.Read(ctx, g, st.Checkpoint, func(pos persistence.Position, data []byte) error {
-			return h.replay(g, pos, data)
-		})
-		if err != nil {
-			return fmt.Errorf("actors: recover: read group %d: %w", g, err)
-		}
-	}
-	h.log.Info("recovered", "groups", h.cfg.Groups, "records", h.stats.replayed.Load(),
-		"keys", h.Stats().ActiveKeys, "took", time.Since(start).Round(time.Millisecond))
-	return nil
-}
-
-// replay hands one logged record to its keys. The record's inputs were
-// accepted when logged, so they are applied whatever the configuration says
-// now (see fold.Pipeline.Replay); only the inputs of a pipeline that was
-// removed from the configuration are dropped, with a warning.
-func (h *Host) replay(g uint32, pos persistence.Position, data []byte) error {
-	h.stats.replayed.Add(1)
-	rec, err := decodeRecord(data)
-	if err != nil {
-		return fmt.Errorf("actors: group %d record %d does not decode (corrupt log?): %w", g, pos, err)
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, ki := range rec.Keys {
-		p := h.cfg.Pipelines[ki.Pipeline]
-		if p == nil {
-			h.log.Warn("discarding logged inputs of a pipeline no longer configured",
-				"pipeline", ki.Pipeline, "key", ki.Key, "group", g, "seq", pos, "inputs", len(ki.Inputs))
-			continue
-		}
-		msg := &applyMsg{pos: pos}
-		for _, in := range ki.Inputs {
-			if len(msg.segs) == 0 || msg.segs[len(msg.segs)-1].nowMs != in.IngestTimeMs {
-				msg.segs = append(msg.segs, segment{nowMs: in.IngestTimeMs})
-			}
-			last := &msg.segs[len(msg.segs)-1]
-			last.events = append(last.events, p.Replay(in.Event, ki.Key))
-		}
-		id := keyID{ki.Pipeline, ki.Key}
-		h.sendLocked(id, g, msg)
-		h.groups[g].dirty[id] = pos
-	}
-	h.groups[g].dispatched = pos
-	return nil
 }
 
 // Run commits ingests, checkpoints and passivates until ctx ends; then it
@@ -394,43 +275,4 @@ func (h *Host) sendLocked(id keyID, group uint32, msg any) {
 	}
 	a.lastUsed = time.Now().UnixNano()
 	h.system.Root.Send(a.pid, msg)
-}
-
-// Stats returns the host's counters.
-func (h *Host) Stats() Stats {
-	h.mu.Lock()
-	n, dirty := len(h.active), 0
-	for i := range h.groups {
-		dirty += len(h.groups[i].dirty)
-	}
-	h.mu.Unlock()
-	return Stats{
-		ActiveKeys:  n,
-		DirtyKeys:   dirty,
-		Events:      h.stats.events.Load(),
-		Duplicates:  h.stats.duplicates.Load(),
-		Commits:     h.stats.commits.Load(),
-		Checkpoints: h.stats.checkpoints.Load(),
-		Replayed:    h.stats.replayed.Load(),
-		Activations: h.stats.activations.Load(),
-		Passivated:  h.stats.passivated.Load(),
-	}
-}
-
-// levelFilter drops records below min, for libraries that log too much.
-type levelFilter struct {
-	slog.Handler
-	min slog.Level
-}
-
-func (f levelFilter) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= f.min && f.Handler.Enabled(ctx, l)
-}
-
-func (f levelFilter) WithAttrs(a []slog.Attr) slog.Handler {
-	return levelFilter{f.Handler.WithAttrs(a), f.min}
-}
-
-func (f levelFilter) WithGroup(n string) slog.Handler {
-	return levelFilter{f.Handler.WithGroup(n), f.min}
 }

@@ -1,0 +1,47 @@
+package actors
+
+import "sync/atomic"
+
+type hostStats struct {
+	events      atomic.Int64
+	duplicates  atomic.Int64
+	commits     atomic.Int64
+	checkpoints atomic.Int64
+	replayed    atomic.Int64
+	activations atomic.Int64
+	passivated  atomic.Int64
+}
+
+// Stats are counters of a host, for tests, metrics and the dashboard.
+type Stats struct {
+	ActiveKeys  int
+	DirtyKeys   int   // keys changed since their last snapshot
+	Events      int64 // events applied (duplicates included) since start
+	Duplicates  int64
+	Commits     int64 // group commits (synced appends)
+	Checkpoints int64 // group checkpoints written
+	Replayed    int64 // log records replayed by Recover
+	Activations int64
+	Passivated  int64
+}
+
+// Stats returns the host's counters.
+func (h *Host) Stats() Stats {
+	h.mu.Lock()
+	n, dirty := len(h.active), 0
+	for i := range h.groups {
+		dirty += len(h.groups[i].dirty)
+	}
+	h.mu.Unlock()
+	return Stats{
+		ActiveKeys:  n,
+		DirtyKeys:   dirty,
+		Events:      h.stats.events.Load(),
+		Duplicates:  h.stats.duplicates.Load(),
+		Commits:     h.stats.commits.Load(),
+		Checkpoints: h.stats.checkpoints.Load(),
+		Replayed:    h.stats.replayed.Load(),
+		Activations: h.stats.activations.Load(),
+		Passivated:  h.stats.passivated.Load(),
+	}
+}
