@@ -108,7 +108,9 @@ func (g *grain) activate() {
 			g.state, err = g.pipeline.RestoreParts(snap.State, func(b int64) ([]byte, error) {
 				return g.host.store.Get(context.Background(), g.group, g.id.bucketKey(b))
 			})
-			g.stored = fold.RestoredVersion
+			// Everything restored is stored, unless RestoreParts asked for
+			// a rewrite (a new bucket layout) by starting past it.
+			g.stored = min(g.state.Version(), fold.RestoredVersion)
 		}
 	}
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -486,5 +487,76 @@ func TestDedupAcrossBucketsAndRestarts(t *testing.T) {
 		if r := hs2.ingest(event("a", c.id, 1)); (r.Duplicates == 1) != c.dup {
 			t.Errorf("%s after restart: %+v, want duplicate=%v", c.id, r, c.dup)
 		}
+	}
+}
+
+// TestHostDedupUnderFaults: random checkpoint failures (landed or not),
+// passivation after every idle millisecond, a clock going back and forth,
+// and clean restarts: every ingest's duplicate verdict matches a reference
+// fold.State fed the same inputs.
+func TestHostDedupUnderFaults(t *testing.T) {
+	for seed := range uint64(6) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 3))
+			p, err := fold.Compile("p", fold.Spec{Key: "k", ID: "id", DedupWindow: 500 * time.Millisecond, // 31ms buckets
+				Aggregates: map[string]fold.AggregateSpec{"n": {Op: "count"}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var clock atomic.Int64
+			clock.Store(1_000_000)
+			fs := faultstore.New(openStore(t, t.TempDir()))
+			cfg := actors.Config{Pipelines: map[string]*fold.Pipeline{"p": p}, MaxActive: 2, Groups: 4,
+				CheckpointInterval: time.Millisecond, CheckpointRecords: 3, IdleTimeout: time.Millisecond,
+				Now: func() time.Time { return time.UnixMilli(clock.Load()) }}
+			oracle := map[string]*fold.State{}
+			hs := start(t, fs, cfg)
+			for i := range 600 {
+				switch rng.IntN(12) {
+				case 0:
+					clock.Add(-rng.Int64N(300))
+				case 1:
+					clock.Add(rng.Int64N(700))
+				default:
+					clock.Add(rng.Int64N(15))
+				}
+				if rng.IntN(8) == 0 {
+					op := faultstore.OpPut
+					if rng.IntN(3) == 0 {
+						op = faultstore.OpTrim
+					}
+					fs.Inject(op, 1+rng.IntN(3), faultstore.Fault{Err: errors.New("injected"), After: rng.IntN(2) == 0})
+				}
+				key := fmt.Sprintf("k%d", rng.IntN(4))
+				id := fmt.Sprintf("e%d", rng.IntN(60))
+				raw := event(key, id, 1)
+				now := clock.Load()
+				r := hs.ingest(raw)
+				o := oracle[key]
+				if o == nil {
+					o = &fold.State{}
+					oracle[key] = o
+				}
+				dup := p.Apply(o, p.Replay(raw, key), now)
+				if (r.Duplicates == 1) != dup {
+					t.Fatalf("event %d %s/%s: host dup=%v oracle dup=%v", i, key, id, r.Duplicates == 1, dup)
+				}
+				if rng.IntN(4) == 0 { // let checkpoints and passivation interleave
+					time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
+				}
+				if rng.IntN(120) == 0 {
+					fs.Reset()
+					if err := hs.shutdown(); err != nil {
+						t.Fatalf("shutdown: %v", err)
+					}
+					hs = start(t, fs, cfg)
+				}
+			}
+			fs.Reset()
+			if err := hs.shutdown(); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("puts %d", fs.Calls(faultstore.OpPut))
+		})
 	}
 }

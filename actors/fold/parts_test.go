@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -168,4 +169,86 @@ func prepare(tb testing.TB, p *fold.Pipeline, raw string) *fold.Event {
 		tb.Fatal(err)
 	}
 	return ev
+}
+
+func loadFrom(ps *partsStore) func(int64) ([]byte, error) {
+	return func(b int64) ([]byte, error) {
+		d, ok := ps.buckets[b]
+		if !ok {
+			return nil, persistence.ErrNotFound
+		}
+		return d, nil
+	}
+}
+
+// TestRestoreInlineThenParts: a snapshot with its ids inline is restored,
+// the key gets one more event, and the checkpoint that follows stores every
+// bucket the core lists, so the next restore works.
+func TestRestoreInlineThenParts(t *testing.T) {
+	p := mustCompile(t, fuzzSpec)
+	var s fold.State
+	for i := range 50 {
+		p.Apply(&s, prepare(t, p, fmt.Sprintf(`{"user_id":"a","event_id":"e%d"}`, i)), int64(i*50))
+	}
+	old := p.StateProto(&s) // the pre-change snapshot form
+	ps := &partsStore{core: old, buckets: map[int64][]byte{}}
+	r, err := p.RestoreParts(old, loadFrom(ps))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := uint64(fold.RestoredVersion)
+	p.Apply(&r, prepare(t, p, `{"user_id":"a","event_id":"new"}`), 2500)
+	parts, err := p.SnapshotParts(&r, stored)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps.store(parts)
+	t.Logf("core lists %v, buckets written %d", parts.Core.SeenBuckets, len(parts.Buckets))
+	if _, err := p.RestoreParts(ps.core, loadFrom(ps)); err != nil {
+		t.Fatalf("restore after upgrade: %v", err)
+	}
+}
+
+// TestRestoreAfterDedupWindowChange: with another dedup_window the bucket
+// width changes; the first checkpoint after the restore rewrites the whole
+// layout and deletes the old buckets, so nothing is lost or left behind.
+func TestRestoreAfterDedupWindowChange(t *testing.T) {
+	for _, w2 := range []time.Duration{6 * time.Second, 1500 * time.Millisecond, 3*time.Second + 100*time.Millisecond} {
+		t.Run(w2.String(), func(t *testing.T) {
+			p1 := mustCompile(t, fuzzSpec)
+			spec := fuzzSpec
+			spec.DedupWindow = w2
+			p2 := mustCompile(t, spec)
+			var s fold.State
+			ps := &partsStore{buckets: map[int64][]byte{}}
+			for i := range 50 {
+				p1.Apply(&s, prepare(t, p1, fmt.Sprintf(`{"user_id":"a","event_id":"e%d"}`, i)), int64(i*50))
+			}
+			parts, _ := p1.SnapshotParts(&s, 0)
+			ps.store(parts)
+			r, err := p2.RestoreParts(ps.core, loadFrom(ps))
+			if err != nil {
+				t.Fatal(err)
+			}
+			p2.Apply(&r, prepare(t, p2, `{"user_id":"a","event_id":"new"}`), 2500)
+			parts, _ = p2.SnapshotParts(&r, fold.RestoredVersion)
+			ps.store(parts)
+			r2, err := p2.RestoreParts(ps.core, loadFrom(ps))
+			if err != nil {
+				t.Fatalf("restore: %v", err)
+			}
+			if !reflect.DeepEqual(p2.StateProto(&r2), p2.StateProto(&r)) {
+				t.Fatalf("restored differs: %d ids vs %d", len(p2.StateProto(&r2).Seen), len(p2.StateProto(&r).Seen))
+			}
+			var extra []int64
+			for b := range ps.buckets {
+				if !slices.Contains(ps.core.SeenBuckets, b) {
+					extra = append(extra, b)
+				}
+			}
+			if len(extra) > 0 {
+				t.Errorf("stale buckets in store: %v", extra)
+			}
+		})
+	}
 }

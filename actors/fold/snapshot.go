@@ -168,6 +168,10 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 	}
 	s := p.stateFromCore(core)
 	p.loadIDs(&s, core.Seen) // a snapshot written with ids inline
+	// The stored buckets are usable as they are only if every id sits in
+	// the bucket this pipeline's width puts it in and no id was inline.
+	rewrite := len(core.Seen) > 0
+	w := p.bucketWidth()
 	for _, b := range core.SeenBuckets {
 		data, err := load(b)
 		if err != nil {
@@ -177,7 +181,23 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 		if err := proto.Unmarshal(data, &sb); err != nil {
 			return State{}, fmt.Errorf("fold: decode id bucket %d: %w", b, err)
 		}
+		for _, e := range sb.Ids {
+			if e.AtMs/w != b {
+				rewrite = true
+			}
+		}
 		p.loadIDs(&s, sb.Ids)
+	}
+	if rewrite {
+		// Nothing of the new layout is stored: mark every bucket changed
+		// after RestoredVersion, and the old ones for deletion.
+		s.version = RestoredVersion + 1
+		for _, bi := range s.ids.buckets {
+			bi.changed = s.version
+		}
+		for _, b := range core.SeenBuckets {
+			s.ids.gone = append(s.ids.gone, goneBucket{bucket: b, version: s.version})
+		}
 	}
 	return s, nil
 }
