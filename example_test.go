@@ -1,7 +1,11 @@
 package keyfold_test
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
 	"slices"
 
 	"github.com/keyfold/keyfold"
@@ -56,4 +60,56 @@ pipelines:
 	// pipeline "logins": key: is required (the field that names each key)
 	// pipeline "logins": aggregates.amount: op sum needs a field
 	// pipeline "logins": aggregates.avg: unknown op "average" (want one of count, last, max, min, sum)
+}
+
+// Example embeds a node in a Go program: no HTTP, state in a directory of
+// its own, events in and one key's state out.
+func Example() {
+	dir, err := os.MkdirTemp("", "keyfold-example")
+	if err != nil {
+		panic(err)
+	}
+	defer os.RemoveAll(dir)
+
+	node, err := keyfold.New(keyfold.Config{
+		DataDir: dir,
+		Pipelines: map[string]keyfold.PipelineConfig{
+			"logins": {
+				Key: "user_id",
+				ID:  "event_id",
+				Aggregates: map[string]keyfold.AggregateConfig{
+					"failed": {Op: "count", Where: "type == 'login_failed'"},
+					"amount": {Op: "sum", Field: "amount"},
+				},
+			},
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	done := make(chan error, 1)
+	go func() { done <- node.Run(ctx) }()
+	<-node.Ready()
+
+	res, err := node.Ingest(ctx, "logins", []json.RawMessage{
+		json.RawMessage(`{"user_id": "alice", "event_id": "1", "type": "login_failed", "amount": 3}`),
+		json.RawMessage(`{"user_id": "alice", "event_id": "2", "type": "login_ok", "amount": 4}`),
+		json.RawMessage(`{"user_id": "alice", "event_id": "1", "type": "login_failed", "amount": 3}`), // a retry
+	})
+	fmt.Printf("accepted %d, duplicates %d, err %v\n", res.Accepted, res.Duplicates, err)
+
+	st, err := node.Query(ctx, "logins", "alice")
+	fmt.Println(st.Seq, st.Aggregates["failed"], st.Aggregates["amount"], err)
+
+	_, err = node.Query(ctx, "logins", "bob")
+	fmt.Println(errors.Is(err, keyfold.ErrNotFound))
+
+	node.Close()
+	fmt.Println(<-done)
+	// Output:
+	// accepted 2, duplicates 1, err <nil>
+	// 2 1 7 <nil>
+	// true
+	// <nil>
 }
