@@ -49,7 +49,6 @@ type keyBatch struct {
 type groupBatch struct {
 	group uint32
 	keys  []*keyBatch
-	index map[keyID]*keyBatch
 }
 
 func (h *Host) commit(reqs []*ingestReq) {
@@ -62,20 +61,21 @@ func (h *Host) commit(reqs []*ingestReq) {
 	}
 	nowMs := h.cfg.Now().UnixMilli()
 	batches := make(map[uint32]*groupBatch)
+	index := make(map[keyID]*keyBatch) // a key is in one group
 	for _, r := range reqs {
 		segs := 0
 		for _, ev := range r.events {
 			id := keyID{r.pipeline, ev.Key}
-			g := GroupOf(id.pipeline, id.key, h.cfg.Groups)
-			gb := batches[g]
-			if gb == nil {
-				gb = &groupBatch{group: g, index: make(map[keyID]*keyBatch)}
-				batches[g] = gb
-			}
-			kb := gb.index[id]
+			kb := index[id]
 			if kb == nil {
+				g := GroupOf(id.pipeline, id.key, h.cfg.Groups)
+				gb := batches[g]
+				if gb == nil {
+					gb = &groupBatch{group: g}
+					batches[g] = gb
+				}
 				kb = &keyBatch{id: id, inputs: &keyfoldv1.KeyInputs{Pipeline: id.pipeline, Key: id.key}}
-				gb.index[id] = kb
+				index[id] = kb
 				gb.keys = append(gb.keys, kb)
 			}
 			kb.inputs.Inputs = append(kb.inputs.Inputs, &keyfoldv1.Input{Event: ev.Raw, IngestTimeMs: nowMs})
