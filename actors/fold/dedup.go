@@ -14,6 +14,10 @@ type idSet struct {
 	order   []seenID         // the same ids, oldest first
 	buckets map[int64]*bucketInfo
 	gone    []goneBucket // emptied buckets whose stored copies must go
+	// The bucket of the last add: ids arrive in time order, so it is
+	// nearly always the next one's too.
+	lastB    int64
+	lastInfo *bucketInfo
 }
 
 type seenID struct {
@@ -45,10 +49,14 @@ func (d *idSet) add(id string, at int64, width int64, version uint64) {
 	}
 	d.at[id] = at
 	d.order = append(d.order, seenID{id: id, at: at})
-	b := d.buckets[at/width]
-	if b == nil {
-		b = &bucketInfo{}
-		d.buckets[at/width] = b
+	bk := at / width
+	b := d.lastInfo
+	if b == nil || d.lastB != bk {
+		if b = d.buckets[bk]; b == nil {
+			b = &bucketInfo{}
+			d.buckets[bk] = b
+		}
+		d.lastB, d.lastInfo = bk, b
 	}
 	b.count++
 	b.changed = version
@@ -64,6 +72,9 @@ func (d *idSet) expire(horizon, width int64, version uint64) {
 		if b := d.buckets[bk]; b != nil {
 			if b.count--; b.count == 0 {
 				delete(d.buckets, bk)
+				if d.lastInfo == b {
+					d.lastInfo = nil
+				}
 				d.gone = append(d.gone, goneBucket{bucket: bk, version: version})
 			}
 		}
