@@ -62,7 +62,8 @@ func New(cfg Config) (*Node, error) {
 // are bound.
 func (n *Node) Ready() <-chan struct{} { return n.ready }
 
-// HTTPAddr returns the bound HTTP address once Ready ("" if none).
+// HTTPAddr returns the bound HTTP address once Run is listening (before
+// recovery ends; "" until then, or if the node serves no HTTP).
 func (n *Node) HTTPAddr() string {
 	if p := n.httpAddr.Load(); p != nil {
 		return *p
