@@ -57,9 +57,9 @@ pipelines:
 `))
 	fmt.Println(err)
 	// Output:
-	// pipeline "logins": key: is required (the field that names each key)
-	// pipeline "logins": aggregates.amount: op sum needs a field
-	// pipeline "logins": aggregates.avg: unknown op "average" (want one of count, last, max, min, sum)
+	// keyfold: config: pipeline "logins": key (line 3): is required (the field that names each key)
+	// keyfold: config: pipeline "logins": aggregates.amount (line 5): op sum needs a field
+	// keyfold: config: pipeline "logins": aggregates.avg (line 6): unknown op "average" (want one of count, last, max, min, sum)
 }
 
 // Example embeds a node in a Go program: no HTTP, state in a directory of

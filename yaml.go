@@ -34,12 +34,15 @@ func ParseConfig(b []byte) (Config, error) {
 	// pipeline), whose validation errors would only echo them ("op is
 	// required" for an aggregate whose op key had a typo).
 	broken := map[string]map[string]bool{}
+	// Where each pipeline and entry is, to give validation errors a line.
+	lines := map[string]map[string]int{}
 	if p := mappingValue(root, "pipelines"); p != nil && p.Kind == yaml.MappingNode {
 		errs = append(errs, duplicateKeys(p, "pipelines")...)
 		c.Pipelines = make(map[string]PipelineConfig, len(p.Content)/2)
 		for i := 0; i+1 < len(p.Content); i += 2 {
 			name, pn := p.Content[i].Value, p.Content[i+1]
 			bad := map[string]bool{}
+			lines[name] = entryLines(p.Content[i], pn)
 			var spec PipelineConfig
 			where := fmt.Sprintf("pipeline %q", name)
 			perrs, badKeys := decodeStrict(pn, &spec, where)
@@ -79,8 +82,11 @@ func ParseConfig(b []byte) (Config, error) {
 	if _, err := check.compile(!structural); err != nil {
 		for _, e := range flatten(err) {
 			var se *fold.SpecError
-			if errors.As(e, &se) && broken[se.Pipeline][se.Entry] {
-				continue
+			if errors.As(e, &se) {
+				if broken[se.Pipeline][se.Entry] {
+					continue
+				}
+				e = specErrorAt(se, lines[se.Pipeline])
 			}
 			errs = append(errs, e)
 		}
@@ -90,6 +96,53 @@ func ParseConfig(b []byte) (Config, error) {
 	}
 	return c, nil
 }
+
+// entryLines maps a pipeline's entries ("" for the pipeline, "key",
+// "aggregates.amount", …) to their lines.
+func entryLines(name, n *yaml.Node) map[string]int {
+	m := map[string]int{"": name.Line}
+	if n.Kind != yaml.MappingNode {
+		return m
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		m[k.Value] = k.Line
+		if k.Value == "aggregates" && v.Kind == yaml.MappingNode {
+			for j := 0; j+1 < len(v.Content); j += 2 {
+				m["aggregates."+v.Content[j].Value] = v.Content[j].Line
+			}
+		}
+	}
+	return m
+}
+
+// specError wraps a validation error with the line of its entry, in the
+// same shape as the structural errors, keeping the *fold.SpecError.
+type specError struct {
+	se   *fold.SpecError
+	line int
+}
+
+func specErrorAt(se *fold.SpecError, lines map[string]int) error {
+	line, ok := lines[se.Entry]
+	if !ok {
+		line = lines[""]
+	}
+	return &specError{se: se, line: line}
+}
+
+func (e *specError) Error() string {
+	where := fmt.Sprintf("pipeline %q", e.se.Pipeline)
+	if e.se.Entry != "" {
+		where += ": " + e.se.Entry
+	}
+	if e.line > 0 {
+		where += fmt.Sprintf(" (line %d)", e.line)
+	}
+	return "keyfold: config: " + where + ": " + e.se.Problem
+}
+
+func (e *specError) Unwrap() error { return e.se }
 
 // flatten lists the leaves of a tree of errors.Join errors.
 func flatten(err error) []error {

@@ -139,9 +139,11 @@ loop:
 	// Final checkpoint, so the next start replays nothing.
 	drainCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	start, dirty := time.Now(), h.Stats().DirtyKeys
 	if err := h.checkpoint(drainCtx); err != nil {
 		return fmt.Errorf("actors: final checkpoint: %w", err)
 	}
+	h.log.Info("final checkpoint written", "keys", dirty, "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 

@@ -135,6 +135,7 @@ func TestAPI(t *testing.T) {
 		{"not json", "POST", events, "", `[{"user":`, 400, ``},
 		{"bad ndjson", "POST", events, "application/x-ndjson", "{\"user\":{\"id\":\"f\"}}\nnope\n", 400, ``},
 		{"empty body", "POST", events, "", ``, 400, ``},
+		{"ndjson without its content type", "POST", events, "application/json", "{\"user\":{\"id\":\"h\"}}\n{\"user\":{\"id\":\"h\"}}\n", 400, ``},
 		{"too large", "POST", events, "", "[" + strings.Repeat(`{"user":{"id":"g"}},`, 400) + `{"user":{"id":"g"}}]`, 413, ``},
 		{"too large changed nothing", "GET", key("g"), "", "", 404, ``},
 	}

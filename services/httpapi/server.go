@@ -199,6 +199,9 @@ func DecodeJSON(body []byte) ([]json.RawMessage, error) {
 		return nil, fmt.Errorf("%w: empty body: want a JSON array of events", ErrBadBody)
 	}
 	if trimmed[0] == '{' {
+		if bytes.IndexByte(trimmed, '\n') >= 0 && !json.Valid(trimmed) {
+			return nil, fmt.Errorf("%w: several JSON objects: send NDJSON with Content-Type: application/x-ndjson, or a JSON array", ErrBadBody)
+		}
 		return []json.RawMessage{trimmed}, nil
 	}
 	if trimmed[0] != '[' {
