@@ -254,6 +254,9 @@ func (h *Host) Query(ctx context.Context, pipeline, key string) (KeyView, error)
 	}
 	select {
 	case r := <-msg.reply:
+		if errors.Is(r.err, ErrNotFound) {
+			return KeyView{}, fmt.Errorf("%w: %q in pipeline %q", ErrNotFound, key, pipeline)
+		}
 		return r.view, r.err
 	case <-ctx.Done():
 		return KeyView{}, ctx.Err()

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -166,7 +167,7 @@ func (s *server) query(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status := statusOf(err)
-	msg := err.Error()
+	msg := publicMessage(err)
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
 		msg = fmt.Sprintf("request body exceeds the limit of %d bytes", mbe.Limit)
@@ -176,6 +177,21 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	writeJSON(w, status, map[string]string{"error": msg})
 }
+
+// publicMessage is an error's text for clients: without the leading Go
+// package names ("actors: key not found" → "key not found").
+func publicMessage(err error) string {
+	msg := err.Error()
+	for {
+		i := strings.Index(msg, ": ")
+		if i < 0 || !goPackages[msg[:i]] {
+			return msg
+		}
+		msg = msg[i+2:]
+	}
+}
+
+var goPackages = map[string]bool{"actors": true, "fold": true, "httpapi": true, "keyfold": true, "persistence": true, "embedded": true}
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
