@@ -13,6 +13,8 @@ import (
 	"github.com/keyfold/keyfold/actors"
 	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/persistence"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // PipelineConfig configures one pipeline; see fold.Spec for its fields.
@@ -60,6 +62,10 @@ type Config struct {
 	Store persistence.Store `yaml:"-"`
 	// Logger receives the node's structured logs; nil discards them.
 	Logger *slog.Logger `yaml:"-"`
+	// Metrics is the registry the node registers its Prometheus metrics on
+	// and serves at /metrics; nil makes one of its own (with the Go runtime
+	// and process collectors). The node never uses the global registry.
+	Metrics *prometheus.Registry `yaml:"-"`
 }
 
 // Defaults.
@@ -102,6 +108,10 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Metrics == nil {
+		c.Metrics = prometheus.NewRegistry()
+		c.Metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	return c
 }

@@ -156,7 +156,10 @@ func TestWithDefaults(t *testing.T) {
 	if d.Logger == nil {
 		t.Error("no default logger")
 	}
-	d.Logger = nil
+	if d.Metrics == nil {
+		t.Error("no default metrics registry")
+	}
+	d.Logger, d.Metrics = nil, nil
 	want := Config{
 		DataDir:            DefaultDataDir,
 		KeyGroups:          actors.DefaultGroups,
@@ -176,7 +179,7 @@ func TestWithDefaults(t *testing.T) {
 	set := Config{DataDir: "d", KeyGroups: 8, CheckpointInterval: time.Second, IdleTimeout: time.Minute,
 		MaxActiveKeys: 10, MaxBodyBytes: 1024, ShutdownTimeout: time.Millisecond, MaxConcurrentIngests: 3}
 	got := set.withDefaults()
-	got.Logger = nil
+	got.Logger, got.Metrics = nil, nil
 	if !configEqual(got, set) {
 		t.Errorf("withDefaults changed set fields:\n%+v\nwant\n%+v", got, set)
 	}

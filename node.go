@@ -14,6 +14,8 @@ import (
 	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/persistence/embedded"
 	"github.com/keyfold/keyfold/services/httpapi"
+	"github.com/keyfold/keyfold/services/metrics"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // Node is one keyfold node: its store, its keys' actors and its listeners.
@@ -119,12 +121,13 @@ func (n *Node) run(ctx context.Context) (err error) {
 		}
 		addr := ln.Addr().String()
 		n.httpAddr.Store(&addr)
+		handler, err := n.httpHandler()
+		if err != nil {
+			ln.Close()
+			return err
+		}
 		srv := &http.Server{
-			Handler: httpapi.New(httpBackend{n}, httpapi.Options{
-				MaxBodyBytes:         n.cfg.MaxBodyBytes,
-				MaxConcurrentIngests: n.cfg.MaxConcurrentIngests,
-				Logger:               log,
-			}),
+			Handler:           handler,
 			ReadHeaderTimeout: httpapi.ReadHeaderTimeout,
 			ReadTimeout:       httpapi.ReadTimeout,
 			IdleTimeout:       httpapi.IdleTimeout,
@@ -198,6 +201,25 @@ func (n *Node) run(ctx context.Context) (err error) {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// httpHandler is the API plus /metrics, instrumented.
+func (n *Node) httpHandler() (http.Handler, error) {
+	if err := metrics.RegisterHost(n.cfg.Metrics, n.Stats); err != nil {
+		return nil, fmt.Errorf("keyfold: metrics: %w", err)
+	}
+	hm, err := metrics.NewHTTP(n.cfg.Metrics)
+	if err != nil {
+		return nil, fmt.Errorf("keyfold: metrics: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(n.cfg.Metrics, promhttp.HandlerOpts{}))
+	mux.Handle("/", httpapi.New(httpBackend{n}, httpapi.Options{
+		MaxBodyBytes:         n.cfg.MaxBodyBytes,
+		MaxConcurrentIngests: n.cfg.MaxConcurrentIngests,
+		Logger:               n.cfg.Logger,
+	}))
+	return hm.Wrap(mux), nil
 }
 
 // Close stops a running node and waits for Run to return. It is safe to

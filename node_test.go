@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -227,5 +228,41 @@ func eventually(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestMetrics: /metrics serves the node's counters and the HTTP
+// instruments, labelled by route pattern.
+func TestMetrics(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	cfg.HTTPAddr = "127.0.0.1:0"
+	n := run(t, cfg)
+	base := "http://" + n.HTTPAddr()
+	resp, err := http.Post(base+"/v1/pipelines/p/events", "application/json",
+		strings.NewReader(`[{"k":"a","id":"1"},{"k":"a","id":"1"},{"k":"b"}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	resp, err = http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"keyfold_events_applied_total 3",
+		"keyfold_duplicates_total 1",
+		"keyfold_active_keys 2",
+		`keyfold_http_requests_total{code="200",method="POST",route="POST /v1/pipelines/{pipeline}/events"} 1`,
+		`keyfold_http_request_duration_seconds_count{route="POST /v1/pipelines/{pipeline}/events"} 1`,
+		"go_goroutines",
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
 	}
 }
