@@ -117,3 +117,14 @@ func TestSendAndGet(t *testing.T) {
 		t.Errorf("send bad event: %v", err)
 	}
 }
+
+func TestBench(t *testing.T) {
+	base := startInProcess(t)
+	out, err := runCLI(t, "bench", "--addr", base, "--duration", "300ms", "--keys", "10", "--batch", "5", "--concurrency", "2")
+	if err != nil || !strings.Contains(out, "events/s") {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	if _, err := runCLI(t, "bench", "--addr", base, "--pipeline", "nope", "--duration", "300ms"); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("bench against an unknown pipeline: %v", err)
+	}
+}

@@ -37,6 +37,6 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServe(), newSend(), newGet())
+	root.AddCommand(newServe(), newSend(), newGet(), newBench())
 	return root
 }

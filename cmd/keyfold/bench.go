@@ -1,0 +1,128 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/keyfold/keyfold/services/httpapi"
+	"github.com/spf13/cobra"
+)
+
+func newBench() *cobra.Command {
+	var o benchOptions
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Load a node with synthetic events and report durable ingest throughput",
+		Long: `Load a running node over HTTP with synthetic login events (the fields of
+examples/quickstart.yaml: user_id, event_id, type, amount, geo.country) from
+--concurrency clients, each posting batches of --batch events over --keys
+keys and waiting for each acknowledgement, for --duration. Run it as a process
+of its own, so the load generator and the node are measured apart.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return bench(cmd.Context(), o, cmd.OutOrStdout())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.addr, "addr", "http://127.0.0.1:8080", "the node's HTTP base URL")
+	f.StringVar(&o.pipeline, "pipeline", "logins", "pipeline to load")
+	f.IntVar(&o.keys, "keys", 10_000, "distinct keys")
+	f.IntVar(&o.batch, "batch", 100, "events per request")
+	f.IntVar(&o.concurrency, "concurrency", 8, "concurrent clients")
+	f.DurationVar(&o.duration, "duration", 10*time.Second, "how long to load")
+	return cmd
+}
+
+type benchOptions struct {
+	addr, pipeline           string
+	keys, batch, concurrency int
+	duration                 time.Duration
+}
+
+func bench(ctx context.Context, o benchOptions, out io.Writer) error {
+	if o.keys < 1 || o.batch < 1 || o.concurrency < 1 || o.duration <= 0 {
+		return errors.New("--keys, --batch, --concurrency and --duration must be positive")
+	}
+	c := &httpapi.Client{Base: o.addr, HTTP: &http.Client{
+		Transport: &http.Transport{MaxIdleConnsPerHost: o.concurrency},
+		Timeout:   time.Minute,
+	}}
+	ctx, cancel := context.WithTimeout(ctx, o.duration)
+	defer cancel()
+	run := time.Now().UnixNano() // ids unique across runs
+	var (
+		seq, events atomic.Int64
+		mu          sync.Mutex
+		latencies   []time.Duration
+		firstErr    error
+		wg          sync.WaitGroup
+	)
+	start := time.Now()
+	for range o.concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			batch := make([]json.RawMessage, o.batch)
+			var buf bytes.Buffer
+			var mine []time.Duration
+			for ctx.Err() == nil {
+				base := seq.Add(int64(o.batch)) - int64(o.batch)
+				buf.Reset()
+				offsets := make([]int, 0, o.batch+1)
+				for i := range int64(o.batch) {
+					n := base + i
+					offsets = append(offsets, buf.Len())
+					fmt.Fprintf(&buf, `{"user_id":"u%d","event_id":"%d-%d","type":"%s","amount":%d,"geo":{"country":"%s"}}`,
+						n%int64(o.keys), run, n, [2]string{"login_ok", "login_failed"}[n%2], n%100, [3]string{"DE", "FR", "US"}[n%3])
+				}
+				offsets = append(offsets, buf.Len())
+				for i := range batch {
+					batch[i] = buf.Bytes()[offsets[i]:offsets[i+1]]
+				}
+				t0 := time.Now()
+				_, _, err := c.Ingest(ctx, o.pipeline, batch)
+				if err != nil {
+					if ctx.Err() == nil {
+						mu.Lock()
+						if firstErr == nil {
+							firstErr = err
+						}
+						mu.Unlock()
+						cancel()
+					}
+					break
+				}
+				mine = append(mine, time.Since(t0))
+				events.Add(int64(o.batch))
+			}
+			mu.Lock()
+			latencies = append(latencies, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if firstErr != nil {
+		return fmt.Errorf("bench: %w", firstErr)
+	}
+	if len(latencies) == 0 {
+		return errors.New("bench: no request completed")
+	}
+	slices.Sort(latencies)
+	q := func(p float64) time.Duration {
+		return latencies[int(p*float64(len(latencies)-1))].Round(10 * time.Microsecond)
+	}
+	fmt.Fprintf(out, "%d events in %d requests over %v: %.0f events/s; ack latency p50 %v p90 %v p99 %v max %v\n",
+		events.Load(), len(latencies), elapsed.Round(time.Millisecond), float64(events.Load())/elapsed.Seconds(),
+		q(0.5), q(0.9), q(0.99), latencies[len(latencies)-1].Round(10*time.Microsecond))
+	return nil
+}
