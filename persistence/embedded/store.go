@@ -40,9 +40,17 @@ type Store struct {
 
 var _ persistence.Store = (*Store)(nil)
 
-// group is a key group's state, loaded on its first use. mu is held from the
-// fencing check until the write is durable.
+// group is a key group's state, loaded on its first use.
+//
+// fence orders writes against claims: Claim holds it exclusively until the
+// new epoch is durable; Append, Put and Trim hold it shared from their
+// epoch check until their write is durable, so no write checked against an
+// old epoch lands after a claim. mu guards the fields; Append holds it until
+// its batch is durable (positions are assigned in commit order), while Put
+// and Trim take it only around their checks, so a checkpoint's syncs never
+// hold up the appends of the same group.
 type group struct {
+	fence      sync.RWMutex
 	mu         sync.Mutex
 	loaded     bool
 	epoch      persistence.Epoch
@@ -162,16 +170,22 @@ func (s *Store) end() {
 	}
 }
 
-// lockGroup locks a group, loading its state on first use.
-func (s *Store) lockGroup(id uint32) (*group, error) {
+// group returns a group's state holder.
+func (s *Store) group(id uint32) *group {
 	s.groupsMu.Lock()
+	defer s.groupsMu.Unlock()
 	g := s.groups[id]
 	if g == nil {
 		g = &group{}
 		s.groups[id] = g
 	}
-	s.groupsMu.Unlock()
+	return g
+}
 
+// lockGroup locks a group's fields (g.mu), loading them on first use. The
+// caller holds g.fence.
+func (s *Store) lockGroup(id uint32) (*group, error) {
+	g := s.group(id)
 	g.mu.Lock()
 	if !g.loaded {
 		if err := s.load(id, g); err != nil {
@@ -234,6 +248,9 @@ func (s *Store) Claim(ctx context.Context, id uint32) (persistence.GroupState, e
 		return persistence.GroupState{}, fmt.Errorf("embedded: claim group %d: %w", id, err)
 	}
 	defer s.end()
+	fence := &s.group(id).fence
+	fence.Lock()
+	defer fence.Unlock()
 	g, err := s.lockGroup(id)
 	if err != nil {
 		return persistence.GroupState{}, fmt.Errorf("embedded: claim group %d: %w", id, err)
@@ -270,11 +287,14 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 	defer func() {
 		for _, g := range groups {
 			g.mu.Unlock()
+			g.fence.RUnlock()
 		}
 	}()
 	for _, id := range ids {
+		s.group(id).fence.RLock()
 		g, err := s.lockGroup(id)
 		if err != nil {
+			s.group(id).fence.RUnlock()
 			return pos, fmt.Errorf("embedded: append group %d: %w", id, err)
 		}
 		groups = append(groups, g)
@@ -382,23 +402,27 @@ func (s *Store) Trim(ctx context.Context, id uint32, epoch persistence.Epoch, th
 		return fmt.Errorf("embedded: trim group %d: %w", id, err)
 	}
 	defer s.end()
+	fence := &s.group(id).fence
+	fence.RLock()
+	defer fence.RUnlock()
 	g, err := s.lockGroup(id)
 	if err != nil {
 		return fmt.Errorf("embedded: trim group %d: %w", id, err)
 	}
-	defer g.mu.Unlock()
-	if !g.owns(epoch) {
+	owns, checkpoint, last := g.owns(epoch), g.checkpoint, g.last
+	g.mu.Unlock()
+	if !owns {
 		return fmt.Errorf("embedded: trim group %d: %w", id, persistence.ErrFenced)
 	}
-	if through <= g.checkpoint {
+	if through <= checkpoint {
 		return nil
 	}
-	if through > g.last {
-		return fmt.Errorf("embedded: trim group %d through %d: beyond the last position %d", id, through, g.last)
+	if through > last {
+		return fmt.Errorf("embedded: trim group %d through %d: beyond the last position %d", id, through, last)
 	}
 	b := s.db.NewBatch()
 	defer b.Close()
-	lower, upper := logBounds(id, g.checkpoint+1, through)
+	lower, upper := logBounds(id, checkpoint+1, through)
 	if err := errors.Join(
 		b.Set(checkpointKey(id), encodeUint64(through), nil),
 		b.DeleteRange(lower, upper, nil),
@@ -406,7 +430,9 @@ func (s *Store) Trim(ctx context.Context, id uint32, epoch persistence.Epoch, th
 	); err != nil {
 		return fmt.Errorf("embedded: trim group %d: %w", id, err)
 	}
-	g.checkpoint = through
+	g.mu.Lock()
+	g.checkpoint = max(g.checkpoint, through)
+	g.mu.Unlock()
 	return nil
 }
 
@@ -416,12 +442,16 @@ func (s *Store) Put(ctx context.Context, id uint32, epoch persistence.Epoch, sna
 		return fmt.Errorf("embedded: put group %d: %w", id, err)
 	}
 	defer s.end()
+	fence := &s.group(id).fence
+	fence.RLock()
+	defer fence.RUnlock()
 	g, err := s.lockGroup(id)
 	if err != nil {
 		return fmt.Errorf("embedded: put group %d: %w", id, err)
 	}
-	defer g.mu.Unlock()
-	if !g.owns(epoch) {
+	owns := g.owns(epoch)
+	g.mu.Unlock()
+	if !owns {
 		return fmt.Errorf("embedded: put group %d: %w", id, persistence.ErrFenced)
 	}
 	if len(snaps) == 0 {

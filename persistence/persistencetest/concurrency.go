@@ -118,3 +118,70 @@ func testConcurrentAppendOneGroup(e *env) {
 	}
 	e.wantState(42, 0, workers*rounds*perRound)
 }
+
+// A claim fences writes racing it: once Claim returns, every write that
+// succeeded with the old epoch is visible, and none with it succeeds later.
+// (Stores may let checkpoint writes and appends of one group proceed in
+// parallel; this is the order they must still keep.)
+func testClaimFencesRacingWrites(e *env) {
+	const g = 7
+	old := e.claim(g).Epoch
+	stop := make(chan struct{})
+	var (
+		mu        sync.Mutex
+		lastPut   int // the last value Put acknowledged under the old epoch
+		afterStop bool // the claim has returned
+		wg        sync.WaitGroup
+	)
+	wg.Go(func() {
+		for i := 1; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			mu.Lock()
+			startedAfter := afterStop
+			mu.Unlock()
+			err := e.s.Put(e.ctx, g, old, []persistence.Snapshot{{Key: "k", Data: fmt.Appendf(nil, "%d", i)}})
+			mu.Lock()
+			if err == nil {
+				lastPut = i
+				if startedAfter {
+					e.t.Errorf("Put %d with the old epoch, started after the claim returned, succeeded", i)
+				}
+			}
+			mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	})
+	wg.Go(func() {
+		for i := 1; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := e.s.Append(e.ctx, []persistence.Entry{entry(g, old, data(g, i))}); err != nil {
+				return
+			}
+		}
+	})
+	for range 50 { // let the writers run a little
+		if _, err := e.s.Get(e.ctx, g, "k"); err == nil {
+			break
+		}
+	}
+	e.claim(g)
+	atClaim, _ := e.s.Get(e.ctx, g, "k")
+	mu.Lock()
+	afterStop = true
+	mu.Unlock()
+	close(stop)
+	wg.Wait()
+	if lastPut > 0 && string(atClaim) != fmt.Sprint(lastPut) {
+		e.t.Errorf("when the claim returned the snapshot was %q, but Put %d with the old epoch was acknowledged: it landed after the claim", atClaim, lastPut)
+	}
+}

@@ -48,6 +48,7 @@ var tests = []test{
 	{name: "CancelledContext", run: testCancelledContext},
 	{name: "ConcurrentAppendGroups", run: testConcurrentAppendGroups},
 	{name: "ConcurrentAppendOneGroup", run: testConcurrentAppendOneGroup},
+	{name: "ClaimFencesRacingWrites", run: testClaimFencesRacingWrites},
 }
 
 // Run runs the conformance suite against the stores h opens, one subtest per
