@@ -51,6 +51,7 @@ var _ persistence.Store = (*Store)(nil)
 // hold up the appends of the same group.
 type group struct {
 	fence      sync.RWMutex
+	trim       sync.Mutex // serialises Trims, so the stored checkpoint only grows
 	mu         sync.Mutex
 	loaded     bool
 	epoch      persistence.Epoch
@@ -402,9 +403,11 @@ func (s *Store) Trim(ctx context.Context, id uint32, epoch persistence.Epoch, th
 		return fmt.Errorf("embedded: trim group %d: %w", id, err)
 	}
 	defer s.end()
-	fence := &s.group(id).fence
-	fence.RLock()
-	defer fence.RUnlock()
+	gr := s.group(id)
+	gr.trim.Lock()
+	defer gr.trim.Unlock()
+	gr.fence.RLock()
+	defer gr.fence.RUnlock()
 	g, err := s.lockGroup(id)
 	if err != nil {
 		return fmt.Errorf("embedded: trim group %d: %w", id, err)

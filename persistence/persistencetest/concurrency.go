@@ -129,7 +129,7 @@ func testClaimFencesRacingWrites(e *env) {
 	stop := make(chan struct{})
 	var (
 		mu        sync.Mutex
-		lastPut   int // the last value Put acknowledged under the old epoch
+		lastPut   int  // the last value Put acknowledged under the old epoch
 		afterStop bool // the claim has returned
 		wg        sync.WaitGroup
 	)
