@@ -185,3 +185,28 @@ func testClaimFencesRacingWrites(e *env) {
 		e.t.Errorf("when the claim returned the snapshot was %q, but Put %d with the old epoch was acknowledged: it landed after the claim", atClaim, lastPut)
 	}
 }
+
+// Concurrent trims of one group leave the checkpoint at the largest, also
+// after a reopen, so positions are never reused.
+func testConcurrentTrimsReopen(e *env) {
+	const g, n = 3, 40
+	ep := e.claim(g).Epoch
+	e.appendN(g, ep, 1, n)
+	var wg sync.WaitGroup
+	for i := 1; i <= n; i++ {
+		wg.Go(func() {
+			if err := e.s.Trim(e.ctx, g, ep, persistence.Position(i)); err != nil {
+				e.t.Errorf("Trim(%d): %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	e.reopen()
+	st := e.claim(g)
+	if st.Checkpoint != n || st.Last != n {
+		e.t.Errorf("after concurrent trims and a reopen: checkpoint %d, last %d; want %d, %d", st.Checkpoint, st.Last, n, n)
+	}
+	if got := e.appendN(g, st.Epoch, n+1, 1); got[0] != n+1 {
+		e.t.Errorf("append after concurrent trims and a reopen got position %d, want %d", got[0], n+1)
+	}
+}

@@ -49,6 +49,7 @@ var tests = []test{
 	{name: "ConcurrentAppendGroups", run: testConcurrentAppendGroups},
 	{name: "ConcurrentAppendOneGroup", run: testConcurrentAppendOneGroup},
 	{name: "ClaimFencesRacingWrites", run: testClaimFencesRacingWrites},
+	{name: "ConcurrentTrimsReopen", durable: true, run: testConcurrentTrimsReopen},
 }
 
 // Run runs the conformance suite against the stores h opens, one subtest per
