@@ -541,8 +541,8 @@ func TestHostDedupUnderFaults(t *testing.T) {
 				if (r.Duplicates == 1) != dup {
 					t.Fatalf("event %d %s/%s: host dup=%v oracle dup=%v", i, key, id, r.Duplicates == 1, dup)
 				}
-				if rng.IntN(4) == 0 { // let checkpoints and passivation interleave
-					time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
+				if rng.IntN(4) == 0 { // a checkpoint, then passivation, at a random point
+					eventually(t, "the checkpoint to catch up", func() bool { return hs.host.Stats().DirtyKeys == 0 })
 				}
 				if rng.IntN(120) == 0 {
 					fs.Reset()
@@ -556,7 +556,7 @@ func TestHostDedupUnderFaults(t *testing.T) {
 			if err := hs.shutdown(); err != nil {
 				t.Fatal(err)
 			}
-			t.Logf("puts %d", fs.Calls(faultstore.OpPut))
+			t.Logf("puts %d, passivations %d", fs.Calls(faultstore.OpPut), hs.host.Stats().Passivated)
 		})
 	}
 }

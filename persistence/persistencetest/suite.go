@@ -10,16 +10,15 @@ import (
 type Harness struct {
 	// New returns a new, empty store; the suite closes it.
 	New func(t *testing.T) persistence.Store
-	// Reopen closes s and opens the same data again (nil if the store has no
-	// durable data; the suite then skips the durability tests).
+	// Reopen closes s and opens the same data again. Required: every
+	// keyfold store is durable.
 	Reopen func(t *testing.T, s persistence.Store) persistence.Store
 }
 
-// test is one conformance test. A durable test needs Harness.Reopen.
+// test is one conformance test.
 type test struct {
-	name    string
-	durable bool
-	run     func(e *env)
+	name string
+	run  func(e *env)
 }
 
 // tests lists the whole suite, in the order Run runs it.
@@ -36,20 +35,20 @@ var tests = []test{
 	{name: "TrimFenced", run: testTrimFenced},
 	{name: "Trim", run: testTrim},
 	{name: "TrimBelowCheckpoint", run: testTrimBelowCheckpoint},
-	{name: "TrimReopen", durable: true, run: testTrimReopen},
+	{name: "TrimReopen", run: testTrimReopen},
 	{name: "Snapshots", run: testSnapshots},
 	{name: "SnapshotsCopyData", run: testSnapshotsCopyData},
 	{name: "SnapshotsIsolatedByGroup", run: testSnapshotsIsolatedByGroup},
 	{name: "PutFenced", run: testPutFenced},
 	{name: "CheckGroups", run: testCheckGroups},
-	{name: "CheckGroupsReopen", durable: true, run: testCheckGroupsReopen},
-	{name: "Durability", durable: true, run: testDurability},
+	{name: "CheckGroupsReopen", run: testCheckGroupsReopen},
+	{name: "Durability", run: testDurability},
 	{name: "Closed", run: testClosed},
 	{name: "CancelledContext", run: testCancelledContext},
 	{name: "ConcurrentAppendGroups", run: testConcurrentAppendGroups},
 	{name: "ConcurrentAppendOneGroup", run: testConcurrentAppendOneGroup},
 	{name: "ClaimFencesRacingWrites", run: testClaimFencesRacingWrites},
-	{name: "ConcurrentTrimsReopen", durable: true, run: testConcurrentTrimsReopen},
+	{name: "ConcurrentTrimsReopen", run: testConcurrentTrimsReopen},
 }
 
 // Run runs the conformance suite against the stores h opens, one subtest per
@@ -59,11 +58,13 @@ func Run(t *testing.T, h Harness) {
 	if h.New == nil {
 		t.Fatal("persistencetest: Harness.New is nil")
 	}
+	if h.Reopen == nil {
+		// Every keyfold store is durable (an ack means the data survives a
+		// restart), so the durability tests always run.
+		t.Fatal("persistencetest: Harness.Reopen is nil: every store must be able to reopen its data")
+	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.durable && h.Reopen == nil {
-				t.Skip("the store has no durable data (Harness.Reopen is nil)")
-			}
 			tc.run(newEnv(t, h))
 		})
 	}
