@@ -286,9 +286,6 @@ func (n *Node) Stats() actors.Stats {
 	return actors.Stats{}
 }
 
-// Healthy reports whether the process should be considered alive.
-func (n *Node) Healthy() bool { return true }
-
 // Serving reports whether the node accepts requests (ready, not draining,
 // not failed).
 func (n *Node) Serving() bool {

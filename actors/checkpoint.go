@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/keyfold/keyfold/persistence"
+	"golang.org/x/sync/errgroup"
 )
 
 // checkpointParallelism bounds the groups checkpointed at once; their synced
@@ -18,35 +18,18 @@ const checkpointParallelism = 16
 // those keys and then advances the group's checkpoint position (trimming its
 // log), so replay after a crash starts there.
 func (h *Host) checkpoint(ctx context.Context) error {
-	var (
-		wg    sync.WaitGroup
-		sem   = make(chan struct{}, checkpointParallelism)
-		errMu sync.Mutex
-		first error
-	)
+	var groups errgroup.Group // every group is tried; the first error is returned
+	groups.SetLimit(checkpointParallelism)
 	for g := range h.cfg.Groups {
 		h.mu.Lock()
 		gs := &h.groups[g]
 		idle := gs.dispatched <= gs.checkpoint && len(gs.dirty) == 0
 		h.mu.Unlock()
-		if idle {
-			continue
+		if !idle {
+			groups.Go(func() error { return h.checkpointGroup(ctx, g) })
 		}
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			if err := h.checkpointGroup(ctx, g); err != nil {
-				errMu.Lock()
-				if first == nil {
-					first = err
-				}
-				errMu.Unlock()
-			}
-		}()
 	}
-	wg.Wait()
-	return first
+	return groups.Wait()
 }
 
 // checkpointGroup checkpoints one group. Snapshot requests are sent under
@@ -81,16 +64,6 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 			return h.Err()
 		}
 	}
-	// Deterministic write order makes the store's work reproducible.
-	slices.SortFunc(snaps, func(a, b persistence.Snapshot) int {
-		switch {
-		case a.Key < b.Key:
-			return -1
-		case a.Key > b.Key:
-			return 1
-		}
-		return 0
-	})
 	if len(snaps) > 0 {
 		if err := h.store.Put(ctx, g, epoch, snaps); err != nil {
 			return fmt.Errorf("actors: checkpoint group %d: %w", g, err)

@@ -2,13 +2,12 @@ package actors
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/keyfold/keyfold/persistence"
+	"golang.org/x/sync/errgroup"
 )
 
 // Recover claims every key group, which fences off any earlier owner, and
@@ -30,28 +29,17 @@ func (h *Host) recover(ctx context.Context) error {
 	// Claim every group first, concurrently: each claim is a synced write,
 	// and the store shares fsyncs between concurrent writes.
 	states := make([]persistence.GroupState, h.cfg.Groups)
-	var (
-		wg    sync.WaitGroup
-		errMu sync.Mutex
-		errs  []error
-		sem   = make(chan struct{}, 32)
-	)
+	var claims errgroup.Group
+	claims.SetLimit(32)
 	for g := range h.cfg.Groups {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			st, err := h.store.Claim(ctx, g)
-			if err != nil {
-				errMu.Lock()
-				errs = append(errs, fmt.Errorf("actors: recover: claim group %d: %w", g, err))
-				errMu.Unlock()
+		claims.Go(func() (err error) {
+			if states[g], err = h.store.Claim(ctx, g); err != nil {
+				return fmt.Errorf("actors: recover: claim group %d: %w", g, err)
 			}
-			states[g] = st
-		}()
+			return nil
+		})
 	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := claims.Wait(); err != nil {
 		return err
 	}
 	for g := range h.cfg.Groups {

@@ -71,7 +71,6 @@ func (o Op) numeric() bool { return o == OpSum || o == OpMin || o == OpMax }
 
 // Pipeline is a compiled Spec. It is immutable and safe for concurrent use.
 type Pipeline struct {
-	name        string
 	key         []string // dotted paths, split
 	keyField    string
 	timeField   string
@@ -110,7 +109,6 @@ func Compile(name string, spec Spec) (*Pipeline, error) {
 		spec.DedupWindow = DefaultDedupWindow
 	}
 	p := &Pipeline{
-		name:        name,
 		keyField:    spec.Key,
 		key:         splitPath(spec.Key),
 		timeField:   spec.Time,
@@ -163,9 +161,6 @@ func opList() string {
 	slices.Sort(names)
 	return strings.Join(names, ", ")
 }
-
-// Name returns the pipeline's name.
-func (p *Pipeline) Name() string { return p.name }
 
 // DedupWindow returns how long applied ids are remembered.
 func (p *Pipeline) DedupWindow() time.Duration { return p.dedupWindow }

@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -18,17 +17,9 @@ func main() {
 	defer stop()
 	if err := newRoot().ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
-		var ee exitError
-		if errors.As(err, &ee) {
-			os.Exit(int(ee))
-		}
 		os.Exit(1)
 	}
 }
-
-type exitError int
-
-func (e exitError) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
 
 func newRoot() *cobra.Command {
 	root := &cobra.Command{
