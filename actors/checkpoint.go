@@ -64,12 +64,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 			return h.Err()
 		}
 	}
-	if len(snaps) > 0 {
-		if err := h.store.Put(ctx, g, epoch, snaps); err != nil {
-			return fmt.Errorf("actors: checkpoint group %d: %w", g, err)
-		}
-	}
-	if err := h.store.Trim(ctx, g, epoch, through); err != nil {
+	if err := h.store.Checkpoint(ctx, g, epoch, snaps, through); err != nil {
 		return fmt.Errorf("actors: checkpoint group %d: %w", g, err)
 	}
 	h.stats.checkpoints.Add(1)

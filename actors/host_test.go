@@ -231,8 +231,7 @@ func TestRecoverReplaysUncheckpointedTail(t *testing.T) {
 	dir := t.TempDir()
 	fs := faultstore.New(openStore(t, dir))
 	// No checkpoint may write anything: the state must come from the log.
-	fs.InjectAll(faultstore.OpPut, faultstore.Fault{Err: errors.New("injected")})
-	fs.InjectAll(faultstore.OpTrim, faultstore.Fault{Err: errors.New("injected")})
+	fs.InjectAll(faultstore.OpCheckpoint, faultstore.Fault{Err: errors.New("injected")})
 	hs := start(t, fs, actors.Config{CheckpointInterval: time.Hour})
 	for i := range 50 {
 		hs.ingest(event("a", fmt.Sprint(i), 1), event(fmt.Sprintf("k%d", i%7), "", i))
@@ -354,12 +353,12 @@ func TestBatchRejectedWhole(t *testing.T) {
 // dirty; the next one writes them, and the host keeps serving meanwhile.
 func TestFailedCheckpointIsRetried(t *testing.T) {
 	fs := faultstore.New(openStore(t, t.TempDir()))
-	fs.FailNext(faultstore.OpPut, errors.New("injected"))
+	fs.FailNext(faultstore.OpCheckpoint, errors.New("injected"))
 	hs := start(t, fs, actors.Config{Groups: 1, CheckpointInterval: 10 * time.Millisecond})
 	hs.ingest(event("a", "", 1))
 	eventually(t, "a checkpoint after the failed one", func() bool { return hs.host.Stats().Checkpoints > 0 })
-	if fs.Calls(faultstore.OpPut) < 2 {
-		t.Errorf("Put called %d times, want a failure and a retry", fs.Calls(faultstore.OpPut))
+	if fs.Calls(faultstore.OpCheckpoint) < 2 {
+		t.Errorf("Checkpoint called %d times, want a failure and a retry", fs.Calls(faultstore.OpCheckpoint))
 	}
 	hs.ingest(event("a", "", 2))
 	if err := hs.shutdown(); err != nil {
@@ -386,7 +385,7 @@ func TestQueriesOfUnseenKeysStayBounded(t *testing.T) {
 func TestReplayAfterConfigChange(t *testing.T) {
 	dir := t.TempDir()
 	fs := faultstore.New(openStore(t, dir))
-	fs.InjectAll(faultstore.OpPut, faultstore.Fault{Err: errors.New("injected")})
+	fs.InjectAll(faultstore.OpCheckpoint, faultstore.Fault{Err: errors.New("injected")})
 	lenient, err := fold.Compile("p", fold.Spec{Key: "k", ID: "id", Aggregates: map[string]fold.AggregateSpec{
 		"n": {Op: "count"}, "last": {Op: "last", Field: "v"}, // any value will do
 	}})
@@ -425,8 +424,7 @@ func TestReplayBoundedByCheckpoint(t *testing.T) {
 	}
 	eventually(t, "a checkpoint of the first 400 batches", func() bool { return hs.host.Stats().DirtyKeys == 0 })
 	// From now on no checkpoint lands: the "crash" loses them all.
-	fs.InjectAll(faultstore.OpPut, faultstore.Fault{Err: errors.New("injected")})
-	fs.InjectAll(faultstore.OpTrim, faultstore.Fault{Err: errors.New("injected")})
+	fs.InjectAll(faultstore.OpCheckpoint, faultstore.Fault{Err: errors.New("injected")})
 	for i := range 20 {
 		hs.ingest(event("late", fmt.Sprint(i), 1))
 	}
@@ -521,11 +519,7 @@ func TestHostDedupUnderFaults(t *testing.T) {
 					clock.Add(rng.Int64N(15))
 				}
 				if rng.IntN(8) == 0 {
-					op := faultstore.OpPut
-					if rng.IntN(3) == 0 {
-						op = faultstore.OpTrim
-					}
-					fs.Inject(op, 1+rng.IntN(3), faultstore.Fault{Err: errors.New("injected"), After: rng.IntN(2) == 0})
+					fs.Inject(faultstore.OpCheckpoint, 1+rng.IntN(3), faultstore.Fault{Err: errors.New("injected"), After: rng.IntN(2) == 0})
 				}
 				key := fmt.Sprintf("k%d", rng.IntN(4))
 				id := fmt.Sprintf("e%d", rng.IntN(60))
@@ -556,7 +550,7 @@ func TestHostDedupUnderFaults(t *testing.T) {
 			if err := hs.shutdown(); err != nil {
 				t.Fatal(err)
 			}
-			t.Logf("puts %d, passivations %d", fs.Calls(faultstore.OpPut), hs.host.Stats().Passivated)
+			t.Logf("puts %d, passivations %d", fs.Calls(faultstore.OpCheckpoint), hs.host.Stats().Passivated)
 		})
 	}
 }

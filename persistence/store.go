@@ -51,12 +51,6 @@ type Log interface {
 	// returns) or the log ends. The data passed to fn is valid only during
 	// the call.
 	Read(ctx context.Context, group uint32, after Position, fn func(Position, []byte) error) error
-
-	// Trim records through as the group's checkpoint position and deletes
-	// the records at or below it. The caller must first have written the
-	// snapshots that reflect those records. A stale epoch gets ErrFenced;
-	// a position below the current checkpoint is a no-op.
-	Trim(ctx context.Context, group uint32, epoch Epoch, through Position) error
 }
 
 // Snapshot is one key's snapshot within a group. Key is opaque to the store.
@@ -68,11 +62,6 @@ type Snapshot struct {
 
 // Snapshots stores one snapshot per key.
 type Snapshots interface {
-	// Put durably writes (or, for nil Data, deletes) the snapshots of keys
-	// of one group in one atomic write. A stale epoch gets ErrFenced and
-	// writes nothing.
-	Put(ctx context.Context, group uint32, epoch Epoch, snaps []Snapshot) error
-
 	// Get returns a key's snapshot, or an error wrapping ErrNotFound.
 	Get(ctx context.Context, group uint32, key string) ([]byte, error)
 }
@@ -81,6 +70,16 @@ type Snapshots interface {
 type Store interface {
 	Log
 	Snapshots
+
+	// Checkpoint durably and atomically writes (or, for nil Data, deletes)
+	// snapshots of keys of the group and, if through is above the group's
+	// checkpoint position, records through as the new one and deletes the
+	// log records at or below it. The snapshots must reflect every record
+	// through it. A stale epoch gets ErrFenced and writes nothing; through
+	// beyond the group's last position is an error and writes nothing; a
+	// through at or below the checkpoint leaves it be (snapshots are still
+	// written).
+	Checkpoint(ctx context.Context, group uint32, epoch Epoch, snaps []Snapshot, through Position) error
 
 	// CheckGroups records the deployment's number of key groups in a new
 	// store and, in an existing one, fails with ErrGroupsMismatch if it

@@ -14,7 +14,7 @@
 // durable. The key layout is in keys.go.
 //
 // As in Pebble, a write is visible to reads (Read, Get) as soon as it is in
-// the memtable, a little before its WAL sync completes; Claim, Trim and Put
+// the memtable, a little before its WAL sync completes; Claim and Checkpoint
 // of a group wait for the group's appends in progress. A failed WAL write is
 // fatal to Pebble (see [Options.Logger]).
 package embedded

@@ -20,8 +20,8 @@ import (
 //	's' group:4 key        a key's snapshot; the value is its data
 //
 // A group's last position is not stored: it is the larger of the position of
-// its last log record and its checkpoint. Trim never goes beyond the last
-// position, so after a trim of the whole log the checkpoint holds it, and
+// its last log record and its checkpoint. A checkpoint never goes beyond the
+// last position, so after one that trims of the whole log the checkpoint holds it, and
 // positions are never reused, also after a reopen. Appends therefore write
 // only their records.
 //

@@ -43,15 +43,15 @@ var _ persistence.Store = (*Store)(nil)
 // group is a key group's state, loaded on its first use.
 //
 // fence orders writes against claims: Claim holds it exclusively until the
-// new epoch is durable; Append, Put and Trim hold it shared from their
+// new epoch is durable; Append and Checkpoint hold it shared from their
 // epoch check until their write is durable, so no write checked against an
 // old epoch lands after a claim. mu guards the fields; Append holds it until
-// its batch is durable (positions are assigned in commit order), while Put
-// and Trim take it only around their checks, so a checkpoint's syncs never
-// hold up the appends of the same group.
+// its batch is durable (positions are assigned in commit order), while
+// Checkpoint takes it only around its checks, so a checkpoint's sync never
+// holds up the appends of the same group.
 type group struct {
 	fence      sync.RWMutex
-	trim       sync.Mutex // serialises Trims, so the stored checkpoint only grows
+	trim       sync.Mutex // serialises Checkpoints, so the stored checkpoint only grows
 	mu         sync.Mutex
 	loaded     bool
 	epoch      persistence.Epoch
@@ -395,12 +395,13 @@ func readIter(ctx context.Context, it *pebble.Iterator, fn func(persistence.Posi
 	return nil, it.Error()
 }
 
-// Trim records the checkpoint and deletes the records through it with one
-// range deletion, in one synced batch. Trimming beyond the last position is
-// an error: later records would get positions at or below the checkpoint.
-func (s *Store) Trim(ctx context.Context, id uint32, epoch persistence.Epoch, through persistence.Position) error {
+// Checkpoint writes the snapshots and, when through is above the stored
+// checkpoint, records it and deletes the records through it with one range
+// deletion, all in one synced batch. Checkpointing beyond the last position
+// is an error: later records would get positions at or below it.
+func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epoch, snaps []persistence.Snapshot, through persistence.Position) error {
 	if err := s.begin(ctx); err != nil {
-		return fmt.Errorf("embedded: trim group %d: %w", id, err)
+		return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
 	}
 	defer s.end()
 	gr := s.group(id)
@@ -410,54 +411,18 @@ func (s *Store) Trim(ctx context.Context, id uint32, epoch persistence.Epoch, th
 	defer gr.fence.RUnlock()
 	g, err := s.lockGroup(id)
 	if err != nil {
-		return fmt.Errorf("embedded: trim group %d: %w", id, err)
+		return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
 	}
 	owns, checkpoint, last := g.owns(epoch), g.checkpoint, g.last
 	g.mu.Unlock()
 	if !owns {
-		return fmt.Errorf("embedded: trim group %d: %w", id, persistence.ErrFenced)
-	}
-	if through <= checkpoint {
-		return nil
+		return fmt.Errorf("embedded: checkpoint group %d: %w", id, persistence.ErrFenced)
 	}
 	if through > last {
-		return fmt.Errorf("embedded: trim group %d through %d: beyond the last position %d", id, through, last)
+		return fmt.Errorf("embedded: checkpoint group %d through %d: beyond the last position %d", id, through, last)
 	}
-	b := s.db.NewBatch()
-	defer b.Close()
-	lower, upper := logBounds(id, checkpoint+1, through)
-	if err := errors.Join(
-		b.Set(checkpointKey(id), encodeUint64(through), nil),
-		b.DeleteRange(lower, upper, nil),
-		b.Commit(pebble.Sync),
-	); err != nil {
-		return fmt.Errorf("embedded: trim group %d: %w", id, err)
-	}
-	g.mu.Lock()
-	g.checkpoint = max(g.checkpoint, through)
-	g.mu.Unlock()
-	return nil
-}
-
-// Put writes the snapshots in one synced batch.
-func (s *Store) Put(ctx context.Context, id uint32, epoch persistence.Epoch, snaps []persistence.Snapshot) error {
-	if err := s.begin(ctx); err != nil {
-		return fmt.Errorf("embedded: put group %d: %w", id, err)
-	}
-	defer s.end()
-	fence := &s.group(id).fence
-	fence.RLock()
-	defer fence.RUnlock()
-	g, err := s.lockGroup(id)
-	if err != nil {
-		return fmt.Errorf("embedded: put group %d: %w", id, err)
-	}
-	owns := g.owns(epoch)
-	g.mu.Unlock()
-	if !owns {
-		return fmt.Errorf("embedded: put group %d: %w", id, persistence.ErrFenced)
-	}
-	if len(snaps) == 0 {
+	advance := through > checkpoint
+	if len(snaps) == 0 && !advance {
 		return nil
 	}
 	b := s.db.NewBatch()
@@ -469,11 +434,25 @@ func (s *Store) Put(ctx context.Context, id uint32, epoch persistence.Epoch, sna
 			err = b.Set(snapshotKey(id, sn.Key), sn.Data, nil)
 		}
 		if err != nil {
-			return fmt.Errorf("embedded: put group %d key %q: %w", id, sn.Key, err)
+			return fmt.Errorf("embedded: checkpoint group %d key %q: %w", id, sn.Key, err)
+		}
+	}
+	if advance {
+		lower, upper := logBounds(id, checkpoint+1, through)
+		if err := errors.Join(
+			b.Set(checkpointKey(id), encodeUint64(through), nil),
+			b.DeleteRange(lower, upper, nil),
+		); err != nil {
+			return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
 		}
 	}
 	if err := b.Commit(pebble.Sync); err != nil {
-		return fmt.Errorf("embedded: put group %d: %w", id, err)
+		return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
+	}
+	if advance {
+		g.mu.Lock()
+		g.checkpoint = max(g.checkpoint, through)
+		g.mu.Unlock()
 	}
 	return nil
 }

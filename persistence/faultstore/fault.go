@@ -13,15 +13,14 @@ const (
 	OpClaim Op = iota
 	OpAppend
 	OpRead
-	OpTrim
-	OpPut
+	OpCheckpoint
 	OpGet
 	OpCheckGroups
 	OpClose
 	numOps
 )
 
-var opNames = [numOps]string{"Claim", "Append", "Read", "Trim", "Put", "Get", "CheckGroups", "Close"}
+var opNames = [numOps]string{"Claim", "Append", "Read", "Checkpoint", "Get", "CheckGroups", "Close"}
 
 func (o Op) String() string {
 	if o < 0 || o >= numOps {

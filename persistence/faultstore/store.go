@@ -155,22 +155,13 @@ func (s *Store) Read(ctx context.Context, group uint32, afterPos persistence.Pos
 	return after(f, s.inner.Read(ctx, group, afterPos, fn))
 }
 
-// Trim implements persistence.Log.
-func (s *Store) Trim(ctx context.Context, group uint32, epoch persistence.Epoch, through persistence.Position) error {
-	f := s.call(OpTrim)
-	if err := before(ctx, OpTrim, f); err != nil {
+// Checkpoint implements persistence.Store.
+func (s *Store) Checkpoint(ctx context.Context, group uint32, epoch persistence.Epoch, snaps []persistence.Snapshot, through persistence.Position) error {
+	f := s.call(OpCheckpoint)
+	if err := before(ctx, OpCheckpoint, f); err != nil {
 		return err
 	}
-	return after(f, s.inner.Trim(ctx, group, epoch, through))
-}
-
-// Put implements persistence.Snapshots.
-func (s *Store) Put(ctx context.Context, group uint32, epoch persistence.Epoch, snaps []persistence.Snapshot) error {
-	f := s.call(OpPut)
-	if err := before(ctx, OpPut, f); err != nil {
-		return err
-	}
-	return after(f, s.inner.Put(ctx, group, epoch, snaps))
+	return after(f, s.inner.Checkpoint(ctx, group, epoch, snaps, through))
 }
 
 // Get implements persistence.Snapshots.

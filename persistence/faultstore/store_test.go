@@ -87,9 +87,9 @@ func TestFailNext(t *testing.T) {
 func TestFailNth(t *testing.T) {
 	ctx := t.Context()
 	s, ep := newStore(t)
-	s.FailNth(faultstore.OpPut, 2, errBoom)
+	s.FailNth(faultstore.OpCheckpoint, 2, errBoom)
 	for i, want := range []error{nil, errBoom, nil} {
-		err := s.Put(ctx, 1, ep, []persistence.Snapshot{{Key: "k", Data: []byte{byte('a' + i)}}})
+		err := s.Checkpoint(ctx, 1, ep, []persistence.Snapshot{{Key: "k", Data: []byte{byte('a' + i)}}}, 0)
 		if !errors.Is(err, want) || (want == nil && err != nil) {
 			t.Errorf("Put %d = %v, want %v", i+1, err, want)
 		}

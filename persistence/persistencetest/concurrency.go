@@ -143,7 +143,7 @@ func testClaimFencesRacingWrites(e *env) {
 			mu.Lock()
 			startedAfter := afterStop
 			mu.Unlock()
-			err := e.s.Put(e.ctx, g, old, []persistence.Snapshot{{Key: "k", Data: fmt.Appendf(nil, "%d", i)}})
+			err := e.s.Checkpoint(e.ctx, g, old, []persistence.Snapshot{{Key: "k", Data: fmt.Appendf(nil, "%d", i)}}, 0)
 			mu.Lock()
 			if err == nil {
 				lastPut = i
@@ -195,7 +195,7 @@ func testConcurrentTrimsReopen(e *env) {
 	var wg sync.WaitGroup
 	for i := 1; i <= n; i++ {
 		wg.Go(func() {
-			if err := e.s.Trim(e.ctx, g, ep, persistence.Position(i)); err != nil {
+			if err := e.s.Checkpoint(e.ctx, g, ep, nil, persistence.Position(i)); err != nil {
 				e.t.Errorf("Trim(%d): %v", i, err)
 			}
 		})

@@ -119,15 +119,15 @@ func recs(g uint32, first persistence.Position, from, to int) []rec {
 
 func (e *env) trim(g uint32, ep persistence.Epoch, through persistence.Position) {
 	e.t.Helper()
-	if err := e.s.Trim(e.ctx, g, ep, through); err != nil {
-		e.t.Fatalf("Trim(%d, epoch %d, through %d): %v", g, ep, through, err)
+	if err := e.s.Checkpoint(e.ctx, g, ep, nil, through); err != nil {
+		e.t.Fatalf("Checkpoint(%d, epoch %d, through %d): %v", g, ep, through, err)
 	}
 }
 
 func (e *env) put(g uint32, ep persistence.Epoch, snaps ...persistence.Snapshot) {
 	e.t.Helper()
-	if err := e.s.Put(e.ctx, g, ep, snaps); err != nil {
-		e.t.Fatalf("Put(%d, epoch %d): %v", g, ep, err)
+	if err := e.s.Checkpoint(e.ctx, g, ep, snaps, 0); err != nil {
+		e.t.Fatalf("Checkpoint(%d, epoch %d, %d snapshots): %v", g, ep, len(snaps), err)
 	}
 }
 

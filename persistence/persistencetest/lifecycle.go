@@ -135,8 +135,7 @@ func storeCalls(ctx context.Context, s persistence.Store, ep persistence.Epoch) 
 		{"Read", func() error {
 			return s.Read(ctx, 1, 0, func(persistence.Position, []byte) error { return nil })
 		}},
-		{"Trim", func() error { return s.Trim(ctx, 1, ep, 1) }},
-		{"Put", func() error { return s.Put(ctx, 1, ep, []persistence.Snapshot{snap("k", "v")}) }},
+		{"Checkpoint", func() error { return s.Checkpoint(ctx, 1, ep, []persistence.Snapshot{snap("k", "v")}, 1) }},
 		{"Get", func() error { _, err := s.Get(ctx, 1, "k"); return err }},
 		{"CheckGroups", func() error { return s.CheckGroups(ctx, 256) }},
 	}

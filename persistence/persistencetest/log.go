@@ -192,22 +192,22 @@ func testAppendUnclaimed(e *env) {
 	e.wantState(9, 0, 0)
 }
 
-// A Trim with a stale epoch changes nothing.
+// A checkpoint (trim) with a stale epoch changes nothing.
 func testTrimFenced(e *env) {
 	old := e.claim(1).Epoch
 	e.appendN(1, old, 1, 3)
 	e.trim(1, old, 1)
 	cur := e.claim(1).Epoch
 
-	e.wantFenced("Trim with a stale epoch", e.s.Trim(e.ctx, 1, old, 2))
-	e.wantFenced("Trim with a stale epoch below the checkpoint", e.s.Trim(e.ctx, 1, old, 1))
-	e.wantFenced("Trim with a future epoch", e.s.Trim(e.ctx, 1, cur+1, 2))
-	e.wantFenced("Trim of an unclaimed group", e.s.Trim(e.ctx, 5, 0, 0))
+	e.wantFenced("Trim with a stale epoch", e.s.Checkpoint(e.ctx, 1, old, nil, 2))
+	e.wantFenced("Trim with a stale epoch below the checkpoint", e.s.Checkpoint(e.ctx, 1, old, nil, 1))
+	e.wantFenced("Trim with a future epoch", e.s.Checkpoint(e.ctx, 1, cur+1, nil, 2))
+	e.wantFenced("Trim of an unclaimed group", e.s.Checkpoint(e.ctx, 5, 0, nil, 0))
 	e.wantLog(1, 0, recs(1, 2, 2, 3)...)
 	e.wantState(1, 1, 3)
 }
 
-// Trim records the checkpoint and deletes the records at or below it, and
+// A checkpoint records its position and deletes the records at or below it, and
 // only those of its group; positions continue after the trimmed ones.
 func testTrim(e *env) {
 	eps := map[uint32]persistence.Epoch{}
@@ -240,7 +240,7 @@ func testTrim(e *env) {
 	}
 }
 
-// A Trim at or below the checkpoint changes nothing.
+// A checkpoint at or below the checkpoint position changes nothing.
 func testTrimBelowCheckpoint(e *env) {
 	ep := e.claim(1).Epoch
 	e.appendN(1, ep, 1, 6)
@@ -274,4 +274,39 @@ func testTrimReopen(e *env) {
 	}
 	e.wantLog(1, 0, recs(1, 6, 6, 6)...)
 	e.wantLog(2, 0, recs(2, 4, 4, 6)...)
+}
+
+// A checkpoint writes its snapshots and trims the log in one atomic write:
+// a fenced one or one beyond the last position writes neither.
+func testCheckpointAtomic(e *env) {
+	ep := e.claim(1).Epoch
+	e.appendN(1, ep, 1, 5)
+	e.put(1, ep, snap("gone", "x"))
+
+	err := e.s.Checkpoint(e.ctx, 1, ep, []persistence.Snapshot{snap("a", "too far"), {Key: "gone"}}, 6)
+	if err == nil {
+		e.t.Error("Checkpoint beyond the last position succeeded")
+	}
+	e.wantNoSnap(1, "a")
+	e.wantSnap(1, "gone", "x")
+	old := e.wantState(1, 0, 5) // claims
+	ep = e.claim(1).Epoch
+	e.wantFenced("Checkpoint with a stale epoch", e.s.Checkpoint(e.ctx, 1, old, []persistence.Snapshot{snap("a", "stale")}, 3))
+	e.wantNoSnap(1, "a")
+	e.wantLog(1, 0, recs(1, 1, 1, 5)...)
+
+	if err := e.s.Checkpoint(e.ctx, 1, ep, []persistence.Snapshot{snap("a", "3"), {Key: "gone"}}, 3); err != nil {
+		e.t.Fatalf("Checkpoint: %v", err)
+	}
+	e.wantSnap(1, "a", "3")
+	e.wantNoSnap(1, "gone")
+	e.wantLog(1, 0, recs(1, 4, 4, 5)...)
+	ep = e.wantState(1, 3, 5)
+
+	// Snapshots at or below the checkpoint are still written.
+	if err := e.s.Checkpoint(e.ctx, 1, ep, []persistence.Snapshot{snap("a", "again")}, 2); err != nil {
+		e.t.Fatalf("Checkpoint below the checkpoint position: %v", err)
+	}
+	e.wantSnap(1, "a", "again")
+	e.wantState(1, 3, 5)
 }

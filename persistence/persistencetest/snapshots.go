@@ -6,7 +6,7 @@ import (
 	"github.com/keyfold/keyfold/persistence"
 )
 
-// Put writes and overwrites snapshots, nil Data deletes one, and Get of a
+// Checkpoint writes and overwrites snapshots, nil Data deletes one, and Get of a
 // missing one wraps ErrNotFound.
 func testSnapshots(e *env) {
 	ep := e.claim(1).Epoch
@@ -42,7 +42,7 @@ func testSnapshots(e *env) {
 	e.wantState(1, 0, 0)
 }
 
-// The store keeps its own copy of what Put gets and what Get returns.
+// The store keeps its own copy of what Checkpoint gets and what Get returns.
 func testSnapshotsCopyData(e *env) {
 	ep := e.claim(1).Epoch
 	b := []byte("before")
@@ -74,19 +74,19 @@ func testSnapshotsIsolatedByGroup(e *env) {
 	e.wantNoSnap(3, "a")
 }
 
-// A Put with a stale epoch writes nothing, not even its deletions.
+// A checkpoint with a stale epoch writes nothing, not even its deletions.
 func testPutFenced(e *env) {
 	old := e.claim(1).Epoch
 	cur := e.claim(1).Epoch
 	e.put(1, cur, snap("a", "1"))
 
-	err := e.s.Put(e.ctx, 1, old, []persistence.Snapshot{snap("a", "stale"), snap("b", "stale")})
+	err := e.s.Checkpoint(e.ctx, 1, old, []persistence.Snapshot{snap("a", "stale"), snap("b", "stale")}, 0)
 	e.wantFenced("Put with a stale epoch", err)
-	err = e.s.Put(e.ctx, 1, old, []persistence.Snapshot{{Key: "a"}})
+	err = e.s.Checkpoint(e.ctx, 1, old, []persistence.Snapshot{{Key: "a"}}, 0)
 	e.wantFenced("Put of a deletion with a stale epoch", err)
-	err = e.s.Put(e.ctx, 1, cur+1, []persistence.Snapshot{snap("a", "future")})
+	err = e.s.Checkpoint(e.ctx, 1, cur+1, []persistence.Snapshot{snap("a", "future")}, 0)
 	e.wantFenced("Put with a future epoch", err)
-	err = e.s.Put(e.ctx, 2, 0, []persistence.Snapshot{snap("a", "unclaimed")})
+	err = e.s.Checkpoint(e.ctx, 2, 0, []persistence.Snapshot{snap("a", "unclaimed")}, 0)
 	e.wantFenced("Put to an unclaimed group", err)
 
 	e.wantSnap(1, "a", "1")

@@ -36,6 +36,7 @@ var tests = []test{
 	{name: "Trim", run: testTrim},
 	{name: "TrimBelowCheckpoint", run: testTrimBelowCheckpoint},
 	{name: "TrimReopen", run: testTrimReopen},
+	{name: "CheckpointAtomic", run: testCheckpointAtomic},
 	{name: "Snapshots", run: testSnapshots},
 	{name: "SnapshotsCopyData", run: testSnapshotsCopyData},
 	{name: "SnapshotsIsolatedByGroup", run: testSnapshotsIsolatedByGroup},
