@@ -8,12 +8,12 @@
 // ([ErrFenced]) and changes nothing, so a stale owner can never corrupt a
 // group, whatever the cluster's placement believes.
 //
-// A checkpoint writes the snapshots of the keys changed since the last one
-// ([Snapshots.Put]) and then advances the group's checkpoint position,
-// trimming the log at or below it ([Log.Trim]). Recovery reads each key's
+// A checkpoint ([Store.Checkpoint]) writes the snapshots of the keys changed
+// since the last one and advances the group's checkpoint position, trimming
+// the log at or below it, in one atomic write. Recovery reads each key's
 // snapshot and replays the records above the checkpoint position, skipping
 // those a key's snapshot already reflects.
 //
-// Stores live in sub-packages (embedded is the on-disk store for one node);
-// every store passes the conformance suite in persistencetest.
+// Stores live in sub-packages (embedded is the on-disk store for one node,
+// redisstore keeps everything in Redis for a cluster); every store passes the conformance suite in persistencetest.
 package persistence

@@ -1,0 +1,189 @@
+// Package redistest runs a real redis-server for tests: on a free loopback
+// port, in a temporary directory, with the append-only file synced on every
+// write (appendfsync always), so a test can kill it with SIGKILL, start it
+// again and expect every acknowledged write back.
+//
+// If redis-server is not installed the test is skipped, unless the CI
+// environment variable is set, in which case it fails: CI must run every
+// test (.ci/run installs redis-server).
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Server is a redis-server process started by the test.
+type Server struct {
+	t    testing.TB
+	bin  string
+	dir  string
+	port int
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited
+}
+
+// Start starts a redis-server that is stopped when the test ends.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("redis-server is not installed (CI must run the Redis tests): %v", err)
+		}
+		t.Skipf("redis-server is not installed: %v", err)
+	}
+	s := &Server{t: t, bin: bin, dir: t.TempDir()}
+	var lastErr error
+	for range 5 { // the free port may be taken before redis-server binds it
+		s.port = freePort(t)
+		if lastErr = s.start(); lastErr == nil {
+			t.Cleanup(s.Stop)
+			return s
+		}
+	}
+	t.Fatalf("redistest: start redis-server: %v", lastErr)
+	return nil
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("redistest: free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Addr is the server's host:port.
+func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+
+// URL is the server's redis:// URL (database 0).
+func (s *Server) URL() string { return "redis://" + s.Addr() + "/0" }
+
+// Client returns a new client of the server, closed when the test ends.
+func (s *Server) Client() *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr()})
+	s.t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// PID is the server process's id, 0 when it is not running.
+func (s *Server) PID() int {
+	if s.cmd == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
+func (s *Server) start() error {
+	args := []string{
+		"--port", strconv.Itoa(s.port),
+		"--bind", "127.0.0.1",
+		"--dir", s.dir,
+		"--appendonly", "yes",
+		"--appendfsync", "always",
+		"--save", "",
+		"--daemonize", "no",
+		"--logfile", filepath.Join(s.dir, "redis.log"),
+	}
+	cmd := exec.Command(s.bin, args...)
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	s.cmd, s.done = cmd, make(chan struct{})
+	go func(done chan struct{}) { _ = cmd.Wait(); close(done) }(s.done)
+
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-s.done:
+			s.cmd = nil
+			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+			return fmt.Errorf("redis-server exited: %s", tail(log))
+		default:
+		}
+		if time.Now().After(deadline) {
+			s.kill()
+			return fmt.Errorf("redis-server on %s not ready after 10s: %w", s.Addr(), err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func tail(b []byte) string {
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
+
+// kill sends SIGKILL and waits for the exit.
+func (s *Server) kill() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGCONT) // in case it was paused
+	_ = s.cmd.Process.Kill()
+	<-s.done
+	s.cmd = nil
+}
+
+// Kill kills the server with SIGKILL: what it had not written to its
+// append-only file is lost, as in a crash.
+func (s *Server) Kill() {
+	s.t.Helper()
+	s.kill()
+}
+
+// Restart starts the server again, on the same port and data, after Kill
+// or Stop. It reloads the append-only file.
+func (s *Server) Restart() {
+	s.t.Helper()
+	if s.cmd != nil {
+		s.t.Fatal("redistest: Restart of a running server")
+	}
+	if err := s.start(); err != nil {
+		s.t.Fatalf("redistest: restart: %v", err)
+	}
+}
+
+// Pause stops the server process (SIGSTOP): it accepts connections but
+// answers nothing until Resume, like a hung or very slow Redis.
+func (s *Server) Pause() {
+	s.t.Helper()
+	if s.cmd == nil || s.cmd.Process.Signal(syscall.SIGSTOP) != nil {
+		s.t.Fatal("redistest: Pause of a server that is not running")
+	}
+}
+
+// Resume continues a paused server.
+func (s *Server) Resume() {
+	s.t.Helper()
+	if s.cmd == nil || s.cmd.Process.Signal(syscall.SIGCONT) != nil {
+		s.t.Fatal("redistest: Resume of a server that is not running")
+	}
+}
+
+// Stop kills the server if it is running. It is registered as a cleanup by
+// Start.
+func (s *Server) Stop() { s.kill() }

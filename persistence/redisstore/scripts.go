@@ -1,0 +1,77 @@
+package redisstore
+
+import "github.com/redis/go-redis/v9"
+
+// The scripts that make each group operation one atomic step. Every write
+// checks the caller's epoch against the group's first, in the same script,
+// so no write of a fenced-off owner can land after a claim. Redis runs
+// scripts one at a time; Lua numbers are doubles, exact for positions and
+// epochs below 2^53.
+
+// claimScript bumps the group's epoch and returns {epoch, checkpoint, last}.
+//
+//	KEYS[1] group meta
+var claimScript = redis.NewScript(`
+local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+local v = redis.call('HMGET', KEYS[1], 'checkpoint', 'last')
+return {epoch, tonumber(v[1] or '0'), tonumber(v[2] or '0')}
+`)
+
+// appendScript appends records to the group's log and returns the position
+// of the last one, or -1 (appending nothing) if the epoch is not current.
+//
+//	KEYS[1] group meta, KEYS[2] group log
+//	ARGV[1] epoch, ARGV[2…] the records
+var appendScript = redis.NewScript(`
+local v = redis.call('HMGET', KEYS[1], 'epoch', 'last')
+if v[1] ~= ARGV[1] then return -1 end
+local last = tonumber(v[2] or '0')
+for i = 2, #ARGV do
+  last = last + 1
+  redis.call('XADD', KEYS[2], string.format('%d-0', last), 'd', ARGV[i])
+end
+redis.call('HSET', KEYS[1], 'last', string.format('%d', last))
+return last
+`)
+
+// checkpointScript writes and deletes snapshots and, if the position is
+// above the group's checkpoint, advances it and trims the log through it.
+// It returns 0, -1 (writing nothing) if the epoch is not current, or -2
+// (writing nothing) if the position is beyond the last one.
+//
+//	KEYS[1] group meta, KEYS[2] group log, KEYS[3…] snapshot keys: the
+//	        ARGV[3] written ones first, then the deleted ones
+//	ARGV[1] epoch, ARGV[2] checkpoint position, ARGV[3] number of written
+//	        snapshots, ARGV[4…] their data
+var checkpointScript = redis.NewScript(`
+local v = redis.call('HMGET', KEYS[1], 'epoch', 'checkpoint', 'last')
+if v[1] ~= ARGV[1] then return -1 end
+local through = tonumber(ARGV[2])
+if through > tonumber(v[3] or '0') then return -2 end
+local nset = tonumber(ARGV[3])
+for i = 1, nset do
+  redis.call('SET', KEYS[2 + i], ARGV[3 + i])
+end
+for i = 3 + nset, #KEYS do
+  redis.call('DEL', KEYS[i])
+end
+if through > tonumber(v[2] or '0') then
+  redis.call('HSET', KEYS[1], 'checkpoint', ARGV[2])
+  redis.call('XTRIM', KEYS[2], 'MINID', string.format('%d-0', through + 1))
+end
+return 0
+`)
+
+// checkGroupsScript records the layout version and number of groups in a
+// new store and returns the stored {format, groups}.
+//
+//	KEYS[1] store meta
+//	ARGV[1] format version, ARGV[2] groups
+var checkGroupsScript = redis.NewScript(`
+if redis.call('HSETNX', KEYS[1], 'format', ARGV[1]) == 1 then
+  redis.call('HSET', KEYS[1], 'groups', ARGV[2])
+end
+return redis.call('HMGET', KEYS[1], 'format', 'groups')
+`)
+
+var scripts = []*redis.Script{claimScript, appendScript, checkpointScript, checkGroupsScript}

@@ -1,0 +1,321 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keyfold/keyfold/persistence"
+)
+
+// Store keeps keyfold's logs and snapshots in Redis. It is safe for
+// concurrent use.
+type Store struct {
+	c      redis.UniversalClient
+	owned  bool // Close closes c
+	k      keys
+	page   int64
+	closed atomic.Bool
+}
+
+var _ persistence.Store = (*Store)(nil)
+
+// New returns a store that uses c, which may be a single-node, Sentinel
+// (failover) or Redis Cluster client: configure TLS, timeouts, hooks and
+// topology on it. New does no I/O. Closing the store does not close c.
+//
+// Writes are durable when Redis has them on disk: run Redis with
+// appendonly yes and appendfsync always for an acknowledgement to survive a
+// crash of the Redis host (see the README).
+func New(c redis.UniversalClient, opts Options) (*Store, error) {
+	if c == nil {
+		return nil, errors.New("redisstore: nil client")
+	}
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	opts = opts.withDefaults()
+	return &Store{c: c, k: keys{opts.Prefix}, page: int64(opts.ReadPageSize)}, nil
+}
+
+// Open connects to the Redis at url, a redis:// or rediss:// (TLS) URL with
+// an optional user, password and database number, e.g.
+// redis://user:secret@localhost:6379/0. The store owns the client: Close
+// closes it. Open does no I/O; an unreachable Redis shows at the first call.
+func Open(url string, opts Options) (*Store, error) {
+	ro, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: %w", err)
+	}
+	// A call whose context ends gives up at once instead of waiting for its
+	// socket timeout.
+	ro.ContextTimeoutEnabled = true
+	c := redis.NewClient(ro)
+	s, err := New(c, opts)
+	if err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	s.owned = true
+	return s, nil
+}
+
+// Close makes later calls fail with persistence.ErrClosed and, if the store
+// was opened with Open, closes its client. Close is safe to call more than
+// once.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) || !s.owned {
+		return nil
+	}
+	if err := s.c.Close(); err != nil {
+		return fmt.Errorf("redisstore: close: %w", err)
+	}
+	return nil
+}
+
+// begin checks that a call may start.
+func (s *Store) begin(ctx context.Context) error {
+	if s.closed.Load() {
+		return persistence.ErrClosed
+	}
+	return ctx.Err()
+}
+
+// wrap annotates an error of an operation, turning the client's own
+// "closed" error into persistence.ErrClosed once Close has begun.
+func (s *Store) wrap(op string, err error) error {
+	if s.closed.Load() && errors.Is(err, redis.ErrClosed) {
+		err = persistence.ErrClosed
+	}
+	return fmt.Errorf("redisstore: %s: %w", op, err)
+}
+
+func epochArg(e persistence.Epoch) string { return strconv.FormatUint(e, 10) }
+
+// run runs a script: EVALSHA, and EVAL when Redis does not have it cached
+// (after a restart or SCRIPT FLUSH), which also caches it again.
+func run(ctx context.Context, c redis.Scripter, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
+	cmd := sc.EvalSha(ctx, c, keys, args...)
+	if isNoScript(cmd.Err()) {
+		return sc.Eval(ctx, c, keys, args...)
+	}
+	return cmd
+}
+
+func isNoScript(err error) bool { return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") }
+
+// Claim bumps the group's epoch and returns its state.
+func (s *Store) Claim(ctx context.Context, group uint32) (persistence.GroupState, error) {
+	op := "claim group " + strconv.FormatUint(uint64(group), 10)
+	if err := s.begin(ctx); err != nil {
+		return persistence.GroupState{}, s.wrap(op, err)
+	}
+	v, err := run(ctx, s.c, claimScript, []string{s.k.groupMeta(group)}).Uint64Slice()
+	if err != nil {
+		return persistence.GroupState{}, s.wrap(op, err)
+	}
+	if len(v) != 3 {
+		return persistence.GroupState{}, s.wrap(op, fmt.Errorf("unexpected reply %v", v))
+	}
+	return persistence.GroupState{Epoch: v[0], Checkpoint: v[1], Last: v[2]}, nil
+}
+
+// Append appends the records of each group with one script call, and sends
+// the calls of all groups in one pipelined round trip (with a Redis Cluster
+// client, one per node involved).
+//
+// Whether a call that failed on the network reached Redis is not known; its
+// entries get position 0 and the error says so.
+func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]persistence.Position, error) {
+	pos := make([]persistence.Position, len(entries))
+	if err := s.begin(ctx); err != nil {
+		return pos, s.wrap("append", err)
+	}
+	if len(entries) == 0 {
+		return pos, nil
+	}
+	// One call per group, its records in slice order.
+	type call struct {
+		group   uint32
+		epoch   persistence.Epoch
+		entries []int // indexes into entries
+		cmd     *redis.Cmd
+	}
+	var calls []*call
+	byGroup := make(map[uint32]*call)
+	for i, e := range entries {
+		c := byGroup[e.Group]
+		if c == nil {
+			c = &call{group: e.Group, epoch: e.Epoch}
+			byGroup[e.Group] = c
+			calls = append(calls, c)
+		}
+		c.entries = append(c.entries, i)
+	}
+	args := func(c *call) []any {
+		a := make([]any, 0, 1+len(c.entries))
+		a = append(a, epochArg(c.epoch))
+		for _, i := range c.entries {
+			a = append(a, entries[i].Data)
+		}
+		return a
+	}
+	groupKeys := func(c *call) []string { return []string{s.k.groupMeta(c.group), s.k.log(c.group)} }
+
+	_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, c := range calls {
+			c.cmd = appendScript.EvalSha(ctx, p, groupKeys(c), args(c)...)
+		}
+		return nil
+	})
+	// A script Redis did not have cached did not run: send those again
+	// with their source.
+	if slices.ContainsFunc(calls, func(c *call) bool { return isNoScript(c.cmd.Err()) }) {
+		_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, c := range calls {
+				if isNoScript(c.cmd.Err()) {
+					c.cmd = appendScript.Eval(ctx, p, groupKeys(c), args(c)...)
+				}
+			}
+			return nil
+		})
+	}
+
+	var errs []error
+	for _, c := range calls {
+		op := "append group " + strconv.FormatUint(uint64(c.group), 10)
+		last, err := c.cmd.Int64()
+		switch {
+		case err != nil:
+			errs = append(errs, s.wrap(op, fmt.Errorf("outcome unknown: %w", err)))
+			// A network error may hit one group and not another: the
+			// positions of the groups with replies stay valid.
+		case last == -1:
+			errs = append(errs, s.wrap(op, persistence.ErrFenced))
+		case last < int64(len(c.entries)):
+			errs = append(errs, s.wrap(op, fmt.Errorf("unexpected reply %d", last)))
+		default:
+			first := persistence.Position(last) - persistence.Position(len(c.entries)) + 1
+			for k, i := range c.entries {
+				pos[i] = first + persistence.Position(k)
+			}
+		}
+	}
+	return pos, errors.Join(errs...)
+}
+
+// Read reads the group's records after a position, a page at a time.
+func (s *Store) Read(ctx context.Context, group uint32, after persistence.Position, fn func(persistence.Position, []byte) error) error {
+	op := "read group " + strconv.FormatUint(uint64(group), 10)
+	if err := s.begin(ctx); err != nil {
+		return s.wrap(op, err)
+	}
+	key := s.k.log(group)
+	for after < 1<<63 {
+		msgs, err := s.c.XRangeN(ctx, key, streamID(after+1), "+", s.page).Result()
+		if err != nil {
+			return s.wrap(op, err)
+		}
+		for _, m := range msgs {
+			p, err := parseStreamID(m.ID)
+			if err != nil {
+				return s.wrap(op, err)
+			}
+			d, ok := m.Values["d"].(string)
+			if !ok {
+				return s.wrap(op, fmt.Errorf("log entry %s has no record", m.ID))
+			}
+			if err := fn(p, []byte(d)); err != nil {
+				return err // fn's own error, as it is
+			}
+			after = p
+		}
+		if int64(len(msgs)) < s.page {
+			return nil
+		}
+	}
+	return nil
+}
+
+// Checkpoint writes the snapshots and advances the checkpoint with one
+// script call.
+func (s *Store) Checkpoint(ctx context.Context, group uint32, epoch persistence.Epoch, snaps []persistence.Snapshot, through persistence.Position) error {
+	op := "checkpoint group " + strconv.FormatUint(uint64(group), 10)
+	if err := s.begin(ctx); err != nil {
+		return s.wrap(op, err)
+	}
+	keys := make([]string, 2, 2+len(snaps))
+	keys[0], keys[1] = s.k.groupMeta(group), s.k.log(group)
+	args := make([]any, 3, 3+len(snaps))
+	args[0], args[1] = epochArg(epoch), strconv.FormatUint(through, 10)
+	nset := 0
+	for _, sn := range snaps {
+		if sn.Data != nil {
+			keys = append(keys, s.k.snapshot(group, sn.Key))
+			args = append(args, sn.Data)
+			nset++
+		}
+	}
+	args[2] = nset
+	for _, sn := range snaps {
+		if sn.Data == nil {
+			keys = append(keys, s.k.snapshot(group, sn.Key))
+		}
+	}
+	r, err := run(ctx, s.c, checkpointScript, keys, args...).Int64()
+	switch {
+	case err != nil:
+		return s.wrap(op, err)
+	case r == -1:
+		return s.wrap(op, persistence.ErrFenced)
+	case r == -2:
+		return s.wrap(op, fmt.Errorf("position %d is beyond the last one", through))
+	}
+	return nil
+}
+
+// Get returns a key's snapshot.
+func (s *Store) Get(ctx context.Context, group uint32, key string) ([]byte, error) {
+	op := fmt.Sprintf("get group %d key %q", group, key)
+	if err := s.begin(ctx); err != nil {
+		return nil, s.wrap(op, err)
+	}
+	b, err := s.c.Get(ctx, s.k.snapshot(group, key)).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return nil, s.wrap(op, persistence.ErrNotFound)
+	}
+	if err != nil {
+		return nil, s.wrap(op, err)
+	}
+	return b, nil
+}
+
+// CheckGroups records the layout version and number of key groups in a new
+// store and checks them in an existing one.
+func (s *Store) CheckGroups(ctx context.Context, groups uint32) error {
+	if groups == 0 {
+		return errors.New("redisstore: check groups: the number of key groups must be positive")
+	}
+	if err := s.begin(ctx); err != nil {
+		return s.wrap("check groups", err)
+	}
+	v, err := run(ctx, s.c, checkGroupsScript, []string{s.k.meta()}, formatVersion, groups).StringSlice()
+	if err != nil {
+		return s.wrap("check groups", err)
+	}
+	if len(v) != 2 {
+		return s.wrap("check groups", fmt.Errorf("unexpected reply %q", v))
+	}
+	if v[0] != strconv.Itoa(formatVersion) {
+		return s.wrap("check groups", fmt.Errorf("%s has layout version %q; this build knows %d", s.k.meta(), v[0], formatVersion))
+	}
+	if v[1] != strconv.FormatUint(uint64(groups), 10) {
+		return s.wrap("check groups", fmt.Errorf("%d, the store has %s: %w", groups, v[1], persistence.ErrGroupsMismatch))
+	}
+	return nil
+}

@@ -1,0 +1,131 @@
+package redisstore_test
+
+import (
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"testing"
+
+	"github.com/keyfold/keyfold/persistence"
+	"github.com/keyfold/keyfold/persistence/persistencetest"
+	"github.com/keyfold/keyfold/persistence/redisstore"
+	"github.com/keyfold/keyfold/persistence/redisstore/redistest"
+)
+
+// TestConformance runs the store suite against a real redis-server. Each
+// test gets its own prefix on one server; Reopen kills the server with
+// SIGKILL and starts it again from its append-only file, so the durability
+// tests check what survives a crash of Redis itself.
+func TestConformance(t *testing.T) {
+	srv := redistest.Start(t)
+	var n atomic.Int64
+	open := func(t *testing.T, prefix string) persistence.Store {
+		s, err := redisstore.Open(srv.URL(), redisstore.Options{Prefix: prefix, ReadPageSize: 7})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	prefixes := map[persistence.Store]string{}
+	persistencetest.Run(t, persistencetest.Harness{
+		New: func(t *testing.T) persistence.Store {
+			p := fmt.Sprintf("conformance-%d", n.Add(1))
+			s := open(t, p)
+			prefixes[s] = p
+			return s
+		},
+		Reopen: func(t *testing.T, s persistence.Store) persistence.Store {
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			srv.Kill()
+			srv.Restart()
+			r := open(t, prefixes[s])
+			prefixes[r] = prefixes[s]
+			return r
+		},
+	})
+}
+
+// TestLayout checks the documented key layout: every key of a group carries
+// the group's hash tag (one Redis Cluster slot), and a checkpoint leaves
+// only the records above it in the stream.
+func TestLayout(t *testing.T) {
+	srv := redistest.Start(t)
+	rc := srv.Client()
+	ctx := t.Context()
+	s, err := redisstore.New(rc, redisstore.Options{Prefix: "lay"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CheckGroups(ctx, 16); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Claim(ctx, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries := []persistence.Entry{{Group: 7, Epoch: st.Epoch, Data: []byte("a")}, {Group: 7, Epoch: st.Epoch, Data: []byte("b")}}
+	if _, err := s.Append(ctx, entries); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Checkpoint(ctx, 7, st.Epoch, []persistence.Snapshot{{Key: "k\x00x", Data: []byte("snap")}}, 1); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := rc.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(keys)
+	want := []string{"lay:meta", "{lay:7}:log", "{lay:7}:m", "{lay:7}:s:k\x00x"}
+	if !slices.Equal(keys, want) {
+		t.Errorf("keys = %q, want %q", keys, want)
+	}
+	if got := rc.HGetAll(ctx, "{lay:7}:m").Val(); got["epoch"] != "1" || got["checkpoint"] != "1" || got["last"] != "2" {
+		t.Errorf("group meta = %v", got)
+	}
+	if got := rc.XRange(ctx, "{lay:7}:log", "-", "+").Val(); len(got) != 1 || got[0].ID != "2-0" || got[0].Values["d"] != "b" {
+		t.Errorf("log = %v, want the one record 2-0 above the checkpoint", got)
+	}
+	if got := rc.HGetAll(ctx, "lay:meta").Val(); got["groups"] != "16" || got["format"] != "1" {
+		t.Errorf("store meta = %v", got)
+	}
+}
+
+// TestScriptCacheFlushed: after Redis lost its script cache (a restart, a
+// SCRIPT FLUSH) every operation still works, the pipelined Append included.
+func TestScriptCacheFlushed(t *testing.T) {
+	srv := redistest.Start(t)
+	rc := srv.Client()
+	ctx := t.Context()
+	s, err := redisstore.New(rc, redisstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := range 3 {
+		if err := rc.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		st, err := s.Claim(ctx, 1)
+		if err != nil {
+			t.Fatalf("round %d: Claim: %v", round, err)
+		}
+		st2, err := s.Claim(ctx, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rc.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		pos, err := s.Append(ctx, []persistence.Entry{{Group: 1, Epoch: st.Epoch, Data: []byte("x")}, {Group: 2, Epoch: st2.Epoch, Data: []byte("y")}})
+		if err != nil || pos[0] != persistence.Position(round+1) || pos[1] != persistence.Position(round+1) {
+			t.Fatalf("round %d: Append = %v, %v", round, pos, err)
+		}
+		if err := rc.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Checkpoint(ctx, 1, st.Epoch, []persistence.Snapshot{{Key: "k", Data: []byte("v")}}, pos[0]); err != nil {
+			t.Fatalf("round %d: Checkpoint: %v", round, err)
+		}
+	}
+}
