@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -23,9 +24,9 @@ func (h *Host) checkpoint(ctx context.Context) error {
 	for g := range h.cfg.Groups {
 		h.mu.Lock()
 		gs := &h.groups[g]
-		idle := gs.dispatched <= gs.checkpoint && len(gs.dirty) == 0
+		skip := !gs.ready || (gs.dispatched <= gs.checkpoint && len(gs.dirty) == 0)
 		h.mu.Unlock()
-		if !idle {
+		if !skip {
 			groups.Go(func() error { return h.checkpointGroup(ctx, g) })
 		}
 	}
@@ -39,6 +40,10 @@ func (h *Host) checkpoint(ctx context.Context) error {
 func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	h.mu.Lock()
 	gs := &h.groups[g]
+	if !gs.ready {
+		h.mu.Unlock()
+		return nil
+	}
 	through, epoch := gs.dispatched, gs.epoch
 	replies := make(chan snapshotReply, len(gs.dirty))
 	n := 0
@@ -64,17 +69,29 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 			return h.Err()
 		}
 	}
-	if err := h.store.Checkpoint(ctx, g, epoch, snaps, through); err != nil {
+	wctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	err := h.store.Checkpoint(wctx, g, epoch, snaps, through)
+	cancel()
+	if errors.Is(err, persistence.ErrFenced) {
+		// Another owner claimed the group: it is theirs to checkpoint (and
+		// this host's to take over again, unless it is draining).
+		h.lose(g, epoch, err)
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("actors: checkpoint group %d: %w", g, err)
 	}
 	h.stats.checkpoints.Add(1)
 
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if gs.epoch != epoch || !gs.ready {
+		return nil // lost meanwhile: these keys are gone
+	}
 	for _, r := range got {
 		// Sent before the key can turn clean and be passivated. A dirty key
 		// is always active.
-		if a := h.active[r.id]; a != nil {
+		if a := h.active[r.id]; a != nil && a.epoch == epoch {
 			h.system.Root.Send(a.pid, &savedMsg{version: r.version})
 		}
 		if gs.dirty[r.id] <= r.pos {

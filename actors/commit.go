@@ -90,17 +90,25 @@ func (h *Host) commit(reqs []*ingestReq) {
 	}
 
 	groups := make([]*groupBatch, 0, len(batches))
+	entries := make([]persistence.Entry, 0, len(batches))
+	h.mu.Lock()
 	for _, gb := range batches {
+		// A group being taken over cannot take inputs: they would be
+		// applied before the replay of its log reaches them.
+		if gs := &h.groups[gb.group]; !gs.ready {
+			failGroup(gb, fmt.Errorf("%w: key group %d is being taken over: %w", ErrUnavailable, gb.group, gs.lastErr))
+			continue
+		}
 		groups = append(groups, gb)
 	}
 	slices.SortFunc(groups, func(a, b *groupBatch) int { return int(a.group) - int(b.group) })
-
-	entries := make([]persistence.Entry, len(groups))
-	h.mu.Lock()
-	for i, gb := range groups {
-		entries[i] = persistence.Entry{Group: gb.group, Epoch: h.groups[gb.group].epoch}
+	for _, gb := range groups {
+		entries = append(entries, persistence.Entry{Group: gb.group, Epoch: h.groups[gb.group].epoch})
 	}
 	h.mu.Unlock()
+	if len(groups) == 0 {
+		return
+	}
 	for i, gb := range groups {
 		rec := &keyfoldv1.LogRecord{Keys: make([]*keyfoldv1.KeyInputs, len(gb.keys))}
 		for j, kb := range gb.keys {
@@ -112,35 +120,44 @@ func (h *Host) commit(reqs []*ingestReq) {
 			for _, gb := range groups {
 				failGroup(gb, err)
 			}
+			h.fail(err)
 			return
 		}
 		entries[i].Data = data
 	}
 
-	positions, err := h.store.Append(context.Background(), entries)
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	positions, err := h.store.Append(ctx, entries)
+	cancel()
 	h.stats.commits.Add(1)
-	if err != nil {
-		// Whether a failed append reached the log is not known (a write can
-		// fail after it landed, a newer owner may hold the group), so memory
-		// can no longer be trusted to match the log: stop, and let a restart
-		// replay the log, which is the truth. Groups that were appended are
-		// still applied below, as replay would.
-		h.log.Error("append failed", "groups", len(entries), "err", err)
-		h.fail(err)
-	}
 
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	var lost map[uint32]persistence.Epoch
 	for i, gb := range groups {
 		pos := persistence.Position(0)
 		if i < len(positions) {
 			pos = positions[i]
 		}
+		gs := &h.groups[gb.group]
 		if pos == 0 {
-			failGroup(gb, fmt.Errorf("%w: %w", ErrUnavailable, err))
+			// Whether the record reached the log is not known (a write can
+			// fail after it landed; a newer owner may hold the group), so
+			// the group's memory may no longer match its log: drop it and
+			// take the group over again, which replays the log, the truth.
+			if lost == nil {
+				lost = make(map[uint32]persistence.Epoch)
+			}
+			lost[gb.group] = entries[i].Epoch
+			failGroup(gb, fmt.Errorf("%w: key group %d: %w", ErrUnavailable, gb.group, err))
 			continue
 		}
-		gs := &h.groups[gb.group]
+		if !gs.ready || gs.epoch != entries[i].Epoch {
+			// Logged, but the group was lost meanwhile: its take-over
+			// replays the record (its claim came after this append).
+			finishGroup(gb)
+			continue
+		}
 		for _, kb := range gb.keys {
 			kb.msg.pos = pos
 			h.sendLocked(kb.id, gb.group, &kb.msg)
@@ -154,6 +171,9 @@ func (h *Host) commit(reqs []*ingestReq) {
 	if len(h.active) > h.cfg.MaxActive {
 		h.nudgeCheckpoint()
 	}
+	if lost != nil {
+		h.loseLocked(lost, err)
+	}
 }
 
 // failGroup finishes every segment of a group that was not appended.
@@ -164,6 +184,10 @@ func failGroup(gb *groupBatch, err error) {
 		}
 	}
 }
+
+// finishGroup finishes every segment of a group that was appended but will
+// be applied by a replay (duplicates uncounted).
+func finishGroup(gb *groupBatch) { failGroup(gb, nil) }
 
 func (h *Host) nudgeCheckpoint() {
 	select {

@@ -49,6 +49,12 @@ const (
 	DefaultMaxCommitEvents    = 50_000
 )
 
+// storeTimeout bounds one store call of the write path (an append, a
+// checkpoint, a snapshot read): a store that hangs fails the call, which
+// loses the group (appends, reads) or is retried (checkpoints), instead of
+// stalling every ingest behind it.
+const storeTimeout = 10 * time.Second
+
 func (c *Config) setDefaults() {
 	if c.Groups == 0 {
 		c.Groups = DefaultGroups

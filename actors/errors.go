@@ -11,11 +11,14 @@ var (
 	ErrNotFound = errors.New("actors: key not found")
 	// ErrUnknownPipeline reports a pipeline the host was not configured with.
 	ErrUnknownPipeline = errors.New("actors: unknown pipeline")
-	// ErrUnavailable reports that the store failed a write. The events of the
-	// call may or may not have been logged (a restart replays what was), so
-	// retry only events that carry an id: those are applied once.
-	ErrUnavailable = errors.New("actors: store unavailable")
-	// ErrFailed reports that the host stopped after a storage failure; the
+	// ErrUnavailable reports that a key group cannot serve now: the store
+	// failed a write or is unreachable, or another owner took the group
+	// over, and the host is taking it over again (replaying its log). The
+	// events of a failed ingest may or may not have been logged, so retry
+	// only events that carry an id: those are applied once.
+	ErrUnavailable = errors.New("actors: key group unavailable")
+	// ErrFailed reports that the host stopped after an error it cannot
+	// recover from by itself (a corrupt log record, a panic in a grain); the
 	// process must restart (and replay) before it can serve again.
 	ErrFailed = errors.New("actors: host failed")
 )

@@ -64,11 +64,12 @@ type grain struct {
 	host     *Host
 	id       keyID
 	group    uint32
+	epoch    persistence.Epoch // the group incarnation it belongs to
 	pipeline *fold.Pipeline
 	state    fold.State
 	pos      persistence.Position // last log position applied
 	stored   uint64               // state version whose snapshot is stored (0: none)
-	broken   error                // set when activation failed; the host is failing
+	broken   error                // set when activation failed; the group is lost
 }
 
 func (g *grain) Receive(c actor.Context) {
@@ -97,7 +98,9 @@ func (g *grain) Receive(c actor.Context) {
 // activate loads the key's snapshot. A passivated key always has a current
 // one, so activation is a single read.
 func (g *grain) activate() {
-	data, err := g.host.store.Get(context.Background(), g.group, g.id.snapshotKey())
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	data, err := g.host.store.Get(ctx, g.group, g.id.snapshotKey())
 	if errors.Is(err, persistence.ErrNotFound) {
 		return
 	}
@@ -106,7 +109,7 @@ func (g *grain) activate() {
 		if err = proto.Unmarshal(data, &snap); err == nil {
 			g.pos = snap.Position
 			g.state, err = g.pipeline.RestoreParts(snap.State, func(b int64) ([]byte, error) {
-				return g.host.store.Get(context.Background(), g.group, g.id.bucketKey(b))
+				return g.host.store.Get(ctx, g.group, g.id.bucketKey(b))
 			})
 			// Everything restored is stored, unless RestoreParts asked for
 			// a rewrite (a new bucket layout) by starting past it.
@@ -114,15 +117,20 @@ func (g *grain) activate() {
 		}
 	}
 	if err != nil {
+		// Inputs sent to this key would be lost with it: drop its group and
+		// take it over again (asynchronously: the host's lock may be held
+		// by whoever is sending to this grain).
 		g.broken = fmt.Errorf("actors: activate %s/%s: %w", g.id.pipeline, g.id.key, err)
-		g.host.fail(g.broken)
+		go g.host.lose(g.group, g.epoch, g.broken)
 	}
 }
 
 func (g *grain) apply(m *applyMsg) {
 	if g.broken != nil {
+		// The inputs are in the log: the take-over of the group replays
+		// them, so their ingest succeeded (its duplicates uncounted).
 		for _, s := range m.segs {
-			s.w.finish(0, ErrFailed)
+			s.w.finish(0, nil)
 		}
 		return
 	}
@@ -148,7 +156,7 @@ func (g *grain) apply(m *applyMsg) {
 
 func (g *grain) query() queryReply {
 	if g.broken != nil {
-		return queryReply{err: ErrFailed}
+		return queryReply{err: fmt.Errorf("%w: %w", ErrUnavailable, g.broken)}
 	}
 	if g.state.Empty() {
 		return queryReply{err: ErrNotFound}

@@ -38,6 +38,7 @@ type Host struct {
 	groups []groupState
 
 	checkpointNow chan struct{} // nudges the checkpoint loop
+	lostNow       chan struct{} // wakes the take-over loop
 
 	failed   atomic.Pointer[error]
 	failOnce sync.Once
@@ -49,11 +50,18 @@ type Host struct {
 type activation struct {
 	pid      *actor.PID
 	group    uint32
-	lastUsed int64 // unix nanos
+	epoch    persistence.Epoch // the group incarnation it belongs to
+	lastUsed int64             // unix nanos
 }
 
 type groupState struct {
+	// ready is set while the host owns the group and its keys' memory
+	// matches its log; see recover.go.
+	ready bool
+	// epoch is the group's epoch in the store: the incarnation of its keys.
 	epoch      persistence.Epoch
+	spoiled    error                // a key failed to activate during the take-over in progress
+	lastErr    error                // why the group was lost or its last take-over failed
 	checkpoint persistence.Position // checkpoint position in the store
 	dispatched persistence.Position // last record handed to the grains
 	// dirty holds, for each key whose state is newer than its snapshot, the
@@ -81,6 +89,7 @@ func New(cfg Config) (*Host, error) {
 		active:        make(map[keyID]*activation),
 		groups:        make([]groupState, cfg.Groups),
 		checkpointNow: make(chan struct{}, 1),
+		lostNow:       make(chan struct{}, 1),
 		failCh:        make(chan struct{}),
 	}
 	for i := range h.groups {
@@ -103,6 +112,12 @@ func (h *Host) Run(ctx context.Context) error {
 		defer close(commitDone)
 		h.commitLoop()
 	}()
+	takeOverCtx, stopTakeOver := context.WithCancel(ctx)
+	takeOverDone := make(chan struct{})
+	go func() {
+		defer close(takeOverDone)
+		h.takeOverLoop(takeOverCtx)
+	}()
 	ticker := time.NewTicker(h.cfg.CheckpointInterval)
 	defer ticker.Stop()
 loop:
@@ -116,12 +131,9 @@ loop:
 		case <-h.checkpointNow:
 		}
 		if err := h.checkpoint(ctx); err != nil && ctx.Err() == nil {
-			if errors.Is(err, persistence.ErrFenced) {
-				h.fail(err)
-				break loop
-			}
 			// The changed keys stay dirty and are retried at the next
-			// checkpoint; only replay after a crash grows meanwhile.
+			// checkpoint; only replay after a crash grows meanwhile. (A
+			// fenced group was lost and is being taken over again.)
 			h.log.Warn("checkpoint failed; retrying at the next one", "err", err)
 			continue
 		}
@@ -132,11 +144,14 @@ loop:
 	close(h.queue)
 	h.gate.Unlock()
 	<-commitDone
+	stopTakeOver()
+	<-takeOverDone
 	defer h.stopAll()
 	if fe := h.failed.Load(); fe != nil {
 		return *fe
 	}
-	// Final checkpoint, so the next start replays nothing.
+	// Final checkpoint, so the next start replays nothing (of the groups
+	// being served; a lost group is replayed by its next owner).
 	drainCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	start, dirty := time.Now(), h.Stats().DirtyKeys
@@ -159,9 +174,9 @@ func (h *Host) stopAll() {
 	h.system.Shutdown()
 }
 
-// fail stops the host after an error that leaves memory and store out of
-// step (a fenced or failed write, a snapshot that cannot be read). The
-// process must restart; recovery replays the log.
+// fail stops the host after an error it cannot recover from by itself (a
+// corrupt log record, a grain that panicked). The process must restart;
+// recovery replays the log.
 func (h *Host) fail(err error) {
 	h.failOnce.Do(func() {
 		err = fmt.Errorf("%w: %w", ErrFailed, err)
@@ -245,8 +260,14 @@ func (h *Host) Query(ctx context.Context, pipeline, key string) (KeyView, error)
 	}
 	msg := &queryMsg{reply: make(chan queryReply, 1)}
 	id := keyID{pipeline, key}
+	g := GroupOf(pipeline, key, h.cfg.Groups)
 	h.mu.Lock()
-	h.sendLocked(id, GroupOf(pipeline, key, h.cfg.Groups), msg)
+	if gs := &h.groups[g]; !gs.ready {
+		err := fmt.Errorf("%w: key group %d is being taken over: %w", ErrUnavailable, g, gs.lastErr)
+		h.mu.Unlock()
+		return KeyView{}, err
+	}
+	h.sendLocked(id, g, msg)
 	over := len(h.active) > h.cfg.MaxActive
 	h.mu.Unlock()
 	if over { // queries of unseen keys activate grains too
@@ -270,11 +291,12 @@ func (h *Host) Query(ctx context.Context, pipeline, key string) (KeyView, error)
 func (h *Host) sendLocked(id keyID, group uint32, msg any) {
 	a := h.active[id]
 	if a == nil {
-		g := &grain{host: h, id: id, group: group, pipeline: h.cfg.Pipelines[id.pipeline]}
+		epoch := h.groups[group].epoch
+		g := &grain{host: h, id: id, group: group, epoch: epoch, pipeline: h.cfg.Pipelines[id.pipeline]}
 		// The grain recovers its own panics (failing the host), so the
 		// supervisor never restarts it with a half-applied state.
 		props := actor.PropsFromProducer(func() actor.Actor { return g })
-		a = &activation{pid: h.system.Root.Spawn(props), group: group}
+		a = &activation{pid: h.system.Root.Spawn(props), group: group, epoch: epoch}
 		h.active[id] = a
 		h.stats.activations.Add(1)
 	}

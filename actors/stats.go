@@ -10,6 +10,7 @@ type hostStats struct {
 	replayed    atomic.Int64
 	activations atomic.Int64
 	passivated  atomic.Int64
+	groupsLost  atomic.Int64
 }
 
 // Stats are counters of a host, for tests, metrics and the dashboard.
@@ -20,17 +21,24 @@ type Stats struct {
 	Duplicates  int64
 	Commits     int64 // group commits (synced appends)
 	Checkpoints int64 // group checkpoints written
-	Replayed    int64 // log records replayed by Recover
+	Replayed    int64 // log records replayed by take-overs (at start and after a loss)
 	Activations int64
 	Passivated  int64
+	GroupsLost  int64 // key groups lost (failed or fenced write) and taken over again
+	// GroupsUnavailable is the number of key groups not being served now:
+	// being recovered or taken over again.
+	GroupsUnavailable int
 }
 
 // Stats returns the host's counters.
 func (h *Host) Stats() Stats {
 	h.mu.Lock()
-	n, dirty := len(h.active), 0
+	n, dirty, unavailable := len(h.active), 0, 0
 	for i := range h.groups {
 		dirty += len(h.groups[i].dirty)
+		if !h.groups[i].ready {
+			unavailable++
+		}
 	}
 	h.mu.Unlock()
 	return Stats{
@@ -43,5 +51,8 @@ func (h *Host) Stats() Stats {
 		Replayed:    h.stats.replayed.Load(),
 		Activations: h.stats.activations.Load(),
 		Passivated:  h.stats.passivated.Load(),
+		GroupsLost:  h.stats.groupsLost.Load(),
+
+		GroupsUnavailable: unavailable,
 	}
 }

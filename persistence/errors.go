@@ -12,6 +12,9 @@ var (
 	// ErrGroupsMismatch reports a store created for another number of key
 	// groups. The number of groups is fixed for the life of a deployment.
 	ErrGroupsMismatch = errors.New("persistence: key group count differs from the store's")
+	// ErrIncompatible reports a store whose data this build cannot read: it
+	// was written with another layout version, or by something else.
+	ErrIncompatible = errors.New("persistence: incompatible store data")
 	// ErrClosed reports a call on a closed store.
 	ErrClosed = errors.New("persistence: closed")
 )

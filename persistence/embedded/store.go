@@ -117,7 +117,7 @@ func (s *Store) checkFormat() error {
 	case err != nil:
 		return fmt.Errorf("format version: %w", err)
 	case v != formatVersion:
-		return fmt.Errorf("unknown format version %d (this build knows %d)", v, formatVersion)
+		return fmt.Errorf("unknown format version %d (this build knows %d): %w", v, formatVersion, persistence.ErrIncompatible)
 	}
 	return nil
 }

@@ -312,7 +312,7 @@ func (s *Store) CheckGroups(ctx context.Context, groups uint32) error {
 		return s.wrap("check groups", fmt.Errorf("unexpected reply %q", v))
 	}
 	if v[0] != strconv.Itoa(formatVersion) {
-		return s.wrap("check groups", fmt.Errorf("%s has layout version %q; this build knows %d", s.k.meta(), v[0], formatVersion))
+		return s.wrap("check groups", fmt.Errorf("%s has layout version %q; this build knows %d: %w", s.k.meta(), v[0], formatVersion, persistence.ErrIncompatible))
 	}
 	if v[1] != strconv.FormatUint(uint64(groups), 10) {
 		return s.wrap("check groups", fmt.Errorf("%d, the store has %s: %w", groups, v[1], persistence.ErrGroupsMismatch))

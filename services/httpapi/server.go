@@ -172,6 +172,11 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.As(err, &mbe) {
 		msg = fmt.Sprintf("request body exceeds the limit of %d bytes", mbe.Limit)
 	}
+	if status == http.StatusServiceUnavailable {
+		// Every 503 is temporary: a key group being taken over, a store
+		// that is down, a full node, a drain.
+		w.Header().Set("Retry-After", "1")
+	}
 	if status >= 500 {
 		s.opts.Logger.Warn("request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
 	}

@@ -25,9 +25,11 @@ func RegisterHost(reg prometheus.Registerer, stats func() actors.Stats) error {
 		counter("duplicates_total", "Events skipped because their id was already applied to the key.", func(s actors.Stats) float64 { return float64(s.Duplicates) }),
 		counter("commits_total", "Group commits: synced appends to the key-group logs.", func(s actors.Stats) float64 { return float64(s.Commits) }),
 		counter("checkpoints_total", "Key-group checkpoints written.", func(s actors.Stats) float64 { return float64(s.Checkpoints) }),
-		counter("replayed_records_total", "Log records replayed at start.", func(s actors.Stats) float64 { return float64(s.Replayed) }),
+		counter("replayed_records_total", "Log records replayed by key-group take-overs (at start and after a loss).", func(s actors.Stats) float64 { return float64(s.Replayed) }),
 		counter("activations_total", "Key actors activated.", func(s actors.Stats) float64 { return float64(s.Activations) }),
 		counter("passivations_total", "Key actors passivated.", func(s actors.Stats) float64 { return float64(s.Passivated) }),
+		counter("key_groups_lost_total", "Key groups lost after a failed or fenced store write, then taken over again.", func(s actors.Stats) float64 { return float64(s.GroupsLost) }),
+		gauge("key_groups_unavailable", "Key groups not served now: being recovered or taken over again.", func(s actors.Stats) float64 { return float64(s.GroupsUnavailable) }),
 		gauge("active_keys", "Key actors in memory.", func(s actors.Stats) float64 { return float64(s.ActiveKeys) }),
 		gauge("dirty_keys", "Keys changed since their last snapshot.", func(s actors.Stats) float64 { return float64(s.DirtyKeys) }),
 	} {
