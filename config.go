@@ -8,13 +8,16 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/keyfold/keyfold/actors"
 	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/persistence"
+	"github.com/keyfold/keyfold/persistence/redisstore"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
 )
 
 // PipelineConfig configures one pipeline; see fold.Spec for its fields.
@@ -27,8 +30,17 @@ type AggregateConfig = fold.AggregateSpec
 // usable default (see Defaults); LoadConfig reads it from YAML.
 type Config struct {
 	// DataDir is where the embedded store keeps its files (default
-	// "keyfold-data"). Ignored when Store is set.
+	// "keyfold-data"). Ignored when Redis or Store is set.
 	DataDir string `yaml:"data_dir"`
+	// Redis, if set, is the URL of the Redis that keeps the node's state
+	// instead of the embedded store: redis://[user:password@]host:port/db,
+	// or rediss:// for TLS. Ignored when Store is set; embedders that need
+	// Redis Cluster, Sentinel or their own client settings pass a
+	// redisstore.Store as Store.
+	Redis string `yaml:"redis"`
+	// RedisPrefix starts every Redis key of the deployment (default
+	// "keyfold"), so that several deployments can share one Redis.
+	RedisPrefix string `yaml:"redis_prefix"`
 	// HTTPAddr is the HTTP API's listen address, e.g. "127.0.0.1:8080".
 	// Empty serves no HTTP (for embedders); the CLI defaults it.
 	HTTPAddr string `yaml:"http"`
@@ -57,8 +69,8 @@ type Config struct {
 	// Pipelines by name. At least one is required.
 	Pipelines map[string]PipelineConfig `yaml:"pipelines"`
 
-	// Store, if set, is used instead of the embedded store at DataDir. The
-	// node closes it when Run returns.
+	// Store, if set, is used instead of the embedded store at DataDir or
+	// Redis. The node closes it when Run returns.
 	Store persistence.Store `yaml:"-"`
 	// Logger receives the node's structured logs; nil discards them.
 	Logger *slog.Logger `yaml:"-"`
@@ -138,6 +150,15 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 			errs = append(errs, fmt.Errorf("keyfold: config: %s address %q: %v", a.name, a.addr, err))
 		}
 	}
+	if c.Redis != "" {
+		if _, err := redis.ParseURL(c.Redis); err != nil {
+			// The URL may hold a password: name the problem, not the URL.
+			errs = append(errs, fmt.Errorf("keyfold: config: redis: %s", redisURLProblem(err)))
+		}
+	}
+	if err := (redisstore.Options{Prefix: c.RedisPrefix}).Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("keyfold: config: redis_prefix %q contains a brace", c.RedisPrefix))
+	}
 	if c.KeyGroups > MaxKeyGroups {
 		errs = append(errs, fmt.Errorf("keyfold: config: key_groups %d is more than %d", c.KeyGroups, MaxKeyGroups))
 	}
@@ -187,4 +208,14 @@ func LoadConfig(path string) (Config, error) {
 		return Config{}, errors.Join(errs...)
 	}
 	return c, nil
+}
+
+// redisURLProblem describes a bad Redis URL without quoting it, since it
+// may hold a password.
+func redisURLProblem(err error) string {
+	msg := strings.TrimPrefix(err.Error(), "redis: ")
+	if strings.Contains(msg, "://") || strings.Contains(msg, "@") {
+		msg = "not a valid URL"
+	}
+	return msg + " (want redis://[user:password@]host:port[/db] or rediss://…)"
 }

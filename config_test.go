@@ -184,3 +184,26 @@ func TestWithDefaults(t *testing.T) {
 		t.Errorf("withDefaults changed set fields:\n%+v\nwant\n%+v", got, set)
 	}
 }
+
+// TestRedisConfig: a bad Redis URL or prefix is a configuration error, and
+// the error never quotes the URL (it may hold a password).
+func TestRedisConfig(t *testing.T) {
+	base := "pipelines:\n  p:\n    key: k\n"
+	for _, tc := range []struct{ yaml, want string }{
+		{"redis: redis://127.0.0.1:6379/0\nredis_prefix: prod\n", ""},
+		{"redis: rediss://user:s3cret@redis.example:6380/2\n", ""},
+		{"redis: http://user:s3cret@redis.example:6379\n", "invalid URL scheme"},
+		{"redis: redis://user:s3cret@redis.example:6379/notadb\n", "redis:"},
+		{"redis_prefix: \"a{b}\"\n", "redis_prefix"},
+	} {
+		_, err := ParseConfig([]byte(tc.yaml + base))
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%q: %v", tc.yaml, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%q: error %v, want one mentioning %q", tc.yaml, err, tc.want)
+		case err != nil && strings.Contains(err.Error(), "s3cret"):
+			t.Errorf("%q: the error quotes the password: %v", tc.yaml, err)
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/keyfold/keyfold/actors"
 	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/persistence/embedded"
+	"github.com/keyfold/keyfold/persistence/redisstore"
 	"github.com/keyfold/keyfold/services/httpapi"
 	"github.com/keyfold/keyfold/services/metrics"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -98,11 +99,21 @@ func (n *Node) run(ctx context.Context) (err error) {
 	log := n.cfg.Logger
 
 	store := n.cfg.Store
-	if store == nil {
+	switch {
+	case store != nil:
+	case n.cfg.Redis != "":
+		s, err := redisstore.Open(n.cfg.Redis, redisstore.Options{Prefix: n.cfg.RedisPrefix})
+		if err != nil {
+			return fmt.Errorf("keyfold: open store: %w", err)
+		}
+		log.Info("store: redis", "addr", s.Addr(), "prefix", s.Prefix())
+		store = s
+	default:
 		s, err := embedded.Open(n.cfg.DataDir, embedded.Options{Logger: log})
 		if err != nil {
 			return fmt.Errorf("keyfold: open store: %w", err)
 		}
+		log.Info("store: embedded", "dir", s.Dir())
 		store = s
 	}
 	defer func() {

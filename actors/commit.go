@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -109,6 +110,13 @@ func (h *Host) commit(reqs []*ingestReq) {
 	if len(groups) == 0 {
 		return
 	}
+	if h.storeDown.Load() {
+		err := fmt.Errorf("%w: the store is unreachable; retrying", ErrUnavailable)
+		for _, gb := range groups {
+			failGroup(gb, err)
+		}
+		return
+	}
 	for i, gb := range groups {
 		rec := &keyfoldv1.LogRecord{Keys: make([]*keyfoldv1.KeyInputs, len(gb.keys))}
 		for j, kb := range gb.keys {
@@ -147,6 +155,9 @@ func (h *Host) commit(reqs []*ingestReq) {
 			// take the group over again, which replays the log, the truth.
 			if lost == nil {
 				lost = make(map[uint32]persistence.Epoch)
+			}
+			if !errors.Is(err, persistence.ErrFenced) {
+				h.storeDown.Store(true)
 			}
 			lost[gb.group] = entries[i].Epoch
 			failGroup(gb, fmt.Errorf("%w: key group %d: %w", ErrUnavailable, gb.group, err))

@@ -37,6 +37,11 @@ type Host struct {
 	active map[keyID]*activation
 	groups []groupState
 
+	// storeDown is set when an append failed with the store unreachable (not
+	// fenced) and cleared by the next successful claim: meanwhile commits
+	// fail at once instead of each waiting for the store's timeout.
+	storeDown atomic.Bool
+
 	checkpointNow chan struct{} // nudges the checkpoint loop
 	lostNow       chan struct{} // wakes the take-over loop
 

@@ -165,6 +165,7 @@ func (h *Host) takeOverUntilDone(ctx context.Context, groups []uint32) error {
 func (h *Host) takeOver(ctx context.Context, g uint32) error {
 	st, err := h.store.Claim(ctx, g)
 	if err == nil {
+		h.storeDown.Store(false)
 		h.mu.Lock()
 		gs := &h.groups[g]
 		gs.epoch, gs.checkpoint, gs.dispatched, gs.spoiled = st.Epoch, st.Checkpoint, st.Checkpoint, nil

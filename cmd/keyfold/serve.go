@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"strings"
 
 	"github.com/keyfold/keyfold"
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 )
 
@@ -18,14 +20,21 @@ func newServe() *cobra.Command {
 		grpcAddr   string
 		logLevel   string
 		logFormat  string
+		redisURL   string
+		redisPfx   string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
-		Short: "Run a node (embedded on-disk store in --data)",
+		Short: "Run a node (embedded on-disk store in --data, or Redis with --redis)",
 		Long: `Run a keyfold node. It keeps its state in the embedded on-disk store in
---data, recovers it at start, serves the HTTP API on --http, and drains on
-SIGTERM or SIGINT: it stops accepting, finishes in-flight batches, writes a
-checkpoint and exits 0.`,
+--data, or in Redis with --redis (the URL may also come from the
+KEYFOLD_REDIS environment variable, which keeps a password out of the
+process list), recovers it at start, serves the HTTP API on --http, and
+drains on SIGTERM or SIGINT: it stops accepting, finishes in-flight
+batches, writes a checkpoint and exits 0.
+
+A node that cannot reach Redis keeps retrying (and answers 503 meanwhile);
+it does not exit.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := keyfold.LoadConfig(configPath)
@@ -42,11 +51,22 @@ checkpoint and exits 0.`,
 			if flags.Changed("grpc") {
 				cfg.GRPCAddr = grpcAddr
 			}
+			if flags.Changed("redis") {
+				cfg.Redis = redisURL
+			} else if env := os.Getenv("KEYFOLD_REDIS"); env != "" && cfg.Redis == "" {
+				cfg.Redis = env
+			}
+			if flags.Changed("redis-prefix") {
+				cfg.RedisPrefix = redisPfx
+			}
 			logger, err := newLogger(logLevel, logFormat)
 			if err != nil {
 				return err
 			}
 			cfg.Logger = logger
+			// go-redis logs every failed dial on its own global logger;
+			// the store's failures already reach ours as warnings.
+			redis.SetLogger(redisLogger{logger})
 			node, err := keyfold.New(cfg)
 			if err != nil {
 				return err
@@ -59,9 +79,18 @@ checkpoint and exits 0.`,
 	f.StringVar(&dataDir, "data", keyfold.DefaultDataDir, "directory of the embedded store")
 	f.StringVar(&httpAddr, "http", "127.0.0.1:8080", "HTTP listen address")
 	f.StringVar(&grpcAddr, "grpc", "", "gRPC listen address (accepted; served by a later version)")
+	f.StringVar(&redisURL, "redis", "", "keep state in this Redis (redis://[user:password@]host:port/db, rediss:// for TLS) instead of --data")
+	f.StringVar(&redisPfx, "redis-prefix", "", `prefix of every Redis key, so deployments can share a Redis (default "keyfold")`)
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	return cmd
+}
+
+// redisLogger hands go-redis's messages to slog at debug level.
+type redisLogger struct{ l *slog.Logger }
+
+func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	r.l.DebugContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
 }
 
 func newLogger(level, format string) (*slog.Logger, error) {

@@ -18,15 +18,20 @@ return {epoch, tonumber(v[1] or '0'), tonumber(v[2] or '0')}
 `)
 
 // appendScript appends records to the group's log and returns the position
-// of the last one, or -1 (appending nothing) if the epoch is not current.
+// of the last one; it appends nothing and returns -1 if the epoch is not
+// current, or -2 if the group's last position is not the expected one (so a
+// call that the client sends again, after a timeout or a redirection, never
+// appends twice).
 //
 //	KEYS[1] group meta, KEYS[2] group log
-//	ARGV[1] epoch, ARGV[2…] the records
+//	ARGV[1] epoch, ARGV[2] expected last position ("" for any), ARGV[3…]
+//	        the records
 var appendScript = redis.NewScript(`
 local v = redis.call('HMGET', KEYS[1], 'epoch', 'last')
 if v[1] ~= ARGV[1] then return -1 end
+if ARGV[2] ~= '' and (v[2] or '0') ~= ARGV[2] then return -2 end
 local last = tonumber(v[2] or '0')
-for i = 2, #ARGV do
+for i = 3, #ARGV do
   last = last + 1
   redis.call('XADD', KEYS[2], string.format('%d-0', last), 'd', ARGV[i])
 end

@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -21,6 +24,18 @@ type Store struct {
 	k      keys
 	page   int64
 	closed atomic.Bool
+
+	// last holds, per group this store claimed, the last position it knows
+	// the group's log to have. Appends are conditional on it (see
+	// appendScript): a script call that go-redis sends twice (it retries
+	// on timeouts and follows cluster redirections) appends once, and an
+	// append after one whose outcome is unknown fails rather than risk a
+	// position gap. A group's next claim refreshes it.
+	lastMu sync.Mutex
+	last   map[uint32]persistence.Position
+	// appending serialises the appends of each group in this process, so
+	// that they do not fail each other's position checks.
+	appending sync.Map // uint32 -> *sync.Mutex
 }
 
 var _ persistence.Store = (*Store)(nil)
@@ -40,8 +55,11 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 		return nil, err
 	}
 	opts = opts.withDefaults()
-	return &Store{c: c, k: keys{opts.Prefix}, page: int64(opts.ReadPageSize)}, nil
+	return &Store{c: c, k: keys{opts.Prefix}, page: int64(opts.ReadPageSize), last: map[uint32]persistence.Position{}}, nil
 }
+
+// defaultSocketTimeout is Open's read and write timeout.
+const defaultSocketTimeout = 3 * time.Second
 
 // Open connects to the Redis at url, a redis:// or rediss:// (TLS) URL with
 // an optional user, password and database number, e.g.
@@ -52,9 +70,22 @@ func Open(url string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: %w", err)
 	}
-	// A call whose context ends gives up at once instead of waiting for its
-	// socket timeout.
-	ro.ContextTimeoutEnabled = true
+	// Socket timeouts bound each call, so a Redis that stops answering fails
+	// calls within seconds rather than at the caller's deadline. No
+	// retries: a retry on a new connection waits for the connection's own
+	// handshake too, and the caller (the host) retries what failed anyway;
+	// go-redis checks pooled connections before use, so a Redis restart
+	// costs no failed calls. The URL's read_timeout, write_timeout and
+	// max_retries parameters override these.
+	if ro.ReadTimeout == 0 {
+		ro.ReadTimeout = defaultSocketTimeout
+	}
+	if ro.WriteTimeout == 0 {
+		ro.WriteTimeout = defaultSocketTimeout
+	}
+	if ro.MaxRetries == 0 {
+		ro.MaxRetries = -1
+	}
 	c := redis.NewClient(ro)
 	s, err := New(c, opts)
 	if err != nil {
@@ -64,6 +95,23 @@ func Open(url string, opts Options) (*Store, error) {
 	s.owned = true
 	return s, nil
 }
+
+// Addr returns the address of the Redis server (the first seed of a
+// cluster client), without credentials, for logs.
+func (s *Store) Addr() string {
+	switch o := s.c.(type) {
+	case *redis.Client:
+		return o.Options().Addr
+	case *redis.ClusterClient:
+		if a := o.Options().Addrs; len(a) > 0 {
+			return a[0]
+		}
+	}
+	return ""
+}
+
+// Prefix returns the prefix of the store's keys.
+func (s *Store) Prefix() string { return s.k.prefix }
 
 // Close makes later calls fail with persistence.ErrClosed and, if the store
 // was opened with Open, closes its client. Close is safe to call more than
@@ -122,6 +170,9 @@ func (s *Store) Claim(ctx context.Context, group uint32) (persistence.GroupState
 	if len(v) != 3 {
 		return persistence.GroupState{}, s.wrap(op, fmt.Errorf("unexpected reply %v", v))
 	}
+	s.lastMu.Lock()
+	s.last[group] = v[2]
+	s.lastMu.Unlock()
 	return persistence.GroupState{Epoch: v[0], Checkpoint: v[1], Last: v[2]}, nil
 }
 
@@ -157,9 +208,29 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 		}
 		c.entries = append(c.entries, i)
 	}
+	// Lock the groups in ascending order: calls on overlapping groups
+	// cannot deadlock.
+	order := make([]uint32, len(calls))
+	for i, c := range calls {
+		order[i] = c.group
+	}
+	slices.Sort(order)
+	for _, g := range order {
+		mu, _ := s.appending.LoadOrStore(g, new(sync.Mutex))
+		mu.(*sync.Mutex).Lock()
+		defer mu.(*sync.Mutex).Unlock()
+	}
+	s.lastMu.Lock()
+	expect := make(map[uint32]string, len(calls))
+	for _, c := range calls {
+		if last, ok := s.last[c.group]; ok {
+			expect[c.group] = strconv.FormatUint(last, 10)
+		}
+	}
+	s.lastMu.Unlock()
 	args := func(c *call) []any {
-		a := make([]any, 0, 1+len(c.entries))
-		a = append(a, epochArg(c.epoch))
+		a := make([]any, 0, 2+len(c.entries))
+		a = append(a, epochArg(c.epoch), expect[c.group])
 		for _, i := range c.entries {
 			a = append(a, entries[i].Data)
 		}
@@ -186,27 +257,68 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 		})
 	}
 
-	var errs []error
+	// Failed groups are reported by kind, each kind with its first error:
+	// when Redis is down every group fails the same way.
+	var fenced, unknown []uint32
+	var unknownErr error
+	s.lastMu.Lock()
+	defer s.lastMu.Unlock()
 	for _, c := range calls {
-		op := "append group " + strconv.FormatUint(uint64(c.group), 10)
 		last, err := c.cmd.Int64()
 		switch {
+		case err == nil && last == -2:
+			err = fmt.Errorf("the log is not at position %s: an earlier append whose outcome was unknown landed, or this call was sent twice; claim the group again", expect[c.group])
+		case err == nil && last != -1 && last < int64(len(c.entries)):
+			err = fmt.Errorf("unexpected reply %d", last)
+		}
+		switch {
+		case err == nil && last == -1:
+			fenced = append(fenced, c.group)
 		case err != nil:
-			errs = append(errs, s.wrap(op, fmt.Errorf("outcome unknown: %w", err)))
 			// A network error may hit one group and not another: the
 			// positions of the groups with replies stay valid.
-		case last == -1:
-			errs = append(errs, s.wrap(op, persistence.ErrFenced))
-		case last < int64(len(c.entries)):
-			errs = append(errs, s.wrap(op, fmt.Errorf("unexpected reply %d", last)))
+			unknown = append(unknown, c.group)
+			if unknownErr == nil {
+				unknownErr = err
+			}
 		default:
 			first := persistence.Position(last) - persistence.Position(len(c.entries)) + 1
 			for k, i := range c.entries {
 				pos[i] = first + persistence.Position(k)
 			}
+			if _, ok := s.last[c.group]; ok {
+				s.last[c.group] = persistence.Position(last)
+			}
 		}
 	}
+	var errs []error
+	if len(unknown) > 0 {
+		errs = append(errs, s.wrap("append "+groupList(unknown), fmt.Errorf("outcome unknown: %w", unknownErr)))
+	}
+	if len(fenced) > 0 {
+		errs = append(errs, s.wrap("append "+groupList(fenced), persistence.ErrFenced))
+	}
 	return pos, errors.Join(errs...)
+}
+
+// groupList names groups for an error message, eliding long lists.
+func groupList(groups []uint32) string {
+	if len(groups) == 1 {
+		return "group " + strconv.FormatUint(uint64(groups[0]), 10)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d groups (", len(groups))
+	for i, g := range groups[:min(len(groups), 5)] {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(strconv.FormatUint(uint64(g), 10))
+	}
+	if len(groups) > 5 {
+		b.WriteString(", …")
+	}
+	b.WriteString(")")
+	return b.String()
 }
 
 // Read reads the group's records after a position, a page at a time.

@@ -1,10 +1,13 @@
 package redisstore_test
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/keyfold/keyfold/persistence"
 	"github.com/keyfold/keyfold/persistence/persistencetest"
@@ -127,5 +130,46 @@ func TestScriptCacheFlushed(t *testing.T) {
 		if err := s.Checkpoint(ctx, 1, st.Epoch, []persistence.Snapshot{{Key: "k", Data: []byte("v")}}, pos[0]); err != nil {
 			t.Fatalf("round %d: Checkpoint: %v", round, err)
 		}
+	}
+}
+
+// TestAppendIsConditional: an append expects the group's log to end where
+// this store last saw it. If an earlier append whose outcome the store did
+// not learn landed (simulated here by writing one behind its back), or
+// go-redis sends a script call twice, the append fails instead of adding a
+// record twice; claiming the group again makes appends work.
+func TestAppendIsConditional(t *testing.T) {
+	srv := redistest.Start(t)
+	rc := srv.Client()
+	ctx := t.Context()
+	s, err := redisstore.New(rc, redisstore.Options{Prefix: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Claim(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := func() ([]persistence.Position, error) {
+		return s.Append(ctx, []persistence.Entry{{Group: 3, Epoch: st.Epoch, Data: []byte("r")}})
+	}
+	if pos, err := app(); err != nil || pos[0] != 1 {
+		t.Fatalf("Append = %v, %v", pos, err)
+	}
+	// A record that landed without the store knowing.
+	rc.XAdd(ctx, &redis.XAddArgs{Stream: "{c:3}:log", ID: "2-0", Values: []string{"d", "ghost"}})
+	rc.HSet(ctx, "{c:3}:m", "last", "2")
+	pos, err := app()
+	if err == nil || errors.Is(err, persistence.ErrFenced) || pos[0] != 0 {
+		t.Fatalf("Append after an unseen record = %v, %v; want a non-fencing error and no position", pos, err)
+	}
+	if n := rc.XLen(ctx, "{c:3}:log").Val(); n != 2 {
+		t.Errorf("log has %d records, want 2", n)
+	}
+	if st, err = s.Claim(ctx, 3); err != nil || st.Last != 2 {
+		t.Fatalf("Claim = %+v, %v", st, err)
+	}
+	if pos, err := app(); err != nil || pos[0] != 3 {
+		t.Fatalf("Append after the claim = %v, %v; want position 3", pos, err)
 	}
 }
