@@ -39,6 +39,39 @@ redis.call('HSET', KEYS[1], 'last', string.format('%d', last))
 return last
 `)
 
+// appendManyScript is appendScript for several groups in one call, for a
+// single Redis (not a cluster, where a script may only touch one slot). It
+// returns one result per group, as appendScript does.
+//
+//	KEYS[2i-1], KEYS[2i] group i's meta and log
+//	ARGV per group: epoch, expected last position ("" for any), the number
+//	of records n, then the n records
+var appendManyScript = redis.NewScript(`
+local out = {}
+local a = 1
+for g = 1, #KEYS / 2 do
+  local meta, log = KEYS[2 * g - 1], KEYS[2 * g]
+  local epoch, expect, n = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
+  local first = a + 3
+  a = first + n
+  local v = redis.call('HMGET', meta, 'epoch', 'last')
+  if v[1] ~= epoch then
+    out[g] = -1
+  elseif expect ~= '' and (v[2] or '0') ~= expect then
+    out[g] = -2
+  else
+    local last = tonumber(v[2] or '0')
+    for i = first, a - 1 do
+      last = last + 1
+      redis.call('XADD', log, string.format('%d-0', last), 'd', ARGV[i])
+    end
+    redis.call('HSET', meta, 'last', string.format('%d', last))
+    out[g] = last
+  end
+end
+return out
+`)
+
 // checkpointScript writes and deletes snapshots and, if the position is
 // above the group's checkpoint, advances it and trims the log through it.
 // It returns 0, -1 (writing nothing) if the epoch is not current, or -2
@@ -78,5 +111,3 @@ if redis.call('HSETNX', KEYS[1], 'format', ARGV[1]) == 1 then
 end
 return redis.call('HMGET', KEYS[1], 'format', 'groups')
 `)
-
-var scripts = []*redis.Script{claimScript, appendScript, checkpointScript, checkGroupsScript}

@@ -25,16 +25,30 @@ import (
 
 // Server is a redis-server process started by the test.
 type Server struct {
-	t    testing.TB
-	bin  string
-	dir  string
-	port int
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has exited
+	t     testing.TB
+	bin   string
+	dir   string
+	port  int
+	extra []string
+	cmd   *exec.Cmd
+	done  chan struct{} // closed when cmd has exited
 }
 
-// Start starts a redis-server that is stopped when the test ends.
-func Start(t testing.TB) *Server {
+// Start starts a redis-server that is stopped when the test ends. Extra
+// arguments are passed to redis-server after the defaults, which they
+// override (e.g. "--appendfsync", "everysec").
+func Start(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	s, err := startServer(t, redisServer(t), func(string) []string { return extra })
+	if err != nil {
+		t.Fatalf("redistest: start redis-server: %v", err)
+	}
+	return s
+}
+
+// redisServer returns the path of redis-server, skipping the test if it is
+// not installed, or failing it when the CI environment variable is set.
+func redisServer(t testing.TB) string {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -43,17 +57,27 @@ func Start(t testing.TB) *Server {
 		}
 		t.Skipf("redis-server is not installed: %v", err)
 	}
+	return bin
+}
+
+// startServer starts a redis-server in a new temporary directory on a free
+// port, with the arguments extra returns for the directory after the
+// defaults; it tries new ports (and arguments) when one was taken before
+// redis-server bound it. The server is stopped when the test ends.
+func startServer(t testing.TB, bin string, extra func(dir string) []string) (*Server, error) {
+	t.Helper()
 	s := &Server{t: t, bin: bin, dir: t.TempDir()}
-	var lastErr error
-	for range 5 { // the free port may be taken before redis-server binds it
-		s.port = freePort(t)
-		if lastErr = s.start(); lastErr == nil {
+	var err error
+	for range 5 {
+		s.port, s.extra = freePort(t), extra(s.dir)
+		if err = s.start(); err == nil {
+			// Registered after TempDir: cleanups run last-in first-out,
+			// so the process is gone before its directory is removed.
 			t.Cleanup(s.Stop)
-			return s
+			return s, nil
 		}
 	}
-	t.Fatalf("redistest: start redis-server: %v", lastErr)
-	return nil
+	return nil, err
 }
 
 func freePort(t testing.TB) int {
@@ -98,7 +122,7 @@ func (s *Server) start() error {
 		"--daemonize", "no",
 		"--logfile", filepath.Join(s.dir, "redis.log"),
 	}
-	cmd := exec.Command(s.bin, args...)
+	cmd := exec.Command(s.bin, append(args, s.extra...)...)
 	if err := cmd.Start(); err != nil {
 		return err
 	}
@@ -115,12 +139,9 @@ func (s *Server) start() error {
 		if err == nil {
 			return nil
 		}
-		select {
-		case <-s.done:
+		if s.exited() {
 			s.cmd = nil
-			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
-			return fmt.Errorf("redis-server exited: %s", tail(log))
-		default:
+			return fmt.Errorf("redis-server exited: %s", s.logTail())
 		}
 		if time.Now().After(deadline) {
 			s.kill()
@@ -135,6 +156,35 @@ func tail(b []byte) string {
 		b = b[len(b)-2000:]
 	}
 	return string(b)
+}
+
+// exited reports whether the process has exited.
+func (s *Server) exited() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (s *Server) logTail() string {
+	b, err := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	return tail(b)
+}
+
+// busPort returns the --cluster-port argument, 0 if there is none.
+func (s *Server) busPort() int {
+	for i, a := range s.extra {
+		if a == "--cluster-port" && i+1 < len(s.extra) {
+			p, _ := strconv.Atoi(s.extra[i+1])
+			return p
+		}
+	}
+	return 0
 }
 
 // kill sends SIGKILL and waits for the exit.

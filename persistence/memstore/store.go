@@ -1,0 +1,198 @@
+// Package memstore is an in-memory keyfold store: the persistence model
+// with nothing written anywhere. It is not durable (a process exit loses
+// everything), so keyfold never uses it to serve; it is the baseline that
+// benchmarks compare the real stores against ("no store at all"), and the
+// simplest reference implementation of the conformance suite.
+package memstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/keyfold/keyfold/persistence"
+)
+
+// Store is an in-memory store, safe for concurrent use.
+type Store struct {
+	d      *data
+	mu     sync.Mutex // guards closed
+	closed bool
+}
+
+var _ persistence.Store = (*Store)(nil)
+
+type data struct {
+	mu     sync.Mutex
+	groups uint32 // 0 until CheckGroups
+	g      map[uint32]*group
+}
+
+type group struct {
+	epoch, checkpoint, last persistence.Position
+	log                     map[persistence.Position][]byte
+	snaps                   map[string][]byte
+}
+
+// New returns an empty store.
+func New() *Store {
+	return &Store{d: &data{g: map[uint32]*group{}}}
+}
+
+// Reopen returns a new handle on the same data, as reopening a durable
+// store would; s may be closed.
+func (s *Store) Reopen() *Store { return &Store{d: s.d} }
+
+// Close makes later calls fail with persistence.ErrClosed.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	return nil
+}
+
+// lock checks the call may run and locks the data; the caller unlocks it.
+func (s *Store) lock(ctx context.Context) error {
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return persistence.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.d.mu.Lock()
+	return nil
+}
+
+func (d *data) group(id uint32) *group {
+	g := d.g[id]
+	if g == nil {
+		g = &group{log: map[persistence.Position][]byte{}, snaps: map[string][]byte{}}
+		d.g[id] = g
+	}
+	return g
+}
+
+func (g *group) owns(epoch persistence.Epoch) bool { return g.epoch != 0 && g.epoch == epoch }
+
+// Claim implements persistence.Log.
+func (s *Store) Claim(ctx context.Context, id uint32) (persistence.GroupState, error) {
+	if err := s.lock(ctx); err != nil {
+		return persistence.GroupState{}, fmt.Errorf("memstore: claim group %d: %w", id, err)
+	}
+	defer s.d.mu.Unlock()
+	g := s.d.group(id)
+	g.epoch++
+	return persistence.GroupState{Epoch: g.epoch, Checkpoint: g.checkpoint, Last: g.last}, nil
+}
+
+// Append implements persistence.Log.
+func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]persistence.Position, error) {
+	pos := make([]persistence.Position, len(entries))
+	if err := s.lock(ctx); err != nil {
+		return pos, fmt.Errorf("memstore: append: %w", err)
+	}
+	defer s.d.mu.Unlock()
+	fenced := map[uint32]bool{}
+	for i, e := range entries {
+		g := s.d.group(e.Group)
+		if !g.owns(e.Epoch) {
+			fenced[e.Group] = true
+			continue
+		}
+		g.last++
+		g.log[g.last] = append([]byte(nil), e.Data...)
+		pos[i] = g.last
+	}
+	var errs []error
+	for id := range fenced {
+		errs = append(errs, fmt.Errorf("memstore: append group %d: %w", id, persistence.ErrFenced))
+	}
+	return pos, errors.Join(errs...)
+}
+
+// Read implements persistence.Log. fn runs without the store's lock.
+func (s *Store) Read(ctx context.Context, id uint32, after persistence.Position, fn func(persistence.Position, []byte) error) error {
+	if err := s.lock(ctx); err != nil {
+		return fmt.Errorf("memstore: read group %d: %w", id, err)
+	}
+	g := s.d.group(id)
+	type rec struct {
+		pos  persistence.Position
+		data []byte
+	}
+	var recs []rec
+	for p := max(after, g.checkpoint) + 1; p <= g.last && p > after; p++ {
+		if d, ok := g.log[p]; ok {
+			recs = append(recs, rec{p, d})
+		}
+	}
+	s.d.mu.Unlock()
+	for _, r := range recs {
+		if err := fn(r.pos, r.data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Checkpoint implements persistence.Store.
+func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epoch, snaps []persistence.Snapshot, through persistence.Position) error {
+	if err := s.lock(ctx); err != nil {
+		return fmt.Errorf("memstore: checkpoint group %d: %w", id, err)
+	}
+	defer s.d.mu.Unlock()
+	g := s.d.group(id)
+	if !g.owns(epoch) {
+		return fmt.Errorf("memstore: checkpoint group %d: %w", id, persistence.ErrFenced)
+	}
+	if through > g.last {
+		return fmt.Errorf("memstore: checkpoint group %d through %d: beyond the last position %d", id, through, g.last)
+	}
+	for _, sn := range snaps {
+		if sn.Data == nil {
+			delete(g.snaps, sn.Key)
+		} else {
+			g.snaps[sn.Key] = append([]byte{}, sn.Data...)
+		}
+	}
+	for ; g.checkpoint < through; g.checkpoint++ {
+		delete(g.log, g.checkpoint+1)
+	}
+	return nil
+}
+
+// Get implements persistence.Snapshots.
+func (s *Store) Get(ctx context.Context, id uint32, key string) ([]byte, error) {
+	if err := s.lock(ctx); err != nil {
+		return nil, fmt.Errorf("memstore: get group %d key %q: %w", id, key, err)
+	}
+	defer s.d.mu.Unlock()
+	d, ok := s.d.group(id).snaps[key]
+	if !ok {
+		return nil, fmt.Errorf("memstore: get group %d key %q: %w", id, key, persistence.ErrNotFound)
+	}
+	return append([]byte{}, d...), nil
+}
+
+// CheckGroups implements persistence.Store.
+func (s *Store) CheckGroups(ctx context.Context, groups uint32) error {
+	if groups == 0 {
+		return errors.New("memstore: check groups: the number of key groups must be positive")
+	}
+	if err := s.lock(ctx); err != nil {
+		return fmt.Errorf("memstore: check groups: %w", err)
+	}
+	defer s.d.mu.Unlock()
+	switch s.d.groups {
+	case 0:
+		s.d.groups = groups
+	case groups:
+	default:
+		return fmt.Errorf("memstore: check groups: %d, the store has %d: %w", groups, s.d.groups, persistence.ErrGroupsMismatch)
+	}
+	return nil
+}
