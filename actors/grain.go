@@ -95,34 +95,63 @@ func (g *grain) Receive(c actor.Context) {
 	}
 }
 
-// activate loads the key's snapshot. A passivated key always has a current
-// one, so activation is a single read.
+// activate restores the key from its snapshot. A passivated key always has
+// a current one, so activation is one read, and one more for the ids it
+// remembers (in time buckets) if it has any.
 func (g *grain) activate() {
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-	defer cancel()
-	data, err := g.host.store.Get(ctx, g.group, g.id.snapshotKey())
-	if errors.Is(err, persistence.ErrNotFound) {
-		return
-	}
-	if err == nil {
-		var snap keyfoldv1.Snapshot
-		if err = proto.Unmarshal(data, &snap); err == nil {
-			g.pos = snap.Position
-			g.state, err = g.pipeline.RestoreParts(snap.State, func(b int64) ([]byte, error) {
-				return g.host.store.Get(ctx, g.group, g.id.bucketKey(b))
-			})
-			// Everything restored is stored, unless RestoreParts asked for
-			// a rewrite (a new bucket layout) by starting past it.
-			g.stored = min(g.state.Version(), fold.RestoredVersion)
-		}
-	}
-	if err != nil {
+	if err := g.load(); err != nil {
 		// Inputs sent to this key would be lost with it: drop its group and
 		// take it over again (asynchronously: the host's lock may be held
 		// by whoever is sending to this grain).
 		g.broken = fmt.Errorf("actors: activate %s/%s: %w", g.id.pipeline, g.id.key, err)
 		go g.host.lose(g.group, g.epoch, g.broken)
 	}
+}
+
+func (g *grain) load() error {
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	data, err := g.host.store.Get(ctx, g.group, g.id.snapshotKey())
+	if errors.Is(err, persistence.ErrNotFound) {
+		return nil // a new key
+	}
+	if err != nil {
+		return err
+	}
+	var snap keyfoldv1.Snapshot
+	if err := proto.Unmarshal(data, &snap); err != nil {
+		return err
+	}
+	buckets := map[int64][]byte{}
+	if ids := snap.GetState().GetSeenBuckets(); len(ids) > 0 {
+		keys := make([]string, len(ids))
+		for i, b := range ids {
+			keys[i] = g.id.bucketKey(b)
+		}
+		vals, err := g.host.store.GetMany(ctx, g.group, keys)
+		if err != nil {
+			return err
+		}
+		for i, b := range ids {
+			if i < len(vals) && vals[i] != nil {
+				buckets[b] = vals[i]
+			}
+		}
+	}
+	state, err := g.pipeline.RestoreParts(snap.State, func(b int64) ([]byte, error) {
+		if d, ok := buckets[b]; ok {
+			return d, nil
+		}
+		return nil, persistence.ErrNotFound
+	})
+	if err != nil {
+		return err
+	}
+	g.pos, g.state = snap.Position, state
+	// Everything restored is stored, unless RestoreParts asked for a
+	// rewrite (a new bucket layout) by starting past it.
+	g.stored = min(g.state.Version(), fold.RestoredVersion)
+	return nil
 }
 
 func (g *grain) apply(m *applyMsg) {

@@ -64,6 +64,11 @@ type Snapshot struct {
 type Snapshots interface {
 	// Get returns a key's snapshot, or an error wrapping ErrNotFound.
 	Get(ctx context.Context, group uint32, key string) ([]byte, error)
+
+	// GetMany returns the snapshots of several keys of one group, in one
+	// round trip where the store has round trips: data[i] is keys[i]'s
+	// snapshot, nil if it has none.
+	GetMany(ctx context.Context, group uint32, keys []string) (data [][]byte, err error)
 }
 
 // Store is a complete keyfold store.

@@ -474,6 +474,27 @@ func (s *Store) Get(ctx context.Context, id uint32, key string) ([]byte, error) 
 	return append(make([]byte, 0, len(v)), v...), nil
 }
 
+// GetMany returns copies of several snapshots; a missing one is nil.
+func (s *Store) GetMany(ctx context.Context, id uint32, keys []string) ([][]byte, error) {
+	if err := s.begin(ctx); err != nil {
+		return nil, fmt.Errorf("embedded: get group %d: %w", id, err)
+	}
+	defer s.end()
+	out := make([][]byte, len(keys))
+	for i, key := range keys {
+		v, closer, err := s.db.Get(snapshotKey(id, key))
+		if errors.Is(err, pebble.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("embedded: get group %d key %q: %w", id, key, err)
+		}
+		out[i] = append(make([]byte, 0, len(v)), v...)
+		closer.Close()
+	}
+	return out, nil
+}
+
 // CheckGroups records the number of key groups in a new store and checks it
 // in an existing one.
 func (s *Store) CheckGroups(ctx context.Context, groups uint32) error {

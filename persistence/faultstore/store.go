@@ -164,6 +164,19 @@ func (s *Store) Checkpoint(ctx context.Context, group uint32, epoch persistence.
 	return after(f, s.inner.Checkpoint(ctx, group, epoch, snaps, through))
 }
 
+// GetMany implements persistence.Snapshots; it counts as an OpGet.
+func (s *Store) GetMany(ctx context.Context, group uint32, keys []string) ([][]byte, error) {
+	f := s.call(OpGet)
+	if err := before(ctx, OpGet, f); err != nil {
+		return nil, err
+	}
+	data, err := s.inner.GetMany(ctx, group, keys)
+	if err = after(f, err); err != nil {
+		return nil, err
+	}
+	return data, nil
+}
+
 // Get implements persistence.Snapshots.
 func (s *Store) Get(ctx context.Context, group uint32, key string) ([]byte, error) {
 	f := s.call(OpGet)

@@ -178,6 +178,22 @@ func (s *Store) Get(ctx context.Context, id uint32, key string) ([]byte, error) 
 	return append([]byte{}, d...), nil
 }
 
+// GetMany implements persistence.Snapshots.
+func (s *Store) GetMany(ctx context.Context, id uint32, keys []string) ([][]byte, error) {
+	if err := s.lock(ctx); err != nil {
+		return nil, fmt.Errorf("memstore: get group %d: %w", id, err)
+	}
+	defer s.d.mu.Unlock()
+	g := s.d.group(id)
+	out := make([][]byte, len(keys))
+	for i, k := range keys {
+		if d, ok := g.snaps[k]; ok {
+			out[i] = append([]byte{}, d...)
+		}
+	}
+	return out, nil
+}
+
 // CheckGroups implements persistence.Store.
 func (s *Store) CheckGroups(ctx context.Context, groups uint32) error {
 	if groups == 0 {

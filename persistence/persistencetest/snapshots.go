@@ -93,3 +93,31 @@ func testPutFenced(e *env) {
 	e.wantNoSnap(1, "b")
 	e.wantNoSnap(2, "a")
 }
+
+// GetMany returns several snapshots of a group at once, nil for a missing
+// one, empty (not nil) for an empty one.
+func testGetMany(e *env) {
+	ep := e.claim(1).Epoch
+	e.put(1, ep, snap("a", "1"), snap("k\x00\xff", "binary"), persistence.Snapshot{Key: "empty", Data: []byte{}})
+	e.put(2, e.claim(2).Epoch, snap("b", "other group"))
+	got, err := e.s.GetMany(e.ctx, 1, []string{"a", "missing", "k\x00\xff", "empty", "b", "a"})
+	if err != nil {
+		e.t.Fatalf("GetMany: %v", err)
+	}
+	want := []string{"1", "<nil>", "binary", "", "<nil>", "1"}
+	if len(got) != len(want) {
+		e.t.Fatalf("GetMany returned %d values for 6 keys", len(got))
+	}
+	for i, w := range want {
+		g := "<nil>"
+		if got[i] != nil {
+			g = string(got[i])
+		}
+		if g != w {
+			e.t.Errorf("GetMany value %d = %q, want %q", i, g, w)
+		}
+	}
+	if got, err := e.s.GetMany(e.ctx, 1, nil); err != nil || len(got) != 0 {
+		e.t.Errorf("GetMany of no keys = %v, %v", got, err)
+	}
+}

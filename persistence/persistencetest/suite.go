@@ -39,6 +39,7 @@ var tests = []test{
 	{name: "CheckpointAtomic", run: testCheckpointAtomic},
 	{name: "Snapshots", run: testSnapshots},
 	{name: "SnapshotsCopyData", run: testSnapshotsCopyData},
+	{name: "GetMany", run: testGetMany},
 	{name: "SnapshotsIsolatedByGroup", run: testSnapshotsIsolatedByGroup},
 	{name: "PutFenced", run: testPutFenced},
 	{name: "CheckGroups", run: testCheckGroups},

@@ -441,6 +441,37 @@ func (s *Store) Get(ctx context.Context, group uint32, key string) ([]byte, erro
 	return b, nil
 }
 
+// GetMany returns several snapshots with one MGET (the keys of a group
+// share a slot, so this works on a cluster too).
+func (s *Store) GetMany(ctx context.Context, group uint32, keys []string) ([][]byte, error) {
+	op := "get group " + strconv.FormatUint(uint64(group), 10)
+	if err := s.begin(ctx); err != nil {
+		return nil, s.wrap(op, err)
+	}
+	out := make([][]byte, len(keys))
+	if len(keys) == 0 {
+		return out, nil
+	}
+	rkeys := make([]string, len(keys))
+	for i, k := range keys {
+		rkeys[i] = s.k.snapshot(group, k)
+	}
+	vals, err := s.c.MGet(ctx, rkeys...).Result()
+	if err != nil {
+		return nil, s.wrap(op, err)
+	}
+	for i, v := range vals {
+		switch v := v.(type) {
+		case nil:
+		case string:
+			out[i] = []byte(v)
+		default:
+			return nil, s.wrap(op, fmt.Errorf("unexpected reply %T for key %q", v, keys[i]))
+		}
+	}
+	return out, nil
+}
+
 // CheckGroups records the layout version and number of key groups in a new
 // store and checks them in an existing one.
 func (s *Store) CheckGroups(ctx context.Context, groups uint32) error {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -171,5 +172,42 @@ func TestAppendIsConditional(t *testing.T) {
 	}
 	if pos, err := app(); err != nil || pos[0] != 3 {
 		t.Fatalf("Append after the claim = %v, %v; want position 3", pos, err)
+	}
+}
+
+// TestOpenURL: Open takes the user, password and database from the URL; a
+// wrong password fails the first call with Redis's error, which does not
+// quote the password; a URL Open cannot parse is refused before any I/O.
+func TestOpenURL(t *testing.T) {
+	srv := redistest.Start(t, "--requirepass", "s3cret")
+	ctx := t.Context()
+	s, err := redisstore.Open("redis://default:s3cret@"+srv.Addr()+"/3", redisstore.Options{Prefix: "u"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.CheckGroups(ctx, 8); err != nil {
+		t.Fatalf("CheckGroups with the right password: %v", err)
+	}
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr(), Password: "s3cret", DB: 3})
+	defer rc.Close()
+	if got := rc.HGet(ctx, "u:meta", "groups").Val(); got != "8" {
+		t.Errorf("database 3 holds groups=%q, want 8", got)
+	}
+
+	bad, err := redisstore.Open("redis://default:wrong-pw@"+srv.Addr()+"/0", redisstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	err = bad.CheckGroups(ctx, 8)
+	if err == nil || strings.Contains(err.Error(), "wrong-pw") {
+		t.Errorf("CheckGroups with a wrong password = %v; want an error that does not quote it", err)
+	}
+	if _, err := redisstore.Open("http://"+srv.Addr(), redisstore.Options{}); err == nil {
+		t.Error("Open of an http:// URL succeeded")
+	}
+	if _, err := redisstore.Open(srv.URL(), redisstore.Options{Prefix: "a{b"}); err == nil {
+		t.Error("Open with a prefix containing a brace succeeded")
 	}
 }

@@ -10,6 +10,7 @@ package redistest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -136,7 +137,8 @@ func (s *Server) start() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		err := c.Ping(ctx).Err()
 		cancel()
-		if err == nil {
+		var reply redis.Error // the server answered, e.g. NOAUTH with --requirepass
+		if err == nil || errors.As(err, &reply) {
 			return nil
 		}
 		if s.exited() {
