@@ -15,7 +15,10 @@ test: ## vet, check generated code, run every test, and the in-process ones agai
 .PHONY: proto
 proto: ## regenerate the .pb.go files from proto/keyfold/v1/*.proto (needs protoc)
 	protoc --plugin=protoc-gen-go="$$($(GO) tool -n protoc-gen-go)" \
-		--go_out=. --go_opt=paths=source_relative proto/keyfold/v1/*.proto
+		--plugin=protoc-gen-go-grpc="$$($(GO) tool -n protoc-gen-go-grpc)" \
+		--go_out=. --go_opt=paths=source_relative \
+		--go-grpc_out=. --go-grpc_opt=paths=source_relative \
+		proto/keyfold/v1/*.proto
 
 .PHONY: proto-check
 proto-check: ## fail if the committed .pb.go differ from what `make proto` generates

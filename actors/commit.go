@@ -79,7 +79,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 				index[id] = kb
 				gb.keys = append(gb.keys, kb)
 			}
-			kb.inputs.Inputs = append(kb.inputs.Inputs, &keyfoldv1.Input{Event: ev.Raw, IngestTimeMs: nowMs})
+			kb.inputs.Inputs = append(kb.inputs.Inputs, &keyfoldv1.Input{Event: ev.Raw, IngestTimeMs: nowMs, Erase: ev.Erase})
 			if s := len(kb.msg.segs); s == 0 || kb.msg.segs[s-1].w != r.w {
 				kb.msg.segs = append(kb.msg.segs, segment{nowMs: nowMs, w: r.w})
 				segs++

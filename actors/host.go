@@ -212,40 +212,90 @@ type Result struct {
 // If ctx ends first the events may still be applied; retrying events that
 // carry ids is safe.
 func (h *Host) Ingest(ctx context.Context, pipeline string, raws [][]byte) (Result, error) {
+	p, err := h.Submit(ctx, pipeline, raws)
+	if err != nil {
+		return Result{}, err
+	}
+	return p.Wait(ctx)
+}
+
+// Pending is an ingest that was validated and queued for logging.
+type Pending struct {
+	w *waiter // nil for an empty batch
+	n int
+}
+
+// Submit validates a batch as Ingest does and queues it for logging, then
+// returns without waiting: batches submitted one after the other are logged
+// and applied in that order (what a stream of batches needs). Wait for the
+// outcome with Pending.Wait.
+func (h *Host) Submit(ctx context.Context, pipeline string, raws [][]byte) (*Pending, error) {
 	p, ok := h.cfg.Pipelines[pipeline]
 	if !ok {
-		return Result{}, fmt.Errorf("%w %q", ErrUnknownPipeline, pipeline)
+		return nil, fmt.Errorf("%w %q", ErrUnknownPipeline, pipeline)
 	}
 	events, err := p.PrepareBatch(raws)
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	if len(events) == 0 {
-		return Result{}, nil
+		return &Pending{}, nil
 	}
+	return h.enqueue(ctx, pipeline, events)
+}
+
+// enqueue hands events to the commit loop.
+func (h *Host) enqueue(ctx context.Context, pipeline string, events []*fold.Event) (*Pending, error) {
 	req := &ingestReq{pipeline: pipeline, events: events, w: newWaiter()}
 	h.gate.RLock()
+	defer h.gate.RUnlock()
 	if h.closed {
-		h.gate.RUnlock()
-		return Result{}, ErrClosed
+		return nil, ErrClosed
 	}
 	select {
 	case h.queue <- req:
+		return &Pending{w: req.w, n: len(events)}, nil
 	case <-ctx.Done():
-		h.gate.RUnlock()
-		return Result{}, ctx.Err()
+		return nil, ctx.Err()
 	}
-	h.gate.RUnlock()
+}
+
+// Wait waits until the batch is logged and applied, or ctx ends (the batch
+// may then still be applied).
+func (p *Pending) Wait(ctx context.Context) (Result, error) {
+	if p.w == nil {
+		return Result{}, nil
+	}
 	select {
-	case <-req.w.done:
+	case <-p.w.done:
 	case <-ctx.Done():
 		return Result{}, ctx.Err()
 	}
-	dups, err := req.w.result()
+	dups, err := p.w.result()
 	if err != nil {
 		return Result{}, err
 	}
-	return Result{Accepted: len(events) - dups, Duplicates: dups}, nil
+	return Result{Accepted: p.n - dups, Duplicates: dups}, nil
+}
+
+// Delete erases a key: its state, the ids it remembers and, at the next
+// checkpoint, its snapshot. The deletion is logged (a tombstone) like an
+// event, so it is durable when Delete returns and replay repeats it; events
+// logged after it start the key afresh. Deleting a key without state
+// succeeds.
+func (h *Host) Delete(ctx context.Context, pipeline, key string) error {
+	if _, ok := h.cfg.Pipelines[pipeline]; !ok {
+		return fmt.Errorf("%w %q", ErrUnknownPipeline, pipeline)
+	}
+	if err := fold.CheckKey(key); err != nil {
+		return err
+	}
+	p, err := h.enqueue(ctx, pipeline, []*fold.Event{fold.Tombstone(key)})
+	if err != nil {
+		return err
+	}
+	_, err = p.Wait(ctx)
+	return err
 }
 
 // Query returns a key's state, read through its grain, so it reflects every

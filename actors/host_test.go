@@ -630,3 +630,67 @@ func TestHostDedupUnderFaults(t *testing.T) {
 		})
 	}
 }
+
+// TestDeleteKey: a deletion is logged and erases the key's state, its ids
+// and (at the next checkpoint) everything it had in the store; it holds
+// across a restart with and without a checkpoint after it, and the key can
+// start afresh.
+func TestDeleteKey(t *testing.T) {
+	for _, checkpointed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("checkpointed=%v", checkpointed), func(t *testing.T) {
+			dir := t.TempDir()
+			fs := faultstore.New(openStore(t, dir))
+			hs := start(t, fs, actors.Config{Groups: 2, CheckpointInterval: time.Hour})
+			for i := range 20 {
+				hs.ingest(event("a", fmt.Sprint(i), 1), event("b", fmt.Sprint(i), 1))
+			}
+			// Snapshot a and b (with their ids) through a clean restart.
+			if err := hs.shutdown(); err != nil {
+				t.Fatal(err)
+			}
+			hs = start(t, fs, actors.Config{Groups: 2, CheckpointInterval: time.Hour})
+			if err := hs.host.Delete(context.Background(), "p", "a"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := hs.host.Query(context.Background(), "p", "a"); !errors.Is(err, actors.ErrNotFound) {
+				t.Errorf("query after delete: %v, want ErrNotFound", err)
+			}
+			if v := hs.query("b"); v.Seq != 20 {
+				t.Errorf("b = %+v, want untouched", v)
+			}
+			if !checkpointed {
+				fs.InjectAll(faultstore.OpCheckpoint, faultstore.Fault{Err: errors.New("no checkpoint")})
+			}
+			err := hs.shutdown()
+			if checkpointed != (err == nil) {
+				t.Fatalf("shutdown: %v", err)
+			}
+			fs.Reset()
+			if checkpointed {
+				g := actors.GroupOf("p", "a", 2)
+				if _, err := fs.Get(context.Background(), g, "p\x00a"); !errors.Is(err, persistence.ErrNotFound) {
+					t.Errorf("snapshot of a after delete and checkpoint: %v, want ErrNotFound", err)
+				}
+			}
+			hs = start(t, fs, actors.Config{Groups: 2})
+			defer hs.shutdown()
+			if _, err := hs.host.Query(context.Background(), "p", "a"); !errors.Is(err, actors.ErrNotFound) {
+				t.Errorf("query after delete and restart: %v, want ErrNotFound", err)
+			}
+			if r := hs.ingest(event("a", "3", 5)); r.Accepted != 1 {
+				t.Errorf("an id of the deleted key: %+v, want it applied afresh", r)
+			}
+			if v := hs.query("a"); v.Seq != 1 || v.Aggregates["sum"] != float64(5) {
+				t.Errorf("a after delete and one event = %+v", v)
+			}
+			for _, bad := range []string{"", "x\x00y"} {
+				if err := hs.host.Delete(context.Background(), "p", bad); !errors.Is(err, fold.ErrInvalidEvent) {
+					t.Errorf("Delete(%q) = %v, want ErrInvalidEvent", bad, err)
+				}
+			}
+			if err := hs.host.Delete(context.Background(), "nope", "a"); !errors.Is(err, actors.ErrUnknownPipeline) {
+				t.Errorf("Delete in an unknown pipeline = %v", err)
+			}
+		})
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/persistence"
 	"golang.org/x/sync/errgroup"
 )
@@ -282,7 +283,11 @@ func (h *Host) replay(g uint32, pos persistence.Position, data []byte) error {
 				msg.segs = append(msg.segs, segment{nowMs: in.IngestTimeMs})
 			}
 			last := &msg.segs[len(msg.segs)-1]
-			last.events = append(last.events, p.Replay(in.Event, ki.Key))
+			if in.Erase {
+				last.events = append(last.events, fold.Tombstone(ki.Key))
+			} else {
+				last.events = append(last.events, p.Replay(in.Event, ki.Key))
+			}
 		}
 		id := keyID{ki.Pipeline, ki.Key}
 		h.sendLocked(id, g, msg)

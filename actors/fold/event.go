@@ -22,6 +22,9 @@ type Event struct {
 	// Time is the event time in Unix milliseconds, or 0 when the pipeline
 	// has no time field (ingest time is used).
 	Time int64
+	// Erase makes the event a tombstone: applying it erases the key (see
+	// Erase). Raw is empty.
+	Erase bool
 
 	contrib []contribution // one per aggregate of the pipeline, in order
 }
@@ -54,11 +57,8 @@ func (p *Pipeline) Prepare(raw []byte) (*Event, error) {
 	if err != nil {
 		return nil, &FieldError{Field: p.keyField, Reason: "key " + err.Error()}
 	}
-	if key == "" {
-		return nil, &FieldError{Field: p.keyField, Reason: "key must not be empty"}
-	}
-	if strings.ContainsRune(key, 0) {
-		return nil, &FieldError{Field: p.keyField, Reason: "key must not contain NUL"}
+	if err := CheckKey(key); err != nil {
+		return nil, &FieldError{Field: p.keyField, Reason: err.(*FieldError).Reason}
 	}
 	ev.Key = key
 	if err := p.prepareRest(ev, fields, true); err != nil {
@@ -278,4 +278,16 @@ func (p *Pipeline) PrepareBatch(raws [][]byte) ([]*Event, error) {
 		events[i] = ev
 	}
 	return events, nil
+}
+
+// CheckKey reports, as a *FieldError (wrapping ErrInvalidEvent) without a
+// field, why a string cannot name a key: it is empty or contains NUL.
+func CheckKey(key string) error {
+	switch {
+	case key == "":
+		return &FieldError{Reason: "key must not be empty"}
+	case strings.ContainsRune(key, 0):
+		return &FieldError{Reason: "key must not contain NUL"}
+	}
+	return nil
 }

@@ -252,3 +252,54 @@ func TestRestoreAfterDedupWindowChange(t *testing.T) {
 		})
 	}
 }
+
+// TestEraseRemovesEverything: a tombstone empties the state, the next parts
+// delete every stored id bucket, and an id seen before the erase counts
+// again after it.
+func TestEraseRemovesEverything(t *testing.T) {
+	p, err := fold.Compile("p", fold.Spec{Key: "k", ID: "id", DedupWindow: time.Hour,
+		Aggregates: map[string]fold.AggregateSpec{"n": {Op: "count"}, "sum": {Op: "sum", Field: "v"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := &partsStore{buckets: map[int64][]byte{}}
+	var s fold.State
+	for i := range 50 {
+		ev, err := p.Prepare([]byte(fmt.Sprintf(`{"k":"a","id":"e%d","v":1}`, i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Apply(&s, ev, int64(i)*time.Minute.Milliseconds()) // ids spread over many buckets
+	}
+	parts, err := p.SnapshotParts(&s, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps.store(parts)
+	s.Persisted(parts.Version)
+	if len(ps.buckets) < 2 {
+		t.Fatalf("setup: %d stored buckets, want several", len(ps.buckets))
+	}
+
+	if dup := p.Apply(&s, fold.Tombstone("a"), 50*time.Minute.Milliseconds()); dup {
+		t.Error("a tombstone counted as a duplicate")
+	}
+	if !s.Empty() || s.Seq() != 0 {
+		t.Fatalf("after Erase: empty=%v seq=%d", s.Empty(), s.Seq())
+	}
+	parts, err = p.SnapshotParts(&s, parts.Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps.store(parts)
+	if len(ps.buckets) != 0 || len(parts.Core.GetSeenBuckets()) != 0 {
+		t.Errorf("after Erase %d id buckets remain stored (core lists %v)", len(ps.buckets), parts.Core.GetSeenBuckets())
+	}
+	ev, _ := p.Prepare([]byte(`{"k":"a","id":"e3","v":5}`))
+	if p.Apply(&s, ev, 51*time.Minute.Milliseconds()) {
+		t.Error("an id applied before the erase is still remembered")
+	}
+	if got := p.Aggregates(&s); fmt.Sprint(got["sum"]) != "5" || s.Seq() != 1 {
+		t.Errorf("after erase and one event: %v seq %d", got, s.Seq())
+	}
+}

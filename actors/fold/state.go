@@ -37,6 +37,10 @@ func (s *State) Version() uint64 { return s.version }
 // nowMs (Unix milliseconds, taken from the log). It reports whether the event
 // was a duplicate, in which case the aggregates and seq are unchanged.
 func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
+	if ev.Erase {
+		Erase(s)
+		return false
+	}
 	s.version++
 	if nowMs > s.now {
 		s.now = nowMs
@@ -130,4 +134,21 @@ func jsonNumber(f float64) float64 {
 		return -math.MaxFloat64
 	}
 	return f
+}
+
+// Tombstone returns the event that erases key when applied.
+func Tombstone(key string) *Event { return &Event{Key: key, Erase: true} }
+
+// Erase forgets everything a key holds — its aggregates, its count, the ids
+// it remembers — as a deletion requires: afterwards the state is Empty. The
+// key's stored id buckets are marked for deletion, so its next snapshot
+// removes them (and, the state being empty, the snapshot itself).
+func Erase(s *State) {
+	s.version++
+	gone := s.ids.gone
+	for b := range s.ids.buckets {
+		gone = append(gone, goneBucket{bucket: b, version: s.version})
+	}
+	*s = State{version: s.version, now: s.now}
+	s.ids.gone = gone
 }

@@ -139,7 +139,10 @@ type Input struct {
 	// The event exactly as received, as a JSON object.
 	Event []byte `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
 	// Processing time of the ingest, Unix milliseconds, taken once per batch.
-	IngestTimeMs  int64 `protobuf:"varint,2,opt,name=ingest_time_ms,json=ingestTimeMs,proto3" json:"ingest_time_ms,omitempty"`
+	IngestTimeMs int64 `protobuf:"varint,2,opt,name=ingest_time_ms,json=ingestTimeMs,proto3" json:"ingest_time_ms,omitempty"`
+	// A tombstone: the key was deleted here (event is empty). Everything the
+	// key held before it is erased, its remembered ids included.
+	Erase         bool `protobuf:"varint,3,opt,name=erase,proto3" json:"erase,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -186,6 +189,13 @@ func (x *Input) GetIngestTimeMs() int64 {
 		return x.IngestTimeMs
 	}
 	return 0
+}
+
+func (x *Input) GetErase() bool {
+	if x != nil {
+		return x.Erase
+	}
+	return false
 }
 
 // Snapshot is the state of one key and the group-log position it reflects.
@@ -534,10 +544,11 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\tKeyInputs\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12)\n" +
-	"\x06inputs\x18\x03 \x03(\v2\x11.keyfold.v1.InputR\x06inputs\"C\n" +
+	"\x06inputs\x18\x03 \x03(\v2\x11.keyfold.v1.InputR\x06inputs\"Y\n" +
 	"\x05Input\x12\x14\n" +
 	"\x05event\x18\x01 \x01(\fR\x05event\x12$\n" +
-	"\x0eingest_time_ms\x18\x02 \x01(\x03R\fingestTimeMs\"\x80\x01\n" +
+	"\x0eingest_time_ms\x18\x02 \x01(\x03R\fingestTimeMs\x12\x14\n" +
+	"\x05erase\x18\x03 \x01(\bR\x05erase\"\x80\x01\n" +
 	"\bSnapshot\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
