@@ -21,4 +21,8 @@ func (b httpBackend) Query(ctx context.Context, pipeline, key string) (any, erro
 	return b.n.Query(ctx, pipeline, key)
 }
 
+func (b httpBackend) Delete(ctx context.Context, pipeline, key string) error {
+	return b.n.Delete(ctx, pipeline, key)
+}
+
 func (b httpBackend) Serving() bool { return b.n.Serving() }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"sync"
@@ -263,6 +264,48 @@ func (n *Node) Ingest(ctx context.Context, pipeline string, events []json.RawMes
 	r, err := h.Ingest(ctx, pipeline, raws)
 	return IngestResult{Accepted: r.Accepted, Duplicates: r.Duplicates}, err
 }
+
+// SubmitIngest validates a batch as Ingest does and queues it for logging
+// without waiting: batches submitted one after the other are logged and
+// applied in that order. Wait for the outcome with the returned
+// PendingIngest (this is how the gRPC stream keeps a stream's batches in
+// order while several are in flight).
+func (n *Node) SubmitIngest(ctx context.Context, pipeline string, events [][]byte) (*PendingIngest, error) {
+	h, err := n.serving(pipeline)
+	if err != nil {
+		return nil, err
+	}
+	p, err := h.Submit(ctx, pipeline, events)
+	if err != nil {
+		return nil, err
+	}
+	return &PendingIngest{p}, nil
+}
+
+// PendingIngest is a submitted batch.
+type PendingIngest struct{ p *actors.Pending }
+
+// Wait waits until the batch is durable and applied, or ctx ends (it may
+// then still be applied).
+func (p *PendingIngest) Wait(ctx context.Context) (IngestResult, error) {
+	r, err := p.p.Wait(ctx)
+	return IngestResult{Accepted: r.Accepted, Duplicates: r.Duplicates}, err
+}
+
+// Delete erases one key: its state, the ids it remembers and its snapshot.
+// The deletion is logged before Delete returns (it survives a crash), and
+// the key's next event starts it afresh. Deleting a key without state
+// succeeds.
+func (n *Node) Delete(ctx context.Context, pipeline, key string) error {
+	h, err := n.serving(pipeline)
+	if err != nil {
+		return err
+	}
+	return h.Delete(ctx, pipeline, key)
+}
+
+// Pipelines returns the configured pipelines by name.
+func (n *Node) Pipelines() map[string]PipelineConfig { return maps.Clone(n.cfg.Pipelines) }
 
 // Query returns one key's state, read through its actor: it reflects every
 // ingest acknowledged before the call. A key never seen is ErrNotFound.

@@ -207,3 +207,36 @@ func contains(got, want map[string]any) error {
 	}
 	return nil
 }
+
+// TestDeleteKey: DELETE erases a key (204, no body); deleting again, or a
+// key never seen, is fine; an unknown pipeline is 404.
+func TestDeleteKey(t *testing.T) {
+	base := startNode(t)
+	key := base + "/v1/pipelines/logins/keys/alice"
+	if r := do(t, "POST", base+"/v1/pipelines/logins/events", "", `[{"user":{"id":"alice"},"event_id":"e1","amount":3}]`); r.status != 200 {
+		t.Fatalf("ingest: %v", r)
+	}
+	del := func(url string) int {
+		req, _ := http.NewRequest(http.MethodDelete, url, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode
+	}
+	for i := range 2 {
+		if got := del(key); got != http.StatusNoContent {
+			t.Errorf("DELETE %d: %d, want 204", i+1, got)
+		}
+	}
+	if r := do(t, "GET", key, "", ""); r.status != 404 {
+		t.Errorf("GET after DELETE: %v", r)
+	}
+	if got := del(base + "/v1/pipelines/nope/keys/alice"); got != 404 {
+		t.Errorf("DELETE in an unknown pipeline: %d, want 404", got)
+	}
+	if r := do(t, "POST", base+"/v1/pipelines/logins/events", "", `[{"user":{"id":"alice"},"event_id":"e1","amount":4}]`); r.status != 200 || r.body["accepted"] != float64(1) {
+		t.Errorf("the deleted key's old id: %v, want applied afresh", r)
+	}
+}

@@ -24,6 +24,7 @@ func (b *blockingBackend) Ingest(ctx context.Context, _ string, events []json.Ra
 
 func (b *blockingBackend) Query(context.Context, string, string) (any, error) { return nil, nil }
 func (b *blockingBackend) Serving() bool                                      { return true }
+func (b *blockingBackend) Delete(context.Context, string, string) error       { return nil }
 
 // TestIngestConcurrencyBounded: with one slot, a second ingest waits, and
 // gets 503 if its context ends before the slot frees.
@@ -43,8 +44,8 @@ func TestIngestConcurrencyBounded(t *testing.T) {
 	defer cancel()
 	second := httptest.NewRecorder()
 	h.ServeHTTP(second, httptest.NewRequest("POST", "/v1/pipelines/p/events", strings.NewReader(`[{}]`)).WithContext(ctx))
-	if second.Code != http.StatusServiceUnavailable {
-		t.Errorf("second ingest without a slot: %d, want 503", second.Code)
+	if second.Code != http.StatusTooManyRequests || second.Header().Get("Retry-After") == "" {
+		t.Errorf("second ingest without a slot: %d (Retry-After %q), want 429 with Retry-After", second.Code, second.Header().Get("Retry-After"))
 	}
 	select {
 	case <-b.entered:

@@ -10,8 +10,9 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
-	"strings"
 	"time"
+
+	"github.com/keyfold/keyfold/services"
 )
 
 // Timeouts servers of this API should use: a client that trickles its
@@ -28,6 +29,8 @@ type Backend interface {
 	Ingest(ctx context.Context, pipeline string, events []json.RawMessage) (accepted, duplicates int, err error)
 	// Query returns one key's state, encoded as JSON as it is.
 	Query(ctx context.Context, pipeline, key string) (any, error)
+	// Delete erases one key.
+	Delete(ctx context.Context, pipeline, key string) error
 	// Serving reports whether the node is ready and not draining.
 	Serving() bool
 }
@@ -65,6 +68,7 @@ func New(b Backend, opts Options) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/pipelines/{pipeline}/events", s.ingest)
 	mux.HandleFunc("GET /v1/pipelines/{pipeline}/keys/{key}", s.query)
+	mux.HandleFunc("DELETE /v1/pipelines/{pipeline}/keys/{key}", s.delete)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -118,9 +122,6 @@ type ingestResponse struct {
 	Duplicates int `json:"duplicates"`
 }
 
-// ErrBusy reports an ingest that found no slot before its context ended.
-var ErrBusy = errors.New("httpapi: too many concurrent ingest requests")
-
 func (s *server) ingest(w http.ResponseWriter, r *http.Request) {
 	select {
 	case s.slots <- struct{}{}:
@@ -165,16 +166,24 @@ func (s *server) query(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, st)
 }
 
+func (s *server) delete(w http.ResponseWriter, r *http.Request) {
+	if err := s.b.Delete(r.Context(), r.PathValue("pipeline"), r.PathValue("key")); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
 func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status := statusOf(err)
-	msg := publicMessage(err)
+	msg := services.PublicMessage(err)
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
 		msg = fmt.Sprintf("request body exceeds the limit of %d bytes", mbe.Limit)
 	}
-	if status == http.StatusServiceUnavailable {
-		// Every 503 is temporary: a key group being taken over, a store
-		// that is down, a full node, a drain.
+	if status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests {
+		// Both are temporary: a key group being taken over, a store that
+		// is down, a full node, a drain.
 		w.Header().Set("Retry-After", "1")
 	}
 	if status >= 500 {
@@ -182,21 +191,6 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	writeJSON(w, status, map[string]string{"error": msg})
 }
-
-// publicMessage is an error's text for clients: without the leading Go
-// package names ("actors: key not found" → "key not found").
-func publicMessage(err error) string {
-	msg := err.Error()
-	for {
-		i := strings.Index(msg, ": ")
-		if i < 0 || !goPackages[msg[:i]] {
-			return msg
-		}
-		msg = msg[i+2:]
-	}
-}
-
-var goPackages = map[string]bool{"actors": true, "fold": true, "httpapi": true, "keyfold": true, "persistence": true, "embedded": true}
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")

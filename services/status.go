@@ -1,0 +1,92 @@
+package services
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/actors/fold"
+)
+
+var (
+	// ErrBadRequest wraps every error decoding a request (a body, a
+	// message) before its events are looked at.
+	ErrBadRequest = errors.New("bad request")
+	// ErrBusy reports a request refused because the node is at its limit
+	// of concurrent work; retry later.
+	ErrBusy = errors.New("too many concurrent requests")
+)
+
+// Status is how the transports report an error: its HTTP status and its
+// gRPC code.
+type Status struct {
+	HTTP int
+	GRPC codes.Code
+}
+
+// StatusClientClosed is the HTTP status of a request whose client went
+// away (nginx's convention).
+const StatusClientClosed = 499
+
+// statusTable is the one mapping from domain errors to transport statuses,
+// first match wins; both APIs use it, so the same failure gets the
+// matching status on each.
+var statusTable = []struct {
+	err error
+	Status
+}{
+	{ErrBadRequest, Status{http.StatusBadRequest, codes.InvalidArgument}},
+	{fold.ErrInvalidEvent, Status{http.StatusBadRequest, codes.InvalidArgument}},
+	{ErrBusy, Status{http.StatusTooManyRequests, codes.ResourceExhausted}},
+	{actors.ErrUnknownPipeline, Status{http.StatusNotFound, codes.NotFound}},
+	{actors.ErrNotFound, Status{http.StatusNotFound, codes.NotFound}},
+	{actors.ErrClosed, Status{http.StatusServiceUnavailable, codes.Unavailable}},
+	{actors.ErrUnavailable, Status{http.StatusServiceUnavailable, codes.Unavailable}},
+	{actors.ErrFailed, Status{http.StatusServiceUnavailable, codes.Unavailable}},
+	{actors.ErrNotReady, Status{http.StatusServiceUnavailable, codes.Unavailable}},
+	{context.DeadlineExceeded, Status{http.StatusGatewayTimeout, codes.DeadlineExceeded}},
+	{context.Canceled, Status{StatusClientClosed, codes.Canceled}},
+}
+
+// StatusOf returns the statuses of err; an error the table does not know
+// is internal (500, Internal).
+func StatusOf(err error) Status {
+	for _, e := range statusTable {
+		if errors.Is(err, e.err) {
+			return e.Status
+		}
+	}
+	return Status{http.StatusInternalServerError, codes.Internal}
+}
+
+// Retryable reports whether a request that failed with this status may
+// succeed if sent again later, unchanged.
+func (s Status) Retryable() bool {
+	switch s.GRPC {
+	case codes.Unavailable, codes.ResourceExhausted, codes.DeadlineExceeded:
+		return true
+	}
+	return false
+}
+
+// PublicMessage is an error's text for clients: without the leading Go
+// package names ("actors: key not found" → "key not found").
+func PublicMessage(err error) string {
+	msg := err.Error()
+	for {
+		i := strings.Index(msg, ": ")
+		if i < 0 || !goPackages[msg[:i]] {
+			return msg
+		}
+		msg = msg[i+2:]
+	}
+}
+
+var goPackages = map[string]bool{
+	"actors": true, "fold": true, "httpapi": true, "grpcapi": true, "keyfold": true,
+	"persistence": true, "embedded": true, "redisstore": true, "memstore": true,
+}
