@@ -10,14 +10,23 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
 
 	"github.com/keyfold/keyfold/actors"
 	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/persistence/embedded"
 	"github.com/keyfold/keyfold/persistence/redisstore"
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
+	"github.com/keyfold/keyfold/services/grpcapi"
 	"github.com/keyfold/keyfold/services/httpapi"
 	"github.com/keyfold/keyfold/services/metrics"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // Node is one keyfold node: its store, its keys' actors and its listeners.
@@ -29,6 +38,7 @@ type Node struct {
 	ready    chan struct{}
 	draining atomic.Bool
 	httpAddr atomic.Pointer[string]
+	grpcAddr atomic.Pointer[string]
 
 	ran     atomic.Bool
 	mu      sync.Mutex
@@ -70,6 +80,15 @@ func (n *Node) Ready() <-chan struct{} { return n.ready }
 // recovery ends; "" until then, or if the node serves no HTTP).
 func (n *Node) HTTPAddr() string {
 	if p := n.httpAddr.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// GRPCAddr returns the address the gRPC API listens on (known once Run
+// started listening); "" until then, or if the node serves no gRPC.
+func (n *Node) GRPCAddr() string {
+	if p := n.grpcAddr.Load(); p != nil {
 		return *p
 	}
 	return ""
@@ -163,8 +182,15 @@ func (n *Node) run(ctx context.Context) (err error) {
 		}
 		log.Info("listening", "http", addr)
 	}
-	if n.cfg.GRPCAddr != "" {
-		log.Warn("gRPC is not served by this version; ignoring the address", "grpc", n.cfg.GRPCAddr)
+	stopGRPC, health, err := n.serveGRPC(cancel)
+	if err != nil {
+		stopHTTP()
+		return err
+	}
+	stopServers := func() {
+		health.Shutdown() // NOT_SERVING, before the listeners close
+		stopHTTP()
+		stopGRPC()
 	}
 
 	host, err := actors.New(actors.Config{
@@ -177,11 +203,11 @@ func (n *Node) run(ctx context.Context) (err error) {
 		Logger:             log,
 	})
 	if err != nil {
-		stopHTTP()
+		stopServers()
 		return err
 	}
 	if err := host.Recover(ctx); err != nil {
-		stopHTTP()
+		stopServers()
 		if ctx.Err() != nil {
 			log.Info("stopped during recovery")
 			return nil // asked to stop: nothing was acknowledged yet
@@ -195,6 +221,7 @@ func (n *Node) run(ctx context.Context) (err error) {
 	defer stopHost()
 	go func() { hostDone <- host.Run(hostCtx) }()
 	close(n.ready)
+	health.Resume() // SERVING
 
 	var hostErr error
 	select {
@@ -203,7 +230,7 @@ func (n *Node) run(ctx context.Context) (err error) {
 	}
 	n.draining.Store(true)
 	log.Info("draining")
-	stopHTTP()
+	stopServers()
 	if hostErr == nil {
 		stopHost()
 		hostErr = <-hostDone
@@ -213,6 +240,58 @@ func (n *Node) run(ctx context.Context) (err error) {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// serveGRPC serves the gRPC API, the standard health service (NOT_SERVING
+// until the node is ready) and server reflection on GRPCAddr, if set. stop
+// drains it: new calls are refused, calls in flight get ShutdownTimeout to
+// finish, then open streams are cut.
+func (n *Node) serveGRPC(fail context.CancelFunc) (stop func(), hs *health.Server, err error) {
+	hs = health.NewServer()
+	hs.SetServingStatus(keyfoldv1.Keyfold_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	hs.Shutdown() // every service NOT_SERVING until Resume
+	if n.cfg.GRPCAddr == "" {
+		return func() {}, hs, nil
+	}
+	ln, err := net.Listen("tcp", n.cfg.GRPCAddr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("keyfold: listen grpc: %w", err)
+	}
+	addr := ln.Addr().String()
+	n.grpcAddr.Store(&addr)
+	srv := grpc.NewServer(
+		grpc.MaxRecvMsgSize(int(n.cfg.MaxBodyBytes)),
+		// Clients that ping more often than this are cut off, as are idle
+		// connections after a while.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: httpapi.IdleTimeout}),
+	)
+	grpcapi.Register(srv, grpcBackend{n}, grpcapi.Options{
+		MaxConcurrentIngests: n.cfg.MaxConcurrentIngests,
+		Logger:               n.cfg.Logger,
+	})
+	healthpb.RegisterHealthServer(srv, hs)
+	reflection.Register(srv)
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		if err := srv.Serve(ln); err != nil {
+			n.cfg.Logger.Error("grpc server failed", "err", err)
+			fail()
+		}
+	}()
+	n.cfg.Logger.Info("listening", "grpc", addr)
+	return func() {
+		done := make(chan struct{})
+		go func() { srv.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(n.cfg.ShutdownTimeout):
+			srv.Stop()
+			<-done
+		}
+		<-served
+	}, hs, nil
 }
 
 // httpHandler is the API plus /metrics, instrumented.

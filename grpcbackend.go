@@ -1,0 +1,64 @@
+package keyfold
+
+import (
+	"context"
+	"maps"
+	"slices"
+
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
+	"github.com/keyfold/keyfold/services/grpcapi"
+)
+
+// grpcBackend adapts a Node to the gRPC API.
+type grpcBackend struct{ n *Node }
+
+var _ grpcapi.Backend = grpcBackend{}
+
+func (b grpcBackend) Ingest(ctx context.Context, pipeline string, events [][]byte) (int, int, error) {
+	p, err := b.Submit(ctx, pipeline, events)
+	if err != nil {
+		return 0, 0, err
+	}
+	return p.Wait(ctx)
+}
+
+func (b grpcBackend) Submit(ctx context.Context, pipeline string, events [][]byte) (grpcapi.Pending, error) {
+	p, err := b.n.SubmitIngest(ctx, pipeline, events)
+	if err != nil {
+		return nil, err
+	}
+	return grpcPending{p}, nil
+}
+
+type grpcPending struct{ p *PendingIngest }
+
+func (p grpcPending) Wait(ctx context.Context) (int, int, error) {
+	r, err := p.p.Wait(ctx)
+	return r.Accepted, r.Duplicates, err
+}
+
+func (b grpcBackend) Query(ctx context.Context, pipeline, key string) (uint64, map[string]any, error) {
+	st, err := b.n.Query(ctx, pipeline, key)
+	return st.Seq, st.Aggregates, err
+}
+
+func (b grpcBackend) Delete(ctx context.Context, pipeline, key string) error {
+	return b.n.Delete(ctx, pipeline, key)
+}
+
+func (b grpcBackend) Pipelines() []*keyfoldv1.PipelineInfo {
+	var out []*keyfoldv1.PipelineInfo
+	for _, name := range slices.Sorted(maps.Keys(b.n.cfg.Pipelines)) {
+		p := b.n.cfg.Pipelines[name]
+		info := &keyfoldv1.PipelineInfo{Name: name, KeyField: p.Key, IdField: p.ID, TimeField: p.Time}
+		if p.ID != "" {
+			info.DedupWindowMs = b.n.pipelines[name].DedupWindow().Milliseconds()
+		}
+		for _, an := range slices.Sorted(maps.Keys(p.Aggregates)) {
+			a := p.Aggregates[an]
+			info.Aggregates = append(info.Aggregates, &keyfoldv1.AggregateInfo{Name: an, Op: a.Op, Field: a.Field, Where: a.Where})
+		}
+		out = append(out, info)
+	}
+	return out
+}

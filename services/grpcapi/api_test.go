@@ -1,0 +1,376 @@
+package grpcapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/keyfold/keyfold"
+	"github.com/keyfold/keyfold/services/grpcapi/client"
+)
+
+const pipelinesYAML = `
+max_body_bytes: 65536
+pipelines:
+  logins:
+    key: user
+    id: event_id
+    aggregates:
+      total:  { op: count }
+      amount: { op: sum, field: amount }
+      last:   { op: last, field: n }
+  clicks:
+    key: page
+    aggregates:
+      hits: { op: count }
+`
+
+// startNode runs a real node (embedded store in a temp dir) serving gRPC on
+// a loopback port, and returns it.
+func startNode(t *testing.T) *keyfold.Node {
+	t.Helper()
+	cfg, err := keyfold.ParseConfig([]byte(pipelinesYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DataDir = t.TempDir()
+	cfg.GRPCAddr = "127.0.0.1:0"
+	cfg.KeyGroups = 16
+	n, err := keyfold.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- n.Run(context.Background()) }()
+	select {
+	case <-n.Ready():
+	case err := <-errc:
+		t.Fatalf("node stopped: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("node not ready after 20s")
+	}
+	t.Cleanup(func() {
+		if err := n.Close(); err != nil {
+			t.Error(err)
+		}
+		if err := <-errc; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return n
+}
+
+func dial(t *testing.T, target string, opts client.Options) *client.Client {
+	t.Helper()
+	c, err := client.Dial(target, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func login(user, id string, amount, n int) []byte {
+	return fmt.Appendf(nil, `{"user":%q,"event_id":%q,"amount":%d,"n":%d}`, user, id, amount, n)
+}
+
+func wantCode(t *testing.T, what string, err error, code codes.Code) *client.Error {
+	t.Helper()
+	if status.Code(err) != code {
+		t.Fatalf("%s: %v (code %s), want %s", what, err, status.Code(err), code)
+	}
+	var ce *client.Error
+	if !errors.As(err, &ce) {
+		t.Fatalf("%s: %T is not a *client.Error", what, err)
+	}
+	if ce.Message == "" || strings.HasPrefix(ce.Message, "actors:") {
+		t.Errorf("%s: message %q", what, ce.Message)
+	}
+	return ce
+}
+
+func TestUnaryRPCs(t *testing.T) {
+	n := startNode(t)
+	c := dial(t, n.GRPCAddr(), client.Options{})
+	ctx := t.Context()
+
+	ps, err := c.Pipelines(ctx)
+	if err != nil || len(ps) != 2 || ps[0].Name != "clicks" || ps[1].Name != "logins" || ps[1].IdField != "event_id" || len(ps[1].Aggregates) != 3 {
+		t.Fatalf("Pipelines = %v, %v", ps, err)
+	}
+
+	r, err := c.Ingest(ctx, "logins", [][]byte{login("alice", "e1", 3, 1), login("alice", "e2", 5, 2), login("bob", "e1", 1, 1)})
+	if err != nil || r != (client.Result{Accepted: 3}) {
+		t.Fatalf("Ingest = %+v, %v", r, err)
+	}
+	if r, err := c.Ingest(ctx, "logins", [][]byte{login("alice", "e1", 100, 9)}); err != nil || r != (client.Result{Duplicates: 1}) {
+		t.Fatalf("retried Ingest = %+v, %v", r, err)
+	}
+	st, err := c.GetState(ctx, "logins", "alice")
+	if err != nil || st.Seq != 2 || st.Aggregates["amount"] != float64(8) || st.Aggregates["last"] != float64(2) || st.Aggregates["total"] != float64(2) {
+		t.Fatalf("GetState = %+v, %v", st, err)
+	}
+	// The same content as the HTTP API's key endpoint.
+	hs, err := n.Query(ctx, "logins", "alice")
+	gj, _ := json.Marshal(st.Aggregates)
+	hj, _ := json.Marshal(hs.Aggregates)
+	if err != nil || string(gj) != string(hj) {
+		t.Errorf("gRPC state %s, node state %s (%v)", gj, hj, err)
+	}
+
+	// Errors.
+	_, err = c.Ingest(ctx, "logins", [][]byte{login("carol", "x", 1, 1), []byte(`{"user":"carol","amount":"lots"}`)})
+	ce := wantCode(t, "invalid event", err, codes.InvalidArgument)
+	if ce.EventIndex != 1 || ce.Field != "amount" {
+		t.Errorf("invalid event: index %d field %q, want 1 amount", ce.EventIndex, ce.Field)
+	}
+	_, err = c.Ingest(ctx, "logins", [][]byte{[]byte(`{"user":`)})
+	if ce := wantCode(t, "not JSON", err, codes.InvalidArgument); ce.EventIndex != 0 {
+		t.Errorf("not JSON: index %d", ce.EventIndex)
+	}
+	if _, err := c.GetState(ctx, "logins", "carol"); status.Code(err) != codes.NotFound {
+		t.Errorf("the rejected batch left state: %v", err)
+	}
+	_, err = c.Ingest(ctx, "nope", [][]byte{login("a", "1", 1, 1)})
+	wantCode(t, "unknown pipeline", err, codes.NotFound)
+	_, err = c.GetState(ctx, "logins", "nobody")
+	wantCode(t, "unseen key", err, codes.NotFound)
+	big := [][]byte{[]byte(`{"user":"big","pad":"` + strings.Repeat("x", 70000) + `"}`)}
+	_, err = c.Ingest(ctx, "logins", big)
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("oversized message: %v, want ResourceExhausted", err)
+	}
+	if r, err := c.Ingest(ctx, "logins", nil); err != nil || r != (client.Result{}) {
+		t.Errorf("empty batch: %+v, %v", r, err)
+	}
+
+	// Delete.
+	if err := c.DeleteKey(ctx, "logins", "alice"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.GetState(ctx, "logins", "alice")
+	wantCode(t, "deleted key", err, codes.NotFound)
+	if err := c.DeleteKey(ctx, "logins", "alice"); err != nil {
+		t.Errorf("deleting again: %v", err)
+	}
+	wantCode(t, "delete empty key", c.DeleteKey(ctx, "logins", ""), codes.InvalidArgument)
+	wantCode(t, "delete in unknown pipeline", c.DeleteKey(ctx, "nope", "a"), codes.NotFound)
+	if r, err := c.Ingest(ctx, "logins", [][]byte{login("alice", "e1", 7, 3)}); err != nil || r.Accepted != 1 {
+		t.Errorf("the deleted key's old id: %+v, %v; want applied afresh", r, err)
+	}
+}
+
+// TestIngestStream: batches are applied and acknowledged in the order sent
+// (the last value seen by a key is its last batch's), a bad batch gets its
+// own error ack without ending the stream, and a window smaller than the
+// batches in flight holds the sender back.
+func TestIngestStream(t *testing.T) {
+	n := startNode(t)
+	c := dial(t, n.GRPCAddr(), client.Options{})
+	st, err := c.Stream(t.Context(), "logins", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const batches = 200
+	var (
+		mu   sync.Mutex
+		acks []int
+		errs = map[int]*client.Error{}
+	)
+	for b := range batches {
+		events := [][]byte{login("dora", fmt.Sprintf("b%d-0", b), 1, b), login("emil", fmt.Sprintf("b%d-1", b), 2, b)}
+		if b == 50 {
+			events = append(events, []byte(`{"amount":1}`)) // no key
+		}
+		err := st.Send(events, func(r client.Result, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			acks = append(acks, b)
+			if err != nil {
+				errs[b], _ = err.(*client.Error)
+				return
+			}
+			if r.Accepted != 2 {
+				t.Errorf("batch %d: %+v", b, r)
+			}
+		})
+		if err != nil {
+			t.Fatalf("Send %d: %v", b, err)
+		}
+	}
+	if err := st.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if len(acks) != batches {
+		t.Fatalf("%d acks for %d batches", len(acks), batches)
+	}
+	for i, b := range acks {
+		if i != b {
+			t.Fatalf("acks out of order: %v…", acks[:i+1])
+		}
+	}
+	if e := errs[50]; len(errs) != 1 || e == nil || e.Code != codes.InvalidArgument || e.EventIndex != 2 || e.Field != "user" {
+		t.Errorf("errors %v, want batch 50: InvalidArgument, event 2, field user", errs)
+	}
+	s, err := c.GetState(t.Context(), "logins", "dora")
+	if err != nil || s.Seq != batches-1 || s.Aggregates["last"] != float64(batches-1) {
+		t.Errorf("dora = %+v, %v; want %d events, the last one last", s, err, batches-1)
+	}
+}
+
+// TestHealthAndReflection: the standard health service says SERVING once
+// the node is ready, and reflection lists the API (what grpcurl and
+// grpc-health-probe use).
+func TestHealthAndReflection(t *testing.T) {
+	n := startNode(t)
+	conn, err := grpc.NewClient(n.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, svc := range []string{"", "keyfold.v1.Keyfold"} {
+		resp, err := healthpb.NewHealthClient(conn).Check(t.Context(), &healthpb.HealthCheckRequest{Service: svc})
+		if err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("health of %q: %v, %v", svc, resp, err)
+		}
+	}
+	rs, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rs.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := rs.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		names = append(names, s.Name)
+	}
+	if !strings.Contains(strings.Join(names, ","), "keyfold.v1.Keyfold") {
+		t.Errorf("reflection lists %v", names)
+	}
+}
+
+// proxy forwards TCP connections to target. While holding, it forwards
+// nothing from the server to the client; cut closes every connection.
+type proxy struct {
+	ln      net.Listener
+	target  string
+	holding atomic.Bool
+	mu      sync.Mutex
+	conns   []net.Conn
+}
+
+func startProxy(t *testing.T, target string) *proxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{ln: ln, target: target}
+	t.Cleanup(func() { ln.Close(); p.cut() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, s)
+			p.mu.Unlock()
+			go io.Copy(s, c)
+			go func() {
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := s.Read(buf)
+					if n > 0 && !p.holding.Load() {
+						if _, werr := c.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						c.Close()
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return p
+}
+
+func (p *proxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// TestRetryAfterDroppedConnection: the connection drops after the node has
+// logged a batch but before its answer arrives; the client retries on a
+// new connection, and the batch counts once.
+func TestRetryAfterDroppedConnection(t *testing.T) {
+	n := startNode(t)
+	p := startProxy(t, n.GRPCAddr())
+	c := dial(t, p.ln.Addr().String(), client.Options{MaxRetries: 10})
+	ctx := t.Context()
+	if _, err := c.Pipelines(ctx); err != nil { // connect
+		t.Fatal(err)
+	}
+	events := [][]byte{login("fred", "f1", 10, 1), login("fred", "f2", 20, 2), login("gina", "g1", 1, 1)}
+	p.holding.Store(true)
+	before := n.Stats().Events
+	type out struct {
+		r   client.Result
+		err error
+	}
+	res := make(chan out, 1)
+	go func() {
+		r, err := c.Ingest(ctx, "logins", events)
+		res <- out{r, err}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for n.Stats().Events < before+3 {
+		if time.Now().After(deadline) {
+			t.Fatal("the node never applied the batch")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	p.holding.Store(false)
+	p.cut() // the answer is lost with the connection
+	o := <-res
+	if o.err != nil {
+		t.Fatalf("Ingest after a dropped connection: %v", o.err)
+	}
+	if o.r != (client.Result{Duplicates: 3}) {
+		t.Errorf("the retry got %+v, want 3 duplicates (the first attempt was applied)", o.r)
+	}
+	s, err := c.GetState(ctx, "logins", "fred")
+	if err != nil || s.Seq != 2 || s.Aggregates["amount"] != float64(30) {
+		t.Errorf("fred = %+v, %v; want each event once", s, err)
+	}
+}
