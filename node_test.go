@@ -14,6 +14,7 @@ import (
 	"github.com/keyfold/keyfold/persistence"
 	"github.com/keyfold/keyfold/persistence/embedded"
 	"github.com/keyfold/keyfold/persistence/faultstore"
+	"github.com/keyfold/keyfold/services/servicetest"
 )
 
 func testConfig(t *testing.T, dir string) keyfold.Config {
@@ -34,37 +35,14 @@ pipelines:
 	return cfg
 }
 
-// start runs a node until it is ready; the caller closes it and reads Run's
-// error from the channel.
 func start(t testing.TB, cfg keyfold.Config) (*keyfold.Node, chan error) {
 	t.Helper()
-	n, err := keyfold.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- n.Run(context.Background()) }()
-	select {
-	case <-n.Ready():
-	case err := <-errc:
-		t.Fatalf("Run: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("not ready after 20s")
-	}
-	return n, errc
+	return servicetest.Start(t, cfg)
 }
 
-// run starts a node that is closed, and its Run checked, when t ends.
 func run(t testing.TB, cfg keyfold.Config) *keyfold.Node {
 	t.Helper()
-	n, errc := start(t, cfg)
-	t.Cleanup(func() {
-		n.Close()
-		if err := <-errc; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	return n
+	return servicetest.Run(t, cfg)
 }
 
 func TestNodeLifecycle(t *testing.T) {

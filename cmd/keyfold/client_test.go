@@ -11,12 +11,13 @@ import (
 	"testing"
 
 	"github.com/keyfold/keyfold"
+	"github.com/keyfold/keyfold/services/servicetest"
 )
 
 // startInProcess runs a node in this process and returns its base URL.
 func startInProcess(t *testing.T) string {
 	t.Helper()
-	cfg, err := keyfold.ParseConfig([]byte(`
+	cfg := servicetest.Config(t, `
 pipelines:
   logins:
     key: user_id
@@ -24,29 +25,9 @@ pipelines:
     aggregates:
       total:  { op: count }
       amount: { op: sum, field: amount }
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.DataDir, cfg.HTTPAddr, cfg.KeyGroups = t.TempDir(), "127.0.0.1:0", 8
-	n, err := keyfold.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- n.Run(context.Background()) }()
-	select {
-	case <-n.Ready():
-	case err := <-errc:
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		n.Close()
-		if err := <-errc; err != nil {
-			t.Error(err)
-		}
-	})
-	return "http://" + n.HTTPAddr()
+`)
+	cfg.HTTPAddr, cfg.KeyGroups = "127.0.0.1:0", 8
+	return "http://" + servicetest.Run(t, cfg).HTTPAddr()
 }
 
 func runCLI(t *testing.T, args ...string) (string, error) {

@@ -1,7 +1,6 @@
 package grpcapi_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/keyfold/keyfold"
 	"github.com/keyfold/keyfold/services/grpcapi/client"
+	"github.com/keyfold/keyfold/services/servicetest"
 )
 
 const pipelinesYAML = `
@@ -41,38 +41,12 @@ pipelines:
 `
 
 // startNode runs a real node (embedded store in a temp dir) serving gRPC on
-// a loopback port, and returns it.
+// a loopback port.
 func startNode(t *testing.T) *keyfold.Node {
 	t.Helper()
-	cfg, err := keyfold.ParseConfig([]byte(pipelinesYAML))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.DataDir = t.TempDir()
+	cfg := servicetest.Config(t, pipelinesYAML)
 	cfg.GRPCAddr = "127.0.0.1:0"
-	cfg.KeyGroups = 16
-	n, err := keyfold.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- n.Run(context.Background()) }()
-	select {
-	case <-n.Ready():
-	case err := <-errc:
-		t.Fatalf("node stopped: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("node not ready after 20s")
-	}
-	t.Cleanup(func() {
-		if err := n.Close(); err != nil {
-			t.Error(err)
-		}
-		if err := <-errc; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	return n
+	return servicetest.Run(t, cfg)
 }
 
 func dial(t *testing.T, target string, opts client.Options) *client.Client {

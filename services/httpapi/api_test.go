@@ -1,7 +1,6 @@
 package httpapi_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -9,9 +8,8 @@ import (
 	"net/url"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/keyfold/keyfold"
+	"github.com/keyfold/keyfold/services/servicetest"
 )
 
 const pipelinesYAML = `
@@ -31,35 +29,9 @@ pipelines:
 // startNode runs a real node on a temp dir and returns its HTTP base URL.
 func startNode(t *testing.T) string {
 	t.Helper()
-	cfg, err := keyfold.ParseConfig([]byte(pipelinesYAML))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.DataDir = t.TempDir()
+	cfg := servicetest.Config(t, pipelinesYAML)
 	cfg.HTTPAddr = "127.0.0.1:0"
-	cfg.KeyGroups = 16
-	n, err := keyfold.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- n.Run(context.Background()) }()
-	select {
-	case <-n.Ready():
-	case err := <-errc:
-		t.Fatalf("node stopped: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("node not ready after 20s")
-	}
-	t.Cleanup(func() {
-		if err := n.Close(); err != nil {
-			t.Error(err)
-		}
-		if err := <-errc; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	return "http://" + n.HTTPAddr()
+	return "http://" + servicetest.Run(t, cfg).HTTPAddr()
 }
 
 type response struct {
