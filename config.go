@@ -44,8 +44,8 @@ type Config struct {
 	// HTTPAddr is the HTTP API's listen address, e.g. "127.0.0.1:8080".
 	// Empty serves no HTTP (for embedders); the CLI defaults it.
 	HTTPAddr string `yaml:"http"`
-	// GRPCAddr is the gRPC API's listen address (served by a later version;
-	// accepted now so configurations need not change).
+	// GRPCAddr is the gRPC API's listen address, e.g. "127.0.0.1:9090".
+	// Empty serves no gRPC (for embedders); the CLI defaults it.
 	GRPCAddr string `yaml:"grpc"`
 	// KeyGroups is the number of key groups (default 256). It is fixed for a
 	// deployment: a store created with another number refuses to open.

@@ -2,34 +2,49 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"sync"
 	"time"
 
-	"github.com/keyfold/keyfold/services/httpapi"
+	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+
+	"github.com/keyfold/keyfold/services/grpcapi/client"
 )
 
 func newSend() *cobra.Command {
 	var (
-		addr    string
-		batch   int
-		retries int
-		quiet   bool
+		addr     string
+		batch    int
+		window   int
+		retries  int
+		quiet    bool
+		progress bool
 	)
 	cmd := &cobra.Command{
 		Use:   "send PIPELINE [FILE]",
-		Short: "Send events from a file or stdin (JSON array or NDJSON) to a node",
-		Long: `Send events to a node in batches, in order, each acknowledged (durable)
-before the next is sent. The input is a JSON array of event objects or
-newline-delimited JSON, from FILE or standard input. A batch the node could
-not take (503, 504 or a lost connection) is retried: that is safe for events
-that carry the pipeline's id field, which are applied once.`,
+		Short: "Stream events from a file or stdin (NDJSON or a JSON array) to a node over gRPC",
+		Long: `Stream events to a node over gRPC, in batches of --batch on one
+IngestStream with up to --window batches awaiting their acknowledgement
+(each ack means durable). The input is newline-delimited JSON or a JSON
+array of event objects, from FILE or standard input.
+
+A batch the node could not take (unavailable, overloaded, a lost
+connection) is sent again, up to --retries times: safe for events that
+carry the pipeline's id field, which are applied once. An event the node
+rejects is reported (its number in the input, the field, why) and skipped;
+the rest of its batch is sent again, after the batches already in flight.
+The command then exits 1.
+
+A progress line shows on a terminal; the summary gives events/s,
+duplicates and rejects.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			in := io.Reader(os.Stdin)
@@ -41,84 +56,209 @@ that carry the pipeline's id field, which are applied once.`,
 				defer f.Close()
 				in = f
 			}
-			if batch < 1 {
-				return errors.New("--batch must be at least 1")
+			if batch < 1 || window < 1 {
+				return errors.New("--batch and --window must be at least 1")
 			}
-			c := &httpapi.Client{Base: addr}
-			return send(cmd.Context(), c, args[0], in, batch, retries, quiet, cmd.ErrOrStderr())
+			c, err := client.Dial(addr, client.Options{MaxRetries: max(retries, -1)})
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			log := cmd.ErrOrStderr()
+			if !progress || quiet {
+				progress = false
+			}
+			s := &sender{c: c, pipeline: args[0], batch: batch, window: window, quiet: quiet, progress: progress, log: log}
+			return s.run(cmd.Context(), in)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&addr, "addr", "http://127.0.0.1:8080", "the node's HTTP base URL")
-	f.IntVar(&batch, "batch", 500, "events per request")
+	f.StringVar(&addr, "addr", "127.0.0.1:9090", "the node's gRPC address")
+	f.IntVar(&batch, "batch", 500, "events per batch")
+	f.IntVar(&window, "window", 8, "batches in flight, awaiting their acks")
 	f.IntVar(&retries, "retries", 5, "retries of a batch the node could not take")
-	f.BoolVarP(&quiet, "quiet", "q", false, "no progress lines")
+	f.BoolVarP(&quiet, "quiet", "q", false, "print nothing but errors")
+	f.BoolVar(&progress, "progress", isTerminal(os.Stderr), "show a progress line (default: when stderr is a terminal)")
 	return cmd
 }
 
-// send streams events from in to the pipeline in batches.
-func send(ctx context.Context, c *httpapi.Client, pipeline string, in io.Reader, batch, retries int, quiet bool, log io.Writer) error {
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// sender streams the events of one input to a pipeline.
+type sender struct {
+	c        *client.Client
+	pipeline string
+	batch    int
+	window   int
+	quiet    bool
+	progress bool
+	log      io.Writer
+
+	mu                            sync.Mutex
+	sent, accepted, dups, rejects int
+	fatal                         error
+	bar                           *progressbar.ProgressBar
+}
+
+// sendBatch is a batch and the number of its first event in the input.
+type sendBatch struct {
+	first  int
+	events [][]byte
+}
+
+func (s *sender) run(ctx context.Context, in io.Reader) error {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // stops the decoder if a batch fails
+	defer cancel() // stops the decoder after a fatal error
+	if s.progress {
+		s.bar = progressbar.NewOptions64(-1, progressbar.OptionSetWriter(s.log), progressbar.OptionSetDescription("events"),
+			progressbar.OptionShowCount(), progressbar.OptionShowIts(), progressbar.OptionSetItsString("events"),
+			progressbar.OptionThrottle(200*time.Millisecond), progressbar.OptionClearOnFinish())
+	}
+	start := time.Now()
 	events, errc := decodeEvents(ctx, in)
-	start, lastReport := time.Now(), time.Now()
-	var sent, accepted, dups int
-	buf := make([]json.RawMessage, 0, batch)
+	var stream *client.Stream
+	defer func() {
+		if stream != nil {
+			stream.Close()
+		}
+	}()
+	n := 0
+	b := &sendBatch{first: 1}
 	flush := func() error {
-		if len(buf) == 0 {
+		if len(b.events) == 0 {
 			return nil
 		}
-		a, d, err := ingestWithRetry(ctx, c, pipeline, buf, retries, log)
-		if err != nil {
-			return fmt.Errorf("batch of events %d..%d: %w", sent, sent+len(buf)-1, err)
+		batch := b
+		b = &sendBatch{first: n + 1}
+		for {
+			if err := s.failed(); err != nil {
+				return err
+			}
+			if stream == nil {
+				var err error
+				if stream, err = s.c.Stream(ctx, s.pipeline, s.window); err != nil {
+					// Cannot stream now: send this batch on its own.
+					s.settle(ctx, batch, err)
+					return s.failed()
+				}
+			}
+			if err := stream.Send(batch.events, func(r client.Result, err error) {
+				if err != nil {
+					s.settle(ctx, batch, err)
+					return
+				}
+				s.done(len(batch.events), r)
+			}); err != nil {
+				stream.Close()
+				stream = nil // the stream broke: a new one for the next batches
+				continue
+			}
+			return nil
 		}
-		sent, accepted, dups = sent+len(buf), accepted+a, dups+d
-		buf = buf[:0]
-		if !quiet && time.Since(lastReport) > 2*time.Second {
-			lastReport = time.Now()
-			fmt.Fprintf(log, "sent %d events (%.0f/s)\n", sent, float64(sent)/time.Since(start).Seconds())
-		}
-		return nil
 	}
 	for ev := range events {
-		buf = append(buf, ev)
-		if len(buf) == batch {
+		n++
+		b.events = append(b.events, ev)
+		if len(b.events) == s.batch {
 			if err := flush(); err != nil {
 				return err
 			}
 		}
 	}
-	if err := <-errc; err != nil {
-		return fmt.Errorf("input after event %d: %w", sent+len(buf), err)
+	if err := <-errc; err != nil && s.failed() == nil {
+		return fmt.Errorf("input after event %d: %w", n, err)
 	}
 	if err := flush(); err != nil {
 		return err
 	}
-	if !quiet {
-		fmt.Fprintf(log, "sent %d events: %d accepted, %d duplicates, in %v\n", sent, accepted, dups, time.Since(start).Round(time.Millisecond))
+	if stream != nil {
+		err := stream.Close()
+		stream = nil
+		if err != nil && s.failed() == nil {
+			return err
+		}
+	}
+	if err := s.failed(); err != nil {
+		return err
+	}
+	if s.bar != nil {
+		s.bar.Finish()
+	}
+	took := time.Since(start)
+	if !s.quiet {
+		fmt.Fprintf(s.log, "sent %d events in %v (%.0f events/s): %d accepted, %d duplicates, %d rejected\n",
+			s.sent, took.Round(time.Millisecond), float64(s.sent)/took.Seconds(), s.accepted, s.dups, s.rejects)
+	}
+	if s.rejects > 0 {
+		return fmt.Errorf("%d events rejected", s.rejects)
 	}
 	return nil
 }
 
-func ingestWithRetry(ctx context.Context, c *httpapi.Client, pipeline string, events []json.RawMessage, retries int, log io.Writer) (int, int, error) {
-	backoff := 100 * time.Millisecond
-	for attempt := 0; ; attempt++ {
-		a, d, err := c.Ingest(ctx, pipeline, events)
-		if err == nil {
-			return a, d, nil
+func (s *sender) failed() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fatal
+}
+
+// done counts an acknowledged batch.
+func (s *sender) done(n int, r client.Result) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sent += n
+	s.accepted += r.Accepted
+	s.dups += r.Duplicates
+	if s.bar != nil {
+		s.bar.Add(n)
+	}
+}
+
+// settle finishes a batch whose stream ack was a failure: it drops the
+// events the node rejects (reporting each) and sends the rest again on its
+// own, until it is acknowledged or fails for good.
+func (s *sender) settle(ctx context.Context, b *sendBatch, err error) {
+	events := b.events
+	index := make([]int, len(events)) // each event's number in the input
+	for i := range index {
+		index[i] = b.first + i
+	}
+	for {
+		var ce *client.Error
+		switch {
+		case errors.As(err, &ce) && ce.Code == codes.InvalidArgument && ce.EventIndex >= 0 && ce.EventIndex < len(events):
+			i := ce.EventIndex
+			s.mu.Lock()
+			s.rejects++
+			s.sent++
+			s.mu.Unlock()
+			what := ce.Message
+			if ce.Field != "" {
+				what = fmt.Sprintf("field %q: %s", ce.Field, ce.Message)
+			}
+			fmt.Fprintf(s.log, "event %d rejected: %s\n", index[i], what)
+			events = slices.Delete(slices.Clone(events), i, i+1)
+			index = slices.Delete(index, i, i+1)
+		case client.Retryable(err) || errors.Is(err, client.ErrStreamBroken):
+			// Sent again below (Ingest retries by itself too).
+		default:
+			s.mu.Lock()
+			if s.fatal == nil {
+				s.fatal = fmt.Errorf("events %d..%d: %w", b.first, b.first+len(b.events)-1, err)
+			}
+			s.mu.Unlock()
+			return
 		}
-		var se *httpapi.StatusError
-		retryable := !errors.As(err, &se) || se.Retryable()
-		if !retryable || attempt >= retries || ctx.Err() != nil {
-			return 0, 0, err
+		if len(events) == 0 {
+			return
 		}
-		fmt.Fprintf(log, "retrying in %v: %v\n", backoff, err)
-		select {
-		case <-time.After(backoff):
-		case <-ctx.Done():
-			return 0, 0, ctx.Err()
+		var r client.Result
+		if r, err = s.c.Ingest(ctx, s.pipeline, events); err == nil {
+			s.done(len(events), r)
+			return
 		}
-		backoff = min(2*backoff, 5*time.Second)
 	}
 }
 
@@ -175,23 +315,28 @@ func newGet() *cobra.Command {
 	var addr string
 	cmd := &cobra.Command{
 		Use:   "get PIPELINE KEY",
-		Short: "Print one key's state",
+		Short: "Print one key's state (as JSON)",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c := &httpapi.Client{Base: addr}
-			st, err := c.Query(cmd.Context(), args[0], args[1])
+			c, err := client.Dial(addr, client.Options{})
 			if err != nil {
 				return err
 			}
-			var pretty bytes.Buffer
-			if err := json.Indent(&pretty, st, "", "  "); err != nil {
+			defer c.Close()
+			st, err := c.GetState(cmd.Context(), args[0], args[1])
+			if err != nil {
 				return err
 			}
-			pretty.WriteByte('\n')
-			_, err = cmd.OutOrStdout().Write(pretty.Bytes())
+			out, err := json.MarshalIndent(map[string]any{
+				"pipeline": st.Pipeline, "key": st.Key, "seq": st.Seq, "aggregates": st.Aggregates,
+			}, "", "  ")
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s\n", out)
 			return err
 		},
 	}
-	cmd.Flags().StringVar(&addr, "addr", "http://127.0.0.1:8080", "the node's HTTP base URL")
+	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:9090", "the node's gRPC address")
 	return cmd
 }

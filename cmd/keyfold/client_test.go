@@ -14,8 +14,9 @@ import (
 	"github.com/keyfold/keyfold/services/servicetest"
 )
 
-// startInProcess runs a node in this process and returns its base URL.
-func startInProcess(t *testing.T) string {
+// startInProcess runs a node in this process and returns its HTTP base URL
+// and gRPC address.
+func startInProcess(t *testing.T) (string, string) {
 	t.Helper()
 	cfg := servicetest.Config(t, `
 pipelines:
@@ -26,8 +27,9 @@ pipelines:
       total:  { op: count }
       amount: { op: sum, field: amount }
 `)
-	cfg.HTTPAddr, cfg.KeyGroups = "127.0.0.1:0", 8
-	return "http://" + servicetest.Run(t, cfg).HTTPAddr()
+	cfg.HTTPAddr, cfg.GRPCAddr, cfg.KeyGroups = "127.0.0.1:0", "127.0.0.1:0", 8
+	n := servicetest.Run(t, cfg)
+	return "http://" + n.HTTPAddr(), n.GRPCAddr()
 }
 
 func runCLI(t *testing.T, args ...string) (string, error) {
@@ -42,7 +44,7 @@ func runCLI(t *testing.T, args ...string) (string, error) {
 }
 
 func TestSendAndGet(t *testing.T) {
-	base := startInProcess(t)
+	_, base := startInProcess(t)
 	dir := t.TempDir()
 
 	var ndjson, array strings.Builder
@@ -64,11 +66,11 @@ func TestSendAndGet(t *testing.T) {
 	}
 
 	out, err := runCLI(t, "send", "--addr", base, "--batch", "100", "logins", nd)
-	if err != nil || !strings.Contains(out, "sent 1200 events: 1200 accepted, 0 duplicates") {
+	if err != nil || !strings.Contains(out, "sent 1200 events in") || !strings.Contains(out, "1200 accepted, 0 duplicates, 0 rejected") {
 		t.Fatalf("send ndjson: %v\n%s", err, out)
 	}
-	out, err = runCLI(t, "send", "--addr", base, "logins", arr)
-	if err != nil || !strings.Contains(out, "sent 1200 events: 1200 accepted, 0 duplicates") {
+	out, err = runCLI(t, "send", "--addr", base, "--window", "1", "logins", arr)
+	if err != nil || !strings.Contains(out, "1200 accepted, 0 duplicates, 0 rejected") {
 		t.Fatalf("send array: %v\n%s", err, out)
 	}
 	// Sending the same file again is safe: every event is a duplicate.
@@ -89,18 +91,35 @@ func TestSendAndGet(t *testing.T) {
 		t.Errorf("u0 = %+v, want seq 800, amount 1200", st)
 	}
 
-	if _, err := runCLI(t, "get", "--addr", base, "logins", "nobody"); err == nil || !strings.Contains(err.Error(), "404") {
+	if _, err := runCLI(t, "get", "--addr", base, "logins", "nobody"); err == nil || !strings.Contains(err.Error(), "NotFound") {
 		t.Errorf("get unknown key: %v", err)
 	}
+
+	// Rejected events are reported with their number in the input and
+	// skipped; the rest of their batches is applied; the exit is an error.
 	bad := filepath.Join(dir, "bad.ndjson")
-	os.WriteFile(bad, []byte(`{"user_id":"x","amount":"lots"}`+"\n"), 0o600)
-	if _, err := runCLI(t, "send", "--addr", base, "logins", bad); err == nil || !strings.Contains(err.Error(), `field \"amount\"`) && !strings.Contains(err.Error(), `field "amount"`) {
-		t.Errorf("send bad event: %v", err)
+	os.WriteFile(bad, []byte(`{"user_id":"x","event_id":"b1","amount":1}
+{"user_id":"x","event_id":"b2","amount":"lots"}
+{"user_id":"x","event_id":"b3","amount":2}
+{"event_id":"b4","amount":2}
+{"user_id":"x","event_id":"b5","amount":4}
+`), 0o600)
+	out, err = runCLI(t, "send", "--addr", base, "--batch", "3", "logins", bad)
+	if err == nil || !strings.Contains(err.Error(), "2 events rejected") ||
+		!strings.Contains(out, `event 2 rejected: field "amount"`) || !strings.Contains(out, `event 4 rejected: field "user_id"`) ||
+		!strings.Contains(out, "3 accepted, 0 duplicates, 2 rejected") {
+		t.Errorf("send with bad events: %v\n%s", err, out)
+	}
+	if out, err := runCLI(t, "get", "--addr", base, "logins", "x"); err != nil || !strings.Contains(out, `"amount": 7`) {
+		t.Errorf("x after the bad file: %v\n%s", err, out)
+	}
+	if _, err := runCLI(t, "send", "--addr", base, "nope", nd); err == nil || !strings.Contains(err.Error(), "NotFound") {
+		t.Errorf("send to an unknown pipeline: %v", err)
 	}
 }
 
 func TestBench(t *testing.T) {
-	base := startInProcess(t)
+	base, _ := startInProcess(t)
 	out, err := runCLI(t, "bench", "--addr", base, "--duration", "300ms", "--keys", "10", "--batch", "5", "--concurrency", "2")
 	if err != nil || !strings.Contains(out, "events/s") {
 		t.Fatalf("bench: %v\n%s", err, out)

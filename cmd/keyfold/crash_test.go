@@ -128,7 +128,7 @@ func launchNode(t *testing.T, name, cfg string, storeArgs ...string) *node {
 		logs:   newLogSink(),
 		exited: make(chan struct{}),
 	}
-	n.cmd = exec.Command(bin, append([]string{"serve", "--config", cfg, "--http", "127.0.0.1:0"}, storeArgs...)...)
+	n.cmd = exec.Command(bin, append([]string{"serve", "--config", cfg, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, storeArgs...)...)
 	n.cmd.Stdout = n.logs
 	n.cmd.Stderr = n.logs
 	if err := n.cmd.Start(); err != nil {

@@ -29,7 +29,8 @@ func newServe() *cobra.Command {
 		Long: `Run a keyfold node. It keeps its state in the embedded on-disk store in
 --data, or in Redis with --redis (the URL may also come from the
 KEYFOLD_REDIS environment variable, which keeps a password out of the
-process list), recovers it at start, serves the HTTP API on --http, and
+process list), recovers it at start, serves the HTTP API on --http and the gRPC API on
+--grpc (with health and reflection services), and
 drains on SIGTERM or SIGINT: it stops accepting, finishes in-flight
 batches, writes a checkpoint and exits 0.
 
@@ -48,7 +49,7 @@ it does not exit.`,
 			if flags.Changed("http") || cfg.HTTPAddr == "" {
 				cfg.HTTPAddr = httpAddr
 			}
-			if flags.Changed("grpc") {
+			if flags.Changed("grpc") || cfg.GRPCAddr == "" {
 				cfg.GRPCAddr = grpcAddr
 			}
 			if flags.Changed("redis") {
@@ -78,7 +79,7 @@ it does not exit.`,
 	f.StringVarP(&configPath, "config", "c", "keyfold.yaml", "pipeline configuration (YAML)")
 	f.StringVar(&dataDir, "data", keyfold.DefaultDataDir, "directory of the embedded store")
 	f.StringVar(&httpAddr, "http", "127.0.0.1:8080", "HTTP listen address")
-	f.StringVar(&grpcAddr, "grpc", "", "gRPC listen address (accepted; served by a later version)")
+	f.StringVar(&grpcAddr, "grpc", "127.0.0.1:9090", `gRPC listen address ("" for none)`)
 	f.StringVar(&redisURL, "redis", "", "keep state in this Redis (redis://[user:password@]host:port/db, rediss:// for TLS) instead of --data")
 	f.StringVar(&redisPfx, "redis-prefix", "", `prefix of every Redis key, so deployments can share a Redis (default "keyfold")`)
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")

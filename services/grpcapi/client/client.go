@@ -251,6 +251,11 @@ func (c *Client) Pipelines(ctx context.Context) ([]*keyfoldv1.PipelineInfo, erro
 	return resp.Pipelines, nil
 }
 
+// ErrStreamBroken is the outcome of a batch whose stream ended before its
+// ack: whether it was applied is not known, so send it again (safe with
+// ids).
+var ErrStreamBroken = errors.New("keyfold client: the stream ended before the batch's ack")
+
 // Stream sends batches of one pipeline over one IngestStream and reports
 // each batch's outcome when the node acknowledges it (durable) or fails it.
 // Send and Close must not be called concurrently.
@@ -298,8 +303,7 @@ func (st *Stream) receive() {
 			st.waiting = nil
 			st.mu.Unlock()
 			for _, done := range waiting {
-				// The outcome of these batches is unknown: the stream broke.
-				done(Result{}, fmt.Errorf("keyfold client: stream ended before the ack: %w", st.err))
+				done(Result{}, fmt.Errorf("%w: %w", ErrStreamBroken, st.err))
 				<-st.slots
 			}
 			return
