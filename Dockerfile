@@ -14,6 +14,6 @@ COPY examples/quickstart.yaml /etc/keyfold/keyfold.yaml
 # is mounted: a new named volume takes the image directory's ownership.
 COPY --from=build --chown=65532:65532 /out/data /var/lib/keyfold
 VOLUME /var/lib/keyfold
-EXPOSE 8080
+EXPOSE 8080 9090
 ENTRYPOINT ["/usr/local/bin/keyfold"]
-CMD ["serve", "--config", "/etc/keyfold/keyfold.yaml", "--data", "/var/lib/keyfold", "--http", "0.0.0.0:8080", "--log-format", "json"]
+CMD ["serve", "--config", "/etc/keyfold/keyfold.yaml", "--data", "/var/lib/keyfold", "--http", "0.0.0.0:8080", "--grpc", "0.0.0.0:9090", "--log-format", "json"]

@@ -327,9 +327,13 @@ func newGet() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			out, err := json.MarshalIndent(map[string]any{
-				"pipeline": st.Pipeline, "key": st.Key, "seq": st.Seq, "aggregates": st.Aggregates,
-			}, "", "  ")
+			// The HTTP API's shape, in its order.
+			out, err := json.MarshalIndent(struct {
+				Pipeline   string         `json:"pipeline"`
+				Key        string         `json:"key"`
+				Seq        uint64         `json:"seq"`
+				Aggregates map[string]any `json:"aggregates"`
+			}{st.Pipeline, st.Key, st.Seq, st.Aggregates}, "", "  ")
 			if err != nil {
 				return err
 			}
