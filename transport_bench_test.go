@@ -56,7 +56,7 @@ func (d decodeOnly) Query(context.Context, string, string) (uint64, map[string]a
 	return 0, nil, nil
 }
 func (d decodeOnly) Delete(context.Context, string, string) error { return nil }
-func (d decodeOnly) Pipelines() []*keyfoldv1.PipelineInfo        { return nil }
+func (d decodeOnly) Pipelines() []*keyfoldv1.PipelineInfo         { return nil }
 
 type donePending int
 
@@ -72,7 +72,7 @@ func (d decodeOnlyHTTP) Ingest(_ context.Context, _ string, events []json.RawMes
 	return d.ingest(raws)
 }
 func (d decodeOnlyHTTP) Query(context.Context, string, string) (any, error) { return nil, nil }
-func (d decodeOnlyHTTP) Serving() bool                                       { return true }
+func (d decodeOnlyHTTP) Serving() bool                                      { return true }
 
 // endpoints are where each transport listens.
 type endpoints struct{ http, grpc string }
@@ -326,7 +326,7 @@ func BenchmarkEventEncoding(b *testing.B) {
 				b.Fatal(err)
 			}
 			for _, v := range l.Values {
-				m := v.GetStructValue().AsMap() // the field map
+				m := v.GetStructValue().AsMap()            // the field map
 				if _, err := json.Marshal(m); err != nil { // the JSON to log
 					b.Fatal(err)
 				}
