@@ -104,9 +104,10 @@ func (s *server) Ingest(ctx context.Context, req *keyfoldv1.IngestRequest) (*key
 }
 
 // IngestStream reads batches, submits each in order and acknowledges each
-// in order once durable. At most StreamWindow batches are read ahead of
-// their acks (each also holds an ingest slot): when the window is full the
-// server stops reading and HTTP/2 flow control holds the client back.
+// in order once durable. At most StreamWindow+2 batches are read ahead of
+// their acks (the window, the one being acknowledged, one waiting for
+// room; each holds an ingest slot): then the server stops reading and
+// HTTP/2 flow control holds the client back.
 func (s *server) IngestStream(stream keyfoldv1.Keyfold_IngestStreamServer) error {
 	ctx := stream.Context()
 	type inFlight struct {
