@@ -39,7 +39,7 @@ func (b *stalledBackend) Query(context.Context, string, string) (uint64, map[str
 	return 0, nil, nil
 }
 func (b *stalledBackend) Delete(context.Context, string, string) error { return nil }
-func (b *stalledBackend) Pipelines() []*keyfoldv1.PipelineInfo        { return nil }
+func (b *stalledBackend) Pipelines() []*keyfoldv1.PipelineInfo         { return nil }
 
 type stalledPending struct {
 	b *stalledBackend
