@@ -13,8 +13,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/keyfold/keyfold/services/httpapi"
 	"github.com/spf13/cobra"
+
+	"github.com/keyfold/keyfold/services/grpcapi/client"
+	"github.com/keyfold/keyfold/services/httpapi"
 )
 
 func newBench() *cobra.Command {
@@ -22,11 +24,12 @@ func newBench() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Load a node with synthetic events and report durable ingest throughput",
-		Long: `Load a running node over HTTP with synthetic login events (the fields of
-examples/quickstart.yaml: user_id, event_id, type, amount, geo.country) from
---concurrency clients, each posting batches of --batch events over --keys
-keys and waiting for each acknowledgement, for --duration. Run it as a process
-of its own, so the load generator and the node are measured apart.`,
+		Long: `Load a running node over HTTP (or gRPC with --grpc) with synthetic login
+events (the fields of examples/quickstart.yaml: user_id, event_id, type,
+amount, geo.country) from --concurrency clients, each sending batches of
+--batch events over --keys keys and waiting for each acknowledgement, for
+--duration. Run it as a process of its own, so the load generator and the
+node are measured apart.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return bench(cmd.Context(), o, cmd.OutOrStdout())
@@ -34,6 +37,7 @@ of its own, so the load generator and the node are measured apart.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.addr, "addr", "http://127.0.0.1:8080", "the node's HTTP base URL")
+	f.StringVar(&o.grpc, "grpc", "", "load over gRPC (unary Ingest) at this address instead of HTTP")
 	f.StringVar(&o.pipeline, "pipeline", "logins", "pipeline to load")
 	f.IntVar(&o.keys, "keys", 10_000, "distinct keys")
 	f.IntVar(&o.batch, "batch", 100, "events per request")
@@ -43,7 +47,7 @@ of its own, so the load generator and the node are measured apart.`,
 }
 
 type benchOptions struct {
-	addr, pipeline           string
+	addr, grpc, pipeline     string
 	keys, batch, concurrency int
 	duration                 time.Duration
 }
@@ -52,10 +56,31 @@ func bench(ctx context.Context, o benchOptions, out io.Writer) error {
 	if o.keys < 1 || o.batch < 1 || o.concurrency < 1 || o.duration <= 0 {
 		return errors.New("--keys, --batch, --concurrency and --duration must be positive")
 	}
-	c := &httpapi.Client{Base: o.addr, HTTP: &http.Client{
-		Transport: &http.Transport{MaxIdleConnsPerHost: o.concurrency},
-		Timeout:   time.Minute,
-	}}
+	var ingest func(ctx context.Context, batch []json.RawMessage) error
+	if o.grpc != "" {
+		c, err := client.Dial(o.grpc, client.Options{MaxRetries: -1})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		ingest = func(ctx context.Context, batch []json.RawMessage) error {
+			raws := make([][]byte, len(batch))
+			for i, e := range batch {
+				raws[i] = e
+			}
+			_, err := c.Ingest(ctx, o.pipeline, raws)
+			return err
+		}
+	} else {
+		c := &httpapi.Client{Base: o.addr, HTTP: &http.Client{
+			Transport: &http.Transport{MaxIdleConnsPerHost: o.concurrency},
+			Timeout:   time.Minute,
+		}}
+		ingest = func(ctx context.Context, batch []json.RawMessage) error {
+			_, _, err := c.Ingest(ctx, o.pipeline, batch)
+			return err
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, o.duration)
 	defer cancel()
 	run := time.Now().UnixNano() // ids unique across runs
@@ -89,8 +114,7 @@ func bench(ctx context.Context, o benchOptions, out io.Writer) error {
 					batch[i] = buf.Bytes()[offsets[i]:offsets[i+1]]
 				}
 				t0 := time.Now()
-				_, _, err := c.Ingest(ctx, o.pipeline, batch)
-				if err != nil {
+				if err := ingest(ctx, batch); err != nil {
 					if ctx.Err() == nil {
 						mu.Lock()
 						if firstErr == nil {

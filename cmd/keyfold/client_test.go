@@ -119,10 +119,14 @@ func TestSendAndGet(t *testing.T) {
 }
 
 func TestBench(t *testing.T) {
-	base, _ := startInProcess(t)
+	base, grpcAddr := startInProcess(t)
 	out, err := runCLI(t, "bench", "--addr", base, "--duration", "300ms", "--keys", "10", "--batch", "5", "--concurrency", "2")
 	if err != nil || !strings.Contains(out, "events/s") {
 		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	out, err = runCLI(t, "bench", "--grpc", grpcAddr, "--duration", "300ms", "--keys", "10", "--batch", "5", "--concurrency", "2")
+	if err != nil || !strings.Contains(out, "events/s") {
+		t.Fatalf("bench --grpc: %v\n%s", err, out)
 	}
 	if _, err := runCLI(t, "bench", "--addr", base, "--pipeline", "nope", "--duration", "300ms"); err == nil || !strings.Contains(err.Error(), "404") {
 		t.Errorf("bench against an unknown pipeline: %v", err)
