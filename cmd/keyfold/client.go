@@ -8,13 +8,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
-	"sync"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc/codes"
 
 	"github.com/keyfold/keyfold/services/grpcapi/client"
 )
@@ -87,7 +84,8 @@ func isTerminal(f *os.File) bool {
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
-// sender streams the events of one input to a pipeline.
+// sender streams the events of one input to a pipeline, reporting rejects
+// and progress.
 type sender struct {
 	c        *client.Client
 	pipeline string
@@ -96,170 +94,60 @@ type sender struct {
 	quiet    bool
 	progress bool
 	log      io.Writer
-
-	mu                            sync.Mutex
-	sent, accepted, dups, rejects int
-	fatal                         error
-	bar                           *progressbar.ProgressBar
-}
-
-// sendBatch is a batch and the number of its first event in the input.
-type sendBatch struct {
-	first  int
-	events [][]byte
 }
 
 func (s *sender) run(ctx context.Context, in io.Reader) error {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // stops the decoder after a fatal error
+	defer cancel() // stops the decoder
+	var bar *progressbar.ProgressBar
 	if s.progress {
-		s.bar = progressbar.NewOptions64(-1, progressbar.OptionSetWriter(s.log), progressbar.OptionSetDescription("events"),
+		bar = progressbar.NewOptions64(-1, progressbar.OptionSetWriter(s.log), progressbar.OptionSetDescription("events"),
 			progressbar.OptionShowCount(), progressbar.OptionShowIts(), progressbar.OptionSetItsString("events"),
 			progressbar.OptionThrottle(200*time.Millisecond), progressbar.OptionClearOnFinish())
 	}
 	start := time.Now()
 	events, errc := decodeEvents(ctx, in)
-	var stream *client.Stream
-	defer func() {
-		if stream != nil {
-			stream.Close()
+	input := func(yield func([]byte, error) bool) {
+		for ev := range events {
+			if !yield(ev, nil) {
+				return
+			}
 		}
-	}()
-	n := 0
-	b := &sendBatch{first: 1}
-	flush := func() error {
-		if len(b.events) == 0 {
-			return nil
-		}
-		batch := b
-		b = &sendBatch{first: n + 1}
-		for {
-			if err := s.failed(); err != nil {
-				return err
-			}
-			if stream == nil {
-				var err error
-				if stream, err = s.c.Stream(ctx, s.pipeline, s.window); err != nil {
-					// Cannot stream now: send this batch on its own.
-					s.settle(ctx, batch, err)
-					return s.failed()
-				}
-			}
-			if err := stream.Send(batch.events, func(r client.Result, err error) {
-				if err != nil {
-					s.settle(ctx, batch, err)
-					return
-				}
-				s.done(len(batch.events), r)
-			}); err != nil {
-				stream.Close()
-				stream = nil // the stream broke: a new one for the next batches
-				continue
-			}
-			return nil
+		if err := <-errc; err != nil {
+			yield(nil, err)
 		}
 	}
-	for ev := range events {
-		n++
-		b.events = append(b.events, ev)
-		if len(b.events) == s.batch {
-			if err := flush(); err != nil {
-				return err
+	sum, err := s.c.Send(ctx, s.pipeline, input, client.SendOptions{
+		Batch:  s.batch,
+		Window: s.window,
+		OnRejected: func(i int, err *client.Error) {
+			what := err.Message
+			if err.Field != "" {
+				what = fmt.Sprintf("field %q: %s", err.Field, err.Message)
 			}
-		}
-	}
-	if err := <-errc; err != nil && s.failed() == nil {
-		return fmt.Errorf("input after event %d: %w", n, err)
-	}
-	if err := flush(); err != nil {
+			fmt.Fprintf(s.log, "event %d rejected: %s\n", i+1, what) // numbered from 1, as lines are
+		},
+		OnAcked: func(n int, _ client.Result) {
+			if bar != nil {
+				bar.Add(n)
+			}
+		},
+	})
+	if err != nil {
 		return err
 	}
-	if stream != nil {
-		err := stream.Close()
-		stream = nil
-		if err != nil && s.failed() == nil {
-			return err
-		}
-	}
-	if err := s.failed(); err != nil {
-		return err
-	}
-	if s.bar != nil {
-		s.bar.Finish()
+	if bar != nil {
+		bar.Finish()
 	}
 	took := time.Since(start)
 	if !s.quiet {
 		fmt.Fprintf(s.log, "sent %d events in %v (%.0f events/s): %d accepted, %d duplicates, %d rejected\n",
-			s.sent, took.Round(time.Millisecond), float64(s.sent)/took.Seconds(), s.accepted, s.dups, s.rejects)
+			sum.Sent, took.Round(time.Millisecond), float64(sum.Sent)/took.Seconds(), sum.Accepted, sum.Duplicates, sum.Rejected)
 	}
-	if s.rejects > 0 {
-		return fmt.Errorf("%d events rejected", s.rejects)
+	if sum.Rejected > 0 {
+		return fmt.Errorf("%d events rejected", sum.Rejected)
 	}
 	return nil
-}
-
-func (s *sender) failed() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.fatal
-}
-
-// done counts an acknowledged batch.
-func (s *sender) done(n int, r client.Result) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.sent += n
-	s.accepted += r.Accepted
-	s.dups += r.Duplicates
-	if s.bar != nil {
-		s.bar.Add(n)
-	}
-}
-
-// settle finishes a batch whose stream ack was a failure: it drops the
-// events the node rejects (reporting each) and sends the rest again on its
-// own, until it is acknowledged or fails for good.
-func (s *sender) settle(ctx context.Context, b *sendBatch, err error) {
-	events := b.events
-	index := make([]int, len(events)) // each event's number in the input
-	for i := range index {
-		index[i] = b.first + i
-	}
-	for {
-		var ce *client.Error
-		switch {
-		case errors.As(err, &ce) && ce.Code == codes.InvalidArgument && ce.EventIndex >= 0 && ce.EventIndex < len(events):
-			i := ce.EventIndex
-			s.mu.Lock()
-			s.rejects++
-			s.sent++
-			s.mu.Unlock()
-			what := ce.Message
-			if ce.Field != "" {
-				what = fmt.Sprintf("field %q: %s", ce.Field, ce.Message)
-			}
-			fmt.Fprintf(s.log, "event %d rejected: %s\n", index[i], what)
-			events = slices.Delete(slices.Clone(events), i, i+1)
-			index = slices.Delete(index, i, i+1)
-		case client.Retryable(err) || errors.Is(err, client.ErrStreamBroken):
-			// Sent again below (Ingest retries by itself too).
-		default:
-			s.mu.Lock()
-			if s.fatal == nil {
-				s.fatal = fmt.Errorf("events %d..%d: %w", b.first, b.first+len(b.events)-1, err)
-			}
-			s.mu.Unlock()
-			return
-		}
-		if len(events) == 0 {
-			return
-		}
-		var r client.Result
-		if r, err = s.c.Ingest(ctx, s.pipeline, events); err == nil {
-			s.done(len(events), r)
-			return
-		}
-	}
 }
 
 // decodeEvents streams the values of a JSON array, or of a sequence of JSON

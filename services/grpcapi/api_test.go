@@ -348,3 +348,52 @@ func TestRetryAfterDroppedConnection(t *testing.T) {
 		t.Errorf("fred = %+v, %v; want each event once", s, err)
 	}
 }
+
+// TestClientSend: Send streams a sequence in batches and returns once all
+// is durable; a rejected event is reported and skipped (or, without
+// OnRejected, fails Send).
+func TestClientSend(t *testing.T) {
+	n := startNode(t)
+	c := dial(t, n.GRPCAddr(), client.Options{})
+	seq := func(count, bad int) func(func([]byte, error) bool) {
+		return func(yield func([]byte, error) bool) {
+			for i := range count {
+				ev := login(fmt.Sprint("s", i%7), fmt.Sprint("sid", i), 1, i)
+				if i == bad {
+					ev = []byte(`{"user":"s0","amount":[]}`)
+				}
+				if !yield(ev, nil) {
+					return
+				}
+			}
+		}
+	}
+	var rejected []int
+	acked := 0
+	sum, err := c.Send(t.Context(), "logins", seq(1000, 321), client.SendOptions{Batch: 50, Window: 3,
+		OnRejected: func(i int, err *client.Error) { rejected = append(rejected, i) },
+		OnAcked:    func(n int, _ client.Result) { acked += n },
+	})
+	if err != nil || sum != (client.Summary{Sent: 1000, Accepted: 999, Rejected: 1}) || acked != 999 || fmt.Sprint(rejected) != "[321]" {
+		t.Fatalf("Send = %+v, %v; acked %d, rejected %v", sum, err, acked, rejected)
+	}
+	total := uint64(0)
+	for k := range 7 {
+		st, err := c.GetState(t.Context(), "logins", fmt.Sprint("s", k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += st.Seq
+	}
+	if total != 999 {
+		t.Errorf("keys hold %d events, want 999", total)
+	}
+	// Again: all duplicates. Without OnRejected the bad event fails Send.
+	sum, err = c.Send(t.Context(), "logins", seq(1000, -1), client.SendOptions{})
+	if err != nil || sum.Duplicates != 999 || sum.Accepted != 1 {
+		t.Errorf("resend = %+v, %v", sum, err)
+	}
+	if _, err := c.Send(t.Context(), "logins", seq(100, 5), client.SendOptions{Batch: 10}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("Send with a bad event and no OnRejected = %v", err)
+	}
+}
