@@ -156,7 +156,11 @@ func (h *Host) commit(reqs []*ingestReq) {
 			if lost == nil {
 				lost = make(map[uint32]persistence.Epoch)
 			}
-			if !errors.Is(err, persistence.ErrFenced) {
+			if gs.ready && gs.epoch == entries[i].Epoch && !errors.Is(err, persistence.ErrFenced) {
+				// Only for a group this append loses: its take-over's
+				// claim clears the flag. (A group already lost and
+				// claimed again since must not set it: no claim would
+				// follow to clear it.)
 				h.storeDown.Store(true)
 			}
 			lost[gb.group] = entries[i].Epoch

@@ -138,9 +138,9 @@ loop:
 		if err := h.checkpoint(ctx); err != nil && ctx.Err() == nil {
 			// The changed keys stay dirty and are retried at the next
 			// checkpoint; only replay after a crash grows meanwhile. (A
-			// fenced group was lost and is being taken over again.)
+			// fenced group was lost and is being taken over again.) Clean
+			// keys still passivate.
 			h.log.Warn("checkpoint failed; retrying at the next one", "err", err)
-			continue
 		}
 		h.passivate()
 	}
@@ -221,6 +221,7 @@ func (h *Host) Ingest(ctx context.Context, pipeline string, raws [][]byte) (Resu
 
 // Pending is an ingest that was validated and queued for logging.
 type Pending struct {
+	h *Host
 	w *waiter // nil for an empty batch
 	n int
 }
@@ -254,7 +255,7 @@ func (h *Host) enqueue(ctx context.Context, pipeline string, events []*fold.Even
 	}
 	select {
 	case h.queue <- req:
-		return &Pending{w: req.w, n: len(events)}, nil
+		return &Pending{h: h, w: req.w, n: len(events)}, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -270,6 +271,12 @@ func (p *Pending) Wait(ctx context.Context) (Result, error) {
 	case <-p.w.done:
 	case <-ctx.Done():
 		return Result{}, ctx.Err()
+	case <-p.h.failCh: // its grains may never answer
+		select {
+		case <-p.w.done:
+		default:
+			return Result{}, p.h.Err()
+		}
 	}
 	dups, err := p.w.result()
 	if err != nil {

@@ -694,3 +694,30 @@ func TestDeleteKey(t *testing.T) {
 		})
 	}
 }
+
+// TestStaleAppendFailureDoesNotStickStoreDown: an append of an old
+// incarnation of a group fails after the group was lost and claimed again;
+// the host must not then refuse every ingest as "store unreachable" (no
+// claim would follow to clear that).
+func TestStaleAppendFailureDoesNotStickStoreDown(t *testing.T) {
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	hs := start(t, fs, actors.Config{Groups: 1, CheckpointInterval: time.Millisecond, IdleTimeout: time.Millisecond})
+	defer hs.shutdown()
+	hs.ingest(event("a", "1", 1))
+	eventually(t, "a to be passivated", func() bool { return hs.host.Stats().ActiveKeys == 0 })
+
+	fs.Inject(faultstore.OpAppend, 1, faultstore.Fault{Delay: 300 * time.Millisecond, Err: errors.New("timeout")})
+	slow := make(chan error, 1)
+	go func() { _, err := hs.host.Ingest(context.Background(), "p", [][]byte{event("b", "1", 1)}); slow <- err }()
+	time.Sleep(50 * time.Millisecond) // the append is in flight
+	fs.FailNext(faultstore.OpGet, errors.New("injected"))
+	hs.host.Query(context.Background(), "p", "a") // loses the group; it is claimed again
+	eventually(t, "the take-over", func() bool { return hs.host.Stats().GroupsLost == 1 && hs.host.Stats().GroupsUnavailable == 0 })
+	if err := <-slow; !errors.Is(err, actors.ErrUnavailable) {
+		t.Fatalf("the slow ingest: %v", err)
+	}
+	eventually(t, "ingest to work again", func() bool {
+		_, err := hs.host.Ingest(context.Background(), "p", [][]byte{event("c", "1", 1)})
+		return err == nil
+	})
+}

@@ -98,6 +98,7 @@ func (h *Host) takeOverLoop(ctx context.Context) {
 		}
 		h.mu.Unlock()
 		if len(lost) == 0 {
+			h.storeDown.Store(false) // nothing left to claim that could clear it
 			continue
 		}
 		start := time.Now()

@@ -56,7 +56,10 @@ duplicates and rejects.`,
 			if batch < 1 || window < 1 {
 				return errors.New("--batch and --window must be at least 1")
 			}
-			c, err := client.Dial(addr, client.Options{MaxRetries: max(retries, -1)})
+			if retries <= 0 {
+				retries = -1 // the client's "never" (its 0 means the default)
+			}
+			c, err := client.Dial(addr, client.Options{MaxRetries: retries})
 			if err != nil {
 				return err
 			}

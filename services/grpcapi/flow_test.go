@@ -2,6 +2,7 @@ package grpcapi_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -14,8 +15,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/keyfold/keyfold/actors"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"github.com/keyfold/keyfold/services/grpcapi"
+	"github.com/keyfold/keyfold/services/grpcapi/client"
 )
 
 // stalledBackend accepts batches and completes none until released: a node
@@ -155,4 +158,49 @@ func TestIngestSlots(t *testing.T) {
 	}
 	close(b.release)
 	wg.Wait()
+}
+
+// downBackend fails every batch as a node whose store is down does.
+type downBackend struct{ stalledBackend }
+
+func (*downBackend) Submit(context.Context, string, [][]byte) (grpcapi.Pending, error) {
+	return nil, fmt.Errorf("%w: the store is unreachable", actors.ErrUnavailable)
+}
+
+func (b *downBackend) Ingest(ctx context.Context, p string, ev [][]byte) (int, int, error) {
+	_, err := b.Submit(ctx, p, ev)
+	return 0, 0, err
+}
+
+// TestSendGivesUp: against a node that keeps failing, Send returns when
+// its retries are spent, or when its context ends, whichever is first; it
+// never spins.
+func TestSendGivesUp(t *testing.T) {
+	conn := serve(t, &downBackend{}, grpcapi.Options{})
+	events := func(yield func([]byte, error) bool) {
+		for i := range 50 {
+			if !yield(fmt.Appendf(nil, `{"k":"%d"}`, i), nil) {
+				return
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		retries int
+		timeout time.Duration
+	}{{"no retries", -1, time.Minute}, {"retries spent", 2, time.Minute}, {"deadline", 50, 500 * time.Millisecond}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := client.New(conn, client.Options{MaxRetries: tc.retries})
+			ctx, cancel := context.WithTimeout(t.Context(), tc.timeout)
+			defer cancel()
+			start := time.Now()
+			_, err := c.Send(ctx, "p", events, client.SendOptions{Batch: 10})
+			if status.Code(err) != codes.Unavailable && !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("Send = %v, want Unavailable or the deadline", err)
+			}
+			if took := time.Since(start); took > 10*time.Second {
+				t.Errorf("Send took %v to give up", took)
+			}
+		})
+	}
 }

@@ -161,6 +161,9 @@ func (s *server) IngestStream(stream keyfoldv1.Keyfold_IngestStreamServer) error
 	case sendErr != nil:
 		return sendErr
 	case recvErr != nil:
+		if _, ok := status.FromError(recvErr); ok {
+			return recvErr // the transport's own status (cancelled, too large…)
+		}
 		return s.status(recvErr)
 	}
 	return nil

@@ -53,9 +53,12 @@ func (c *Client) Send(ctx context.Context, pipeline string, events iter.Seq2[[]b
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	err := s.run(ctx, events)
+	s.settling.Wait()
 	if err == nil {
 		err = s.failed()
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	return s.sum, err
 }
 
@@ -67,6 +70,8 @@ type sender struct {
 	mu    sync.Mutex // guards sum and fatal, and serialises callbacks
 	sum   Summary
 	fatal error
+
+	settling sync.WaitGroup // failed batches being sent again
 }
 
 // sendBatch is a batch and the index of its first event in the sequence.
@@ -98,13 +103,16 @@ func (s *sender) run(ctx context.Context, events iter.Seq2[[]byte, error]) error
 				var err error
 				if stream, err = s.c.Stream(ctx, s.pipeline, s.o.Window); err != nil {
 					// Cannot stream now: this batch on its own.
-					s.settle(ctx, batch, err)
+					s.settle(ctx, batch, err, false)
 					return s.failed()
 				}
 			}
 			err := stream.Send(batch.events, func(r Result, err error) {
 				if err != nil {
-					s.settle(ctx, batch, err)
+					// Off the stream's receiving goroutine: the acks of
+					// the other batches must not wait for this one.
+					s.settling.Add(1)
+					go s.settle(ctx, batch, err, true)
 					return
 				}
 				s.acked(len(batch.events), r)
@@ -167,15 +175,25 @@ func (s *sender) acked(n int, r Result) {
 }
 
 // settle finishes a batch whose ack was a failure: it drops the events the
-// node rejects and sends the rest again on its own, until it is
-// acknowledged or fails for good.
-func (s *sender) settle(ctx context.Context, b *sendBatch, err error) {
+// node rejects and sends the rest again on its own with Ingest (which
+// retries as the client's options say), until it is acknowledged or fails
+// for good. A batch whose stream broke is sent again only if the client
+// retries at all.
+func (s *sender) settle(ctx context.Context, b *sendBatch, err error, async bool) {
+	if async {
+		defer s.settling.Done()
+	}
 	events := b.events
+	retried := false
 	index := make([]int, len(events)) // each event's index in the sequence
 	for i := range index {
 		index[i] = b.first + i
 	}
 	for {
+		if ctx.Err() != nil {
+			s.fail(fmt.Errorf("events %d..%d: %w (last failure: %w)", b.first, b.first+len(b.events)-1, ctx.Err(), err))
+			return
+		}
 		var ce *Error
 		switch {
 		case errors.As(err, &ce) && ce.Code == codes.InvalidArgument && ce.EventIndex >= 0 && ce.EventIndex < len(events):
@@ -191,8 +209,13 @@ func (s *sender) settle(ctx context.Context, b *sendBatch, err error) {
 			s.mu.Unlock()
 			events = slices.Delete(slices.Clone(events), i, i+1)
 			index = slices.Delete(index, i, i+1)
-		case Retryable(err) || errors.Is(err, ErrStreamBroken):
-			// Sent again below (Ingest retries by itself too).
+		case retried:
+			// Ingest's own retries are spent.
+			s.fail(fmt.Errorf("events %d..%d: %w", b.first, b.first+len(b.events)-1, err))
+			return
+		case s.c.opts.MaxRetries > 0 && (Retryable(err) || errors.Is(err, ErrStreamBroken)):
+			// Sent again below, once: Ingest retries by itself.
+			retried = true
 		default:
 			s.fail(fmt.Errorf("events %d..%d: %w", b.first, b.first+len(b.events)-1, err))
 			return
