@@ -30,6 +30,9 @@ func TestLoadConfigQuickstart(t *testing.T) {
 			"biggest":  {Op: "max", Field: "amount"},
 			"smallest": {Op: "min", Field: "amount"},
 			"country":  {Op: "last", Field: "geo.country"},
+
+			"countries": {Op: "distinct", Field: "geo.country"},
+			"amounts":   {Op: "quantiles", Field: "amount"},
 		},
 	}}
 	if !reflect.DeepEqual(c.Pipelines, want) {

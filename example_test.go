@@ -59,7 +59,7 @@ pipelines:
 	// Output:
 	// keyfold: config: pipeline "logins": key (line 3): is required (the field that names each key)
 	// keyfold: config: pipeline "logins": aggregates.amount (line 5): op sum needs a field
-	// keyfold: config: pipeline "logins": aggregates.avg (line 6): unknown op "average" (want one of count, last, max, min, sum)
+	// keyfold: config: pipeline "logins": aggregates.avg (line 6): unknown op "average" (want one of count, distinct, last, max, min, quantiles, sum)
 }
 
 // Example embeds a node in a Go program: no HTTP, state in a directory of

@@ -49,7 +49,7 @@ func TestParseConfigRejects(t *testing.T) {
 		{
 			name: "unknown op",
 			yaml: "pipelines:\n  logins:\n    key: user_id\n    aggregates:\n      avg: {op: average, field: amount}\n",
-			want: [][]string{{`pipeline "logins": aggregates.avg`, `unknown op "average"`, "count, last, max, min, sum"}},
+			want: [][]string{{`pipeline "logins": aggregates.avg`, `unknown op "average"`, "count, distinct, last, max, min, quantiles, sum"}},
 		},
 		{
 			name: "missing op",

@@ -13,10 +13,17 @@ import (
 
 // Each benchmark op is one event, so ns/op and allocs/op are per event.
 
-// quickstart compiles the logins pipeline of examples/quickstart.yaml: six
-// aggregates (two counts, one filtered; sum, max, min; last of a nested
-// field), an id with a 24h dedup window and a time field.
+// quickstart compiles the logins pipeline of examples/quickstart.yaml
+// without its sketches: six aggregates (two counts, one filtered; sum, max,
+// min; last of a nested field), an id with a 24h dedup window and a time
+// field — the pipeline of the figures of 2026-11-29.
 func quickstart(b *testing.B) *fold.Pipeline {
+	return quickstartWith(b, false)
+}
+
+// quickstartWith compiles it, with its two sketches (distinct of the
+// country, quantiles of the amount) if sketches.
+func quickstartWith(b *testing.B, sketches bool) *fold.Pipeline {
 	b.Helper()
 	raw, err := os.ReadFile("../../examples/quickstart.yaml")
 	if err != nil {
@@ -29,8 +36,12 @@ func quickstart(b *testing.B) *fold.Pipeline {
 		b.Fatal(err)
 	}
 	spec, ok := doc.Pipelines["logins"]
-	if !ok || len(spec.Aggregates) != 6 {
-		b.Fatalf("examples/quickstart.yaml: want a logins pipeline with 6 aggregates, got %+v", spec)
+	if !ok || len(spec.Aggregates) != 8 {
+		b.Fatalf("examples/quickstart.yaml: want a logins pipeline with 8 aggregates, got %+v", spec)
+	}
+	if !sketches {
+		delete(spec.Aggregates, "countries")
+		delete(spec.Aggregates, "amounts")
 	}
 	p, err := fold.Compile("logins", spec)
 	if err != nil {
@@ -72,9 +83,12 @@ func BenchmarkPrepare(b *testing.B) {
 // the dedup set: processing time advances so that an id expires before the
 // same event comes round again, and the key remembers ~1024 ids.
 func BenchmarkApply(b *testing.B) {
-	p := quickstart(b)
-	for _, withIDs := range []bool{true, false} {
-		b.Run(fmt.Sprintf("ids=%v", withIDs), func(b *testing.B) {
+	for _, c := range []struct {
+		ids, sketches bool
+	}{{true, false}, {false, false}, {false, true}} {
+		p := quickstartWith(b, c.sketches)
+		withIDs := c.ids
+		b.Run(fmt.Sprintf("ids=%v/sketches=%v", c.ids, c.sketches), func(b *testing.B) {
 			events, err := p.PrepareBatch(benchEvents(1024, !withIDs))
 			if err != nil {
 				b.Fatal(err)

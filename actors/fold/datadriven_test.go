@@ -277,7 +277,7 @@ func (h *harness) state(key string) string {
 // describeProto prints the persisted form of a state field by field (the
 // text format of protobuf is deliberately unstable).
 func describeProto(p *fold.Pipeline, s *fold.State) string {
-	ks := p.StateProto(s)
+	ks := stateProto(p, s)
 	var out strings.Builder
 	fmt.Fprintf(&out, "seq=%d now_ms=%d\n", ks.GetSeq(), ks.GetNowMs())
 	for _, a := range ks.GetAggregates() {

@@ -32,8 +32,9 @@ type Event struct {
 // contribution is what one event adds to one aggregate.
 type contribution struct {
 	ok   bool    // the event contributes (field present, where matched)
-	num  float64 // sum, min, max
+	num  float64 // sum, min, max, quantiles
 	last []byte  // last: the value as JSON
+	str  string  // distinct: the value, as keys and ids are named
 }
 
 // Prepare decodes and validates one event, a JSON object. It returns a
@@ -149,6 +150,12 @@ func (a *aggregate) contribution(fields map[string]any) (contribution, error) {
 			return c, &FieldError{Field: a.field, Reason: fmt.Sprintf("%s needs a number, got %s", a.op, describe(v))}
 		}
 		c.num = f
+	case a.op == OpDistinct:
+		s, err := scalarString(v)
+		if err != nil {
+			return c, &FieldError{Field: a.field, Reason: "distinct value " + err.Error()}
+		}
+		c.str = s
 	case a.op == OpLast:
 		b, err := json.Marshal(v)
 		if err != nil { // cannot happen for decoded JSON

@@ -29,6 +29,8 @@ var fuzzSpec = fold.Spec{
 		"smallest": {Op: "min", Field: "amount"},
 		"country":  {Op: "last", Field: "geo.country"},
 		"label":    {Op: "last", Field: "label"},
+		"labels":   {Op: "distinct", Field: "label"},
+		"spread":   {Op: "quantiles", Field: "amount"},
 	},
 }
 
@@ -115,7 +117,7 @@ func checkRoundTrip(t *testing.T, p *fold.Pipeline, s *fold.State) {
 	if d := stateDiff(p, s, &r); d != "" {
 		t.Fatalf("state changed by MarshalState/UnmarshalState: %s", d)
 	}
-	r2, err := p.StateFromProto(p.StateProto(s))
+	r2, err := p.StateFromProto(stateProto(p, s))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +147,7 @@ func stateDiff(p *fold.Pipeline, a, b *fold.State) string {
 		return err.Error()
 	}
 	if !bytes.Equal(ba, bb) {
-		return fmt.Sprintf("marshalled state differs:\n%v\n%v", p.StateProto(a), p.StateProto(b))
+		return fmt.Sprintf("marshalled state differs:\n%v\n%v", stateProto(p, a), stateProto(p, b))
 	}
 	return ""
 }
@@ -274,7 +276,7 @@ func FuzzApply(f *testing.F) {
 		var stepwise fold.State
 		for i, in := range inputs {
 			replay(t, p, &stepwise, []fuzzInput{in})
-			next, err := p.StateFromProto(p.StateProto(&stepwise))
+			next, err := p.StateFromProto(stateProto(p, &stepwise))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -296,7 +298,7 @@ func FuzzApply(f *testing.F) {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(b1, b2) {
-			t.Fatalf("two replays of the same inputs differ:\n%v\n%v", p.StateProto(&full), p.StateProto(&again))
+			t.Fatalf("two replays of the same inputs differ:\n%v\n%v", stateProto(p, &full), stateProto(p, &again))
 		}
 
 		// Invariants: seq counts the applied events, as does total.

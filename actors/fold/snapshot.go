@@ -12,32 +12,43 @@ import (
 // inline). Aggregates are stored by name, so a pipeline may gain or lose
 // aggregates between runs.
 func (p *Pipeline) MarshalState(s *State) ([]byte, error) {
-	return proto.Marshal(p.StateProto(s))
+	ks, err := p.StateProto(s)
+	if err != nil {
+		return nil, err
+	}
+	return proto.Marshal(ks)
 }
 
 // StateProto returns a key's whole state as its persisted message, ids
 // inline.
-func (p *Pipeline) StateProto(s *State) *keyfoldv1.KeyState {
-	ks := p.coreProto(s)
+func (p *Pipeline) StateProto(s *State) (*keyfoldv1.KeyState, error) {
+	ks, err := p.coreProto(s)
+	if err != nil {
+		return nil, err
+	}
 	for _, e := range s.ids.order {
 		ks.Seen = append(ks.Seen, &keyfoldv1.SeenID{Id: e.id, AtMs: e.at})
 	}
-	return ks
+	return ks, nil
 }
 
 // coreProto is the state without its ids.
-func (p *Pipeline) coreProto(s *State) *keyfoldv1.KeyState {
+func (p *Pipeline) coreProto(s *State) (*keyfoldv1.KeyState, error) {
 	ks := &keyfoldv1.KeyState{Seq: s.seq, NowMs: s.now}
 	for i, agg := range p.aggs {
 		if i >= len(s.aggs) || s.aggs[i].count == 0 {
 			continue
 		}
-		a := s.aggs[i]
+		a := &s.aggs[i]
+		sk, err := encodeSketch(a)
+		if err != nil {
+			return nil, fmt.Errorf("fold: encode aggregate %q: %w", agg.name, err)
+		}
 		ks.Aggregates = append(ks.Aggregates, &keyfoldv1.AggregateState{
-			Name: agg.name, Op: agg.op.String(), Count: a.count, Number: a.num, LastJson: a.last,
+			Name: agg.name, Op: agg.op.String(), Count: a.count, Number: a.num, LastJson: a.last, Sketch: sk,
 		})
 	}
-	return ks
+	return ks, nil
 }
 
 // UnmarshalState decodes a state written by MarshalState. Aggregates the
@@ -60,12 +71,15 @@ func (p *Pipeline) StateFromProto(ks *keyfoldv1.KeyState) (State, error) {
 	if len(ks.SeenBuckets) > 0 {
 		return State{}, fmt.Errorf("fold: state keeps its ids in %d buckets: restore it with RestoreParts", len(ks.SeenBuckets))
 	}
-	s := p.stateFromCore(ks)
+	s, err := p.stateFromCore(ks)
+	if err != nil {
+		return State{}, err
+	}
 	p.loadIDs(&s, ks.Seen)
 	return s, nil
 }
 
-func (p *Pipeline) stateFromCore(ks *keyfoldv1.KeyState) State {
+func (p *Pipeline) stateFromCore(ks *keyfoldv1.KeyState) (State, error) {
 	// A restored state is at version 1, all of it stored: see Persisted.
 	s := State{seq: ks.Seq, now: ks.NowMs, aggs: make([]aggState, len(p.aggs)), version: RestoredVersion}
 	byName := make(map[string]int, len(p.aggs))
@@ -75,9 +89,12 @@ func (p *Pipeline) stateFromCore(ks *keyfoldv1.KeyState) State {
 	for _, a := range ks.Aggregates {
 		if i, ok := byName[a.Name]; ok && (a.Op == "" || a.Op == p.aggs[i].op.String()) {
 			s.aggs[i] = aggState{count: a.Count, num: a.Number, last: a.LastJson}
+			if err := decodeSketch(p.aggs[i].op, a.Sketch, &s.aggs[i]); err != nil {
+				return State{}, fmt.Errorf("fold: aggregate %q: %w", a.Name, err)
+			}
 		}
 	}
-	return s
+	return s, nil
 }
 
 // RestoredVersion is the version of a state rebuilt from the store: its
@@ -118,7 +135,11 @@ type BucketPart struct {
 // nothing is (a new key), RestoredVersion for a key just restored, else the
 // Version of the last Parts stored.
 func (p *Pipeline) SnapshotParts(s *State, since uint64) (Parts, error) {
-	parts := Parts{Core: p.coreProto(s), Version: s.version}
+	core, err := p.coreProto(s)
+	if err != nil {
+		return Parts{}, err
+	}
+	parts := Parts{Core: core, Version: s.version}
 	// Ids are added in time order, so the buckets changed since are the
 	// newest ones: walk back from the newest id to the first unchanged
 	// bucket. The cost is that of what changed, not of the whole window.
@@ -166,7 +187,10 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 	if core == nil {
 		return State{}, nil
 	}
-	s := p.stateFromCore(core)
+	s, err := p.stateFromCore(core)
+	if err != nil {
+		return State{}, err
+	}
 	p.loadIDs(&s, core.Seen) // a snapshot written with ids inline
 	// The stored buckets are usable as they are only if every id sits in
 	// the bucket this pipeline's width puts it in and no id was inline.

@@ -33,7 +33,7 @@ type Spec struct {
 
 // AggregateSpec is one running aggregate.
 type AggregateSpec struct {
-	// Op is one of count, sum, min, max, last.
+	// Op is one of count, sum, min, max, last, distinct, quantiles.
 	Op string `yaml:"op"`
 	// Field is the (dotted) field the op reads; required except for count,
 	// which with a field counts the events where the field is present.
@@ -53,9 +53,14 @@ const (
 	OpMin
 	OpMax
 	OpLast
+	OpDistinct  // estimated number of distinct values (HyperLogLog)
+	OpQuantiles // estimated p50, p90, p99 (DDSketch)
 )
 
-var opNames = map[string]Op{"count": OpCount, "sum": OpSum, "min": OpMin, "max": OpMax, "last": OpLast}
+var opNames = map[string]Op{
+	"count": OpCount, "sum": OpSum, "min": OpMin, "max": OpMax, "last": OpLast,
+	"distinct": OpDistinct, "quantiles": OpQuantiles,
+}
 
 func (o Op) String() string {
 	for name, op := range opNames {
@@ -67,7 +72,7 @@ func (o Op) String() string {
 }
 
 // numeric reports whether the op needs a numeric field.
-func (o Op) numeric() bool { return o == OpSum || o == OpMin || o == OpMax }
+func (o Op) numeric() bool { return o == OpSum || o == OpMin || o == OpMax || o == OpQuantiles }
 
 // Pipeline is a compiled Spec. It is immutable and safe for concurrent use.
 type Pipeline struct {

@@ -1,6 +1,8 @@
 package fold
 
 import (
+	"github.com/DataDog/sketches-go/ddsketch"
+	"github.com/axiomhq/hyperloglog"
 	"encoding/json"
 	"math"
 )
@@ -22,6 +24,8 @@ type aggState struct {
 	count uint64
 	num   float64
 	last  []byte
+	hll   *hyperloglog.Sketch // distinct
+	dd    *ddsketch.DDSketch  // quantiles
 }
 
 // Seq returns the number of events applied to the key, duplicates excluded.
@@ -74,6 +78,18 @@ func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
 			}
 		case OpLast:
 			a.last = c.last
+		case OpDistinct:
+			if a.hll == nil {
+				a.hll = hyperloglog.New14()
+			}
+			a.hll.Insert([]byte(c.str))
+		case OpQuantiles:
+			if a.dd == nil {
+				a.dd = newDDSketch()
+			}
+			if a.dd.Add(c.num) != nil {
+				continue // outside the sketch's range (beyond ±1e300): not counted
+			}
 		}
 		a.count++
 	}
@@ -119,6 +135,14 @@ func (p *Pipeline) Aggregates(s *State) map[string]any {
 			} else {
 				out[agg.name] = json.RawMessage(a.last)
 			}
+		case OpDistinct:
+			if a.hll == nil {
+				out[agg.name] = uint64(0)
+			} else {
+				out[agg.name] = a.hll.Estimate()
+			}
+		case OpQuantiles:
+			out[agg.name] = quantileView(&a)
 		}
 	}
 	return out

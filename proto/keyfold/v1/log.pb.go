@@ -410,7 +410,10 @@ type AggregateState struct {
 	LastJson []byte `protobuf:"bytes,4,opt,name=last_json,json=lastJson,proto3" json:"last_json,omitempty"`
 	// The op that built this state (count, sum, …). An aggregate whose op
 	// changed under the same name starts afresh.
-	Op            string `protobuf:"bytes,5,opt,name=op,proto3" json:"op,omitempty"`
+	Op string `protobuf:"bytes,5,opt,name=op,proto3" json:"op,omitempty"`
+	// distinct: the HyperLogLog (axiomhq/hyperloglog binary encoding);
+	// quantiles: the DDSketch (sketches-go's sketchpb.DDSketch).
+	Sketch        []byte `protobuf:"bytes,6,opt,name=sketch,proto3" json:"sketch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -478,6 +481,13 @@ func (x *AggregateState) GetOp() string {
 		return x.Op
 	}
 	return ""
+}
+
+func (x *AggregateState) GetSketch() []byte {
+	if x != nil {
+		return x.Sketch
+	}
+	return nil
 }
 
 // SeenID records that an event id was applied at a processing time.
@@ -564,13 +574,14 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\fseen_buckets\x18\x05 \x03(\x03R\vseenBuckets\"2\n" +
 	"\n" +
 	"SeenBucket\x12$\n" +
-	"\x03ids\x18\x01 \x03(\v2\x12.keyfold.v1.SeenIDR\x03ids\"\x7f\n" +
+	"\x03ids\x18\x01 \x03(\v2\x12.keyfold.v1.SeenIDR\x03ids\"\x97\x01\n" +
 	"\x0eAggregateState\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x04R\x05count\x12\x16\n" +
 	"\x06number\x18\x03 \x01(\x01R\x06number\x12\x1b\n" +
 	"\tlast_json\x18\x04 \x01(\fR\blastJson\x12\x0e\n" +
-	"\x02op\x18\x05 \x01(\tR\x02op\"-\n" +
+	"\x02op\x18\x05 \x01(\tR\x02op\x12\x16\n" +
+	"\x06sketch\x18\x06 \x01(\fR\x06sketch\"-\n" +
 	"\x06SeenID\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x13\n" +
 	"\x05at_ms\x18\x02 \x01(\x03R\x04atMsB7Z5github.com/keyfold/keyfold/proto/keyfold/v1;keyfoldv1b\x06proto3"
