@@ -1,9 +1,9 @@
 package fold
 
 import (
+	"encoding/json"
 	"github.com/DataDog/sketches-go/ddsketch"
 	"github.com/axiomhq/hyperloglog"
-	"encoding/json"
 	"math"
 )
 
