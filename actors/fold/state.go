@@ -2,9 +2,10 @@ package fold
 
 import (
 	"encoding/json"
+	"math"
+
 	"github.com/DataDog/sketches-go/ddsketch"
 	"github.com/axiomhq/hyperloglog"
-	"math"
 )
 
 // State is the folded state of one key. The zero value is the state of a key
