@@ -37,9 +37,9 @@ func (p grpcPending) Wait(ctx context.Context) (int, int, error) {
 	return r.Accepted, r.Duplicates, err
 }
 
-func (b grpcBackend) Query(ctx context.Context, pipeline, key string) (uint64, map[string]any, error) {
+func (b grpcBackend) Query(ctx context.Context, pipeline, key string) (grpcapi.KeyState, error) {
 	st, err := b.n.Query(ctx, pipeline, key)
-	return st.Seq, st.Aggregates, err
+	return grpcapi.KeyState{Seq: st.Seq, Duplicates: st.Duplicates, Aggregates: st.Aggregates}, err
 }
 
 func (b grpcBackend) Delete(ctx context.Context, pipeline, key string) error {

@@ -58,7 +58,8 @@ type IngestResult struct {
 type KeyState struct {
 	Pipeline   string         `json:"pipeline"`
 	Key        string         `json:"key"`
-	Seq        uint64         `json:"seq"` // events applied, duplicates excluded
+	Seq        uint64         `json:"seq"`        // events applied, duplicates excluded
+	Duplicates uint64         `json:"duplicates"` // events skipped: their id was already applied
 	Aggregates map[string]any `json:"aggregates"`
 }
 
@@ -397,7 +398,7 @@ func (n *Node) Query(ctx context.Context, pipeline, key string) (KeyState, error
 	if err != nil {
 		return KeyState{}, err
 	}
-	return KeyState{Pipeline: pipeline, Key: key, Seq: v.Seq, Aggregates: v.Aggregates}, nil
+	return KeyState{Pipeline: pipeline, Key: key, Seq: v.Seq, Duplicates: v.Duplicates, Aggregates: v.Aggregates}, nil
 }
 
 func (n *Node) serving(pipeline string) (*actors.Host, error) {

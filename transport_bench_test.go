@@ -52,8 +52,8 @@ func (d decodeOnly) Submit(_ context.Context, _ string, events [][]byte) (grpcap
 	a, _, err := d.ingest(events)
 	return donePending(a), err
 }
-func (d decodeOnly) Query(context.Context, string, string) (uint64, map[string]any, error) {
-	return 0, nil, nil
+func (d decodeOnly) Query(context.Context, string, string) (grpcapi.KeyState, error) {
+	return grpcapi.KeyState{}, nil
 }
 func (d decodeOnly) Delete(context.Context, string, string) error { return nil }
 func (d decodeOnly) Pipelines() []*keyfoldv1.PipelineInfo         { return nil }

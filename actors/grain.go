@@ -55,6 +55,7 @@ type savedMsg struct{ version uint64 }
 // KeyView is what a query returns about one key.
 type KeyView struct {
 	Seq        uint64
+	Duplicates uint64
 	Aggregates map[string]any
 }
 
@@ -190,7 +191,7 @@ func (g *grain) query() queryReply {
 	if g.state.Empty() {
 		return queryReply{err: ErrNotFound}
 	}
-	return queryReply{view: KeyView{Seq: g.state.Seq(), Aggregates: g.pipeline.Aggregates(&g.state)}}
+	return queryReply{view: KeyView{Seq: g.state.Seq(), Duplicates: g.state.Duplicates(), Aggregates: g.pipeline.Aggregates(&g.state)}}
 }
 
 func (g *grain) snapshot() snapshotReply {

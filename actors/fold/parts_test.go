@@ -313,3 +313,55 @@ func stateProto(p *fold.Pipeline, s *fold.State) *keyfoldv1.KeyState {
 	}
 	return ks
 }
+
+// TestDedupMemoryBounded: ids arriving for twenty dedup windows leave at
+// most a window's worth (plus one bucket) in the state, and in its
+// snapshot; duplicates are counted per key and survive a snapshot.
+func TestDedupMemoryBounded(t *testing.T) {
+	p, err := fold.Compile("p", fold.Spec{Key: "k", ID: "id", DedupWindow: 10 * time.Second,
+		Aggregates: map[string]fold.AggregateSpec{"n": {Op: "count"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s fold.State
+	const perSecond = 50
+	maxIDs := 0
+	for i := range 200 * perSecond { // 200 s: twenty windows
+		now := int64(i) * 1000 / perSecond
+		ev, err := p.Prepare(fmt.Appendf(nil, `{"k":"a","id":"e%d"}`, i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Apply(&s, ev, now)
+		if i%7 == 0 { // a retry of a recent event
+			ev, _ := p.Prepare(fmt.Appendf(nil, `{"k":"a","id":"e%d"}`, i))
+			if !p.Apply(&s, ev, now) {
+				t.Fatalf("event %d retried at once was not a duplicate", i)
+			}
+		}
+		maxIDs = max(maxIDs, len(stateProto(p, &s).Seen))
+	}
+	// A window is 500 ids; ids leave exactly when they expire.
+	if limit := 10*perSecond + perSecond; maxIDs > limit {
+		t.Errorf("the key remembered up to %d ids, want at most %d (one window)", maxIDs, limit)
+	}
+	if want := uint64(200*perSecond/7 + 1); s.Duplicates() != want {
+		t.Errorf("duplicates = %d, want %d", s.Duplicates(), want)
+	}
+	b, err := p.MarshalState(&s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := p.UnmarshalState(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Duplicates() != s.Duplicates() {
+		t.Errorf("restored duplicates %d, want %d", r.Duplicates(), s.Duplicates())
+	}
+	t.Logf("%d events over 20 windows: at most %d ids remembered; snapshot %d bytes", 200*perSecond, maxIDs, len(b))
+	fold.Erase(&s)
+	if s.Duplicates() != 0 {
+		t.Error("Erase kept the duplicate count")
+	}
+}

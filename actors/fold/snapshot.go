@@ -34,7 +34,7 @@ func (p *Pipeline) StateProto(s *State) (*keyfoldv1.KeyState, error) {
 
 // coreProto is the state without its ids.
 func (p *Pipeline) coreProto(s *State) (*keyfoldv1.KeyState, error) {
-	ks := &keyfoldv1.KeyState{Seq: s.seq, NowMs: s.now}
+	ks := &keyfoldv1.KeyState{Seq: s.seq, NowMs: s.now, Duplicates: s.dups}
 	for i, agg := range p.aggs {
 		if i >= len(s.aggs) || s.aggs[i].count == 0 {
 			continue
@@ -81,7 +81,7 @@ func (p *Pipeline) StateFromProto(ks *keyfoldv1.KeyState) (State, error) {
 
 func (p *Pipeline) stateFromCore(ks *keyfoldv1.KeyState) (State, error) {
 	// A restored state is at version 1, all of it stored: see Persisted.
-	s := State{seq: ks.Seq, now: ks.NowMs, aggs: make([]aggState, len(p.aggs)), version: RestoredVersion}
+	s := State{seq: ks.Seq, dups: ks.Duplicates, now: ks.NowMs, aggs: make([]aggState, len(p.aggs)), version: RestoredVersion}
 	byName := make(map[string]int, len(p.aggs))
 	for i, a := range p.aggs {
 		byName[a.name] = i

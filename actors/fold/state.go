@@ -13,6 +13,7 @@ import (
 // its key's actor.
 type State struct {
 	seq  uint64
+	dups uint64 // events skipped as duplicates
 	now  int64 // the key's clock: the largest processing time applied
 	aggs []aggState
 	ids  idSet // ids applied within the dedup window
@@ -28,6 +29,10 @@ type aggState struct {
 	hll   *hyperloglog.Sketch // distinct
 	dd    *ddsketch.DDSketch  // quantiles
 }
+
+// Duplicates returns the number of events skipped because the key had
+// applied their id within the dedup window.
+func (s *State) Duplicates() uint64 { return s.dups }
 
 // Seq returns the number of events applied to the key, duplicates excluded.
 func (s *State) Seq() uint64 { return s.seq }
@@ -53,6 +58,7 @@ func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
 	p.expireIDs(s)
 	if ev.ID != "" {
 		if s.ids.has(ev.ID) {
+			s.dups++
 			return true
 		}
 		s.ids.add(ev.ID, s.now, p.bucketWidth(), s.version)

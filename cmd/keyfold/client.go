@@ -223,8 +223,9 @@ func newGet() *cobra.Command {
 				Pipeline   string         `json:"pipeline"`
 				Key        string         `json:"key"`
 				Seq        uint64         `json:"seq"`
+				Duplicates uint64         `json:"duplicates"`
 				Aggregates map[string]any `json:"aggregates"`
-			}{st.Pipeline, st.Key, st.Seq, st.Aggregates}, "", "  ")
+			}{st.Pipeline, st.Key, st.Seq, st.Duplicates, st.Aggregates}, "", "  ")
 			if err != nil {
 				return err
 			}

@@ -38,8 +38,8 @@ func (b *stalledBackend) Submit(_ context.Context, _ string, ev [][]byte) (grpca
 	return stalledPending{b, len(ev)}, nil
 }
 
-func (b *stalledBackend) Query(context.Context, string, string) (uint64, map[string]any, error) {
-	return 0, nil, nil
+func (b *stalledBackend) Query(context.Context, string, string) (grpcapi.KeyState, error) {
+	return grpcapi.KeyState{}, nil
 }
 func (b *stalledBackend) Delete(context.Context, string, string) error { return nil }
 func (b *stalledBackend) Pipelines() []*keyfoldv1.PipelineInfo         { return nil }

@@ -33,11 +33,18 @@ type Backend interface {
 	// batches submitted one after the other are applied in that order.
 	Submit(ctx context.Context, pipeline string, events [][]byte) (Pending, error)
 	// Query returns one key's state.
-	Query(ctx context.Context, pipeline, key string) (seq uint64, aggregates map[string]any, err error)
+	Query(ctx context.Context, pipeline, key string) (KeyState, error)
 	// Delete erases one key.
 	Delete(ctx context.Context, pipeline, key string) error
 	// Pipelines describes the configured pipelines.
 	Pipelines() []*keyfoldv1.PipelineInfo
+}
+
+// KeyState is one key's state.
+type KeyState struct {
+	Seq        uint64         // events applied
+	Duplicates uint64         // events skipped: their id was already applied
+	Aggregates map[string]any // values encodable as JSON
 }
 
 // Pending is a submitted batch.
@@ -170,12 +177,13 @@ func (s *server) IngestStream(stream keyfoldv1.Keyfold_IngestStreamServer) error
 }
 
 func (s *server) GetState(ctx context.Context, req *keyfoldv1.GetStateRequest) (*keyfoldv1.GetStateResponse, error) {
-	seq, aggs, err := s.b.Query(ctx, req.Pipeline, req.Key)
+	st, err := s.b.Query(ctx, req.Pipeline, req.Key)
 	if err != nil {
 		return nil, s.status(err)
 	}
-	resp := &keyfoldv1.GetStateResponse{Pipeline: req.Pipeline, Key: req.Key, Seq: seq, Aggregates: make(map[string][]byte, len(aggs))}
-	for name, v := range aggs {
+	resp := &keyfoldv1.GetStateResponse{Pipeline: req.Pipeline, Key: req.Key, Seq: st.Seq, Duplicates: st.Duplicates,
+		Aggregates: make(map[string][]byte, len(st.Aggregates))}
+	for name, v := range st.Aggregates {
 		b, err := json.Marshal(v)
 		if err != nil {
 			return nil, s.status(fmt.Errorf("encode aggregate %q: %w", name, err))

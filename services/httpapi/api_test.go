@@ -88,6 +88,7 @@ func TestAPI(t *testing.T) {
 			`{"pipeline":"logins","key":"alice","seq":2,"aggregates":{"total":2,"failed":1,"amount":8,"biggest":5,"country":"DE"}}`},
 		{"numeric key", "GET", key("7"), "", "", 200, `{"key":"7","seq":1,"aggregates":{"country":null}}`},
 		{"retry is duplicate", "POST", events, "", `[{"user":{"id":"alice"},"event_id":"e1","amount":100}]`, 200, `{"accepted":0,"duplicates":1}`},
+		{"duplicates counted", "GET", key("alice"), "", "", 200, `{"seq":2,"duplicates":1,"aggregates":{"amount":8}}`},
 		{"duplicate in one batch", "POST", events, "", `[{"user":{"id":"bob"},"event_id":"x"},{"user":{"id":"bob"},"event_id":"x"}]`, 200, `{"accepted":1,"duplicates":1}`},
 		{"ndjson", "POST", events, "application/x-ndjson", "{\"user\":{\"id\":\"carol\"},\"amount\":2}\n\n{\"user\":{\"id\":\"carol\"},\"amount\":4}\n", 200, `{"accepted":2,"duplicates":0}`},
 		{"ndjson state", "GET", key("carol"), "", "", 200, `{"seq":2,"aggregates":{"amount":6,"biggest":4}}`},

@@ -282,7 +282,9 @@ type KeyState struct {
 	// checkpoint rewrites only the buckets that changed): the buckets that
 	// hold the ids, each stored as a SeenBucket next to the key's snapshot.
 	// A bucket may still hold ids that have expired since it was written.
-	SeenBuckets   []int64 `protobuf:"varint,5,rep,packed,name=seen_buckets,json=seenBuckets,proto3" json:"seen_buckets,omitempty"`
+	SeenBuckets []int64 `protobuf:"varint,5,rep,packed,name=seen_buckets,json=seenBuckets,proto3" json:"seen_buckets,omitempty"`
+	// Events skipped because their id was already applied.
+	Duplicates    uint64 `protobuf:"varint,6,opt,name=duplicates,proto3" json:"duplicates,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -350,6 +352,13 @@ func (x *KeyState) GetSeenBuckets() []int64 {
 		return x.SeenBuckets
 	}
 	return nil
+}
+
+func (x *KeyState) GetDuplicates() uint64 {
+	if x != nil {
+		return x.Duplicates
+	}
+	return 0
 }
 
 // SeenBucket holds the ids a key applied within one slice of the dedup
@@ -563,7 +572,7 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
 	"\bposition\x18\x03 \x01(\x04R\bposition\x12*\n" +
-	"\x05state\x18\x04 \x01(\v2\x14.keyfold.v1.KeyStateR\x05state\"\xba\x01\n" +
+	"\x05state\x18\x04 \x01(\v2\x14.keyfold.v1.KeyStateR\x05state\"\xda\x01\n" +
 	"\bKeyState\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\x12:\n" +
@@ -571,7 +580,10 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"aggregates\x18\x03 \x03(\v2\x1a.keyfold.v1.AggregateStateR\n" +
 	"aggregates\x12&\n" +
 	"\x04seen\x18\x04 \x03(\v2\x12.keyfold.v1.SeenIDR\x04seen\x12!\n" +
-	"\fseen_buckets\x18\x05 \x03(\x03R\vseenBuckets\"2\n" +
+	"\fseen_buckets\x18\x05 \x03(\x03R\vseenBuckets\x12\x1e\n" +
+	"\n" +
+	"duplicates\x18\x06 \x01(\x04R\n" +
+	"duplicates\"2\n" +
 	"\n" +
 	"SeenBucket\x12$\n" +
 	"\x03ids\x18\x01 \x03(\v2\x12.keyfold.v1.SeenIDR\x03ids\"\x97\x01\n" +

@@ -387,10 +387,11 @@ func (x *GetStateRequest) GetKey() string {
 }
 
 type GetStateResponse struct {
-	state    protoimpl.MessageState `protogen:"open.v1"`
-	Pipeline string                 `protobuf:"bytes,1,opt,name=pipeline,proto3" json:"pipeline,omitempty"`
-	Key      string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
-	Seq      uint64                 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"` // events applied to the key
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Pipeline   string                 `protobuf:"bytes,1,opt,name=pipeline,proto3" json:"pipeline,omitempty"`
+	Key        string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Seq        uint64                 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`               // events applied to the key
+	Duplicates uint64                 `protobuf:"varint,5,opt,name=duplicates,proto3" json:"duplicates,omitempty"` // events skipped: their id was already applied
 	// The aggregates by name, as JSON values (numbers, strings, null), the
 	// same as the HTTP API's "aggregates" object.
 	Aggregates    map[string][]byte `protobuf:"bytes,4,rep,name=aggregates,proto3" json:"aggregates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
@@ -445,6 +446,13 @@ func (x *GetStateResponse) GetKey() string {
 func (x *GetStateResponse) GetSeq() uint64 {
 	if x != nil {
 		return x.Seq
+	}
+	return 0
+}
+
+func (x *GetStateResponse) GetDuplicates() uint64 {
+	if x != nil {
+		return x.Duplicates
 	}
 	return 0
 }
@@ -810,11 +818,14 @@ const file_proto_keyfold_v1_service_proto_rawDesc = "" +
 	"\x05field\x18\x04 \x01(\tR\x05field\"?\n" +
 	"\x0fGetStateRequest\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\tR\x03key\"\xdf\x01\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"\xff\x01\n" +
 	"\x10GetStateResponse\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x10\n" +
-	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12L\n" +
+	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x1e\n" +
+	"\n" +
+	"duplicates\x18\x05 \x01(\x04R\n" +
+	"duplicates\x12L\n" +
 	"\n" +
 	"aggregates\x18\x04 \x03(\v2,.keyfold.v1.GetStateResponse.AggregatesEntryR\n" +
 	"aggregates\x1a=\n" +

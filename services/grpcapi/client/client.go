@@ -212,8 +212,9 @@ func parseViolation(f string) (int, string) {
 type State struct {
 	Pipeline   string
 	Key        string
-	Seq        uint64
-	Aggregates map[string]any // JSON values: float64, string, nil
+	Seq        uint64         // events applied
+	Duplicates uint64         // events skipped: their id was already applied
+	Aggregates map[string]any // JSON values: float64, string, nil, objects
 }
 
 // GetState returns a key's state; a key without state is an *Error with
@@ -223,7 +224,7 @@ func (c *Client) GetState(ctx context.Context, pipeline, key string) (*State, er
 	if err != nil {
 		return nil, wrap(err)
 	}
-	st := &State{Pipeline: resp.Pipeline, Key: resp.Key, Seq: resp.Seq, Aggregates: make(map[string]any, len(resp.Aggregates))}
+	st := &State{Pipeline: resp.Pipeline, Key: resp.Key, Seq: resp.Seq, Duplicates: resp.Duplicates, Aggregates: make(map[string]any, len(resp.Aggregates))}
 	for name, raw := range resp.Aggregates {
 		var v any
 		if err := json.Unmarshal(raw, &v); err != nil {
