@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -28,6 +29,10 @@ var errCorrupt = errors.New("corrupt log record")
 // are synced writes that the store batches when they run concurrently (256
 // groups: 15 ms concurrently against 700 ms one by one, embedded store).
 const takeOverParallelism = 32
+
+// fencedBackoff is about how long a host waits before claiming back groups
+// another owner claimed (jittered by ±50%).
+const fencedBackoff = 100 * time.Millisecond
 
 // Backoff between rounds of take-over attempts while the store fails.
 const (
@@ -91,15 +96,26 @@ func (h *Host) takeOverLoop(ctx context.Context) {
 		}
 		h.mu.Lock()
 		var lost []uint32
+		fenced := false
 		for g := range h.groups {
-			if !h.groups[g].ready {
+			if gs := &h.groups[g]; !gs.ready {
 				lost = append(lost, uint32(g))
+				fenced = fenced || errors.Is(gs.lastErr, persistence.ErrFenced)
 			}
 		}
 		h.mu.Unlock()
 		if len(lost) == 0 {
 			h.storeDown.Store(false) // nothing left to claim that could clear it
 			continue
+		}
+		if fenced {
+			// Another owner claimed these groups. Claiming them straight
+			// back would fence it in turn before it could write: give it a
+			// moment, so that two owners (a misconfiguration, or a
+			// rebalance in flight) alternate instead of livelocking.
+			if !sleep(ctx, fencedBackoff/2+rand.N(fencedBackoff)) {
+				return
+			}
 		}
 		start := time.Now()
 		if err := h.takeOverUntilDone(ctx, lost); err != nil {
