@@ -14,7 +14,7 @@ import (
 type State struct {
 	seq  uint64
 	dups uint64 // events skipped as duplicates
-	now  int64 // the key's clock: the largest processing time applied
+	now  int64  // the key's clock: the largest processing time applied
 	aggs []aggState
 	ids  idSet // ids applied within the dedup window
 	// version counts the changes of the state in memory (it is not
