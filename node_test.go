@@ -234,6 +234,8 @@ func TestMetrics(t *testing.T) {
 	for _, want := range []string{
 		"keyfold_events_applied_total 3",
 		"keyfold_duplicates_total 1",
+		`keyfold_pipeline_events_applied_total{pipeline="p"} 3`,
+		`keyfold_pipeline_duplicates_total{pipeline="p"} 1`,
 		"keyfold_active_keys 2",
 		`keyfold_http_requests_total{code="200",method="POST",route="POST /v1/pipelines/{pipeline}/events"} 1`,
 		`keyfold_http_request_duration_seconds_count{route="POST /v1/pipelines/{pipeline}/events"} 1`,

@@ -179,6 +179,10 @@ func (g *grain) apply(m *applyMsg) {
 		}
 		g.host.stats.events.Add(int64(len(s.events)))
 		g.host.stats.duplicates.Add(int64(dups))
+		if ps := g.host.stats.pipelines[g.id.pipeline]; ps != nil {
+			ps.events.Add(int64(len(s.events)))
+			ps.duplicates.Add(int64(dups))
+		}
 		s.w.finish(dups, nil)
 	}
 	g.pos = m.pos

@@ -100,6 +100,10 @@ func New(cfg Config) (*Host, error) {
 	for i := range h.groups {
 		h.groups[i].dirty = make(map[keyID]persistence.Position)
 	}
+	h.stats.pipelines = make(map[string]*pipelineStats, len(cfg.Pipelines))
+	for name := range cfg.Pipelines {
+		h.stats.pipelines[name] = &pipelineStats{}
+	}
 	// protoactor logs at INFO about every start and stop; keep only its
 	// warnings, on our logger.
 	quiet := slog.New(levelFilter{h.log.Handler(), slog.LevelWarn})

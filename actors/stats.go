@@ -11,6 +11,18 @@ type hostStats struct {
 	activations atomic.Int64
 	passivated  atomic.Int64
 	groupsLost  atomic.Int64
+	pipelines   map[string]*pipelineStats // fixed at New
+}
+
+type pipelineStats struct {
+	events     atomic.Int64
+	duplicates atomic.Int64
+}
+
+// PipelineStats are the counters of one pipeline.
+type PipelineStats struct {
+	Events     int64 // events applied (duplicates included) since start
+	Duplicates int64
 }
 
 // Stats are counters of a host, for tests, metrics and the dashboard.
@@ -28,6 +40,8 @@ type Stats struct {
 	// GroupsUnavailable is the number of key groups not being served now:
 	// being recovered or taken over again.
 	GroupsUnavailable int
+	// Pipelines has the counters of each pipeline.
+	Pipelines map[string]PipelineStats
 }
 
 // Stats returns the host's counters.
@@ -41,7 +55,12 @@ func (h *Host) Stats() Stats {
 		}
 	}
 	h.mu.Unlock()
+	per := make(map[string]PipelineStats, len(h.stats.pipelines))
+	for name, ps := range h.stats.pipelines {
+		per[name] = PipelineStats{Events: ps.events.Load(), Duplicates: ps.duplicates.Load()}
+	}
 	return Stats{
+		Pipelines: per,
 		ActiveKeys:  n,
 		DirtyKeys:   dirty,
 		Events:      h.stats.events.Load(),

@@ -32,12 +32,35 @@ func RegisterHost(reg prometheus.Registerer, stats func() actors.Stats) error {
 		gauge("key_groups_unavailable", "Key groups not served now: being recovered or taken over again.", func(s actors.Stats) float64 { return float64(s.GroupsUnavailable) }),
 		gauge("active_keys", "Key actors in memory.", func(s actors.Stats) float64 { return float64(s.ActiveKeys) }),
 		gauge("dirty_keys", "Keys changed since their last snapshot.", func(s actors.Stats) float64 { return float64(s.DirtyKeys) }),
+		pipelineCollector{stats},
 	} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+var (
+	pipelineEventsDesc = prometheus.NewDesc("keyfold_pipeline_events_applied_total",
+		"Events applied to keys, duplicates included, by pipeline.", []string{"pipeline"}, nil)
+	pipelineDupsDesc = prometheus.NewDesc("keyfold_pipeline_duplicates_total",
+		"Events skipped because their id was already applied to the key, by pipeline.", []string{"pipeline"}, nil)
+)
+
+// pipelineCollector reports the per-pipeline counters, read at each scrape.
+type pipelineCollector struct{ stats func() actors.Stats }
+
+func (c pipelineCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- pipelineEventsDesc
+	ch <- pipelineDupsDesc
+}
+
+func (c pipelineCollector) Collect(ch chan<- prometheus.Metric) {
+	for name, ps := range c.stats().Pipelines {
+		ch <- prometheus.MustNewConstMetric(pipelineEventsDesc, prometheus.CounterValue, float64(ps.Events), name)
+		ch <- prometheus.MustNewConstMetric(pipelineDupsDesc, prometheus.CounterValue, float64(ps.Duplicates), name)
+	}
 }
 
 // HTTP instruments an HTTP handler: requests by route pattern, method and
