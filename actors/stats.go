@@ -60,7 +60,7 @@ func (h *Host) Stats() Stats {
 		per[name] = PipelineStats{Events: ps.events.Load(), Duplicates: ps.duplicates.Load()}
 	}
 	return Stats{
-		Pipelines: per,
+		Pipelines:   per,
 		ActiveKeys:  n,
 		DirtyKeys:   dirty,
 		Events:      h.stats.events.Load(),
