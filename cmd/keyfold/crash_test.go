@@ -240,10 +240,13 @@ func (n *node) terminate(timeout time.Duration) (int, time.Duration) {
 // recoveredRecords returns N of the node's `msg=recovered ... records=N`.
 func (n *node) recoveredRecords() int {
 	n.t.Helper()
-	m := n.logs.find(recoveredRE)
-	if m == nil {
-		n.t.Fatalf("%s: no msg=recovered line in the log:\n%s", n.name, n.logs.tail(30))
-	}
+	// The line is written before the node turns ready, but this process
+	// copies the node's stderr on its own goroutine: wait for it a little.
+	var m []string
+	waitUntil(n.t, 5*time.Second, n.name+"'s msg=recovered line", func() (bool, error) {
+		m = n.logs.find(recoveredRE)
+		return m != nil, nil
+	})
 	v, err := strconv.Atoi(m[1])
 	if err != nil {
 		n.t.Fatal(err)
