@@ -41,6 +41,9 @@ type Config struct {
 	// RedisPrefix starts every Redis key of the deployment (default
 	// "keyfold"), so that several deployments can share one Redis.
 	RedisPrefix string `yaml:"redis_prefix"`
+	// RedisCluster makes Redis a Redis Cluster, whose seed nodes the URL
+	// names: redis://host:port?addr=host2:port&addr=host3:port.
+	RedisCluster bool `yaml:"redis_cluster"`
 	// HTTPAddr is the HTTP API's listen address, e.g. "127.0.0.1:8080".
 	// Empty serves no HTTP (for embedders); the CLI defaults it.
 	HTTPAddr string `yaml:"http"`
@@ -151,10 +154,16 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 		}
 	}
 	if c.Redis != "" {
-		if _, err := redis.ParseURL(c.Redis); err != nil {
+		parse := func(u string) error { _, err := redis.ParseURL(u); return err }
+		if c.RedisCluster {
+			parse = func(u string) error { _, err := redis.ParseClusterURL(u); return err }
+		}
+		if err := parse(c.Redis); err != nil {
 			// The URL may hold a password: name the problem, not the URL.
 			errs = append(errs, fmt.Errorf("keyfold: config: redis: %s", redisURLProblem(err)))
 		}
+	} else if c.RedisCluster {
+		errs = append(errs, errors.New("keyfold: config: redis_cluster needs redis, the URL of the cluster's seed nodes"))
 	}
 	if err := (redisstore.Options{Prefix: c.RedisPrefix}).Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("keyfold: config: redis_prefix %q contains a brace", c.RedisPrefix))

@@ -123,11 +123,15 @@ func (n *Node) run(ctx context.Context) (err error) {
 	switch {
 	case store != nil:
 	case n.cfg.Redis != "":
-		s, err := redisstore.Open(n.cfg.Redis, redisstore.Options{Prefix: n.cfg.RedisPrefix})
+		openRedis := redisstore.Open
+		if n.cfg.RedisCluster {
+			openRedis = redisstore.OpenCluster
+		}
+		s, err := openRedis(n.cfg.Redis, redisstore.Options{Prefix: n.cfg.RedisPrefix})
 		if err != nil {
 			return fmt.Errorf("keyfold: open store: %w", err)
 		}
-		log.Info("store: redis", "addr", s.Addr(), "prefix", s.Prefix())
+		log.Info("store: redis", "addr", s.Addr(), "cluster", n.cfg.RedisCluster, "prefix", s.Prefix())
 		store = s
 	default:
 		s, err := embedded.Open(n.cfg.DataDir, embedded.Options{Logger: log})

@@ -3,6 +3,7 @@ package keyfold_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"errors"
 	"io"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"github.com/keyfold/keyfold/persistence"
 	"github.com/keyfold/keyfold/persistence/embedded"
 	"github.com/keyfold/keyfold/persistence/faultstore"
+	"github.com/keyfold/keyfold/persistence/redisstore/redistest"
 	"github.com/keyfold/keyfold/services/servicetest"
 )
 
@@ -244,5 +246,38 @@ func TestMetrics(t *testing.T) {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+}
+
+// TestNodeOnRedisCluster: a node keeps its state in a real 3-master Redis
+// Cluster (Config.RedisCluster, the seeds in the URL) and a second node on
+// the same cluster recovers it.
+func TestNodeOnRedisCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	addrs := cl.Addrs()
+	cfg := testConfig(t, t.TempDir())
+	cfg.Redis = fmt.Sprintf("redis://%s?addr=%s&addr=%s", addrs[0], addrs[1], addrs[2])
+	cfg.RedisCluster = true
+	n, errc := start(t, cfg)
+	for i := range 40 {
+		raw := []json.RawMessage{fmt.Appendf(nil, `{"k":"key%d","id":"%d"}`, i%10, i)}
+		if _, err := n.Ingest(context.Background(), "p", raw); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.Close()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	n2 := run(t, cfg)
+	for k := range 10 {
+		st, err := n2.Query(context.Background(), "p", fmt.Sprint("key", k))
+		if err != nil || st.Seq != 4 {
+			t.Errorf("key%d after a restart on the cluster: %+v, %v", k, st, err)
+		}
+	}
+	cfg.Redis = ""
+	if err := cfg.Validate(); err == nil {
+		t.Error("redis_cluster without redis validated")
 	}
 }

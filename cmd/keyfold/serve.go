@@ -22,6 +22,7 @@ func newServe() *cobra.Command {
 		logFormat  string
 		redisURL   string
 		redisPfx   string
+		redisClus  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -60,6 +61,9 @@ it does not exit.`,
 			if flags.Changed("redis-prefix") {
 				cfg.RedisPrefix = redisPfx
 			}
+			if flags.Changed("redis-cluster") {
+				cfg.RedisCluster = redisClus
+			}
 			logger, err := newLogger(logLevel, logFormat)
 			if err != nil {
 				return err
@@ -81,6 +85,7 @@ it does not exit.`,
 	f.StringVar(&httpAddr, "http", "127.0.0.1:8080", "HTTP listen address")
 	f.StringVar(&grpcAddr, "grpc", "127.0.0.1:9090", `gRPC listen address ("" for none)`)
 	f.StringVar(&redisURL, "redis", "", "keep state in this Redis (redis://[user:password@]host:port/db, rediss:// for TLS) instead of --data")
+	f.BoolVar(&redisClus, "redis-cluster", false, "--redis names a Redis Cluster's seed nodes: redis://host:port?addr=host2:port&addr=host3:port")
 	f.StringVar(&redisPfx, "redis-prefix", "", `prefix of every Redis key, so deployments can share a Redis (default "keyfold")`)
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")

@@ -91,7 +91,33 @@ func Open(url string, opts Options) (*Store, error) {
 	if ro.MaxRetries == 0 {
 		ro.MaxRetries = -1
 	}
-	c := redis.NewClient(ro)
+	return open(redis.NewClient(ro), opts)
+}
+
+// OpenCluster connects to the Redis Cluster whose seed nodes the URL names:
+// redis://[user:password@]host:port?addr=host2:port&addr=host3:port (TLS
+// with rediss://). The store owns the client, with the timeouts Open sets;
+// cluster redirections (MOVED, ASK) are followed, and appends stay
+// conditional, so a redirected script still appends once.
+func OpenCluster(url string, opts Options) (*Store, error) {
+	co, err := redis.ParseClusterURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: %w", err)
+	}
+	if co.ReadTimeout == 0 {
+		co.ReadTimeout = defaultSocketTimeout
+	}
+	if co.WriteTimeout == 0 {
+		co.WriteTimeout = defaultSocketTimeout
+	}
+	if co.MaxRetries == 0 {
+		co.MaxRetries = -1
+	}
+	return open(redis.NewClusterClient(co), opts)
+}
+
+// open returns a store that owns c.
+func open(c redis.UniversalClient, opts Options) (*Store, error) {
 	s, err := New(c, opts)
 	if err != nil {
 		_ = c.Close()
