@@ -82,15 +82,7 @@ func Open(url string, opts Options) (*Store, error) {
 	// go-redis checks pooled connections before use, so a Redis restart
 	// costs no failed calls. The URL's read_timeout, write_timeout and
 	// max_retries parameters override these.
-	if ro.ReadTimeout == 0 {
-		ro.ReadTimeout = defaultSocketTimeout
-	}
-	if ro.WriteTimeout == 0 {
-		ro.WriteTimeout = defaultSocketTimeout
-	}
-	if ro.MaxRetries == 0 {
-		ro.MaxRetries = -1
-	}
+	clientDefaults(&ro.ReadTimeout, &ro.WriteTimeout, &ro.MaxRetries)
 	return open(redis.NewClient(ro), opts)
 }
 
@@ -104,16 +96,22 @@ func OpenCluster(url string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: %w", err)
 	}
-	if co.ReadTimeout == 0 {
-		co.ReadTimeout = defaultSocketTimeout
-	}
-	if co.WriteTimeout == 0 {
-		co.WriteTimeout = defaultSocketTimeout
-	}
-	if co.MaxRetries == 0 {
-		co.MaxRetries = -1
-	}
+	clientDefaults(&co.ReadTimeout, &co.WriteTimeout, &co.MaxRetries)
 	return open(redis.NewClusterClient(co), opts)
+}
+
+// clientDefaults sets the timeouts and retries Open documents where the URL
+// left them unset.
+func clientDefaults(read, write *time.Duration, retries *int) {
+	if *read == 0 {
+		*read = defaultSocketTimeout
+	}
+	if *write == 0 {
+		*write = defaultSocketTimeout
+	}
+	if *retries == 0 {
+		*retries = -1
+	}
 }
 
 // open returns a store that owns c.
