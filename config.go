@@ -50,6 +50,11 @@ type Config struct {
 	// GRPCAddr is the gRPC API's listen address, e.g. "127.0.0.1:9090".
 	// Empty serves no gRPC (for embedders); the CLI defaults it.
 	GRPCAddr string `yaml:"grpc"`
+	// GRPCTLSCert and GRPCTLSKey, both set, are the PEM files of the
+	// certificate (chain) and key the gRPC API serves TLS with; unset, it
+	// serves plaintext.
+	GRPCTLSCert string `yaml:"grpc_tls_cert"`
+	GRPCTLSKey  string `yaml:"grpc_tls_key"`
 	// KeyGroups is the number of key groups (default 256). It is fixed for a
 	// deployment: a store created with another number refuses to open.
 	KeyGroups uint32 `yaml:"key_groups"`
@@ -167,6 +172,9 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 	}
 	if err := (redisstore.Options{Prefix: c.RedisPrefix}).Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("keyfold: config: redis_prefix %q contains a brace", c.RedisPrefix))
+	}
+	if (c.GRPCTLSCert == "") != (c.GRPCTLSKey == "") {
+		errs = append(errs, errors.New("keyfold: config: grpc_tls_cert and grpc_tls_key go together"))
 	}
 	if c.KeyGroups > MaxKeyGroups {
 		errs = append(errs, fmt.Errorf("keyfold: config: key_groups %d is more than %d", c.KeyGroups, MaxKeyGroups))

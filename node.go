@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -264,13 +265,22 @@ func (n *Node) serveGRPC(fail context.CancelFunc) (stop func(), hs *health.Serve
 	}
 	addr := ln.Addr().String()
 	n.grpcAddr.Store(&addr)
-	srv := grpc.NewServer(
+	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(int(n.cfg.MaxBodyBytes)),
 		// Clients that ping more often than this are cut off, as are idle
 		// connections after a while.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: httpapi.IdleTimeout}),
-	)
+	}
+	if n.cfg.GRPCTLSCert != "" {
+		creds, err := credentials.NewServerTLSFromFile(n.cfg.GRPCTLSCert, n.cfg.GRPCTLSKey)
+		if err != nil {
+			ln.Close()
+			return nil, nil, fmt.Errorf("keyfold: grpc tls: %w", err)
+		}
+		opts = append(opts, grpc.Creds(creds))
+	}
+	srv := grpc.NewServer(opts...)
 	grpcapi.Register(srv, grpcBackend{n}, grpcapi.Options{
 		MaxConcurrentIngests: n.cfg.MaxConcurrentIngests,
 		Logger:               n.cfg.Logger,
@@ -285,7 +295,7 @@ func (n *Node) serveGRPC(fail context.CancelFunc) (stop func(), hs *health.Serve
 			fail()
 		}
 	}()
-	n.cfg.Logger.Info("listening", "grpc", addr)
+	n.cfg.Logger.Info("listening", "grpc", addr, "tls", n.cfg.GRPCTLSCert != "")
 	return func() {
 		done := make(chan struct{})
 		go func() { srv.GracefulStop(); close(done) }()

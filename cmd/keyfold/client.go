@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/keyfold/keyfold/services/grpcapi/client"
 )
@@ -24,6 +26,7 @@ func newSend() *cobra.Command {
 		retries  int
 		quiet    bool
 		progress bool
+		tf       tlsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "send PIPELINE [FILE]",
@@ -59,7 +62,11 @@ duplicates and rejects.`,
 			if retries <= 0 {
 				retries = -1 // the client's "never" (its 0 means the default)
 			}
-			c, err := client.Dial(addr, client.Options{MaxRetries: retries})
+			opts, err := tf.options(client.Options{MaxRetries: retries})
+			if err != nil {
+				return err
+			}
+			c, err := client.Dial(addr, opts)
 			if err != nil {
 				return err
 			}
@@ -79,6 +86,7 @@ duplicates and rejects.`,
 	f.IntVar(&retries, "retries", 5, "retries of a batch the node could not take")
 	f.BoolVarP(&quiet, "quiet", "q", false, "print nothing but errors")
 	f.BoolVar(&progress, "progress", isTerminal(os.Stderr), "show a progress line (default: when stderr is a terminal)")
+	tf.add(cmd)
 	return cmd
 }
 
@@ -203,13 +211,20 @@ func peekNonSpace(br *bufio.Reader) (byte, error) {
 }
 
 func newGet() *cobra.Command {
-	var addr string
+	var (
+		addr string
+		tf   tlsFlags
+	)
 	cmd := &cobra.Command{
 		Use:   "get PIPELINE KEY",
 		Short: "Print one key's state (as JSON)",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := client.Dial(addr, client.Options{})
+			opts, err := tf.options(client.Options{})
+			if err != nil {
+				return err
+			}
+			c, err := client.Dial(addr, opts)
 			if err != nil {
 				return err
 			}
@@ -234,5 +249,32 @@ func newGet() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:9090", "the node's gRPC address")
+	tf.add(cmd)
 	return cmd
+}
+
+// tlsFlags are the client's TLS flags of the gRPC commands.
+type tlsFlags struct {
+	on bool   // TLS with the system's roots
+	ca string // TLS trusting this CA (PEM)
+}
+
+func (f *tlsFlags) add(cmd *cobra.Command) {
+	cmd.Flags().BoolVar(&f.on, "tls", false, "connect with TLS, trusting the system's CAs")
+	cmd.Flags().StringVar(&f.ca, "tls-ca", "", "connect with TLS, trusting this CA certificate (PEM)")
+}
+
+// options returns client options with the flags' transport security.
+func (f *tlsFlags) options(o client.Options) (client.Options, error) {
+	switch {
+	case f.ca != "":
+		creds, err := credentials.NewClientTLSFromFile(f.ca, "")
+		if err != nil {
+			return o, fmt.Errorf("--tls-ca: %w", err)
+		}
+		o.TLS = creds
+	case f.on:
+		o.TLS = credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12})
+	}
+	return o, nil
 }

@@ -3,12 +3,22 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
+	"io"
+	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/keyfold/keyfold"
 	"github.com/keyfold/keyfold/services/servicetest"
@@ -130,5 +140,64 @@ func TestBench(t *testing.T) {
 	}
 	if _, err := runCLI(t, "bench", "--addr", base, "--pipeline", "nope", "--duration", "300ms"); err == nil || !strings.Contains(err.Error(), "404") {
 		t.Errorf("bench against an unknown pipeline: %v", err)
+	}
+}
+
+// selfSigned writes a certificate for 127.0.0.1 and its key as PEM files.
+func selfSigned(t *testing.T) (certFile, keyFile string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "keyfold test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, IsCA: true, BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600)
+	return certFile, keyFile
+}
+
+// TestGRPCTLS: a node serving gRPC over TLS is reached by send and get with
+// --tls-ca, and refuses a plaintext client.
+func TestGRPCTLS(t *testing.T) {
+	cert, key := selfSigned(t)
+	cfg := servicetest.Config(t, "pipelines:\n  logins:\n    key: user_id\n    id: event_id\n    aggregates:\n      total: { op: count }\n")
+	cfg.GRPCAddr, cfg.GRPCTLSCert, cfg.GRPCTLSKey = "127.0.0.1:0", cert, key
+	n := servicetest.Run(t, cfg)
+	in := filepath.Join(t.TempDir(), "e.ndjson")
+	os.WriteFile(in, []byte(`{"user_id":"tls","event_id":"1"}`+"\n"), 0o600)
+	if out, err := runCLI(t, "send", "--addr", n.GRPCAddr(), "--tls-ca", cert, "logins", in); err != nil || !strings.Contains(out, "1 accepted") {
+		t.Fatalf("send over TLS: %v\n%s", err, out)
+	}
+	if out, err := runCLI(t, "get", "--addr", n.GRPCAddr(), "--tls-ca", cert, "logins", "tls"); err != nil || !strings.Contains(out, `"seq": 1`) {
+		t.Fatalf("get over TLS: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	root := newRoot()
+	root.SetArgs([]string{"get", "--addr", n.GRPCAddr(), "logins", "tls"})
+	root.SetOut(io.Discard)
+	root.SetErr(io.Discard)
+	if err := root.ExecuteContext(ctx); err == nil {
+		t.Error("a plaintext client got an answer from a TLS node")
+	}
+	cfg2 := cfg
+	cfg2.GRPCTLSKey = ""
+	if err := cfg2.Validate(); err == nil {
+		t.Error("a certificate without its key validated")
 	}
 }

@@ -23,6 +23,8 @@ func newServe() *cobra.Command {
 		redisURL   string
 		redisPfx   string
 		redisClus  bool
+		tlsCert    string
+		tlsKey     string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -64,6 +66,9 @@ it does not exit.`,
 			if flags.Changed("redis-cluster") {
 				cfg.RedisCluster = redisClus
 			}
+			if flags.Changed("grpc-tls-cert") || flags.Changed("grpc-tls-key") {
+				cfg.GRPCTLSCert, cfg.GRPCTLSKey = tlsCert, tlsKey
+			}
 			logger, err := newLogger(logLevel, logFormat)
 			if err != nil {
 				return err
@@ -84,6 +89,8 @@ it does not exit.`,
 	f.StringVar(&dataDir, "data", keyfold.DefaultDataDir, "directory of the embedded store")
 	f.StringVar(&httpAddr, "http", "127.0.0.1:8080", "HTTP listen address")
 	f.StringVar(&grpcAddr, "grpc", "127.0.0.1:9090", `gRPC listen address ("" for none)`)
+	f.StringVar(&tlsCert, "grpc-tls-cert", "", "serve gRPC over TLS with this certificate (PEM; with --grpc-tls-key)")
+	f.StringVar(&tlsKey, "grpc-tls-key", "", "the key of --grpc-tls-cert (PEM)")
 	f.StringVar(&redisURL, "redis", "", "keep state in this Redis (redis://[user:password@]host:port/db, rediss:// for TLS) instead of --data")
 	f.BoolVar(&redisClus, "redis-cluster", false, "--redis names a Redis Cluster's seed nodes: redis://host:port?addr=host2:port&addr=host3:port")
 	f.StringVar(&redisPfx, "redis-prefix", "", `prefix of every Redis key, so deployments can share a Redis (default "keyfold")`)
