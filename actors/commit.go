@@ -97,7 +97,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 		// A group being taken over cannot take inputs: they would be
 		// applied before the replay of its log reaches them.
 		if gs := &h.groups[gb.group]; !gs.ready {
-			failGroup(gb, fmt.Errorf("%w: key group %d is being taken over: %w", ErrUnavailable, gb.group, gs.lastErr))
+			failGroup(gb, fmt.Errorf("%w: key group %d is being taken over: %w", ErrUnavailable, gb.group, hideStore("it was lost", gs.lastErr)))
 			continue
 		}
 		groups = append(groups, gb)
@@ -164,7 +164,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 				h.storeDown.Store(true)
 			}
 			lost[gb.group] = entries[i].Epoch
-			failGroup(gb, fmt.Errorf("%w: key group %d: %w", ErrUnavailable, gb.group, err))
+			failGroup(gb, fmt.Errorf("%w: key group %d: %w", ErrUnavailable, gb.group, hideStore("logging the batch", err)))
 			continue
 		}
 		if !gs.ready || gs.epoch != entries[i].Epoch {

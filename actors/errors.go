@@ -1,6 +1,10 @@
 package actors
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/keyfold/keyfold/persistence"
+)
 
 var (
 	// ErrNotReady reports a call before the node has recovered its state.
@@ -22,3 +26,29 @@ var (
 	// process must restart (and replay) before it can serve again.
 	ErrFailed = errors.New("actors: host failed")
 )
+
+// storeFailure wraps a store error in what callers of the host see: its
+// text says only what failed, so that API clients are not shown the
+// store's internals (addresses, key names); errors.Is and errors.As still
+// reach the store error, and the host logs it whole.
+type storeFailure struct {
+	what string
+	err  error
+}
+
+func (e *storeFailure) Error() string {
+	if errors.Is(e.err, persistence.ErrFenced) {
+		return e.what + ": another owner took the key group over"
+	}
+	return e.what + ": the store failed or did not answer"
+}
+
+func (e *storeFailure) Unwrap() error { return e.err }
+
+// hideStore wraps err for callers (nil stays nil).
+func hideStore(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &storeFailure{what, err}
+}

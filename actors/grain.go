@@ -190,7 +190,7 @@ func (g *grain) apply(m *applyMsg) {
 
 func (g *grain) query() queryReply {
 	if g.broken != nil {
-		return queryReply{err: fmt.Errorf("%w: %w", ErrUnavailable, g.broken)}
+		return queryReply{err: fmt.Errorf("%w: %w", ErrUnavailable, hideStore("loading the key", g.broken))}
 	}
 	if g.state.Empty() {
 		return queryReply{err: ErrNotFound}

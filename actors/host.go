@@ -329,7 +329,7 @@ func (h *Host) Query(ctx context.Context, pipeline, key string) (KeyView, error)
 	g := GroupOf(pipeline, key, h.cfg.Groups)
 	h.mu.Lock()
 	if gs := &h.groups[g]; !gs.ready {
-		err := fmt.Errorf("%w: key group %d is being taken over: %w", ErrUnavailable, g, gs.lastErr)
+		err := fmt.Errorf("%w: key group %d is being taken over: %w", ErrUnavailable, g, hideStore("it was lost", gs.lastErr))
 		h.mu.Unlock()
 		return KeyView{}, err
 	}
