@@ -707,9 +707,10 @@ func TestStaleAppendFailureDoesNotStickStoreDown(t *testing.T) {
 	eventually(t, "a to be passivated", func() bool { return hs.host.Stats().ActiveKeys == 0 })
 
 	fs.Inject(faultstore.OpAppend, 1, faultstore.Fault{Delay: 300 * time.Millisecond, Err: errors.New("timeout")})
+	appends := fs.Calls(faultstore.OpAppend)
 	slow := make(chan error, 1)
 	go func() { _, err := hs.host.Ingest(context.Background(), "p", [][]byte{event("b", "1", 1)}); slow <- err }()
-	time.Sleep(50 * time.Millisecond) // the append is in flight
+	eventually(t, "the slow append to start", func() bool { return fs.Calls(faultstore.OpAppend) > appends })
 	fs.FailNext(faultstore.OpGet, errors.New("injected"))
 	hs.host.Query(context.Background(), "p", "a") // loses the group; it is claimed again
 	eventually(t, "the take-over", func() bool { return hs.host.Stats().GroupsLost == 1 && hs.host.Stats().GroupsUnavailable == 0 })

@@ -249,7 +249,9 @@ func TestRedisDownAtStartAndSlow(t *testing.T) {
 	srv.Kill()
 	cfg := writeConfig(t, fmt.Sprintf("key_groups: %d\n", redisGroups)+pipelinesYAML)
 	n := launchNode(t, "node-0", cfg, "--redis", srv.URL())
-	time.Sleep(500 * time.Millisecond)
+	waitUntil(t, 10*time.Second, "the node to retry the store", func() (bool, error) {
+		return len(n.logs.grep("store unavailable; retrying")) > 0, nil
+	})
 	for _, probe := range []struct {
 		path string
 		want int

@@ -107,7 +107,19 @@ func TestStreamFlowControl(t *testing.T) {
 		}
 		sendDone <- stream.CloseSend()
 	}()
-	time.Sleep(500 * time.Millisecond)
+	// Wait until the client is held back: what it has sent stops growing.
+	deadline := time.Now().Add(10 * time.Second)
+	for last, stable := int64(-1), 0; stable < 20; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the client never stopped sending (%d of %d sent)", sent.Load(), batches)
+		}
+		if s := sent.Load(); s == last {
+			stable++
+		} else {
+			last, stable = s, 0
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	// The window's batches, the one its acker waits on, and one read that
 	// waits for room.
 	if got := b.submitted.Load(); got > window+2 {
@@ -147,7 +159,11 @@ func TestIngestSlots(t *testing.T) {
 			}
 		})
 	}
+	deadline := time.Now().Add(10 * time.Second)
 	for b.submitted.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the two first calls never reached the backend")
+		}
 		time.Sleep(time.Millisecond)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
