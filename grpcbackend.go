@@ -48,8 +48,9 @@ func (b grpcBackend) Delete(ctx context.Context, pipeline, key string) error {
 
 func (b grpcBackend) Pipelines() []*keyfoldv1.PipelineInfo {
 	var out []*keyfoldv1.PipelineInfo
-	for _, name := range slices.Sorted(maps.Keys(b.n.cfg.Pipelines)) {
-		p := b.n.cfg.Pipelines[name]
+	pipelines := b.n.Pipelines()
+	for _, name := range slices.Sorted(maps.Keys(pipelines)) {
+		p := pipelines[name]
 		info := &keyfoldv1.PipelineInfo{Name: name, KeyField: p.Key, IdField: p.ID, TimeField: p.Time}
 		if p.ID != "" {
 			info.DedupWindowMs = b.n.pipelines[name].DedupWindow().Milliseconds()

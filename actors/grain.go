@@ -67,6 +67,7 @@ type grain struct {
 	group    uint32
 	epoch    persistence.Epoch // the group incarnation it belongs to
 	pipeline *fold.Pipeline
+	pstats   *pipelineStats // its pipeline's counters
 	state    fold.State
 	pos      persistence.Position // last log position applied
 	stored   uint64               // state version whose snapshot is stored (0: none)
@@ -179,10 +180,8 @@ func (g *grain) apply(m *applyMsg) {
 		}
 		g.host.stats.events.Add(int64(len(s.events)))
 		g.host.stats.duplicates.Add(int64(dups))
-		if ps := g.host.stats.pipelines[g.id.pipeline]; ps != nil {
-			ps.events.Add(int64(len(s.events)))
-			ps.duplicates.Add(int64(dups))
-		}
+		g.pstats.events.Add(int64(len(s.events)))
+		g.pstats.duplicates.Add(int64(dups))
 		s.w.finish(dups, nil)
 	}
 	g.pos = m.pos

@@ -358,7 +358,8 @@ func (h *Host) sendLocked(id keyID, group uint32, msg any) {
 	a := h.active[id]
 	if a == nil {
 		epoch := h.groups[group].epoch
-		g := &grain{host: h, id: id, group: group, epoch: epoch, pipeline: h.cfg.Pipelines[id.pipeline]}
+		g := &grain{host: h, id: id, group: group, epoch: epoch, pipeline: h.cfg.Pipelines[id.pipeline],
+			pstats: h.stats.pipelines[id.pipeline]}
 		// The grain recovers its own panics (failing the host), so the
 		// supervisor never restarts it with a half-applied state.
 		props := actor.PropsFromProducer(func() actor.Actor { return g })

@@ -348,14 +348,7 @@ func TestDedupMemoryBounded(t *testing.T) {
 	if want := uint64(200*perSecond/7 + 1); s.Duplicates() != want {
 		t.Errorf("duplicates = %d, want %d", s.Duplicates(), want)
 	}
-	b, err := p.MarshalState(&s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := p.UnmarshalState(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, b := roundTrip(t, p, &s)
 	if r.Duplicates() != s.Duplicates() {
 		t.Errorf("restored duplicates %d, want %d", r.Duplicates(), s.Duplicates())
 	}
@@ -364,4 +357,19 @@ func TestDedupMemoryBounded(t *testing.T) {
 	if s.Duplicates() != 0 {
 		t.Error("Erase kept the duplicate count")
 	}
+}
+
+// roundTrip marshals a state whole (MarshalState) and restores it; it also
+// returns the bytes.
+func roundTrip(t *testing.T, p *fold.Pipeline, s *fold.State) (fold.State, []byte) {
+	t.Helper()
+	b, err := p.MarshalState(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := p.UnmarshalState(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, b
 }

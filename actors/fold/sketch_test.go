@@ -117,14 +117,7 @@ func TestSketchesSurviveSnapshots(t *testing.T) {
 	for i := range 5000 {
 		applyJSON(t, p, &s, fmt.Sprintf(`{"k":"a","user":"u%d","ms":%d}`, i%3000, i%700))
 	}
-	b, err := p.MarshalState(&s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := p.UnmarshalState(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, b := roundTrip(t, p, &s)
 	parts, err := p.SnapshotParts(&s, 0)
 	if err != nil {
 		t.Fatal(err)

@@ -62,20 +62,13 @@ duplicates and rejects.`,
 			if retries <= 0 {
 				retries = -1 // the client's "never" (its 0 means the default)
 			}
-			opts, err := tf.options(client.Options{MaxRetries: retries})
-			if err != nil {
-				return err
-			}
-			c, err := client.Dial(addr, opts)
+			c, err := tf.dial(addr, client.Options{MaxRetries: retries})
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			log := cmd.ErrOrStderr()
-			if !progress || quiet {
-				progress = false
-			}
-			s := &sender{c: c, pipeline: args[0], batch: batch, window: window, quiet: quiet, progress: progress, log: log}
+			s := &sender{c: c, pipeline: args[0], batch: batch, window: window, quiet: quiet,
+				progress: progress && !quiet, log: cmd.ErrOrStderr()}
 			return s.run(cmd.Context(), in)
 		},
 	}
@@ -220,11 +213,7 @@ func newGet() *cobra.Command {
 		Short: "Print one key's state (as JSON)",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			opts, err := tf.options(client.Options{})
-			if err != nil {
-				return err
-			}
-			c, err := client.Dial(addr, opts)
+			c, err := tf.dial(addr, client.Options{})
 			if err != nil {
 				return err
 			}
@@ -264,17 +253,17 @@ func (f *tlsFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.ca, "tls-ca", "", "connect with TLS, trusting this CA certificate (PEM)")
 }
 
-// options returns client options with the flags' transport security.
-func (f *tlsFlags) options(o client.Options) (client.Options, error) {
+// dial connects to addr with o and the flags' transport security.
+func (f *tlsFlags) dial(addr string, o client.Options) (*client.Client, error) {
 	switch {
 	case f.ca != "":
 		creds, err := credentials.NewClientTLSFromFile(f.ca, "")
 		if err != nil {
-			return o, fmt.Errorf("--tls-ca: %w", err)
+			return nil, fmt.Errorf("--tls-ca: %w", err)
 		}
 		o.TLS = creds
 	case f.on:
 		o.TLS = credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12})
 	}
-	return o, nil
+	return client.Dial(addr, o)
 }

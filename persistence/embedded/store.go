@@ -463,12 +463,21 @@ func (s *Store) Get(ctx context.Context, id uint32, key string) ([]byte, error) 
 		return nil, fmt.Errorf("embedded: get group %d key %q: %w", id, key, err)
 	}
 	defer s.end()
-	v, closer, err := s.db.Get(snapshotKey(id, key))
+	v, err := s.snapshot(id, key)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return nil, fmt.Errorf("embedded: get group %d key %q: %w", id, key, persistence.ErrNotFound)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("embedded: get group %d key %q: %w", id, key, err)
+	}
+	return v, nil
+}
+
+// snapshot returns a copy of a stored snapshot, or pebble.ErrNotFound.
+func (s *Store) snapshot(id uint32, key string) ([]byte, error) {
+	v, closer, err := s.db.Get(snapshotKey(id, key))
+	if err != nil {
+		return nil, err
 	}
 	defer closer.Close()
 	return append(make([]byte, 0, len(v)), v...), nil
@@ -482,15 +491,11 @@ func (s *Store) GetMany(ctx context.Context, id uint32, keys []string) ([][]byte
 	defer s.end()
 	out := make([][]byte, len(keys))
 	for i, key := range keys {
-		v, closer, err := s.db.Get(snapshotKey(id, key))
-		if errors.Is(err, pebble.ErrNotFound) {
-			continue
-		}
-		if err != nil {
+		v, err := s.snapshot(id, key)
+		if err != nil && !errors.Is(err, pebble.ErrNotFound) {
 			return nil, fmt.Errorf("embedded: get group %d key %q: %w", id, key, err)
 		}
-		out[i] = append(make([]byte, 0, len(v)), v...)
-		closer.Close()
+		out[i] = v
 	}
 	return out, nil
 }

@@ -181,17 +181,6 @@ func (c *Cluster) Addrs() []string {
 	return addrs
 }
 
-// PIDs returns the process ids of the running nodes.
-func (c *Cluster) PIDs() []int {
-	var pids []int
-	for _, n := range c.nodes {
-		if pid := n.PID(); pid != 0 {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
 // Client returns a new cluster client seeded with every master, closed when
 // t ends.
 func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {

@@ -101,14 +101,6 @@ func (s *Server) Client() *redis.Client {
 	return c
 }
 
-// PID is the server process's id, 0 when it is not running.
-func (s *Server) PID() int {
-	if s.cmd == nil {
-		return 0
-	}
-	return s.cmd.Process.Pid
-}
-
 func (s *Server) start() error {
 	args := []string{
 		"--port", strconv.Itoa(s.port),
