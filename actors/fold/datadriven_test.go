@@ -41,6 +41,13 @@ import (
 //	                           snapshot, with the current pipeline, into K.
 //	compare key=K with=J       "equal" when K and J have the same seq,
 //	                           aggregates and marshalled bytes.
+//	advance key=K wm=MS        Advance K's watermark to MS (Unix ms).
+//	windows key=K              K's watermark, late count, next timer and
+//	                           windows.
+//	persist key=K              marks K's emitted outputs stored.
+//
+// ingest and advance print each result a key emits ("emit ID …") and each
+// event too late for every window ("late").
 func TestDataDriven(t *testing.T) {
 	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
 		h := &harness{states: map[string]*fold.State{}, snaps: map[string][]byte{}}
@@ -95,6 +102,24 @@ func (h *harness) run(t *testing.T, td *datadriven.TestData) string {
 		return h.state(key)
 	case "compare":
 		return h.compare(h.arg(t, td, "key"), h.arg(t, td, "with"))
+	case "advance":
+		key := h.arg(t, td, "key")
+		var wm int64
+		td.ScanArgs(t, "wm", &wm)
+		s := h.get(key)
+		before := len(s.Outputs())
+		h.p.Advance(s, key, wm)
+		return describeOutputs(s, before)
+	case "windows":
+		return h.windows(h.arg(t, td, "key"))
+	case "persist":
+		s := h.get(h.arg(t, td, "key"))
+		parts, err := h.p.SnapshotParts(s, 0)
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		s.Persisted(parts.Version)
+		return fmt.Sprintf("stored %d outputs", len(parts.Outputs))
 	default:
 		td.Fatalf(t, "unknown command %q", td.Cmd)
 		return ""
@@ -202,7 +227,15 @@ func (h *harness) ingest(t *testing.T, td *datadriven.TestData) string {
 		if into != "" {
 			key = into
 		}
-		if h.p.Apply(h.get(key), ev, at.Milliseconds()) {
+		st := h.get(key)
+		before, late := len(st.Outputs()), st.Late()
+		defer func() {
+			if st.Late() > late {
+				out.WriteString("late\n")
+			}
+			out.WriteString(describeOutputs(st, before))
+		}()
+		if h.p.Apply(st, ev, at.Milliseconds()) {
 			fmt.Fprintf(&out, "duplicate key=%s", key)
 		} else {
 			fmt.Fprintf(&out, "applied key=%s seq=%d", key, h.get(key).Seq())
@@ -247,6 +280,29 @@ func (h *harness) ingest(t *testing.T, td *datadriven.TestData) string {
 			t.Errorf("Event.Raw = %q, want the input %q", ev.Raw, in.raw)
 		}
 		apply(ev, in.at)
+	}
+	return out.String()
+}
+
+// describeOutputs prints the outputs s emitted after the first before.
+func describeOutputs(s *fold.State, before int) string {
+	var out strings.Builder
+	for _, o := range s.Outputs()[before:] {
+		fmt.Fprintf(&out, "emit %s kind=%s count=%d wm=%d %s\n", o.GetId(), o.GetKind(), o.GetCount(), o.GetWatermarkMs(), o.GetValuesJson())
+	}
+	return out.String()
+}
+
+func (h *harness) windows(key string) string {
+	s := h.get(key)
+	var out strings.Builder
+	fmt.Fprintf(&out, "wm=%d late=%d next=%d\n", s.Watermark(), s.Late(), h.p.NextTimer(s))
+	for _, w := range h.p.Windows(s) {
+		b, err := json.Marshal(w.Values)
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		fmt.Fprintf(&out, "%s %s [%d, %d) count=%d emitted=%d %s\n", w.Name, w.Kind, w.Start.UnixMilli(), w.End.UnixMilli(), w.Count, w.Emitted, b)
 	}
 	return out.String()
 }

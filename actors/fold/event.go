@@ -22,6 +22,7 @@ type Event struct {
 	// Time is the event time in Unix milliseconds, or 0 when the pipeline
 	// has no time field (ingest time is used).
 	Time int64
+	timed bool // Time was read from the event's time field
 	// Erase makes the event a tombstone: applying it erases the key (see
 	// Erase). Raw is empty.
 	Erase bool
@@ -107,7 +108,7 @@ func (p *Pipeline) prepareRest(ev *Event, fields map[string]any, strict bool) er
 			if err != nil && strict {
 				return &FieldError{Field: p.timeField, Reason: err.Error()}
 			}
-			ev.Time = t
+			ev.Time, ev.timed = t, err == nil
 		}
 	}
 	ev.contrib = make([]contribution, len(p.aggs))

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -32,7 +34,17 @@ var fuzzSpec = fold.Spec{
 		"labels":   {Op: "distinct", Field: "label"},
 		"spread":   {Op: "quantiles", Field: "amount"},
 	},
+	AllowedLateness: 3 * time.Second,
+	Windows: map[string]fold.WindowSpec{
+		"tumble":  {Type: "tumbling", Size: 10 * time.Second},
+		"slide":   {Type: "sliding", Size: 20 * time.Second, Slide: 5 * time.Second, Aggregates: []string{"total", "labels", "country"}},
+		"session": {Type: "session", Gap: 4 * time.Second, Aggregates: []string{"amount", "spread", "label"}},
+	},
 }
+
+// fuzzLag is how far the fuzz inputs' watermark trails their newest event
+// time; events go back in time by up to 4 s at a time (see fuzzInputs).
+const fuzzLag = 2000
 
 func mustCompile(tb testing.TB, spec fold.Spec) *fold.Pipeline {
 	tb.Helper()
@@ -160,6 +172,7 @@ type fuzzInput struct {
 //	byte 1: amount, a signed byte (or a label when bit 3 is clear)
 //	byte 2: processing-time step, in 50 ms units (the dedup window is 3 s)
 //	byte 3: bits 0-1 the country (3: null), bits 2-7 the event-time step in s
+//	        (steps above 59 go back 4 s instead, so some events are late)
 func fuzzInputs(data []byte) []fuzzInput {
 	var out []fuzzInput
 	now, evTime := int64(1_700_000_000_000), int64(1_700_000_000_000)
@@ -172,7 +185,11 @@ func fuzzInputs(data []byte) []fuzzInput {
 		} else {
 			now += step
 		}
-		evTime += int64(b3>>2) * 1000
+		if step := int64(b3 >> 2); step > 59 {
+			evTime -= 4000
+		} else {
+			evTime += step * 1000
+		}
 		ev := map[string]any{"user_id": "k", "ts": evTime}
 		if id := b0 & 7; id != 0 && id != 7 {
 			ev["event_id"] = fmt.Sprintf("e%d", id)
@@ -203,7 +220,9 @@ func fuzzInputs(data []byte) []fuzzInput {
 	return out
 }
 
-// replay applies inputs to s in order, and returns the duplicate flags.
+// replay applies inputs to s in order, each after advancing the key's
+// watermark to fuzzLag behind the newest event time so far, and returns the
+// duplicate flags.
 func replay(t *testing.T, p *fold.Pipeline, s *fold.State, inputs []fuzzInput) []bool {
 	t.Helper()
 	dups := make([]bool, len(inputs))
@@ -212,9 +231,26 @@ func replay(t *testing.T, p *fold.Pipeline, s *fold.State, inputs []fuzzInput) [
 		if err != nil {
 			t.Fatalf("generated event %s rejected: %v", in.raw, err)
 		}
+		p.Advance(s, ev.Key, max(s.Watermark(), ev.Time-fuzzLag))
 		dups[i] = p.Apply(s, ev, in.nowMs)
 	}
 	return dups
+}
+
+// outputs describes the results s emitted since they were last marked
+// stored, and marks them stored.
+func outputs(t *testing.T, p *fold.Pipeline, s *fold.State) []string {
+	t.Helper()
+	parts, err := p.SnapshotParts(s, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, o := range parts.Outputs {
+		out = append(out, fmt.Sprintf("%s count=%d wm=%d %s", o.GetId(), o.GetCount(), o.GetWatermarkMs(), o.GetValuesJson()))
+	}
+	s.Persisted(parts.Version)
+	return out
 }
 
 // FuzzApply checks the core's two promises: replaying a snapshot plus the
@@ -245,10 +281,12 @@ func FuzzApply(f *testing.F) {
 		// The full replay from the empty state.
 		var full fold.State
 		fullDups := replay(t, p, &full, inputs)
+		fullOut := outputs(t, p, &full)
 
 		// (a) A prefix, a snapshot, and the rest from the restored state.
 		var prefix fold.State
 		dups := replay(t, p, &prefix, inputs[:at])
+		outs := outputs(t, p, &prefix)
 		b, err := p.MarshalState(&prefix)
 		if err != nil {
 			t.Fatal(err)
@@ -261,14 +299,19 @@ func FuzzApply(f *testing.F) {
 		if !reflect.DeepEqual(dups, fullDups) {
 			t.Fatalf("duplicates with a snapshot after %d events %v, full replay %v", at, dups, fullDups)
 		}
+		if outs = append(outs, outputs(t, p, &restored)...); !slices.Equal(outs, fullOut) {
+			t.Fatalf("outputs with a snapshot after %d events:\n%s\nfull replay:\n%s", at, strings.Join(outs, "\n"), strings.Join(fullOut, "\n"))
+		}
 		if d := stateDiff(p, &full, &restored); d != "" {
 			t.Fatalf("snapshot after %d of %d events, then the tail: %s", at, len(inputs), d)
 		}
 
 		// A snapshot after every event, through the proto message.
 		var stepwise fold.State
+		var stepOut []string
 		for i, in := range inputs {
 			replay(t, p, &stepwise, []fuzzInput{in})
+			stepOut = append(stepOut, outputs(t, p, &stepwise)...)
 			next, err := p.StateFromProto(stateProto(p, &stepwise))
 			if err != nil {
 				t.Fatal(err)
@@ -280,6 +323,9 @@ func FuzzApply(f *testing.F) {
 		}
 		if d := stateDiff(p, &full, &stepwise); d != "" {
 			t.Fatalf("snapshot after every event: %s", d)
+		}
+		if !slices.Equal(stepOut, fullOut) {
+			t.Fatalf("outputs with a snapshot after every event:\n%s\nfull replay:\n%s", strings.Join(stepOut, "\n"), strings.Join(fullOut, "\n"))
 		}
 
 		// (b) The same inputs again give the same bytes.

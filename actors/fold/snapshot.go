@@ -34,21 +34,52 @@ func (p *Pipeline) StateProto(s *State) (*keyfoldv1.KeyState, error) {
 
 // coreProto is the state without its ids.
 func (p *Pipeline) coreProto(s *State) (*keyfoldv1.KeyState, error) {
-	ks := &keyfoldv1.KeyState{Seq: s.seq, NowMs: s.now, Duplicates: s.dups}
-	for i, agg := range p.aggs {
-		if i >= len(s.aggs) || s.aggs[i].count == 0 {
+	ks := &keyfoldv1.KeyState{Seq: s.seq, NowMs: s.now, Duplicates: s.dups, WatermarkMs: s.wm, Late: s.late}
+	for i := range p.aggs {
+		if i >= len(s.aggs) {
+			break
+		}
+		as, err := aggProto(&p.aggs[i], &s.aggs[i])
+		if err != nil {
+			return nil, err
+		}
+		if as != nil {
+			ks.Aggregates = append(ks.Aggregates, as)
+		}
+	}
+	wins, err := p.windowsProto(s)
+	if err != nil {
+		return nil, err
+	}
+	ks.Windows = wins
+	return ks, nil
+}
+
+// aggProto encodes one aggregate's state, nil while it is empty.
+func aggProto(agg *aggregate, a *aggState) (*keyfoldv1.AggregateState, error) {
+	if a.count == 0 {
+		return nil, nil
+	}
+	sk, err := encodeSketch(a)
+	if err != nil {
+		return nil, fmt.Errorf("fold: encode aggregate %q: %w", agg.name, err)
+	}
+	return &keyfoldv1.AggregateState{Name: agg.name, Op: agg.op.String(), Count: a.count, Number: a.num, LastJson: a.last, Sketch: sk}, nil
+}
+
+// restoreAgg finds agg's state among stored ones by name; one of another op
+// is ignored (the aggregate starts afresh).
+func restoreAgg(agg *aggregate, stored []*keyfoldv1.AggregateState, a *aggState) error {
+	for _, as := range stored {
+		if as.Name != agg.name || (as.Op != "" && as.Op != agg.op.String()) {
 			continue
 		}
-		a := &s.aggs[i]
-		sk, err := encodeSketch(a)
-		if err != nil {
-			return nil, fmt.Errorf("fold: encode aggregate %q: %w", agg.name, err)
+		*a = aggState{count: as.Count, num: as.Number, last: as.LastJson}
+		if err := decodeSketch(agg.op, as.Sketch, a); err != nil {
+			return fmt.Errorf("fold: aggregate %q: %w", as.Name, err)
 		}
-		ks.Aggregates = append(ks.Aggregates, &keyfoldv1.AggregateState{
-			Name: agg.name, Op: agg.op.String(), Count: a.count, Number: a.num, LastJson: a.last, Sketch: sk,
-		})
 	}
-	return ks, nil
+	return nil
 }
 
 // UnmarshalState decodes a state written by MarshalState. Aggregates the
@@ -81,18 +112,15 @@ func (p *Pipeline) StateFromProto(ks *keyfoldv1.KeyState) (State, error) {
 
 func (p *Pipeline) stateFromCore(ks *keyfoldv1.KeyState) (State, error) {
 	// A restored state is at version 1, all of it stored: see Persisted.
-	s := State{seq: ks.Seq, dups: ks.Duplicates, now: ks.NowMs, aggs: make([]aggState, len(p.aggs)), version: RestoredVersion}
-	byName := make(map[string]int, len(p.aggs))
-	for i, a := range p.aggs {
-		byName[a.name] = i
-	}
-	for _, a := range ks.Aggregates {
-		if i, ok := byName[a.Name]; ok && (a.Op == "" || a.Op == p.aggs[i].op.String()) {
-			s.aggs[i] = aggState{count: a.Count, num: a.Number, last: a.LastJson}
-			if err := decodeSketch(p.aggs[i].op, a.Sketch, &s.aggs[i]); err != nil {
-				return State{}, fmt.Errorf("fold: aggregate %q: %w", a.Name, err)
-			}
+	s := State{seq: ks.Seq, dups: ks.Duplicates, now: ks.NowMs, wm: ks.WatermarkMs, late: ks.Late,
+		aggs: make([]aggState, len(p.aggs)), version: RestoredVersion}
+	for i := range p.aggs {
+		if err := restoreAgg(&p.aggs[i], ks.Aggregates, &s.aggs[i]); err != nil {
+			return State{}, err
 		}
+	}
+	if err := p.restoreWindows(&s, ks.Windows); err != nil {
+		return State{}, err
 	}
 	return s, nil
 }
@@ -119,6 +147,11 @@ type Parts struct {
 	// Buckets are the id buckets changed after the version given to
 	// SnapshotParts; a nil Data deletes the stored bucket.
 	Buckets []BucketPart
+	// Outputs are the results emitted and not yet stored, oldest first:
+	// store them with the parts.
+	Outputs []*keyfoldv1.Output
+	// NextTimer is the key's next timer (see Pipeline.NextTimer), 0 if none.
+	NextTimer int64
 	// Version is the state's version the parts reflect; pass it to
 	// Persisted once they are stored.
 	Version uint64
@@ -139,7 +172,7 @@ func (p *Pipeline) SnapshotParts(s *State, since uint64) (Parts, error) {
 	if err != nil {
 		return Parts{}, err
 	}
-	parts := Parts{Core: core, Version: s.version}
+	parts := Parts{Core: core, Version: s.version, Outputs: s.Outputs(), NextTimer: p.NextTimer(s)}
 	// Ids are added in time order, so the buckets changed since are the
 	// newest ones: walk back from the newest id to the first unchanged
 	// bucket. The cost is that of what changed, not of the whole window.
@@ -178,8 +211,19 @@ func (p *Pipeline) SnapshotParts(s *State, since uint64) (Parts, error) {
 	return parts, nil
 }
 
-// Persisted records that the parts of version are stored.
-func (s *State) Persisted(version uint64) { s.ids.persisted(version) }
+// Persisted records that the parts of version, and the outputs emitted up
+// to it, are stored.
+func (s *State) Persisted(version uint64) {
+	s.ids.persisted(version)
+	n := 0
+	for n < len(s.out) && s.out[n].version <= version {
+		n++
+	}
+	s.out = s.out[n:]
+	if len(s.out) == 0 {
+		s.out = nil
+	}
+}
 
 // RestoreParts rebuilds a key's state from its stored core and, through
 // load, the id buckets the core lists.

@@ -14,6 +14,19 @@ import (
 // names an id field but no dedup_window.
 const DefaultDedupWindow = 24 * time.Hour
 
+// Defaults of the event-time settings.
+const (
+	DefaultIdleTimeout     = 30 * time.Second
+	DefaultOutputRetention = 24 * time.Hour
+)
+
+// Bounds of the window settings: MaxSlidingRatio bounds size/slide (each
+// event joins that many windows), MaxWindowSpan any duration.
+const (
+	MaxSlidingRatio = 100
+	MaxWindowSpan   = 366 * 24 * time.Hour
+)
+
 // Spec is the configuration of one pipeline, as written in YAML.
 type Spec struct {
 	// Key is the (dotted) field whose value names the key's actor. The value
@@ -29,6 +42,37 @@ type Spec struct {
 	DedupWindow time.Duration `yaml:"dedup_window"`
 	// Aggregates are the running aggregates of each key, by name.
 	Aggregates map[string]AggregateSpec `yaml:"aggregates"`
+	// Windows are the event-time windows of each key, by name.
+	Windows map[string]WindowSpec `yaml:"windows"`
+	// OutOfOrderness is how far the watermark trails the largest event time
+	// seen: events up to this much older than the newest are on time.
+	OutOfOrderness time.Duration `yaml:"out_of_orderness"`
+	// AllowedLateness keeps windows after they emitted: an event this much
+	// behind the watermark still updates its window, which emits again
+	// (the next revision). Later events are dropped and counted.
+	AllowedLateness time.Duration `yaml:"allowed_lateness"`
+	// IdleTimeout is how long the pipeline may receive no events before its
+	// watermark starts advancing with processing time (so quiet keys close
+	// their windows). Default 30s.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// OutputRetention is how long emitted results are kept in the
+	// pipeline's output log. Default 24h.
+	OutputRetention time.Duration `yaml:"output_retention"`
+}
+
+// WindowSpec is one event-time window of each key.
+type WindowSpec struct {
+	// Type is tumbling, sliding or session.
+	Type string `yaml:"type"`
+	// Size is the length of tumbling and sliding windows.
+	Size time.Duration `yaml:"size"`
+	// Slide is how often a sliding window starts; Size must be a multiple.
+	Slide time.Duration `yaml:"slide"`
+	// Gap closes a session after this much event time without events.
+	Gap time.Duration `yaml:"gap"`
+	// Aggregates names the pipeline's aggregates the window computes
+	// (default: all of them).
+	Aggregates []string `yaml:"aggregates"`
 }
 
 // AggregateSpec is one running aggregate.
@@ -76,6 +120,7 @@ func (o Op) numeric() bool { return o == OpSum || o == OpMin || o == OpMax || o 
 
 // Pipeline is a compiled Spec. It is immutable and safe for concurrent use.
 type Pipeline struct {
+	name        string
 	key         []string // dotted paths, split
 	keyField    string
 	timeField   string
@@ -84,6 +129,11 @@ type Pipeline struct {
 	id          []string
 	dedupWindow time.Duration
 	aggs        []aggregate // sorted by name
+	windows     []window    // sorted by name
+	ooo         int64       // out_of_orderness, ms
+	lateness    int64       // allowed_lateness, ms
+	idle        int64       // idle_timeout, ms
+	retention   time.Duration
 }
 
 type aggregate struct {
@@ -114,6 +164,7 @@ func Compile(name string, spec Spec) (*Pipeline, error) {
 		spec.DedupWindow = DefaultDedupWindow
 	}
 	p := &Pipeline{
+		name:        name,
 		keyField:    spec.Key,
 		key:         splitPath(spec.Key),
 		timeField:   spec.Time,
@@ -152,6 +203,7 @@ func Compile(name string, spec Spec) (*Pipeline, error) {
 		}
 		p.aggs = append(p.aggs, agg)
 	}
+	p.compileTime(spec, bad)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -166,6 +218,9 @@ func opList() string {
 	slices.Sort(names)
 	return strings.Join(names, ", ")
 }
+
+// Name returns the pipeline's name.
+func (p *Pipeline) Name() string { return p.name }
 
 // DedupWindow returns how long applied ids are remembered.
 func (p *Pipeline) DedupWindow() time.Duration { return p.dedupWindow }

@@ -17,6 +17,10 @@ type State struct {
 	now  int64  // the key's clock: the largest processing time applied
 	aggs []aggState
 	ids  idSet // ids applied within the dedup window
+	wm   int64 // the key's watermark (see window.go)
+	late uint64
+	wins []win           // windows, ordered by spec then start
+	out  []pendingOutput // emitted results not yet stored
 	// version counts the changes of the state in memory (it is not
 	// persisted); snapshots use it to tell what changed since the last one.
 	version uint64
@@ -67,41 +71,82 @@ func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
 		s.aggs = append(s.aggs, make([]aggState, len(p.aggs)-len(s.aggs))...)
 	}
 	for i := range p.aggs {
-		c := &ev.contrib[i]
-		if !c.ok {
-			continue
-		}
-		a := &s.aggs[i]
-		switch p.aggs[i].op {
-		case OpSum:
-			a.num += c.num
-		case OpMin:
-			if a.count == 0 || c.num < a.num {
-				a.num = c.num
-			}
-		case OpMax:
-			if a.count == 0 || c.num > a.num {
-				a.num = c.num
-			}
-		case OpLast:
-			a.last = c.last
-		case OpDistinct:
-			if a.hll == nil {
-				a.hll = hyperloglog.New14()
-			}
-			a.hll.Insert([]byte(c.str))
-		case OpQuantiles:
-			if a.dd == nil {
-				a.dd = newDDSketch()
-			}
-			if a.dd.Add(c.num) != nil {
-				continue // outside the sketch's range (beyond ±1e300): not counted
-			}
-		}
-		a.count++
+		s.aggs[i].add(p.aggs[i].op, &ev.contrib[i])
 	}
 	s.seq++
+	if len(p.windows) > 0 {
+		p.assign(s, ev, p.EventTime(ev, nowMs))
+	}
 	return false
+}
+
+// add folds one contribution into the aggregate.
+func (a *aggState) add(op Op, c *contribution) {
+	if !c.ok {
+		return
+	}
+	switch op {
+	case OpSum:
+		a.num += c.num
+	case OpMin:
+		if a.count == 0 || c.num < a.num {
+			a.num = c.num
+		}
+	case OpMax:
+		if a.count == 0 || c.num > a.num {
+			a.num = c.num
+		}
+	case OpLast:
+		a.last = c.last
+	case OpDistinct:
+		if a.hll == nil {
+			a.hll = hyperloglog.New14()
+		}
+		a.hll.Insert([]byte(c.str))
+	case OpQuantiles:
+		if a.dd == nil {
+			a.dd = newDDSketch()
+		}
+		if a.dd.Add(c.num) != nil {
+			return // outside the sketch's range (beyond ±1e300): not counted
+		}
+	}
+	a.count++
+}
+
+// merge folds b into a (sessions merging); for last, b's value wins if
+// newer.
+func (a *aggState) merge(op Op, b *aggState, newer bool) {
+	if b.count == 0 {
+		return
+	}
+	switch op {
+	case OpSum:
+		a.num += b.num
+	case OpMin:
+		if a.count == 0 || b.num < a.num {
+			a.num = b.num
+		}
+	case OpMax:
+		if a.count == 0 || b.num > a.num {
+			a.num = b.num
+		}
+	case OpLast:
+		if newer || a.count == 0 {
+			a.last = b.last
+		}
+	case OpDistinct:
+		if a.hll == nil {
+			a.hll = hyperloglog.New14()
+		}
+		_ = a.hll.Merge(b.hll) // same precision: cannot fail
+	case OpQuantiles:
+		if a.dd == nil {
+			a.dd = newDDSketch()
+		}
+		_ = a.dd.MergeWith(b.dd) // same mapping: cannot fail
+	}
+	a.count += b.count
 }
 
 // expireIDs forgets ids applied longer than the dedup window ago.
@@ -125,34 +170,37 @@ func (p *Pipeline) Aggregates(s *State) map[string]any {
 		if i < len(s.aggs) {
 			a = s.aggs[i]
 		}
-		switch agg.op {
-		case OpCount:
-			out[agg.name] = a.count
-		case OpSum:
-			out[agg.name] = jsonNumber(a.num)
-		case OpMin, OpMax:
-			if a.count == 0 {
-				out[agg.name] = nil
-			} else {
-				out[agg.name] = jsonNumber(a.num)
-			}
-		case OpLast:
-			if a.last == nil {
-				out[agg.name] = nil
-			} else {
-				out[agg.name] = json.RawMessage(a.last)
-			}
-		case OpDistinct:
-			if a.hll == nil {
-				out[agg.name] = uint64(0)
-			} else {
-				out[agg.name] = a.hll.Estimate()
-			}
-		case OpQuantiles:
-			out[agg.name] = quantileView(&a)
-		}
+		out[agg.name] = aggValue(agg.op, &a)
 	}
 	return out
+}
+
+// aggValue is the value of one aggregate, as Aggregates describes it.
+func aggValue(op Op, a *aggState) any {
+	switch op {
+	case OpCount:
+		return a.count
+	case OpSum:
+		return jsonNumber(a.num)
+	case OpMin, OpMax:
+		if a.count == 0 {
+			return nil
+		}
+		return jsonNumber(a.num)
+	case OpLast:
+		if a.last == nil {
+			return nil
+		}
+		return json.RawMessage(a.last)
+	case OpDistinct:
+		if a.hll == nil {
+			return uint64(0)
+		}
+		return a.hll.Estimate()
+	case OpQuantiles:
+		return quantileView(a)
+	}
+	return nil
 }
 
 // jsonNumber keeps values JSON can encode: sums that overflowed to ±Inf are
@@ -171,7 +219,8 @@ func jsonNumber(f float64) float64 {
 func Tombstone(key string) *Event { return &Event{Key: key, Erase: true} }
 
 // Erase forgets everything a key holds — its aggregates, its count, the ids
-// it remembers — as a deletion requires: afterwards the state is Empty. The
+// it remembers, its windows — as a deletion requires (results it emitted
+// before stay to be stored): afterwards the state is Empty. The
 // key's stored id buckets are marked for deletion, so its next snapshot
 // removes them (and, the state being empty, the snapshot itself).
 func Erase(s *State) {
@@ -180,6 +229,6 @@ func Erase(s *State) {
 	for b := range s.ids.buckets {
 		gone = append(gone, goneBucket{bucket: b, version: s.version})
 	}
-	*s = State{version: s.version, now: s.now}
+	*s = State{version: s.version, now: s.now, wm: s.wm, out: s.out}
 	s.ids.gone = gone
 }

@@ -28,8 +28,13 @@ const (
 // LogRecord is one entry of a key group's log: the journaled inputs of one
 // ingest batch (or one node-generated input) for the keys of that group.
 type LogRecord struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Keys          []*KeyInputs           `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Keys  []*KeyInputs           `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	// The event-time clock of each pipeline with windows among keys (see
+	// Watermark). Every key of such a pipeline listed in the record first
+	// advances to the pipeline's watermark, then applies its inputs; a key
+	// listed without inputs only advances (its timers were due).
+	Watermarks    []*Watermark `protobuf:"bytes,3,rep,name=watermarks,proto3" json:"watermarks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -71,6 +76,134 @@ func (x *LogRecord) GetKeys() []*KeyInputs {
 	return nil
 }
 
+func (x *LogRecord) GetWatermarks() []*Watermark {
+	if x != nil {
+		return x.Watermarks
+	}
+	return nil
+}
+
+// Watermark is a pipeline's event-time clock as a key group's log records it.
+type Watermark struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Pipeline string                 `protobuf:"bytes,1,opt,name=pipeline,proto3" json:"pipeline,omitempty"`
+	// The watermark the record's keys advance to before applying their
+	// inputs: every event time below it is taken as seen. Unix milliseconds.
+	WatermarkMs int64 `protobuf:"varint,2,opt,name=watermark_ms,json=watermarkMs,proto3" json:"watermark_ms,omitempty"`
+	// The pipeline's clock after the record: the largest event time logged
+	// and the processing time of the last logged event, Unix milliseconds.
+	// A new owner of the group resumes the watermark from them.
+	MaxEventMs    int64 `protobuf:"varint,3,opt,name=max_event_ms,json=maxEventMs,proto3" json:"max_event_ms,omitempty"`
+	ArrivalMs     int64 `protobuf:"varint,4,opt,name=arrival_ms,json=arrivalMs,proto3" json:"arrival_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Watermark) Reset() {
+	*x = Watermark{}
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Watermark) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Watermark) ProtoMessage() {}
+
+func (x *Watermark) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Watermark.ProtoReflect.Descriptor instead.
+func (*Watermark) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Watermark) GetPipeline() string {
+	if x != nil {
+		return x.Pipeline
+	}
+	return ""
+}
+
+func (x *Watermark) GetWatermarkMs() int64 {
+	if x != nil {
+		return x.WatermarkMs
+	}
+	return 0
+}
+
+func (x *Watermark) GetMaxEventMs() int64 {
+	if x != nil {
+		return x.MaxEventMs
+	}
+	return 0
+}
+
+func (x *Watermark) GetArrivalMs() int64 {
+	if x != nil {
+		return x.ArrivalMs
+	}
+	return 0
+}
+
+// GroupClock is a key group's event-time clocks as of its checkpoint (the
+// last Watermark of each pipeline logged at or below it), stored with the
+// group's snapshots.
+type GroupClock struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pipelines     []*Watermark           `protobuf:"bytes,1,rep,name=pipelines,proto3" json:"pipelines,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupClock) Reset() {
+	*x = GroupClock{}
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupClock) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupClock) ProtoMessage() {}
+
+func (x *GroupClock) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupClock.ProtoReflect.Descriptor instead.
+func (*GroupClock) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *GroupClock) GetPipelines() []*Watermark {
+	if x != nil {
+		return x.Pipelines
+	}
+	return nil
+}
+
 // KeyInputs are the inputs of one key, in the order the key applies them.
 type KeyInputs struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -83,7 +216,7 @@ type KeyInputs struct {
 
 func (x *KeyInputs) Reset() {
 	*x = KeyInputs{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[1]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -95,7 +228,7 @@ func (x *KeyInputs) String() string {
 func (*KeyInputs) ProtoMessage() {}
 
 func (x *KeyInputs) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[1]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -108,7 +241,7 @@ func (x *KeyInputs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyInputs.ProtoReflect.Descriptor instead.
 func (*KeyInputs) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{1}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *KeyInputs) GetPipeline() string {
@@ -149,7 +282,7 @@ type Input struct {
 
 func (x *Input) Reset() {
 	*x = Input{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[2]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -161,7 +294,7 @@ func (x *Input) String() string {
 func (*Input) ProtoMessage() {}
 
 func (x *Input) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[2]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -174,7 +307,7 @@ func (x *Input) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Input.ProtoReflect.Descriptor instead.
 func (*Input) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{2}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Input) GetEvent() []byte {
@@ -212,7 +345,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[3]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -224,7 +357,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[3]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -237,7 +370,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{3}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Snapshot) GetPipeline() string {
@@ -284,14 +417,22 @@ type KeyState struct {
 	// A bucket may still hold ids that have expired since it was written.
 	SeenBuckets []int64 `protobuf:"varint,5,rep,packed,name=seen_buckets,json=seenBuckets,proto3" json:"seen_buckets,omitempty"`
 	// Events skipped because their id was already applied.
-	Duplicates    uint64 `protobuf:"varint,6,opt,name=duplicates,proto3" json:"duplicates,omitempty"`
+	Duplicates uint64 `protobuf:"varint,6,opt,name=duplicates,proto3" json:"duplicates,omitempty"`
+	// The key's watermark: the largest pipeline watermark it advanced to.
+	WatermarkMs int64 `protobuf:"varint,7,opt,name=watermark_ms,json=watermarkMs,proto3" json:"watermark_ms,omitempty"`
+	// Events too late for every window they belonged to (dropped from the
+	// windows; they still count in the running aggregates).
+	Late uint64 `protobuf:"varint,8,opt,name=late,proto3" json:"late,omitempty"`
+	// Windows holding events, ordered by name then start; including
+	// emitted ones kept for allowed lateness.
+	Windows       []*WindowState `protobuf:"bytes,9,rep,name=windows,proto3" json:"windows,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *KeyState) Reset() {
 	*x = KeyState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[4]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -303,7 +444,7 @@ func (x *KeyState) String() string {
 func (*KeyState) ProtoMessage() {}
 
 func (x *KeyState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[4]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -316,7 +457,7 @@ func (x *KeyState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyState.ProtoReflect.Descriptor instead.
 func (*KeyState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{4}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *KeyState) GetSeq() uint64 {
@@ -361,6 +502,258 @@ func (x *KeyState) GetDuplicates() uint64 {
 	return 0
 }
 
+func (x *KeyState) GetWatermarkMs() int64 {
+	if x != nil {
+		return x.WatermarkMs
+	}
+	return 0
+}
+
+func (x *KeyState) GetLate() uint64 {
+	if x != nil {
+		return x.Late
+	}
+	return 0
+}
+
+func (x *KeyState) GetWindows() []*WindowState {
+	if x != nil {
+		return x.Windows
+	}
+	return nil
+}
+
+// WindowState is one window of a key: [start_ms, end_ms) in event time.
+type WindowState struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	StartMs int64                  `protobuf:"varint,2,opt,name=start_ms,json=startMs,proto3" json:"start_ms,omitempty"`
+	EndMs   int64                  `protobuf:"varint,3,opt,name=end_ms,json=endMs,proto3" json:"end_ms,omitempty"`
+	// Number of results emitted so far; the next one's revision.
+	Emitted uint32 `protobuf:"varint,4,opt,name=emitted,proto3" json:"emitted,omitempty"`
+	// Events in the window.
+	Count      uint64            `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"`
+	Aggregates []*AggregateState `protobuf:"bytes,6,rep,name=aggregates,proto3" json:"aggregates,omitempty"`
+	// The key's seq when an event last joined the window (orders last values
+	// when sessions merge).
+	LastSeq       uint64 `protobuf:"varint,7,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WindowState) Reset() {
+	*x = WindowState{}
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WindowState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WindowState) ProtoMessage() {}
+
+func (x *WindowState) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WindowState.ProtoReflect.Descriptor instead.
+func (*WindowState) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *WindowState) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *WindowState) GetStartMs() int64 {
+	if x != nil {
+		return x.StartMs
+	}
+	return 0
+}
+
+func (x *WindowState) GetEndMs() int64 {
+	if x != nil {
+		return x.EndMs
+	}
+	return 0
+}
+
+func (x *WindowState) GetEmitted() uint32 {
+	if x != nil {
+		return x.Emitted
+	}
+	return 0
+}
+
+func (x *WindowState) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *WindowState) GetAggregates() []*AggregateState {
+	if x != nil {
+		return x.Aggregates
+	}
+	return nil
+}
+
+func (x *WindowState) GetLastSeq() uint64 {
+	if x != nil {
+		return x.LastSeq
+	}
+	return 0
+}
+
+// Output is one result a key emitted: a window's (or session's) values once
+// the watermark passed its end, and again, with the next revision, for each
+// late event within allowed lateness. It is a deterministic function of the
+// log, so replay emits it again with the same id.
+type Output struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Stable: pipeline/key/name/start-end/revision (the key path-escaped).
+	Id       string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Pipeline string `protobuf:"bytes,2,opt,name=pipeline,proto3" json:"pipeline,omitempty"`
+	Key      string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	// The window type: tumbling, sliding or session.
+	Kind string `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`
+	// The window's name in the pipeline.
+	Name     string `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
+	StartMs  int64  `protobuf:"varint,6,opt,name=start_ms,json=startMs,proto3" json:"start_ms,omitempty"`
+	EndMs    int64  `protobuf:"varint,7,opt,name=end_ms,json=endMs,proto3" json:"end_ms,omitempty"`
+	Revision uint32 `protobuf:"varint,8,opt,name=revision,proto3" json:"revision,omitempty"`
+	// Events in the window.
+	Count uint64 `protobuf:"varint,9,opt,name=count,proto3" json:"count,omitempty"`
+	// The window's aggregates as a JSON object, by name.
+	ValuesJson []byte `protobuf:"bytes,10,opt,name=values_json,json=valuesJson,proto3" json:"values_json,omitempty"`
+	// The key's watermark when it emitted the result.
+	WatermarkMs   int64 `protobuf:"varint,11,opt,name=watermark_ms,json=watermarkMs,proto3" json:"watermark_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Output) Reset() {
+	*x = Output{}
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Output) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Output) ProtoMessage() {}
+
+func (x *Output) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Output.ProtoReflect.Descriptor instead.
+func (*Output) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Output) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Output) GetPipeline() string {
+	if x != nil {
+		return x.Pipeline
+	}
+	return ""
+}
+
+func (x *Output) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Output) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Output) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Output) GetStartMs() int64 {
+	if x != nil {
+		return x.StartMs
+	}
+	return 0
+}
+
+func (x *Output) GetEndMs() int64 {
+	if x != nil {
+		return x.EndMs
+	}
+	return 0
+}
+
+func (x *Output) GetRevision() uint32 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *Output) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *Output) GetValuesJson() []byte {
+	if x != nil {
+		return x.ValuesJson
+	}
+	return nil
+}
+
+func (x *Output) GetWatermarkMs() int64 {
+	if x != nil {
+		return x.WatermarkMs
+	}
+	return 0
+}
+
 // SeenBucket holds the ids a key applied within one slice of the dedup
 // window, oldest first.
 type SeenBucket struct {
@@ -372,7 +765,7 @@ type SeenBucket struct {
 
 func (x *SeenBucket) Reset() {
 	*x = SeenBucket{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[5]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -384,7 +777,7 @@ func (x *SeenBucket) String() string {
 func (*SeenBucket) ProtoMessage() {}
 
 func (x *SeenBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[5]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -397,7 +790,7 @@ func (x *SeenBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeenBucket.ProtoReflect.Descriptor instead.
 func (*SeenBucket) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{5}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SeenBucket) GetIds() []*SeenID {
@@ -429,7 +822,7 @@ type AggregateState struct {
 
 func (x *AggregateState) Reset() {
 	*x = AggregateState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[6]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -441,7 +834,7 @@ func (x *AggregateState) String() string {
 func (*AggregateState) ProtoMessage() {}
 
 func (x *AggregateState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[6]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -454,7 +847,7 @@ func (x *AggregateState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AggregateState.ProtoReflect.Descriptor instead.
 func (*AggregateState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{6}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AggregateState) GetName() string {
@@ -510,7 +903,7 @@ type SeenID struct {
 
 func (x *SeenID) Reset() {
 	*x = SeenID{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -522,7 +915,7 @@ func (x *SeenID) String() string {
 func (*SeenID) ProtoMessage() {}
 
 func (x *SeenID) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -535,7 +928,7 @@ func (x *SeenID) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeenID.ProtoReflect.Descriptor instead.
 func (*SeenID) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{7}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SeenID) GetId() string {
@@ -557,9 +950,22 @@ var File_proto_keyfold_v1_log_proto protoreflect.FileDescriptor
 const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\n" +
 	"\x1aproto/keyfold/v1/log.proto\x12\n" +
-	"keyfold.v1\"<\n" +
+	"keyfold.v1\"s\n" +
 	"\tLogRecord\x12)\n" +
-	"\x04keys\x18\x02 \x03(\v2\x15.keyfold.v1.KeyInputsR\x04keysJ\x04\b\x01\x10\x02\"d\n" +
+	"\x04keys\x18\x02 \x03(\v2\x15.keyfold.v1.KeyInputsR\x04keys\x125\n" +
+	"\n" +
+	"watermarks\x18\x03 \x03(\v2\x15.keyfold.v1.WatermarkR\n" +
+	"watermarksJ\x04\b\x01\x10\x02\"\x8b\x01\n" +
+	"\tWatermark\x12\x1a\n" +
+	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12!\n" +
+	"\fwatermark_ms\x18\x02 \x01(\x03R\vwatermarkMs\x12 \n" +
+	"\fmax_event_ms\x18\x03 \x01(\x03R\n" +
+	"maxEventMs\x12\x1d\n" +
+	"\n" +
+	"arrival_ms\x18\x04 \x01(\x03R\tarrivalMs\"A\n" +
+	"\n" +
+	"GroupClock\x123\n" +
+	"\tpipelines\x18\x01 \x03(\v2\x15.keyfold.v1.WatermarkR\tpipelines\"d\n" +
 	"\tKeyInputs\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12)\n" +
@@ -572,7 +978,7 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
 	"\bposition\x18\x03 \x01(\x04R\bposition\x12*\n" +
-	"\x05state\x18\x04 \x01(\v2\x14.keyfold.v1.KeyStateR\x05state\"\xda\x01\n" +
+	"\x05state\x18\x04 \x01(\v2\x14.keyfold.v1.KeyStateR\x05state\"\xc4\x02\n" +
 	"\bKeyState\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\x12:\n" +
@@ -583,7 +989,34 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\fseen_buckets\x18\x05 \x03(\x03R\vseenBuckets\x12\x1e\n" +
 	"\n" +
 	"duplicates\x18\x06 \x01(\x04R\n" +
-	"duplicates\"2\n" +
+	"duplicates\x12!\n" +
+	"\fwatermark_ms\x18\a \x01(\x03R\vwatermarkMs\x12\x12\n" +
+	"\x04late\x18\b \x01(\x04R\x04late\x121\n" +
+	"\awindows\x18\t \x03(\v2\x17.keyfold.v1.WindowStateR\awindows\"\xda\x01\n" +
+	"\vWindowState\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
+	"\bstart_ms\x18\x02 \x01(\x03R\astartMs\x12\x15\n" +
+	"\x06end_ms\x18\x03 \x01(\x03R\x05endMs\x12\x18\n" +
+	"\aemitted\x18\x04 \x01(\rR\aemitted\x12\x14\n" +
+	"\x05count\x18\x05 \x01(\x04R\x05count\x12:\n" +
+	"\n" +
+	"aggregates\x18\x06 \x03(\v2\x1a.keyfold.v1.AggregateStateR\n" +
+	"aggregates\x12\x19\n" +
+	"\blast_seq\x18\a \x01(\x04R\alastSeq\"\x96\x02\n" +
+	"\x06Output\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
+	"\bpipeline\x18\x02 \x01(\tR\bpipeline\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12\x12\n" +
+	"\x04kind\x18\x04 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04name\x18\x05 \x01(\tR\x04name\x12\x19\n" +
+	"\bstart_ms\x18\x06 \x01(\x03R\astartMs\x12\x15\n" +
+	"\x06end_ms\x18\a \x01(\x03R\x05endMs\x12\x1a\n" +
+	"\brevision\x18\b \x01(\rR\brevision\x12\x14\n" +
+	"\x05count\x18\t \x01(\x04R\x05count\x12\x1f\n" +
+	"\vvalues_json\x18\n" +
+	" \x01(\fR\n" +
+	"valuesJson\x12!\n" +
+	"\fwatermark_ms\x18\v \x01(\x03R\vwatermarkMs\"2\n" +
 	"\n" +
 	"SeenBucket\x12$\n" +
 	"\x03ids\x18\x01 \x03(\v2\x12.keyfold.v1.SeenIDR\x03ids\"\x97\x01\n" +
@@ -610,29 +1043,37 @@ func file_proto_keyfold_v1_log_proto_rawDescGZIP() []byte {
 	return file_proto_keyfold_v1_log_proto_rawDescData
 }
 
-var file_proto_keyfold_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_proto_keyfold_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_proto_keyfold_v1_log_proto_goTypes = []any{
 	(*LogRecord)(nil),      // 0: keyfold.v1.LogRecord
-	(*KeyInputs)(nil),      // 1: keyfold.v1.KeyInputs
-	(*Input)(nil),          // 2: keyfold.v1.Input
-	(*Snapshot)(nil),       // 3: keyfold.v1.Snapshot
-	(*KeyState)(nil),       // 4: keyfold.v1.KeyState
-	(*SeenBucket)(nil),     // 5: keyfold.v1.SeenBucket
-	(*AggregateState)(nil), // 6: keyfold.v1.AggregateState
-	(*SeenID)(nil),         // 7: keyfold.v1.SeenID
+	(*Watermark)(nil),      // 1: keyfold.v1.Watermark
+	(*GroupClock)(nil),     // 2: keyfold.v1.GroupClock
+	(*KeyInputs)(nil),      // 3: keyfold.v1.KeyInputs
+	(*Input)(nil),          // 4: keyfold.v1.Input
+	(*Snapshot)(nil),       // 5: keyfold.v1.Snapshot
+	(*KeyState)(nil),       // 6: keyfold.v1.KeyState
+	(*WindowState)(nil),    // 7: keyfold.v1.WindowState
+	(*Output)(nil),         // 8: keyfold.v1.Output
+	(*SeenBucket)(nil),     // 9: keyfold.v1.SeenBucket
+	(*AggregateState)(nil), // 10: keyfold.v1.AggregateState
+	(*SeenID)(nil),         // 11: keyfold.v1.SeenID
 }
 var file_proto_keyfold_v1_log_proto_depIdxs = []int32{
-	1, // 0: keyfold.v1.LogRecord.keys:type_name -> keyfold.v1.KeyInputs
-	2, // 1: keyfold.v1.KeyInputs.inputs:type_name -> keyfold.v1.Input
-	4, // 2: keyfold.v1.Snapshot.state:type_name -> keyfold.v1.KeyState
-	6, // 3: keyfold.v1.KeyState.aggregates:type_name -> keyfold.v1.AggregateState
-	7, // 4: keyfold.v1.KeyState.seen:type_name -> keyfold.v1.SeenID
-	7, // 5: keyfold.v1.SeenBucket.ids:type_name -> keyfold.v1.SeenID
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	3,  // 0: keyfold.v1.LogRecord.keys:type_name -> keyfold.v1.KeyInputs
+	1,  // 1: keyfold.v1.LogRecord.watermarks:type_name -> keyfold.v1.Watermark
+	1,  // 2: keyfold.v1.GroupClock.pipelines:type_name -> keyfold.v1.Watermark
+	4,  // 3: keyfold.v1.KeyInputs.inputs:type_name -> keyfold.v1.Input
+	6,  // 4: keyfold.v1.Snapshot.state:type_name -> keyfold.v1.KeyState
+	10, // 5: keyfold.v1.KeyState.aggregates:type_name -> keyfold.v1.AggregateState
+	11, // 6: keyfold.v1.KeyState.seen:type_name -> keyfold.v1.SeenID
+	7,  // 7: keyfold.v1.KeyState.windows:type_name -> keyfold.v1.WindowState
+	10, // 8: keyfold.v1.WindowState.aggregates:type_name -> keyfold.v1.AggregateState
+	11, // 9: keyfold.v1.SeenBucket.ids:type_name -> keyfold.v1.SeenID
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_proto_keyfold_v1_log_proto_init() }
@@ -646,7 +1087,7 @@ func file_proto_keyfold_v1_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_keyfold_v1_log_proto_rawDesc), len(file_proto_keyfold_v1_log_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,509 @@
+package fold
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
+)
+
+// Event-time windows.
+//
+// Windows are aligned to the Unix epoch and end-exclusive: a tumbling window
+// of size S holds the events with start <= time < start+S, start a multiple
+// of S; a sliding window of size S and slide L starts every L and an event
+// joins the S/L windows that contain it; a session holds events less than
+// gap apart and ends gap after its last event (sessions that an event
+// bridges, or that touch, merge).
+//
+// A key's watermark W says that every event time below it is taken as seen.
+// A window whose end is at or below W is complete: it emits its result (an
+// Output) when W passes its end. It is kept until W passes end +
+// allowed_lateness; an event for it meanwhile updates it and it emits again
+// at once, with the next revision. An event whose windows are all past that
+// point is late: it joins none and is counted (it still counts in the
+// running aggregates).
+//
+// Keys never read a clock: W comes from the log (Advance), so replay emits
+// the same outputs, with the same ids, as the live run did.
+
+type windowKind uint8
+
+const (
+	tumbling windowKind = iota + 1
+	sliding
+	session
+)
+
+var windowKinds = map[string]windowKind{"tumbling": tumbling, "sliding": sliding, "session": session}
+
+func (k windowKind) String() string {
+	for name, v := range windowKinds {
+		if v == k {
+			return name
+		}
+	}
+	return fmt.Sprintf("windowKind(%d)", uint8(k))
+}
+
+// window is a compiled WindowSpec. For tumbling windows slide == size.
+type window struct {
+	name             string
+	kind             windowKind
+	size, slide, gap int64 // ms
+	aggs             []int // indices into Pipeline.aggs
+}
+
+// compileTime validates the event-time settings and the windows.
+func (p *Pipeline) compileTime(spec Spec, bad func(entry, format string, args ...any)) {
+	checkSpan := func(entry string, d time.Duration) {
+		if d < 0 || d > MaxWindowSpan {
+			bad(entry, "must be between 0 and %v (got %v)", MaxWindowSpan, d)
+		}
+	}
+	checkSpan("out_of_orderness", spec.OutOfOrderness)
+	checkSpan("allowed_lateness", spec.AllowedLateness)
+	checkSpan("idle_timeout", spec.IdleTimeout)
+	if spec.OutputRetention < 0 || (spec.OutputRetention > 0 && spec.OutputRetention < time.Minute) {
+		bad("output_retention", "must be at least 1m (got %v)", spec.OutputRetention)
+	}
+	p.ooo = spec.OutOfOrderness.Milliseconds()
+	p.lateness = spec.AllowedLateness.Milliseconds()
+	p.idle = cmp.Or(spec.IdleTimeout, DefaultIdleTimeout).Milliseconds()
+	p.retention = cmp.Or(spec.OutputRetention, DefaultOutputRetention)
+	if len(spec.Windows) > 0 && spec.Time == "" {
+		// Event time is ingest time: the watermark is the clock itself and
+		// no event is ever out of order or late.
+		if spec.OutOfOrderness != 0 {
+			bad("out_of_orderness", "needs a time field (without one, event time is ingest time and never out of order)")
+		}
+		if spec.AllowedLateness != 0 {
+			bad("allowed_lateness", "needs a time field (without one, event time is ingest time and never late)")
+		}
+	}
+	byName := make(map[string]int, len(p.aggs))
+	for i, a := range p.aggs {
+		byName[a.name] = i
+	}
+	names := make([]string, 0, len(spec.Windows))
+	for n := range spec.Windows {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		ws := spec.Windows[n]
+		entry := "windows." + n
+		if n == "" || strings.ContainsFunc(n, func(r rune) bool { return r == '/' || r < ' ' }) {
+			bad(entry, "name must be non-empty and contain no '/' or control characters")
+		}
+		kind, ok := windowKinds[ws.Type]
+		if !ok {
+			bad(entry, "type must be tumbling, sliding or session (got %q)", ws.Type)
+			continue
+		}
+		w := window{name: n, kind: kind, size: ws.Size.Milliseconds(), slide: ws.Slide.Milliseconds(), gap: ws.Gap.Milliseconds()}
+		positive := func(field string, d time.Duration) {
+			switch {
+			case d <= 0:
+				bad(entry, "%s %s is required and must be positive", ws.Type, field)
+			case d%time.Millisecond != 0 || d > MaxWindowSpan:
+				bad(entry, "%s must be whole milliseconds, at most %v (got %v)", field, MaxWindowSpan, d)
+			}
+		}
+		absent := func(field string, d time.Duration) {
+			if d != 0 {
+				bad(entry, "%s windows take no %s", ws.Type, field)
+			}
+		}
+		switch kind {
+		case tumbling:
+			positive("size", ws.Size)
+			absent("slide", ws.Slide)
+			absent("gap", ws.Gap)
+			w.slide = w.size
+		case sliding:
+			positive("size", ws.Size)
+			positive("slide", ws.Slide)
+			absent("gap", ws.Gap)
+			if ws.Size > 0 && ws.Slide > 0 {
+				switch {
+				case ws.Size%ws.Slide != 0:
+					bad(entry, "size %v must be a multiple of slide %v", ws.Size, ws.Slide)
+				case ws.Size/ws.Slide > MaxSlidingRatio:
+					bad(entry, "size/slide is %d: at most %d (each event joins that many windows)", ws.Size/ws.Slide, MaxSlidingRatio)
+				}
+			}
+		case session:
+			positive("gap", ws.Gap)
+			absent("size", ws.Size)
+			absent("slide", ws.Slide)
+		}
+		if ws.Aggregates == nil {
+			for i := range p.aggs {
+				w.aggs = append(w.aggs, i)
+			}
+		}
+		seen := map[string]bool{}
+		for _, a := range ws.Aggregates {
+			i, ok := byName[a]
+			switch {
+			case !ok:
+				bad(entry, "aggregate %q is not one of the pipeline's aggregates", a)
+			case seen[a]:
+				bad(entry, "aggregate %q is listed twice", a)
+			default:
+				w.aggs = append(w.aggs, i)
+			}
+			seen[a] = true
+		}
+		p.windows = append(p.windows, w)
+	}
+}
+
+// Timed reports whether the pipeline has windows, and so needs a watermark.
+func (p *Pipeline) Timed() bool { return len(p.windows) > 0 }
+
+// OutputRetention returns how long the pipeline's outputs are kept.
+func (p *Pipeline) OutputRetention() time.Duration { return p.retention }
+
+// EventTime returns the event time of ev, logged at processing time nowMs:
+// its time field, else the ingest time.
+func (p *Pipeline) EventTime(ev *Event, nowMs int64) int64 {
+	if ev.timed {
+		return ev.Time
+	}
+	return nowMs
+}
+
+// Clock is a pipeline's event-time clock where events are logged (a node, a
+// key group's log). The zero value has seen nothing.
+type Clock struct {
+	MaxEvent  int64 // the largest event time observed, Unix ms
+	Arrival   int64 // processing time of the last event observed, Unix ms
+	Watermark int64 // the last watermark returned, Unix ms
+}
+
+// Observe records an event logged at processing time nowMs.
+func (p *Pipeline) Observe(c *Clock, ev *Event, nowMs int64) {
+	c.MaxEvent = max(c.MaxEvent, p.EventTime(ev, nowMs))
+	c.Arrival = max(c.Arrival, nowMs)
+}
+
+// WatermarkAt returns the pipeline's watermark at processing time nowMs and
+// records it: the largest event time observed less out_of_orderness; once no
+// event arrived for idle_timeout it advances with processing time, so quiet
+// keys still close their windows. Without a time field event time is ingest
+// time and the watermark is nowMs. It never goes back.
+func (p *Pipeline) WatermarkAt(c *Clock, nowMs int64) int64 {
+	w := nowMs
+	if p.timeField != "" {
+		if c.Arrival == 0 {
+			return c.Watermark // nothing observed
+		}
+		w = c.MaxEvent - p.ooo
+		if idle := nowMs - c.Arrival - p.idle; idle > 0 {
+			w += idle
+		}
+	}
+	c.Watermark = max(c.Watermark, w)
+	return c.Watermark
+}
+
+// win is one window of a key.
+type win struct {
+	spec       int // index into Pipeline.windows
+	start, end int64
+	emitted    uint32 // results emitted; the next one's revision
+	count      uint64
+	lastSeq    uint64
+	aggs       []aggState // parallel to the spec's aggs
+}
+
+// pendingOutput is an emitted result not yet stored.
+type pendingOutput struct {
+	version uint64
+	out     *keyfoldv1.Output
+}
+
+// assign adds an event of time t to its windows; it counts the event late
+// if it joins none.
+func (p *Pipeline) assign(s *State, ev *Event, t int64) {
+	joined := false
+	for wi := range p.windows {
+		w := &p.windows[wi]
+		if w.kind == session {
+			joined = p.joinSession(s, wi, ev, t) || joined
+			continue
+		}
+		for start := t - t%w.slide; start > t-w.size; start -= w.slide {
+			end := start + w.size
+			if end+p.lateness <= s.wm {
+				break // this window and the earlier ones are gone
+			}
+			i := s.window(wi, start, end, len(w.aggs))
+			p.addTo(s, i, ev)
+			joined = true
+			if end <= s.wm { // complete already: a late update
+				p.emit(s, ev.Key, i)
+			}
+		}
+	}
+	if !joined {
+		s.late++
+	}
+}
+
+// joinSession adds an event to the session it starts, extends or bridges.
+func (p *Pipeline) joinSession(s *State, wi int, ev *Event, t int64) bool {
+	gap := p.windows[wi].gap
+	start, end := t, t+gap
+	lo, hi := s.specRange(wi)
+	var merge []int
+	for i := lo; i < hi; i++ {
+		// Sessions of a spec never overlap or touch, so those that meet the
+		// event's own [t, t+gap) are all that merge.
+		if x := &s.wins[i]; x.start <= t+gap && t <= x.end {
+			merge = append(merge, i)
+			start, end = min(start, x.start), max(end, x.end)
+		}
+	}
+	if end+p.lateness <= s.wm {
+		return false // the session it would join is gone
+	}
+	var i int
+	if len(merge) == 0 {
+		i = s.window(wi, start, end, len(p.windows[wi].aggs))
+	} else {
+		i = merge[0]
+		for _, j := range merge[1:] {
+			p.mergeWindows(&s.wins[i], &s.wins[j])
+		}
+		for k := len(merge) - 1; k > 0; k-- {
+			s.wins = slices.Delete(s.wins, merge[k], merge[k]+1)
+		}
+		s.wins[i].start, s.wins[i].end = start, end
+	}
+	p.addTo(s, i, ev)
+	if end <= s.wm {
+		p.emit(s, ev.Key, i)
+	}
+	return true
+}
+
+// specRange returns the index range of the windows of spec wi.
+func (s *State) specRange(wi int) (lo, hi int) {
+	lo, _ = slices.BinarySearchFunc(s.wins, wi, func(x win, spec int) int { return cmp.Compare(x.spec, spec) })
+	hi = lo
+	for hi < len(s.wins) && s.wins[hi].spec == wi {
+		hi++
+	}
+	return lo, hi
+}
+
+// window returns the index of the key's window (wi, start), adding it.
+func (s *State) window(wi int, start, end int64, naggs int) int {
+	i, found := slices.BinarySearchFunc(s.wins, win{spec: wi, start: start}, func(x, y win) int {
+		return cmp.Or(cmp.Compare(x.spec, y.spec), cmp.Compare(x.start, y.start))
+	})
+	if !found {
+		s.wins = slices.Insert(s.wins, i, win{spec: wi, start: start, end: end, aggs: make([]aggState, naggs)})
+	}
+	return i
+}
+
+func (p *Pipeline) addTo(s *State, i int, ev *Event) {
+	x := &s.wins[i]
+	for j, ai := range p.windows[x.spec].aggs {
+		x.aggs[j].add(p.aggs[ai].op, &ev.contrib[ai])
+	}
+	x.count++
+	x.lastSeq = s.seq
+}
+
+// mergeWindows folds session src into dst.
+func (p *Pipeline) mergeWindows(dst, src *win) {
+	for j, ai := range p.windows[dst.spec].aggs {
+		dst.aggs[j].merge(p.aggs[ai].op, &src.aggs[j], src.lastSeq > dst.lastSeq)
+	}
+	dst.count += src.count
+	dst.emitted = max(dst.emitted, src.emitted)
+	dst.lastSeq = max(dst.lastSeq, src.lastSeq)
+}
+
+// emit records the result of window i.
+func (p *Pipeline) emit(s *State, key string, i int) {
+	x := &s.wins[i]
+	w := &p.windows[x.spec]
+	values, err := json.Marshal(p.windowValues(w, x))
+	if err != nil { // cannot happen: the values are numbers and JSON
+		panic(fmt.Sprintf("fold: encode window values: %v", err))
+	}
+	s.out = append(s.out, pendingOutput{version: s.version, out: &keyfoldv1.Output{
+		Id:          OutputID(p.name, key, w.name, x.start, x.end, x.emitted),
+		Pipeline:    p.name,
+		Key:         key,
+		Kind:        w.kind.String(),
+		Name:        w.name,
+		StartMs:     x.start,
+		EndMs:       x.end,
+		Revision:    x.emitted,
+		Count:       x.count,
+		ValuesJson:  values,
+		WatermarkMs: s.wm,
+	}})
+	x.emitted++
+}
+
+// OutputID is the stable id of a window result: the same window of the same
+// key emitted again (a replay) gets the same id; a later revision another.
+func OutputID(pipeline, key, name string, start, end int64, revision uint32) string {
+	return fmt.Sprintf("%s/%s/%s/%d-%d/%d", pipeline, url.PathEscape(key), name, start, end, revision)
+}
+
+func (p *Pipeline) windowValues(w *window, x *win) map[string]any {
+	values := make(map[string]any, len(w.aggs))
+	for j, ai := range w.aggs {
+		values[p.aggs[ai].name] = aggValue(p.aggs[ai].op, &x.aggs[j])
+	}
+	return values
+}
+
+// Advance moves the key's watermark to wm (if later than its own), emitting
+// the results of the windows whose end it passes, in end order, and
+// dropping the windows past allowed lateness.
+func (p *Pipeline) Advance(s *State, key string, wm int64) {
+	if wm <= s.wm || len(p.windows) == 0 {
+		return
+	}
+	s.version++
+	old := s.wm
+	s.wm = wm
+	var due []int
+	for i := range s.wins {
+		if e := s.wins[i].end; e > old && e <= wm {
+			due = append(due, i)
+		}
+	}
+	slices.SortFunc(due, func(a, b int) int {
+		x, y := &s.wins[a], &s.wins[b]
+		return cmp.Or(cmp.Compare(x.end, y.end), cmp.Compare(x.spec, y.spec), cmp.Compare(x.start, y.start))
+	})
+	for _, i := range due {
+		p.emit(s, key, i)
+	}
+	s.wins = slices.DeleteFunc(s.wins, func(x win) bool { return x.end+p.lateness <= wm })
+}
+
+// NextTimer returns the watermark at which the key next has something to do
+// (a window to emit or to drop), 0 if none: Advance to it or beyond.
+func (p *Pipeline) NextTimer(s *State) int64 {
+	var next int64
+	for i := range s.wins {
+		d := s.wins[i].end
+		if d <= s.wm {
+			d += p.lateness
+		}
+		if next == 0 || d < next {
+			next = d
+		}
+	}
+	return next
+}
+
+// Watermark returns the key's watermark (0 before any).
+func (s *State) Watermark() int64 { return s.wm }
+
+// Late returns the number of events too late for every window they belonged
+// to.
+func (s *State) Late() uint64 { return s.late }
+
+// Outputs returns the results emitted and not yet marked stored (see
+// Persisted), oldest first.
+func (s *State) Outputs() []*keyfoldv1.Output {
+	outs := make([]*keyfoldv1.Output, len(s.out))
+	for i, o := range s.out {
+		outs[i] = o.out
+	}
+	return outs
+}
+
+// WindowView is one window of a key, as queries show it.
+type WindowView struct {
+	Name    string         `json:"name"`
+	Kind    string         `json:"kind"`
+	Start   time.Time      `json:"start"`
+	End     time.Time      `json:"end"`
+	Count   uint64         `json:"count"`
+	Emitted uint32         `json:"emitted"` // results emitted so far
+	Values  map[string]any `json:"values"`
+}
+
+// Windows returns the key's windows ordered by name then start: the open
+// ones and the emitted ones still kept for allowed lateness.
+func (p *Pipeline) Windows(s *State) []WindowView {
+	views := make([]WindowView, len(s.wins))
+	for i := range s.wins {
+		x := &s.wins[i]
+		w := &p.windows[x.spec]
+		views[i] = WindowView{
+			Name: w.name, Kind: w.kind.String(),
+			Start: time.UnixMilli(x.start).UTC(), End: time.UnixMilli(x.end).UTC(),
+			Count: x.count, Emitted: x.emitted, Values: p.windowValues(w, x),
+		}
+	}
+	return views
+}
+
+// windowsProto encodes the key's windows.
+func (p *Pipeline) windowsProto(s *State) ([]*keyfoldv1.WindowState, error) {
+	out := make([]*keyfoldv1.WindowState, 0, len(s.wins))
+	for i := range s.wins {
+		x := &s.wins[i]
+		w := &p.windows[x.spec]
+		ws := &keyfoldv1.WindowState{Name: w.name, StartMs: x.start, EndMs: x.end, Emitted: x.emitted, Count: x.count, LastSeq: x.lastSeq}
+		for j, ai := range w.aggs {
+			as, err := aggProto(&p.aggs[ai], &x.aggs[j])
+			if err != nil {
+				return nil, fmt.Errorf("fold: window %q: %w", w.name, err)
+			}
+			if as != nil {
+				ws.Aggregates = append(ws.Aggregates, as)
+			}
+		}
+		out = append(out, ws)
+	}
+	return out, nil
+}
+
+// restoreWindows decodes stored windows. Windows of names the pipeline no
+// longer has are dropped; aggregates are matched by name as the running
+// ones are.
+func (p *Pipeline) restoreWindows(s *State, stored []*keyfoldv1.WindowState) error {
+	byName := make(map[string]int, len(p.windows))
+	for i, w := range p.windows {
+		byName[w.name] = i
+	}
+	for _, ws := range stored {
+		wi, ok := byName[ws.Name]
+		if !ok {
+			continue
+		}
+		w := &p.windows[wi]
+		x := win{spec: wi, start: ws.StartMs, end: ws.EndMs, emitted: ws.Emitted, count: ws.Count, lastSeq: ws.LastSeq, aggs: make([]aggState, len(w.aggs))}
+		for j, ai := range w.aggs {
+			if err := restoreAgg(&p.aggs[ai], ws.Aggregates, &x.aggs[j]); err != nil {
+				return fmt.Errorf("fold: window %q: %w", w.name, err)
+			}
+		}
+		s.wins = append(s.wins, x)
+	}
+	slices.SortFunc(s.wins, func(x, y win) int {
+		return cmp.Or(cmp.Compare(x.spec, y.spec), cmp.Compare(x.start, y.start))
+	})
+	return nil
+}
