@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/keyfold/keyfold/persistence"
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/protobuf/proto"
 )
 
 // checkpointParallelism bounds the groups checkpointed at once; their synced
@@ -19,6 +22,7 @@ const checkpointParallelism = 16
 // those keys and then advances the group's checkpoint position (trimming its
 // log), so replay after a crash starts there.
 func (h *Host) checkpoint(ctx context.Context) error {
+	h.outputsPending.Store(false) // the snapshots below carry what was emitted
 	var groups errgroup.Group // every group is tried; the first error is returned
 	groups.SetLimit(checkpointParallelism)
 	for g := range h.cfg.Groups {
@@ -45,6 +49,19 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 		return nil
 	}
 	through, epoch := gs.dispatched, gs.epoch
+	var clock []byte // the group's clocks as of through
+	if len(gs.clocks) > 0 {
+		gc := &keyfoldv1.GroupClock{}
+		for _, w := range gs.clocks {
+			gc.Pipelines = append(gc.Pipelines, w)
+		}
+		slices.SortFunc(gc.Pipelines, func(a, b *keyfoldv1.Watermark) int { return strings.Compare(a.Pipeline, b.Pipeline) })
+		var err error
+		if clock, err = proto.Marshal(gc); err != nil { // cannot happen
+			h.mu.Unlock()
+			return fmt.Errorf("actors: checkpoint group %d: encode clock: %w", g, err)
+		}
+	}
 	replies := make(chan snapshotReply, len(gs.dirty))
 	n := 0
 	for id := range gs.dirty {
@@ -53,7 +70,10 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	}
 	h.mu.Unlock()
 
-	snaps := make([]persistence.Snapshot, 0, n)
+	d := persistence.CheckpointData{Snapshots: make([]persistence.Snapshot, 0, n+1), Through: through}
+	if clock != nil {
+		d.Snapshots = append(d.Snapshots, persistence.Snapshot{Key: groupClockKey, Data: clock})
+	}
 	got := make([]snapshotReply, 0, n)
 	for range n {
 		select {
@@ -61,7 +81,13 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 			if r.err != nil {
 				return fmt.Errorf("actors: checkpoint group %d: %w", g, r.err)
 			}
-			snaps = append(snaps, r.snaps...)
+			d.Snapshots = append(d.Snapshots, r.snaps...)
+			if r.timed {
+				d.Timers = append(d.Timers, persistence.Timer{Key: r.id.snapshotKey(), Due: r.due})
+				for _, o := range r.outputs {
+					d.Outputs = append(d.Outputs, persistence.Output{Pipeline: r.id.pipeline, Data: o})
+				}
+			}
 			got = append(got, r)
 		case <-ctx.Done():
 			return ctx.Err()
@@ -70,7 +96,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 		}
 	}
 	wctx, cancel := context.WithTimeout(ctx, storeTimeout)
-	err := h.store.Checkpoint(wctx, g, epoch, snaps, through)
+	err := h.store.Checkpoint(wctx, g, epoch, d)
 	cancel()
 	if errors.Is(err, persistence.ErrFenced) {
 		// Another owner claimed the group: it is theirs to checkpoint (and
@@ -82,6 +108,9 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 		return fmt.Errorf("actors: checkpoint group %d: %w", g, err)
 	}
 	h.stats.checkpoints.Add(1)
+	if len(d.Outputs) > 0 {
+		h.outputs.notify()
+	}
 
 	h.mu.Lock()
 	defer h.mu.Unlock()

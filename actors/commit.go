@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/keyfold/keyfold/persistence"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
@@ -48,8 +49,9 @@ type keyBatch struct {
 
 // groupBatch is one key group's share of a commit: one log record.
 type groupBatch struct {
-	group uint32
-	keys  []*keyBatch
+	group      uint32
+	keys       []*keyBatch
+	watermarks []*keyfoldv1.Watermark // of its pipelines with windows
 }
 
 func (h *Host) commit(reqs []*ingestReq) {
@@ -63,22 +65,39 @@ func (h *Host) commit(reqs []*ingestReq) {
 	nowMs := h.cfg.Now().UnixMilli()
 	batches := make(map[uint32]*groupBatch)
 	index := make(map[keyID]*keyBatch) // a key is in one group
+	batchOf := func(id keyID) *keyBatch {
+		kb := index[id]
+		if kb == nil {
+			g := GroupOf(id.pipeline, id.key, h.cfg.Groups)
+			gb := batches[g]
+			if gb == nil {
+				gb = &groupBatch{group: g}
+				batches[g] = gb
+			}
+			kb = &keyBatch{id: id, inputs: &keyfoldv1.KeyInputs{Pipeline: id.pipeline, Key: id.key}}
+			index[id] = kb
+			gb.keys = append(gb.keys, kb)
+		}
+		return kb
+	}
+	var timed map[string]bool // pipelines with windows in this commit
 	for _, r := range reqs {
 		segs := 0
-		for _, ev := range r.events {
-			id := keyID{r.pipeline, ev.Key}
-			kb := index[id]
-			if kb == nil {
-				g := GroupOf(id.pipeline, id.key, h.cfg.Groups)
-				gb := batches[g]
-				if gb == nil {
-					gb = &groupBatch{group: g}
-					batches[g] = gb
-				}
-				kb = &keyBatch{id: id, inputs: &keyfoldv1.KeyInputs{Pipeline: id.pipeline, Key: id.key}}
-				index[id] = kb
-				gb.keys = append(gb.keys, kb)
+		for _, id := range r.fires {
+			batchOf(id) // listed without inputs: it only advances
+			if timed == nil {
+				timed = map[string]bool{}
 			}
+			timed[id.pipeline] = true
+		}
+		if p := h.cfg.Pipelines[r.pipeline]; p != nil && p.Timed() && len(r.events) > 0 {
+			if timed == nil {
+				timed = map[string]bool{}
+			}
+			timed[r.pipeline] = true
+		}
+		for _, ev := range r.events {
+			kb := batchOf(keyID{r.pipeline, ev.Key})
 			kb.inputs.Inputs = append(kb.inputs.Inputs, &keyfoldv1.Input{Event: ev.Raw, IngestTimeMs: nowMs, Erase: ev.Erase})
 			if s := len(kb.msg.segs); s == 0 || kb.msg.segs[s-1].w != r.w {
 				kb.msg.segs = append(kb.msg.segs, segment{nowMs: nowMs, w: r.w})
@@ -106,6 +125,9 @@ func (h *Host) commit(reqs []*ingestReq) {
 	for _, gb := range groups {
 		entries = append(entries, persistence.Entry{Group: gb.group, Epoch: h.groups[gb.group].epoch})
 	}
+	if timed != nil {
+		h.stampLocked(reqs, groups, timed, nowMs)
+	}
 	h.mu.Unlock()
 	if len(groups) == 0 {
 		return
@@ -118,7 +140,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 		return
 	}
 	for i, gb := range groups {
-		rec := &keyfoldv1.LogRecord{Keys: make([]*keyfoldv1.KeyInputs, len(gb.keys))}
+		rec := &keyfoldv1.LogRecord{Keys: make([]*keyfoldv1.KeyInputs, len(gb.keys)), Watermarks: gb.watermarks}
 		for j, kb := range gb.keys {
 			rec.Keys[j] = kb.inputs
 		}
@@ -178,6 +200,9 @@ func (h *Host) commit(reqs []*ingestReq) {
 			h.sendLocked(kb.id, gb.group, &kb.msg)
 			gs.dirty[kb.id] = pos
 		}
+		for _, w := range gb.watermarks {
+			h.loggedClockLocked(gb.group, w)
+		}
 		gs.dispatched = pos
 		if pos-gs.checkpoint >= uint64(h.cfg.CheckpointRecords) {
 			h.nudgeCheckpoint()
@@ -188,6 +213,53 @@ func (h *Host) commit(reqs []*ingestReq) {
 	}
 	if lost != nil {
 		h.loseLocked(lost, err)
+	}
+}
+
+// stampLocked gives each group's record the watermarks of its pipelines
+// with windows, and its keys of those pipelines the watermark to advance to:
+// the node's at nowMs before this commit's events, which then move the
+// node's clocks. h.mu must be held.
+func (h *Host) stampLocked(reqs []*ingestReq, groups []*groupBatch, timed map[string]bool, nowMs int64) {
+	for _, gb := range groups {
+		var mine map[string]bool
+		for _, kb := range gb.keys {
+			if timed[kb.id.pipeline] {
+				if mine == nil {
+					mine = map[string]bool{}
+				}
+				mine[kb.id.pipeline] = true
+			}
+		}
+		if mine == nil {
+			continue
+		}
+		wms := h.watermarksLocked(gb.group, mine, nowMs)
+		for _, kb := range gb.keys {
+			kb.msg.wm = wms[kb.id.pipeline]
+		}
+		for name, w := range wms {
+			gb.watermarks = append(gb.watermarks, &keyfoldv1.Watermark{Pipeline: name, WatermarkMs: w})
+		}
+		slices.SortFunc(gb.watermarks, func(a, b *keyfoldv1.Watermark) int { return strings.Compare(a.Pipeline, b.Pipeline) })
+	}
+	for _, r := range reqs {
+		p := h.cfg.Pipelines[r.pipeline]
+		if p == nil || !timed[r.pipeline] {
+			continue
+		}
+		c := h.clockLocked(r.pipeline)
+		for _, ev := range r.events {
+			if !ev.Erase {
+				p.Observe(c, ev, nowMs)
+			}
+		}
+	}
+	for _, gb := range groups {
+		for _, w := range gb.watermarks {
+			c := h.clocks[w.Pipeline]
+			w.MaxEventMs, w.ArrivalMs = c.MaxEvent, c.Arrival
+		}
 	}
 }
 

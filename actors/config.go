@@ -34,6 +34,13 @@ type Config struct {
 	MaxCommitEvents int
 	// Logger receives the host's logs; nil discards them.
 	Logger *slog.Logger
+	// WatermarkInterval is how often the watermarks of pipelines with
+	// windows advance and due timers fire.
+	WatermarkInterval time.Duration
+	// OutputInterval bounds how often keys' new results bring a checkpoint
+	// forward (results are stored by checkpoints): it is about the delay
+	// between a window's end passing and its result being readable.
+	OutputInterval time.Duration
 	// Now is the processing-time clock; nil is time.Now. Its readings are
 	// logged with the inputs, so replay never reads it.
 	Now func() time.Time
@@ -47,6 +54,8 @@ const (
 	DefaultIdleTimeout        = 5 * time.Minute
 	DefaultMaxActive          = 100_000
 	DefaultMaxCommitEvents    = 50_000
+	DefaultWatermarkInterval  = 200 * time.Millisecond
+	DefaultOutputInterval     = 500 * time.Millisecond
 )
 
 // storeTimeout bounds one store call of the write path (an append, a
@@ -74,6 +83,12 @@ func (c *Config) setDefaults() {
 	if c.MaxCommitEvents == 0 {
 		c.MaxCommitEvents = DefaultMaxCommitEvents
 	}
+	if c.WatermarkInterval == 0 {
+		c.WatermarkInterval = DefaultWatermarkInterval
+	}
+	if c.OutputInterval == 0 {
+		c.OutputInterval = DefaultOutputInterval
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -100,6 +115,8 @@ func (c *Config) Validate() error {
 		{"IdleTimeout", c.IdleTimeout < 0},
 		{"MaxActive", c.MaxActive < 0},
 		{"MaxCommitEvents", c.MaxCommitEvents < 0},
+		{"WatermarkInterval", c.WatermarkInterval < 0},
+		{"OutputInterval", c.OutputInterval < 0},
 	} {
 		if v.bad {
 			errs = append(errs, fmt.Errorf("actors: config: %s must not be negative", v.name))

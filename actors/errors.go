@@ -25,6 +25,9 @@ var (
 	// recover from by itself (a corrupt log record, a panic in a grain); the
 	// process must restart (and replay) before it can serve again.
 	ErrFailed = errors.New("actors: host failed")
+	// ErrBadArgument reports an argument out of range or malformed (an
+	// outputs cursor, a page size).
+	ErrBadArgument = errors.New("actors: bad argument")
 )
 
 // storeFailure wraps a store error in what callers of the host see: its

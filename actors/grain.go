@@ -15,9 +15,11 @@ import (
 // Messages of a grain. They carry Go channels and pointers: grains are local
 // to their host; routing between nodes happens before a batch reaches one.
 
-// applyMsg hands a key its inputs from the log record at pos.
+// applyMsg hands a key its inputs from the log record at pos. A key of a
+// pipeline with windows first advances to the watermark wm.
 type applyMsg struct {
 	pos  persistence.Position
+	wm   int64
 	segs []segment
 }
 
@@ -46,6 +48,11 @@ type snapshotReply struct {
 	// changed id buckets.
 	snaps   []persistence.Snapshot
 	version uint64 // the state version they reflect; acknowledged by savedMsg
+	// For a pipeline with windows: the results emitted since the last
+	// stored snapshot (encoded keyfold.v1.Output) and the key's next timer.
+	outputs [][]byte
+	timed   bool
+	due     int64
 	err     error
 }
 
@@ -57,6 +64,11 @@ type KeyView struct {
 	Seq        uint64
 	Duplicates uint64
 	Aggregates map[string]any
+	// For a pipeline with windows: the key's watermark (Unix ms), its
+	// events too late for every window, and its windows.
+	Watermark int64
+	Late      uint64
+	Windows   []fold.WindowView
 }
 
 // grain is the actor of one key: it owns the key's fold.State and is the
@@ -72,6 +84,7 @@ type grain struct {
 	pos      persistence.Position // last log position applied
 	stored   uint64               // state version whose snapshot is stored (0: none)
 	broken   error                // set when activation failed; the group is lost
+	reported int64                // the next timer the host's index has
 }
 
 func (g *grain) Receive(c actor.Context) {
@@ -150,6 +163,7 @@ func (g *grain) load() error {
 		return err
 	}
 	g.pos, g.state = snap.Position, state
+	g.reported = g.pipeline.NextTimer(&g.state) // what the store's index says
 	// Everything restored is stored, unless RestoreParts asked for a
 	// rewrite (a new bucket layout) by starting past it.
 	g.stored = min(g.state.Version(), fold.RestoredVersion)
@@ -171,6 +185,10 @@ func (g *grain) apply(m *applyMsg) {
 		}
 		return
 	}
+	late, emitted := g.state.Late(), len(g.state.Outputs())
+	if m.wm > 0 {
+		g.pipeline.Advance(&g.state, g.id.key, m.wm)
+	}
 	for _, s := range m.segs {
 		dups := 0
 		for _, ev := range s.events {
@@ -185,6 +203,19 @@ func (g *grain) apply(m *applyMsg) {
 		s.w.finish(dups, nil)
 	}
 	g.pos = m.pos
+	if g.pipeline.Timed() {
+		g.pstats.late.Add(int64(g.state.Late() - late))
+		if n := len(g.state.Outputs()) - emitted; n > 0 {
+			g.pstats.emitted.Add(int64(n))
+			g.host.outputsPending.Store(true)
+		}
+		// A key listed without inputs had a timer due: its index entry was
+		// taken out, so it always reports back.
+		if next := g.pipeline.NextTimer(&g.state); next != g.reported || len(m.segs) == 0 {
+			g.reported = next
+			g.host.setTimer(g.group, g.epoch, g.id, next)
+		}
+	}
 }
 
 func (g *grain) query() queryReply {
@@ -194,7 +225,11 @@ func (g *grain) query() queryReply {
 	if g.state.Empty() {
 		return queryReply{err: ErrNotFound}
 	}
-	return queryReply{view: KeyView{Seq: g.state.Seq(), Duplicates: g.state.Duplicates(), Aggregates: g.pipeline.Aggregates(&g.state)}}
+	v := KeyView{Seq: g.state.Seq(), Duplicates: g.state.Duplicates(), Aggregates: g.pipeline.Aggregates(&g.state)}
+	if g.pipeline.Timed() {
+		v.Watermark, v.Late, v.Windows = g.state.Watermark(), g.state.Late(), g.pipeline.Windows(&g.state)
+	}
+	return queryReply{view: v}
 }
 
 func (g *grain) snapshot() snapshotReply {
@@ -221,6 +256,17 @@ func (g *grain) snapshot() snapshotReply {
 	r.snaps = append(r.snaps, core)
 	for _, b := range parts.Buckets {
 		r.snaps = append(r.snaps, persistence.Snapshot{Key: g.id.bucketKey(b.Bucket), Data: b.Data})
+	}
+	if g.pipeline.Timed() {
+		r.timed, r.due = true, parts.NextTimer
+		for _, o := range parts.Outputs {
+			data, err := proto.Marshal(o)
+			if err != nil {
+				r.err = err
+				return r
+			}
+			r.outputs = append(r.outputs, data)
+		}
 	}
 	return r
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/persistence"
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 )
 
 // Host runs the keys of one node. Create it with New, call Recover once, then
@@ -50,6 +51,13 @@ type Host struct {
 	failCh   chan struct{}
 
 	stats hostStats
+
+	// Event time (see timers.go). timed is set when a pipeline has windows;
+	// clocks are the node's pipeline clocks, under mu.
+	timed          bool
+	clocks         map[string]*fold.Clock
+	outputsPending atomic.Bool // keys emitted results not yet stored
+	outputs        outputsBroadcast
 }
 
 type activation struct {
@@ -72,11 +80,17 @@ type groupState struct {
 	// dirty holds, for each key whose state is newer than its snapshot, the
 	// last position handed to it.
 	dirty map[keyID]persistence.Position
+	// clocks are the last pipeline clocks the group's log carried, as of
+	// dispatched (the checkpoint stores them); timers index its keys by
+	// their next timer, by pipeline. See timers.go.
+	clocks map[string]*keyfoldv1.Watermark
+	timers map[string]*timerIndex
 }
 
 type ingestReq struct {
 	pipeline string
 	events   []*fold.Event
+	fires    []keyID // keys whose timers are due (the timer loop's requests)
 	w        *waiter
 }
 
@@ -96,13 +110,16 @@ func New(cfg Config) (*Host, error) {
 		checkpointNow: make(chan struct{}, 1),
 		lostNow:       make(chan struct{}, 1),
 		failCh:        make(chan struct{}),
+		clocks:        make(map[string]*fold.Clock),
 	}
+	h.outputs.init()
 	for i := range h.groups {
 		h.groups[i].dirty = make(map[keyID]persistence.Position)
 	}
 	h.stats.pipelines = make(map[string]*pipelineStats, len(cfg.Pipelines))
-	for name := range cfg.Pipelines {
+	for name, p := range cfg.Pipelines {
 		h.stats.pipelines[name] = &pipelineStats{}
+		h.timed = h.timed || p.Timed()
 	}
 	// protoactor logs at INFO about every start and stop; keep only its
 	// warnings, on our logger.
@@ -127,6 +144,15 @@ func (h *Host) Run(ctx context.Context) error {
 		defer close(takeOverDone)
 		h.takeOverLoop(takeOverCtx)
 	}()
+	// The timer loop enqueues into the commit queue: it stops before the
+	// queue closes.
+	timersCtx, stopTimers := context.WithCancel(ctx)
+	timersDone := make(chan struct{})
+	go func() {
+		defer close(timersDone)
+		h.timerLoop(timersCtx)
+	}()
+	go h.trimOutputsLoop(ctx)
 	ticker := time.NewTicker(h.cfg.CheckpointInterval)
 	defer ticker.Stop()
 loop:
@@ -148,6 +174,8 @@ loop:
 		}
 		h.passivate()
 	}
+	stopTimers()
+	<-timersDone
 	h.gate.Lock()
 	h.closed = true
 	close(h.queue)

@@ -10,7 +10,9 @@ import (
 
 	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/persistence"
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/protobuf/proto"
 )
 
 // A key group is served only while the host owns it in the store and its
@@ -86,14 +88,7 @@ func (h *Host) recover(ctx context.Context) error {
 // takeOverLoop retakes lost groups until ctx ends. It fails the host only
 // on an error that retrying cannot fix.
 func (h *Host) takeOverLoop(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-h.failCh:
-			return
-		case <-h.lostNow:
-		}
+	for await(h, ctx, h.lostNow) {
 		h.mu.Lock()
 		var lost []uint32
 		fenced := false
@@ -187,10 +182,16 @@ func (h *Host) takeOver(ctx context.Context, g uint32) error {
 		h.mu.Lock()
 		gs := &h.groups[g]
 		gs.epoch, gs.checkpoint, gs.dispatched, gs.spoiled = st.Epoch, st.Checkpoint, st.Checkpoint, nil
+		gs.clocks, gs.timers = nil, nil
 		h.mu.Unlock()
-		err = h.store.Read(ctx, g, st.Checkpoint, func(pos persistence.Position, data []byte) error {
-			return h.replay(g, pos, data)
-		})
+		if h.timed {
+			err = h.loadTimers(ctx, g, st.Epoch)
+		}
+		if err == nil {
+			err = h.store.Read(ctx, g, st.Checkpoint, func(pos persistence.Position, data []byte) error {
+				return h.replay(g, pos, data)
+			})
+		}
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -205,6 +206,51 @@ func (h *Host) takeOver(ctx context.Context, g uint32) error {
 		return err
 	}
 	gs.ready, gs.lastErr = true, nil
+	return nil
+}
+
+// loadTimers reads a group's clocks as of its checkpoint and its timer
+// index, for the group's incarnation epoch.
+func (h *Host) loadTimers(ctx context.Context, g uint32, epoch persistence.Epoch) error {
+	var gc keyfoldv1.GroupClock
+	data, err := h.store.Get(ctx, g, groupClockKey)
+	switch {
+	case errors.Is(err, persistence.ErrNotFound):
+	case err != nil:
+		return err
+	default:
+		if err := proto.Unmarshal(data, &gc); err != nil {
+			return fmt.Errorf("group %d clock does not decode: %w: %w", g, errCorrupt, err)
+		}
+	}
+	type entry struct {
+		id  keyID
+		due int64
+	}
+	var entries []entry
+	err = h.store.Timers(ctx, g, func(key string, due int64) error {
+		if id, ok := parseSnapshotKey(key); ok {
+			if p := h.cfg.Pipelines[id.pipeline]; p != nil && p.Timed() {
+				entries = append(entries, entry{id, due})
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	gs := &h.groups[g]
+	if gs.epoch != epoch {
+		return fmt.Errorf("group %d was claimed again meanwhile", g)
+	}
+	for _, w := range gc.Pipelines {
+		h.loggedClockLocked(g, w)
+	}
+	for _, e := range entries {
+		gs.timerIndexLocked(e.id.pipeline).set(e.id.key, e.due)
+	}
 	return nil
 }
 
@@ -255,8 +301,22 @@ func (h *Host) dropGroupsLocked(groups map[uint32]bool) {
 		}
 	}
 	for g := range groups {
-		clear(h.groups[g].dirty)
+		gs := &h.groups[g]
+		clear(gs.dirty)
+		gs.clocks, gs.timers = nil, nil // a take-over reads them again
 	}
+}
+
+// await waits for c, the end of ctx or the host's failure, and reports
+// whether c came first.
+func await[T any](h *Host, ctx context.Context, c <-chan T) bool {
+	select {
+	case <-c:
+		return true
+	case <-ctx.Done():
+	case <-h.failCh:
+	}
+	return false
 }
 
 // sleep waits d or until ctx ends; it reports whether d passed.
@@ -283,6 +343,14 @@ func (h *Host) replay(g uint32, pos persistence.Position, data []byte) error {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	var wms map[string]int64
+	for _, w := range rec.Watermarks {
+		if wms == nil {
+			wms = make(map[string]int64, len(rec.Watermarks))
+		}
+		wms[w.Pipeline] = w.WatermarkMs
+		h.loggedClockLocked(g, w)
+	}
 	for _, ki := range rec.Keys {
 		p := h.cfg.Pipelines[ki.Pipeline]
 		if p == nil {
@@ -294,7 +362,7 @@ func (h *Host) replay(g uint32, pos persistence.Position, data []byte) error {
 			h.log.Warn("discarding logged inputs of a key containing NUL", "pipeline", ki.Pipeline, "group", g, "seq", pos)
 			continue
 		}
-		msg := &applyMsg{pos: pos}
+		msg := &applyMsg{pos: pos, wm: wms[ki.Pipeline]}
 		for _, in := range ki.Inputs {
 			if len(msg.segs) == 0 || msg.segs[len(msg.segs)-1].nowMs != in.IngestTimeMs {
 				msg.segs = append(msg.segs, segment{nowMs: in.IngestTimeMs})

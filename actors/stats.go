@@ -11,18 +11,23 @@ type hostStats struct {
 	activations atomic.Int64
 	passivated  atomic.Int64
 	groupsLost  atomic.Int64
+	timersFired atomic.Int64
 	pipelines   map[string]*pipelineStats // fixed at New
 }
 
 type pipelineStats struct {
 	events     atomic.Int64
 	duplicates atomic.Int64
+	late       atomic.Int64
+	emitted    atomic.Int64
 }
 
 // PipelineStats are the counters of one pipeline.
 type PipelineStats struct {
 	Events     int64 // events applied (duplicates included) since start
 	Duplicates int64
+	Late       int64 // events too late for every window they belonged to
+	Emitted    int64 // window results emitted (replays emit theirs again)
 }
 
 // Stats are counters of a host, for tests, metrics and the dashboard.
@@ -37,6 +42,7 @@ type Stats struct {
 	Activations int64
 	Passivated  int64
 	GroupsLost  int64 // key groups lost (failed or fenced write) and taken over again
+	TimersFired int64 // keys woken because a timer was due
 	// GroupsUnavailable is the number of key groups not being served now:
 	// being recovered or taken over again.
 	GroupsUnavailable int
@@ -57,7 +63,7 @@ func (h *Host) Stats() Stats {
 	h.mu.Unlock()
 	per := make(map[string]PipelineStats, len(h.stats.pipelines))
 	for name, ps := range h.stats.pipelines {
-		per[name] = PipelineStats{Events: ps.events.Load(), Duplicates: ps.duplicates.Load()}
+		per[name] = PipelineStats{Events: ps.events.Load(), Duplicates: ps.duplicates.Load(), Late: ps.late.Load(), Emitted: ps.emitted.Load()}
 	}
 	return Stats{
 		Pipelines:   per,
@@ -71,6 +77,7 @@ func (h *Host) Stats() Stats {
 		Activations: h.stats.activations.Load(),
 		Passivated:  h.stats.passivated.Load(),
 		GroupsLost:  h.stats.groupsLost.Load(),
+		TimersFired: h.stats.timersFired.Load(),
 
 		GroupsUnavailable: unavailable,
 	}

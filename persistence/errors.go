@@ -15,6 +15,9 @@ var (
 	// ErrIncompatible reports a store whose data this build cannot read: it
 	// was written with another layout version, or by something else.
 	ErrIncompatible = errors.New("persistence: incompatible store data")
+	// ErrBadCursor reports an output cursor the store cannot parse: it was
+	// not one of its OutputEntry cursors.
+	ErrBadCursor = errors.New("persistence: bad output cursor")
 	// ErrClosed reports a call on a closed store.
 	ErrClosed = errors.New("persistence: closed")
 )

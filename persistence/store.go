@@ -3,6 +3,7 @@ package persistence
 import (
 	"context"
 	"io"
+	"time"
 )
 
 // Position addresses a record in a key group's log. The records of a group
@@ -71,20 +72,100 @@ type Snapshots interface {
 	GetMany(ctx context.Context, group uint32, keys []string) (data [][]byte, err error)
 }
 
+// Timer indexes one key of a group under the time of its next timer, so a
+// new owner of the group finds the keys whose timers must fire without
+// reading every snapshot. Key is opaque to the store (the keys are the same
+// names as snapshot keys); the index holds at most one entry per key.
+type Timer struct {
+	Key string
+	Due int64 // Unix ms of the key's next timer; 0 removes the key from the index
+}
+
+// Output is one record to append to a pipeline's output log.
+type Output struct {
+	Pipeline string // the output log's name, opaque to the store
+	Data     []byte
+}
+
+// OutputEntry is one stored output record.
+type OutputEntry struct {
+	// Cursor names the entry: ReadOutputs(after: Cursor) resumes after it.
+	// It is opaque, and valid only for the store (kind) that returned it.
+	Cursor string
+	// Time is when the entry was appended, by the store's clock, to the
+	// millisecond. Entries of a pipeline have non-decreasing times in
+	// append order.
+	Time time.Time
+	Data []byte
+}
+
+// CheckpointData is what one checkpoint of a group writes.
+type CheckpointData struct {
+	// Snapshots are written, or deleted for nil Data.
+	Snapshots []Snapshot
+	// Timers are set in the group's timer index (any Due but 0) or removed
+	// from it (Due 0), in order: of two entries for one key the later wins.
+	Timers []Timer
+	// Outputs are appended to their pipelines' output logs, those of each
+	// pipeline in slice order.
+	Outputs []Output
+	// Through, if above the group's checkpoint position, becomes the new
+	// one, and the log records at or below it are deleted. The snapshots
+	// and timers must reflect every record through it.
+	Through Position
+}
+
+// OutputLog is the set of pipelines' output logs. Outputs are appended by
+// checkpoints ([Store.Checkpoint]) and read by cursor.
+type OutputLog interface {
+	// ReadOutputs returns up to limit entries of the pipeline appended after
+	// the entry whose Cursor is after ("" reads from the oldest entry still
+	// retained), in append order. No entry becomes visible before one
+	// appended earlier to the same pipeline, so a reader that resumes from
+	// the last cursor it got misses nothing. A cursor of an entry trimmed
+	// since still works: the read resumes with the oldest retained entries
+	// after it. A pipeline with no entries has none to return (no error).
+	//
+	// limit must be positive; a cursor the store cannot parse gets an error
+	// wrapping ErrBadCursor.
+	ReadOutputs(ctx context.Context, pipeline string, after string, limit int) ([]OutputEntry, error)
+
+	// TrimOutputs deletes the pipeline's entries appended before the given
+	// time (those whose Time is earlier than it truncated to the
+	// millisecond) and returns how many it deleted. Cursors are never
+	// reused, also after a trim of every entry.
+	TrimOutputs(ctx context.Context, pipeline string, before time.Time) (int, error)
+}
+
 // Store is a complete keyfold store.
 type Store interface {
 	Log
 	Snapshots
+	OutputLog
 
 	// Checkpoint durably and atomically writes (or, for nil Data, deletes)
-	// snapshots of keys of the group and, if through is above the group's
-	// checkpoint position, records through as the new one and deletes the
-	// log records at or below it. The snapshots must reflect every record
-	// through it. A stale epoch gets ErrFenced and writes nothing; through
-	// beyond the group's last position is an error and writes nothing; a
-	// through at or below the checkpoint leaves it be (snapshots are still
-	// written).
-	Checkpoint(ctx context.Context, group uint32, epoch Epoch, snaps []Snapshot, through Position) error
+	// snapshots of keys of the group, updates the group's timer index and,
+	// if d.Through is above the group's checkpoint position, records it as
+	// the new one and deletes the log records at or below it. A stale epoch
+	// gets ErrFenced and writes nothing; a Through beyond the group's last
+	// position is an error and writes nothing; a Through at or below the
+	// checkpoint leaves it be (snapshots and timers are still written).
+	//
+	// d.Outputs are appended to their pipelines' output logs at least once.
+	// The embedded and in-memory stores append them atomically with the
+	// rest (nothing if the checkpoint fails). The Redis store appends them
+	// before it checks the epoch, since a pipeline's output log lives in
+	// another Redis Cluster slot than the group: a checkpoint that fails,
+	// fenced or not, may have appended its outputs, and a retried one
+	// appends them again. Callers give outputs stable ids in their Data so
+	// that readers can drop duplicates.
+	Checkpoint(ctx context.Context, group uint32, epoch Epoch, d CheckpointData) error
+
+	// Timers calls fn with each entry of the group's timer index, in no
+	// order callers may rely on (each store documents its own), until fn
+	// returns an error, which Timers returns. A new owner calls it after
+	// its claim to find the keys with timers; it needs no epoch.
+	Timers(ctx context.Context, group uint32, fn func(key string, due int64) error) error
 
 	// CheckGroups records the deployment's number of key groups in a new
 	// store and, in an existing one, fails with ErrGroupsMismatch if it

@@ -11,10 +11,15 @@
 // its directory (Pebble locks it), so it keeps each group's epoch, checkpoint
 // and last position in memory, loaded on the group's first use, and checks
 // and assigns them under a per-group lock that is held until the batch is
-// durable. The key layout is in keys.go.
+// durable. Likewise it keeps each pipeline's last output sequence number.
+// The key layout is in keys.go.
 //
-// As in Pebble, a write is visible to reads (Read, Get) as soon as it is in
-// the memtable, a little before its WAL sync completes; Claim and Checkpoint
-// of a group wait for the group's appends in progress. A failed WAL write is
-// fatal to Pebble (see [Options.Logger]).
+// As in Pebble, a write is visible to reads (Read, Get, Timers) as soon as
+// it is in the memtable, a little before its WAL sync completes; Claim and
+// Checkpoint of a group wait for the group's appends in progress. Output
+// records are the exception: [Store.ReadOutputs] returns a record only once
+// its checkpoint and those of every record before it in its pipeline are
+// durable, so that a reader resuming from a cursor never skips one that was
+// still being committed. A failed WAL write is fatal to Pebble (see
+// [Options.Logger]).
 package embedded

@@ -18,12 +18,27 @@ import (
 //	'c' group:4            the group's checkpoint position (uint64); absent = 0
 //	'l' group:4 pos:8      a log record; the value is the record's data
 //	's' group:4 key        a key's snapshot; the value is its data
+//	't' group:4 key        a key's entry in the group's timer index; the value
+//	                       is its due time (int64 Unix ms)
+//	'o' len:4 name seq:8   an output record of the pipeline name (len bytes);
+//	                       the value is its append time (int64 Unix ms) and
+//	                       then its data
+//	'p' len:4 name         the sequence number of the last output record a
+//	                       trim of pipeline name deleted (uint64)
 //
 // A group's last position is not stored: it is the larger of the position of
 // its last log record and its checkpoint. A checkpoint never goes beyond the
 // last position, so after one that trims of the whole log the checkpoint holds it, and
 // positions are never reused, also after a reopen. Appends therefore write
 // only their records.
+//
+// Output records of a pipeline get sequence numbers 1, 2, 3, … in append
+// order (a cursor is the decimal number), and their append times never go
+// down, so a trim deletes a prefix of the pipeline's records with one range
+// deletion. As with log positions, the next sequence number is one above
+// the larger of the last record's and the trim mark's: it is never reused.
+// The pipeline's name is length-prefixed, so that no pipeline's keys are a
+// prefix of another's.
 //
 // Values of the integer keys are 8 (uint64) or 4 (uint32) bytes big-endian.
 const (
@@ -32,9 +47,14 @@ const (
 	kindCheckpoint = 'c'
 	kindLog        = 'l'
 	kindSnapshot   = 's'
+	kindTimer      = 't'
+	kindOutput     = 'o'
+	kindOutputTrim = 'p'
 )
 
 // formatVersion is the version of this key layout, recorded in a new store.
+// The timer and output keys came later, without a new version: a store
+// without them is one with no timers and no outputs.
 const formatVersion = 1
 
 var (
@@ -95,6 +115,74 @@ func logPos(key []byte) (persistence.Position, error) {
 
 func snapshotKey(group uint32, key string) []byte {
 	return append(groupKey(kindSnapshot, group, len(key)), key...)
+}
+
+// timerKey returns the key of a key's timer index entry.
+func timerKey(group uint32, key string) []byte {
+	return append(groupKey(kindTimer, group, len(key)), key...)
+}
+
+// timerBounds returns the key range [lower, upper) of a group's timer index.
+func timerBounds(group uint32) (lower, upper []byte) {
+	lower = groupKey(kindTimer, group, 0)
+	if group == math.MaxUint32 {
+		return lower, []byte{kindTimer + 1}
+	}
+	return lower, groupKey(kindTimer, group+1, 0)
+}
+
+// pipelineKey returns kind+len+name, with room for more bytes.
+func pipelineKey(kind byte, pipeline string, extra int) []byte {
+	k := make([]byte, 0, 5+len(pipeline)+extra)
+	k = append(k, kind)
+	k = binary.BigEndian.AppendUint32(k, uint32(len(pipeline)))
+	return append(k, pipeline...)
+}
+
+// outputKey returns the key of a pipeline's output record.
+func outputKey(pipeline string, seq uint64) []byte {
+	return binary.BigEndian.AppendUint64(pipelineKey(kindOutput, pipeline, 8), seq)
+}
+
+// outputBounds returns the key range [lower, upper) of a pipeline's output
+// records with sequence numbers from from up to and including through.
+func outputBounds(pipeline string, from, through uint64) (lower, upper []byte) {
+	lower = outputKey(pipeline, from)
+	if through == math.MaxUint64 {
+		// The first key after every one of the pipeline: its prefix + 1
+		// (the prefix ends with the name, or its length if empty).
+		upper = pipelineKey(kindOutput, pipeline, 0)
+		for i := len(upper) - 1; i >= 0; i-- {
+			if upper[i]++; upper[i] != 0 {
+				return lower, upper[:i+1]
+			}
+		}
+		return lower, []byte{kindOutput + 1} // unreachable: the kind byte does not wrap
+	}
+	return lower, outputKey(pipeline, through+1)
+}
+
+// outputSeq decodes the sequence number of an output record's key.
+func outputSeq(key []byte) (uint64, error) {
+	if len(key) < 1+4+8 || key[0] != kindOutput {
+		return 0, errors.New("malformed output key")
+	}
+	return binary.BigEndian.Uint64(key[len(key)-8:]), nil
+}
+
+func outputTrimKey(pipeline string) []byte { return pipelineKey(kindOutputTrim, pipeline, 0) }
+
+// outputValue returns the value of an output record: its time, then data.
+func outputValue(ms int64, data []byte) []byte {
+	return append(binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(data)), uint64(ms)), data...)
+}
+
+// decodeOutput splits an output record's value.
+func decodeOutput(v []byte) (ms int64, data []byte, err error) {
+	if len(v) < 8 {
+		return 0, nil, errors.New("malformed output record")
+	}
+	return int64(binary.BigEndian.Uint64(v)), v[8:], nil
 }
 
 func encodeUint64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }

@@ -70,10 +70,10 @@ func TestTrimBeyondLast(t *testing.T) {
 	if _, err := s.Append(ctx, []persistence.Entry{{Group: 1, Epoch: st.Epoch, Data: []byte("a")}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Checkpoint(ctx, 1, st.Epoch, nil, 2); err == nil {
+	if err := s.Checkpoint(ctx, 1, st.Epoch, persistence.CheckpointData{Through: 2}); err == nil {
 		t.Error("Trim beyond the last position succeeded")
 	}
-	if err := s.Checkpoint(ctx, 1, st.Epoch, nil, 1); err != nil {
+	if err := s.Checkpoint(ctx, 1, st.Epoch, persistence.CheckpointData{Through: 1}); err != nil {
 		t.Errorf("Trim through the last position: %v", err)
 	}
 }

@@ -36,6 +36,12 @@ type Store struct {
 	groups   map[uint32]*group
 
 	metaMu sync.Mutex // serialises CheckGroups
+
+	pipelinesMu sync.Mutex
+	pipelines   map[string]*pipeline // output logs, by pipeline name
+
+	// testHookCommit, if set, runs before a checkpoint's batch is committed.
+	testHookCommit func(group uint32)
 }
 
 var _ persistence.Store = (*Store)(nil)
@@ -87,12 +93,13 @@ func Open(dir string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
 	}
 	s := &Store{
-		dir:    abs,
-		db:     db,
-		lock:   lock,
-		log:    opts.Logger,
-		done:   make(chan struct{}),
-		groups: map[uint32]*group{},
+		dir:       abs,
+		db:        db,
+		lock:      lock,
+		log:       opts.Logger,
+		done:      make(chan struct{}),
+		groups:    map[uint32]*group{},
+		pipelines: map[string]*pipeline{},
 	}
 	s.idle.L = &s.life
 	if err := s.checkFormat(); err != nil {
@@ -395,11 +402,17 @@ func readIter(ctx context.Context, it *pebble.Iterator, fn func(persistence.Posi
 	return nil, it.Error()
 }
 
-// Checkpoint writes the snapshots and, when through is above the stored
-// checkpoint, records it and deletes the records through it with one range
-// deletion, all in one synced batch. Checkpointing beyond the last position
-// is an error: later records would get positions at or below it.
-func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epoch, snaps []persistence.Snapshot, through persistence.Position) error {
+// Checkpoint writes the snapshots, the timer index entries and the outputs
+// and, when d.Through is above the stored checkpoint, records it and deletes
+// the records through it with one range deletion, all in one synced batch.
+// Checkpointing beyond the last position is an error: later records would
+// get positions at or below it.
+//
+// The outputs take their pipelines' next sequence numbers before the
+// commit; readers see them once the commit and every earlier one of the
+// pipeline is over (see pipeline). Checkpoints of different groups do not
+// wait for each other's commits.
+func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epoch, d persistence.CheckpointData) error {
 	if err := s.begin(ctx); err != nil {
 		return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
 	}
@@ -418,16 +431,16 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 	if !owns {
 		return fmt.Errorf("embedded: checkpoint group %d: %w", id, persistence.ErrFenced)
 	}
-	if through > last {
-		return fmt.Errorf("embedded: checkpoint group %d through %d: beyond the last position %d", id, through, last)
+	if d.Through > last {
+		return fmt.Errorf("embedded: checkpoint group %d through %d: beyond the last position %d", id, d.Through, last)
 	}
-	advance := through > checkpoint
-	if len(snaps) == 0 && !advance {
+	advance := d.Through > checkpoint
+	if len(d.Snapshots) == 0 && len(d.Timers) == 0 && len(d.Outputs) == 0 && !advance {
 		return nil
 	}
 	b := s.db.NewBatch()
 	defer b.Close()
-	for _, sn := range snaps {
+	for _, sn := range d.Snapshots {
 		if sn.Data == nil {
 			err = b.Delete(snapshotKey(id, sn.Key), nil)
 		} else {
@@ -437,22 +450,83 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 			return fmt.Errorf("embedded: checkpoint group %d key %q: %w", id, sn.Key, err)
 		}
 	}
+	for _, t := range d.Timers {
+		if t.Due == 0 {
+			err = b.Delete(timerKey(id, t.Key), nil)
+		} else {
+			err = b.Set(timerKey(id, t.Key), encodeUint64(uint64(t.Due)), nil)
+		}
+		if err != nil {
+			return fmt.Errorf("embedded: checkpoint group %d timer of key %q: %w", id, t.Key, err)
+		}
+	}
 	if advance {
-		lower, upper := logBounds(id, checkpoint+1, through)
+		lower, upper := logBounds(id, checkpoint+1, d.Through)
 		if err := errors.Join(
-			b.Set(checkpointKey(id), encodeUint64(through), nil),
+			b.Set(checkpointKey(id), encodeUint64(d.Through), nil),
 			b.DeleteRange(lower, upper, nil),
 		); err != nil {
 			return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
 		}
+	}
+	// Last: the outputs' sequence numbers stay in flight until the commit
+	// is over, holding back the readers of their pipelines.
+	ranges, err := s.addOutputs(b, d.Outputs)
+	defer endOutputs(ranges)
+	if err != nil {
+		return fmt.Errorf("embedded: checkpoint group %d outputs: %w", id, err)
+	}
+	if s.testHookCommit != nil {
+		s.testHookCommit(id)
 	}
 	if err := b.Commit(pebble.Sync); err != nil {
 		return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
 	}
 	if advance {
 		g.mu.Lock()
-		g.checkpoint = max(g.checkpoint, through)
+		g.checkpoint = max(g.checkpoint, d.Through)
 		g.mu.Unlock()
+	}
+	return nil
+}
+
+// Timers calls fn with the group's timer index entries in key order (byte
+// order), from a consistent view of the index as of the call. fn may call
+// the store, but not Close.
+func (s *Store) Timers(ctx context.Context, id uint32, fn func(key string, due int64) error) error {
+	if err := s.begin(ctx); err != nil {
+		return fmt.Errorf("embedded: timers of group %d: %w", id, err)
+	}
+	defer s.end()
+	lower, upper := timerBounds(id)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	if err != nil {
+		return fmt.Errorf("embedded: timers of group %d: %w", id, err)
+	}
+	n := 0
+	for valid := it.First(); valid; valid = it.Next() {
+		if n++; n%256 == 0 {
+			if err := ctx.Err(); err != nil {
+				_ = it.Close()
+				return fmt.Errorf("embedded: timers of group %d: %w", id, err)
+			}
+		}
+		v, err := it.ValueAndErr()
+		var due uint64
+		if err == nil {
+			due, err = decodeUint64(v)
+		}
+		if err != nil {
+			_ = it.Close()
+			return fmt.Errorf("embedded: timers of group %d: %w", id, err)
+		}
+		if err := fn(string(it.Key()[len(lower):]), int64(due)); err != nil {
+			_ = it.Close()
+			return err // fn's own error, as it is
+		}
+	}
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return fmt.Errorf("embedded: timers of group %d: %w", id, err)
 	}
 	return nil
 }

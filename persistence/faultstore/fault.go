@@ -17,10 +17,13 @@ const (
 	OpGet
 	OpCheckGroups
 	OpClose
+	OpTimers
+	OpReadOutputs
+	OpTrimOutputs
 	numOps
 )
 
-var opNames = [numOps]string{"Claim", "Append", "Read", "Checkpoint", "Get", "CheckGroups", "Close"}
+var opNames = [numOps]string{"Claim", "Append", "Read", "Checkpoint", "Get", "CheckGroups", "Close", "Timers", "ReadOutputs", "TrimOutputs"}
 
 func (o Op) String() string {
 	if o < 0 || o >= numOps {

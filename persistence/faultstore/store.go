@@ -155,13 +155,51 @@ func (s *Store) Read(ctx context.Context, group uint32, afterPos persistence.Pos
 	return after(f, s.inner.Read(ctx, group, afterPos, fn))
 }
 
-// Checkpoint implements persistence.Store.
-func (s *Store) Checkpoint(ctx context.Context, group uint32, epoch persistence.Epoch, snaps []persistence.Snapshot, through persistence.Position) error {
+// Checkpoint implements persistence.Store. A fault After it lets the whole
+// checkpoint through, outputs included.
+func (s *Store) Checkpoint(ctx context.Context, group uint32, epoch persistence.Epoch, d persistence.CheckpointData) error {
 	f := s.call(OpCheckpoint)
 	if err := before(ctx, OpCheckpoint, f); err != nil {
 		return err
 	}
-	return after(f, s.inner.Checkpoint(ctx, group, epoch, snaps, through))
+	return after(f, s.inner.Checkpoint(ctx, group, epoch, d))
+}
+
+// Timers implements persistence.Store. A fault After it comes once fn has
+// seen every entry.
+func (s *Store) Timers(ctx context.Context, group uint32, fn func(key string, due int64) error) error {
+	f := s.call(OpTimers)
+	if err := before(ctx, OpTimers, f); err != nil {
+		return err
+	}
+	return after(f, s.inner.Timers(ctx, group, fn))
+}
+
+// ReadOutputs implements persistence.OutputLog.
+func (s *Store) ReadOutputs(ctx context.Context, pipeline string, afterCursor string, limit int) ([]persistence.OutputEntry, error) {
+	f := s.call(OpReadOutputs)
+	if err := before(ctx, OpReadOutputs, f); err != nil {
+		return nil, err
+	}
+	out, err := s.inner.ReadOutputs(ctx, pipeline, afterCursor, limit)
+	if err = after(f, err); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// TrimOutputs implements persistence.OutputLog. A fault After it trims and
+// returns 0 with the fault's error.
+func (s *Store) TrimOutputs(ctx context.Context, pipeline string, cut time.Time) (int, error) {
+	f := s.call(OpTrimOutputs)
+	if err := before(ctx, OpTrimOutputs, f); err != nil {
+		return 0, err
+	}
+	n, err := s.inner.TrimOutputs(ctx, pipeline, cut)
+	if err = after(f, err); err != nil {
+		return 0, err
+	}
+	return n, nil
 }
 
 // GetMany implements persistence.Snapshots; it counts as an OpGet.

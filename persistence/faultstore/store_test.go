@@ -89,7 +89,7 @@ func TestFailNth(t *testing.T) {
 	s, ep := newStore(t)
 	s.FailNth(faultstore.OpCheckpoint, 2, errBoom)
 	for i, want := range []error{nil, errBoom, nil} {
-		err := s.Checkpoint(ctx, 1, ep, []persistence.Snapshot{{Key: "k", Data: []byte{byte('a' + i)}}}, 0)
+		err := s.Checkpoint(ctx, 1, ep, persistence.CheckpointData{Snapshots: []persistence.Snapshot{{Key: "k", Data: []byte{byte('a' + i)}}}})
 		if !errors.Is(err, want) || (want == nil && err != nil) {
 			t.Errorf("Put %d = %v, want %v", i+1, err, want)
 		}
@@ -167,9 +167,50 @@ func TestConcurrent(t *testing.T) {
 	}
 }
 
+// The timer index and output log calls have operations of their own.
+func TestOutputOps(t *testing.T) {
+	ctx := t.Context()
+	s, ep := newStore(t)
+	d := persistence.CheckpointData{
+		Timers:  []persistence.Timer{{Key: "k", Due: 5}},
+		Outputs: []persistence.Output{{Pipeline: "p", Data: []byte("o")}},
+	}
+	if err := s.Checkpoint(ctx, 1, ep, d); err != nil {
+		t.Fatal(err)
+	}
+	s.FailNext(faultstore.OpTimers, errBoom)
+	s.FailNext(faultstore.OpReadOutputs, errBoom)
+	s.FailNext(faultstore.OpTrimOutputs, errBoom)
+	noTimer := func(string, int64) error { return nil }
+	if err := s.Timers(ctx, 1, noTimer); !errors.Is(err, errBoom) {
+		t.Errorf("Timers = %v, want errBoom", err)
+	}
+	if got, err := s.ReadOutputs(ctx, "p", "", 10); !errors.Is(err, errBoom) || got != nil {
+		t.Errorf("ReadOutputs = %v, %v, want errBoom", got, err)
+	}
+	if n, err := s.TrimOutputs(ctx, "p", time.Now().Add(time.Hour)); !errors.Is(err, errBoom) || n != 0 {
+		t.Errorf("TrimOutputs = %d, %v, want errBoom", n, err)
+	}
+	// The failed trim did not reach the store; the next calls pass.
+	if got, err := s.ReadOutputs(ctx, "p", "", 10); err != nil || len(got) != 1 {
+		t.Errorf("ReadOutputs = %v, %v, want the one output", got, err)
+	}
+	if err := s.Timers(ctx, 1, noTimer); err != nil {
+		t.Errorf("Timers: %v", err)
+	}
+	for op, want := range map[faultstore.Op]int{faultstore.OpTimers: 2, faultstore.OpReadOutputs: 2, faultstore.OpTrimOutputs: 1, faultstore.OpGet: 0} {
+		if n := s.Calls(op); n != want {
+			t.Errorf("Calls(%v) = %d, want %d", op, n, want)
+		}
+	}
+}
+
 func TestOpString(t *testing.T) {
 	if got := faultstore.OpCheckGroups.String(); got != "CheckGroups" {
 		t.Errorf("OpCheckGroups.String() = %q", got)
+	}
+	if got := faultstore.OpTrimOutputs.String(); got != "TrimOutputs" {
+		t.Errorf("OpTrimOutputs.String() = %q", got)
 	}
 	if got := faultstore.Op(99).String(); got != "Op(99)" {
 		t.Errorf("Op(99).String() = %q", got)

@@ -6,10 +6,14 @@
 package memstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"sync"
+	"time"
 
 	"github.com/keyfold/keyfold/persistence"
 )
@@ -27,17 +31,34 @@ type data struct {
 	mu     sync.Mutex
 	groups uint32 // 0 until CheckGroups
 	g      map[uint32]*group
+	out    map[string]*outputLog
 }
 
 type group struct {
 	epoch, checkpoint, last persistence.Position
 	log                     map[persistence.Position][]byte
 	snaps                   map[string][]byte
+	timers                  map[string]int64
+}
+
+// outputLog is a pipeline's output log. Its cursors are the decimal
+// sequence numbers of its entries, 1, 2, 3, … in append order, never
+// reused.
+type outputLog struct {
+	entries []output // retained, in sequence order
+	last    uint64   // sequence number of the last entry appended
+	lastMs  int64    // its time: later entries never get an earlier one
+}
+
+type output struct {
+	seq  uint64
+	ms   int64
+	data []byte
 }
 
 // New returns an empty store.
 func New() *Store {
-	return &Store{d: &data{g: map[uint32]*group{}}}
+	return &Store{d: &data{g: map[uint32]*group{}, out: map[string]*outputLog{}}}
 }
 
 // Reopen returns a new handle on the same data, as reopening a durable
@@ -70,7 +91,7 @@ func (s *Store) lock(ctx context.Context) error {
 func (d *data) group(id uint32) *group {
 	g := d.g[id]
 	if g == nil {
-		g = &group{log: map[persistence.Position][]byte{}, snaps: map[string][]byte{}}
+		g = &group{log: map[persistence.Position][]byte{}, snaps: map[string][]byte{}, timers: map[string]int64{}}
 		d.g[id] = g
 	}
 	return g
@@ -139,8 +160,9 @@ func (s *Store) Read(ctx context.Context, id uint32, after persistence.Position,
 	return nil
 }
 
-// Checkpoint implements persistence.Store.
-func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epoch, snaps []persistence.Snapshot, through persistence.Position) error {
+// Checkpoint implements persistence.Store. It appends the outputs
+// atomically with the rest: a failed checkpoint appends none.
+func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epoch, d persistence.CheckpointData) error {
 	if err := s.lock(ctx); err != nil {
 		return fmt.Errorf("memstore: checkpoint group %d: %w", id, err)
 	}
@@ -149,20 +171,111 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 	if !g.owns(epoch) {
 		return fmt.Errorf("memstore: checkpoint group %d: %w", id, persistence.ErrFenced)
 	}
-	if through > g.last {
-		return fmt.Errorf("memstore: checkpoint group %d through %d: beyond the last position %d", id, through, g.last)
+	if d.Through > g.last {
+		return fmt.Errorf("memstore: checkpoint group %d through %d: beyond the last position %d", id, d.Through, g.last)
 	}
-	for _, sn := range snaps {
+	for _, sn := range d.Snapshots {
 		if sn.Data == nil {
 			delete(g.snaps, sn.Key)
 		} else {
 			g.snaps[sn.Key] = append([]byte{}, sn.Data...)
 		}
 	}
-	for ; g.checkpoint < through; g.checkpoint++ {
+	for _, t := range d.Timers {
+		if t.Due == 0 {
+			delete(g.timers, t.Key)
+		} else {
+			g.timers[t.Key] = t.Due
+		}
+	}
+	ms := time.Now().UnixMilli()
+	for _, o := range d.Outputs {
+		l := s.d.out[o.Pipeline]
+		if l == nil {
+			l = &outputLog{}
+			s.d.out[o.Pipeline] = l
+		}
+		l.last++
+		l.lastMs = max(l.lastMs, ms)
+		l.entries = append(l.entries, output{seq: l.last, ms: l.lastMs, data: append([]byte{}, o.Data...)})
+	}
+	for ; g.checkpoint < d.Through; g.checkpoint++ {
 		delete(g.log, g.checkpoint+1)
 	}
 	return nil
+}
+
+// Timers implements persistence.Store: it calls fn in due order, keys of
+// one due in byte order, without the store's lock.
+func (s *Store) Timers(ctx context.Context, id uint32, fn func(key string, due int64) error) error {
+	if err := s.lock(ctx); err != nil {
+		return fmt.Errorf("memstore: timers of group %d: %w", id, err)
+	}
+	timers := make([]persistence.Timer, 0, len(s.d.group(id).timers))
+	for k, due := range s.d.group(id).timers {
+		timers = append(timers, persistence.Timer{Key: k, Due: due})
+	}
+	s.d.mu.Unlock()
+	slices.SortFunc(timers, func(a, b persistence.Timer) int {
+		return cmp.Or(cmp.Compare(a.Due, b.Due), cmp.Compare(a.Key, b.Key))
+	})
+	for _, t := range timers {
+		if err := fn(t.Key, t.Due); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ReadOutputs implements persistence.OutputLog.
+func (s *Store) ReadOutputs(ctx context.Context, pipeline string, after string, limit int) ([]persistence.OutputEntry, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("memstore: read outputs of %q: limit %d is not positive", pipeline, limit)
+	}
+	var seq uint64
+	if after != "" {
+		var err error
+		if seq, err = strconv.ParseUint(after, 10, 64); err != nil {
+			return nil, fmt.Errorf("memstore: read outputs of %q after %q: %w", pipeline, after, persistence.ErrBadCursor)
+		}
+	}
+	if err := s.lock(ctx); err != nil {
+		return nil, fmt.Errorf("memstore: read outputs of %q: %w", pipeline, err)
+	}
+	defer s.d.mu.Unlock()
+	l := s.d.out[pipeline]
+	if l == nil {
+		return nil, nil
+	}
+	i, _ := slices.BinarySearchFunc(l.entries, seq+1, func(o output, seq uint64) int { return cmp.Compare(o.seq, seq) })
+	if seq == ^uint64(0) {
+		i = len(l.entries) // nothing comes after the largest cursor
+	}
+	out := make([]persistence.OutputEntry, 0, min(limit, len(l.entries)-i))
+	for _, o := range l.entries[i:min(len(l.entries), i+limit)] {
+		out = append(out, persistence.OutputEntry{
+			Cursor: strconv.FormatUint(o.seq, 10),
+			Time:   time.UnixMilli(o.ms),
+			Data:   append([]byte{}, o.data...),
+		})
+	}
+	return out, nil
+}
+
+// TrimOutputs implements persistence.OutputLog.
+func (s *Store) TrimOutputs(ctx context.Context, pipeline string, before time.Time) (int, error) {
+	if err := s.lock(ctx); err != nil {
+		return 0, fmt.Errorf("memstore: trim outputs of %q: %w", pipeline, err)
+	}
+	defer s.d.mu.Unlock()
+	l := s.d.out[pipeline]
+	if l == nil {
+		return 0, nil
+	}
+	ms := before.UnixMilli()
+	n, _ := slices.BinarySearchFunc(l.entries, ms, func(o output, ms int64) int { return cmp.Compare(o.ms, ms) })
+	l.entries = slices.Delete(l.entries, 0, n)
+	return n, nil
 }
 
 // Get implements persistence.Snapshots.

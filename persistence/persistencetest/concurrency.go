@@ -2,6 +2,7 @@ package persistencetest
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 
@@ -143,7 +144,7 @@ func testClaimFencesRacingWrites(e *env) {
 			mu.Lock()
 			startedAfter := afterStop
 			mu.Unlock()
-			err := e.s.Checkpoint(e.ctx, g, old, []persistence.Snapshot{{Key: "k", Data: fmt.Appendf(nil, "%d", i)}}, 0)
+			err := e.s.Checkpoint(e.ctx, g, old, persistence.CheckpointData{Snapshots: []persistence.Snapshot{{Key: "k", Data: fmt.Appendf(nil, "%d", i)}}})
 			mu.Lock()
 			if err == nil {
 				lastPut = i
@@ -195,7 +196,7 @@ func testConcurrentTrimsReopen(e *env) {
 	var wg sync.WaitGroup
 	for i := 1; i <= n; i++ {
 		wg.Go(func() {
-			if err := e.s.Checkpoint(e.ctx, g, ep, nil, persistence.Position(i)); err != nil {
+			if err := e.s.Checkpoint(e.ctx, g, ep, persistence.CheckpointData{Through: persistence.Position(i)}); err != nil {
 				e.t.Errorf("Trim(%d): %v", i, err)
 			}
 		})
@@ -208,5 +209,113 @@ func testConcurrentTrimsReopen(e *env) {
 	}
 	if got := e.appendN(g, st.Epoch, n+1, 1); got[0] != n+1 {
 		e.t.Errorf("append after concurrent trims and a reopen got position %d, want %d", got[0], n+1)
+	}
+}
+
+// Checkpoints of many groups appending to one pipeline concurrently, with a
+// reader resuming from the last cursor it got all along: the reader sees
+// every output exactly once, each group's in order. A store that lets a
+// reader see an output before an earlier one that is still being committed
+// fails this: the reader resumes after the later one and never sees the
+// earlier.
+func testConcurrentOutputs(e *env) {
+	const (
+		groups    = 16 // as many checkpoints at once as the host runs
+		rounds    = 8
+		perRound  = 3
+		pageLimit = 5
+	)
+	var (
+		writers sync.WaitGroup
+		reader  sync.WaitGroup
+		done    = make(chan struct{})
+		seen    []string
+	)
+	reader.Go(func() {
+		after := ""
+		for {
+			select {
+			case <-done:
+				// The writers are over: read to the end and stop.
+				for {
+					page, err := e.s.ReadOutputs(e.ctx, pipeA, after, pageLimit)
+					if err != nil {
+						e.t.Errorf("ReadOutputs(after %q): %v", after, err)
+						return
+					}
+					if len(page) == 0 {
+						return
+					}
+					seen = append(seen, datas(page)...)
+					after = page[len(page)-1].Cursor
+				}
+			default:
+			}
+			page, err := e.s.ReadOutputs(e.ctx, pipeA, after, pageLimit)
+			if err != nil {
+				e.t.Errorf("ReadOutputs(after %q): %v", after, err)
+				return
+			}
+			if len(page) > 0 {
+				seen = append(seen, datas(page)...)
+				after = page[len(page)-1].Cursor
+			}
+		}
+	})
+	for g := range uint32(groups) {
+		writers.Go(func() {
+			st, err := e.s.Claim(e.ctx, g)
+			if err != nil {
+				e.t.Errorf("Claim(%d): %v", g, err)
+				return
+			}
+			for r := range rounds {
+				outs := make([]persistence.Output, perRound)
+				for i := range outs {
+					outs[i] = out(pipeA, data(g, r*perRound+i))
+				}
+				err := e.s.Checkpoint(e.ctx, g, st.Epoch, persistence.CheckpointData{
+					Snapshots: []persistence.Snapshot{snap("k", data(g, r))},
+					Outputs:   outs,
+				})
+				if err != nil {
+					e.t.Errorf("Checkpoint(%d) round %d: %v", g, r, err)
+					return
+				}
+			}
+		})
+	}
+	writers.Wait()
+	close(done)
+	reader.Wait()
+	if e.t.Failed() {
+		return
+	}
+
+	next := map[string]bool{} // the next output each group must show
+	for g := range uint32(groups) {
+		next[data(g, 0)] = true
+	}
+	got := map[string]bool{}
+	for _, d := range seen {
+		if got[d] {
+			e.t.Fatalf("the reader saw output %q twice", d)
+		}
+		got[d] = true
+		if !next[d] {
+			e.t.Fatalf("the reader saw output %q out of its group's order (or one of its group's before it never)", d)
+		}
+		delete(next, d)
+		var g uint32
+		var i int
+		if _, err := fmt.Sscanf(d, "g%d-r%d", &g, &i); err != nil {
+			e.t.Fatalf("unexpected output %q", d)
+		}
+		if i+1 < rounds*perRound {
+			next[data(g, i+1)] = true
+		}
+	}
+	if want := groups * rounds * perRound; len(seen) != want {
+		e.t.Errorf("the reader saw %d outputs, want %d: it skipped some (missing the next of: %v)", len(seen), want, slices.Sorted(maps.Keys(next)))
 	}
 }

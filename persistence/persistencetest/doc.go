@@ -10,8 +10,10 @@
 //	}
 //
 // The suite checks the contract documented on the persistence interfaces:
-// positions, fencing, trimming, snapshots, the key group count, durability
-// across a reopen, closing, cancelled contexts and concurrent appends.
+// positions, fencing, trimming, snapshots, the timer index, output logs and
+// their cursors, the key group count, durability across a reopen, closing,
+// cancelled contexts, concurrent appends and concurrent checkpoints with
+// outputs.
 // Subtests run one after the other; each gets its own store from
 // [Harness.New].
 package persistencetest

@@ -119,14 +119,14 @@ func recs(g uint32, first persistence.Position, from, to int) []rec {
 
 func (e *env) trim(g uint32, ep persistence.Epoch, through persistence.Position) {
 	e.t.Helper()
-	if err := e.s.Checkpoint(e.ctx, g, ep, nil, through); err != nil {
+	if err := e.s.Checkpoint(e.ctx, g, ep, persistence.CheckpointData{Through: through}); err != nil {
 		e.t.Fatalf("Checkpoint(%d, epoch %d, through %d): %v", g, ep, through, err)
 	}
 }
 
 func (e *env) put(g uint32, ep persistence.Epoch, snaps ...persistence.Snapshot) {
 	e.t.Helper()
-	if err := e.s.Checkpoint(e.ctx, g, ep, snaps, 0); err != nil {
+	if err := e.s.Checkpoint(e.ctx, g, ep, persistence.CheckpointData{Snapshots: snaps}); err != nil {
 		e.t.Fatalf("Checkpoint(%d, epoch %d, %d snapshots): %v", g, ep, len(snaps), err)
 	}
 }

@@ -3,6 +3,7 @@ package persistencetest
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/keyfold/keyfold/persistence"
 )
@@ -107,6 +108,8 @@ func testCancelledContext(e *env) {
 	}
 	e.wantLog(1, 0)
 	e.wantNoSnap(1, "k")
+	e.wantTimers(1, nil)
+	e.wantOutputs(pipeA, "")
 	e.wantState(1, 0, 0)
 	if err := e.s.CheckGroups(e.ctx, 128); err != nil {
 		e.t.Errorf("CheckGroups(128) after a cancelled CheckGroups(256): %v", err)
@@ -135,8 +138,21 @@ func storeCalls(ctx context.Context, s persistence.Store, ep persistence.Epoch) 
 		{"Read", func() error {
 			return s.Read(ctx, 1, 0, func(persistence.Position, []byte) error { return nil })
 		}},
-		{"Checkpoint", func() error { return s.Checkpoint(ctx, 1, ep, []persistence.Snapshot{snap("k", "v")}, 1) }},
+		{"Checkpoint", func() error {
+			return s.Checkpoint(ctx, 1, ep, persistence.CheckpointData{
+				Snapshots: []persistence.Snapshot{snap("k", "v")},
+				Timers:    []persistence.Timer{timer("k", t0)},
+				Outputs:   []persistence.Output{out(pipeA, "x")},
+				Through:   1,
+			})
+		}},
 		{"Get", func() error { _, err := s.Get(ctx, 1, "k"); return err }},
+		{"GetMany", func() error { _, err := s.GetMany(ctx, 1, []string{"k"}); return err }},
 		{"CheckGroups", func() error { return s.CheckGroups(ctx, 256) }},
+		{"Timers", func() error {
+			return s.Timers(ctx, 1, func(string, int64) error { return nil })
+		}},
+		{"ReadOutputs", func() error { _, err := s.ReadOutputs(ctx, pipeA, "", 10); return err }},
+		{"TrimOutputs", func() error { _, err := s.TrimOutputs(ctx, pipeA, time.Now()); return err }},
 	}
 }

@@ -199,10 +199,10 @@ func testTrimFenced(e *env) {
 	e.trim(1, old, 1)
 	cur := e.claim(1).Epoch
 
-	e.wantFenced("Trim with a stale epoch", e.s.Checkpoint(e.ctx, 1, old, nil, 2))
-	e.wantFenced("Trim with a stale epoch below the checkpoint", e.s.Checkpoint(e.ctx, 1, old, nil, 1))
-	e.wantFenced("Trim with a future epoch", e.s.Checkpoint(e.ctx, 1, cur+1, nil, 2))
-	e.wantFenced("Trim of an unclaimed group", e.s.Checkpoint(e.ctx, 5, 0, nil, 0))
+	e.wantFenced("Trim with a stale epoch", e.s.Checkpoint(e.ctx, 1, old, persistence.CheckpointData{Through: 2}))
+	e.wantFenced("Trim with a stale epoch below the checkpoint", e.s.Checkpoint(e.ctx, 1, old, persistence.CheckpointData{Through: 1}))
+	e.wantFenced("Trim with a future epoch", e.s.Checkpoint(e.ctx, 1, cur+1, persistence.CheckpointData{Through: 2}))
+	e.wantFenced("Trim of an unclaimed group", e.s.Checkpoint(e.ctx, 5, 0, persistence.CheckpointData{}))
 	e.wantLog(1, 0, recs(1, 2, 2, 3)...)
 	e.wantState(1, 1, 3)
 }
@@ -276,35 +276,52 @@ func testTrimReopen(e *env) {
 	e.wantLog(2, 0, recs(2, 4, 4, 6)...)
 }
 
-// A checkpoint writes its snapshots and trims the log in one atomic write:
-// a fenced one or one beyond the last position writes neither.
+// A checkpoint writes its snapshots and timer index entries and trims the
+// log in one atomic write: a fenced one or one beyond the last position
+// writes none of them.
 func testCheckpointAtomic(e *env) {
 	ep := e.claim(1).Epoch
 	e.appendN(1, ep, 1, 5)
 	e.put(1, ep, snap("gone", "x"))
+	e.checkpoint(1, ep, persistence.CheckpointData{Timers: []persistence.Timer{timer("gone", t0)}})
 
-	err := e.s.Checkpoint(e.ctx, 1, ep, []persistence.Snapshot{snap("a", "too far"), {Key: "gone"}}, 6)
+	err := e.s.Checkpoint(e.ctx, 1, ep, persistence.CheckpointData{
+		Snapshots: []persistence.Snapshot{snap("a", "too far"), {Key: "gone"}},
+		Timers:    []persistence.Timer{timer("a", t0), timer("gone", 0)},
+		Through:   6,
+	})
 	if err == nil {
 		e.t.Error("Checkpoint beyond the last position succeeded")
 	}
 	e.wantNoSnap(1, "a")
 	e.wantSnap(1, "gone", "x")
+	e.wantTimers(1, map[string]int64{"gone": t0})
 	old := e.wantState(1, 0, 5) // claims
 	ep = e.claim(1).Epoch
-	e.wantFenced("Checkpoint with a stale epoch", e.s.Checkpoint(e.ctx, 1, old, []persistence.Snapshot{snap("a", "stale")}, 3))
+	e.wantFenced("Checkpoint with a stale epoch", e.s.Checkpoint(e.ctx, 1, old, persistence.CheckpointData{
+		Snapshots: []persistence.Snapshot{snap("a", "stale")},
+		Timers:    []persistence.Timer{timer("a", t0)},
+		Through:   3,
+	}))
 	e.wantNoSnap(1, "a")
+	e.wantTimers(1, map[string]int64{"gone": t0})
 	e.wantLog(1, 0, recs(1, 1, 1, 5)...)
 
-	if err := e.s.Checkpoint(e.ctx, 1, ep, []persistence.Snapshot{snap("a", "3"), {Key: "gone"}}, 3); err != nil {
+	if err := e.s.Checkpoint(e.ctx, 1, ep, persistence.CheckpointData{
+		Snapshots: []persistence.Snapshot{snap("a", "3"), {Key: "gone"}},
+		Timers:    []persistence.Timer{timer("a", t0+3), timer("gone", 0)},
+		Through:   3,
+	}); err != nil {
 		e.t.Fatalf("Checkpoint: %v", err)
 	}
 	e.wantSnap(1, "a", "3")
 	e.wantNoSnap(1, "gone")
+	e.wantTimers(1, map[string]int64{"a": t0 + 3})
 	e.wantLog(1, 0, recs(1, 4, 4, 5)...)
 	ep = e.wantState(1, 3, 5)
 
 	// Snapshots at or below the checkpoint are still written.
-	if err := e.s.Checkpoint(e.ctx, 1, ep, []persistence.Snapshot{snap("a", "again")}, 2); err != nil {
+	if err := e.s.Checkpoint(e.ctx, 1, ep, persistence.CheckpointData{Snapshots: []persistence.Snapshot{snap("a", "again")}, Through: 2}); err != nil {
 		e.t.Fatalf("Checkpoint below the checkpoint position: %v", err)
 	}
 	e.wantSnap(1, "a", "again")

@@ -80,13 +80,13 @@ func testPutFenced(e *env) {
 	cur := e.claim(1).Epoch
 	e.put(1, cur, snap("a", "1"))
 
-	err := e.s.Checkpoint(e.ctx, 1, old, []persistence.Snapshot{snap("a", "stale"), snap("b", "stale")}, 0)
+	err := e.s.Checkpoint(e.ctx, 1, old, persistence.CheckpointData{Snapshots: []persistence.Snapshot{snap("a", "stale"), snap("b", "stale")}})
 	e.wantFenced("Put with a stale epoch", err)
-	err = e.s.Checkpoint(e.ctx, 1, old, []persistence.Snapshot{{Key: "a"}}, 0)
+	err = e.s.Checkpoint(e.ctx, 1, old, persistence.CheckpointData{Snapshots: []persistence.Snapshot{{Key: "a"}}})
 	e.wantFenced("Put of a deletion with a stale epoch", err)
-	err = e.s.Checkpoint(e.ctx, 1, cur+1, []persistence.Snapshot{snap("a", "future")}, 0)
+	err = e.s.Checkpoint(e.ctx, 1, cur+1, persistence.CheckpointData{Snapshots: []persistence.Snapshot{snap("a", "future")}})
 	e.wantFenced("Put with a future epoch", err)
-	err = e.s.Checkpoint(e.ctx, 2, 0, []persistence.Snapshot{snap("a", "unclaimed")}, 0)
+	err = e.s.Checkpoint(e.ctx, 2, 0, persistence.CheckpointData{Snapshots: []persistence.Snapshot{snap("a", "unclaimed")}})
 	e.wantFenced("Put to an unclaimed group", err)
 
 	e.wantSnap(1, "a", "1")

@@ -52,6 +52,8 @@ func TestClusterConformance(t *testing.T) {
 			mu.Unlock()
 			return open(t, p)
 		},
+		// Checkpoint appends outputs before its fenced script.
+		OutputsAtLeastOnce: true,
 	})
 }
 
@@ -95,7 +97,7 @@ func TestClusterSpread(t *testing.T) {
 		t.Fatal(err)
 	}
 	snaps := []persistence.Snapshot{{Key: "a", Data: []byte("A")}, {Key: "b\x00", Data: []byte("B")}}
-	if err := s.Checkpoint(ctx, g, epochs[g], snaps, 1); err != nil {
+	if err := s.Checkpoint(ctx, g, epochs[g], persistence.CheckpointData{Snapshots: snaps, Through: 1}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -270,7 +272,7 @@ func TestClusterScriptCacheFlushed(t *testing.T) {
 		}
 		flush(true)
 		for g := range uint32(groups) {
-			if err := s.Checkpoint(ctx, g, epochs[g], []persistence.Snapshot{{Key: "k", Data: []byte("v")}}, last[g]); err != nil {
+			if err := s.Checkpoint(ctx, g, epochs[g], persistence.CheckpointData{Snapshots: []persistence.Snapshot{{Key: "k", Data: []byte("v")}}, Through: last[g]}); err != nil {
 				t.Fatalf("round %d: Checkpoint(%d): %v", round, g, err)
 			}
 		}

@@ -14,7 +14,7 @@ type Options struct {
 	Prefix string
 
 	// ReadPageSize is the number of log records Read fetches per round trip
-	// (0 means 128).
+	// (0 means 128), and of timer index entries Timers fetches.
 	ReadPageSize int
 }
 

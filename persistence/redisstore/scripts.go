@@ -72,15 +72,18 @@ end
 return out
 `)
 
-// checkpointScript writes and deletes snapshots and, if the position is
-// above the group's checkpoint, advances it and trims the log through it.
-// It returns 0, -1 (writing nothing) if the epoch is not current, or -2
-// (writing nothing) if the position is beyond the last one.
+// checkpointScript writes and deletes snapshots, sets and removes timer
+// index entries and, if the position is above the group's checkpoint,
+// advances it and trims the log through it. It returns 0, -1 (writing
+// nothing) if the epoch is not current, or -2 (writing nothing) if the
+// position is beyond the last one.
 //
-//	KEYS[1] group meta, KEYS[2] group log, KEYS[3…] snapshot keys: the
-//	        ARGV[3] written ones first, then the deleted ones
+//	KEYS[1] group meta, KEYS[2] group log, KEYS[3] group timer index,
+//	        KEYS[4…] snapshot keys: the ARGV[3] written ones first, then
+//	        the deleted ones
 //	ARGV[1] epoch, ARGV[2] checkpoint position, ARGV[3] number of written
-//	        snapshots, ARGV[4…] their data
+//	        snapshots, ARGV[4…] their data, then pairs of a timer's key and
+//	        due time ("0" removes the key from the index), applied in order
 var checkpointScript = redis.NewScript(`
 local v = redis.call('HMGET', KEYS[1], 'epoch', 'checkpoint', 'last')
 if v[1] ~= ARGV[1] then return -1 end
@@ -88,10 +91,17 @@ local through = tonumber(ARGV[2])
 if through > tonumber(v[3] or '0') then return -2 end
 local nset = tonumber(ARGV[3])
 for i = 1, nset do
-  redis.call('SET', KEYS[2 + i], ARGV[3 + i])
+  redis.call('SET', KEYS[3 + i], ARGV[3 + i])
 end
-for i = 3 + nset, #KEYS do
+for i = 4 + nset, #KEYS do
   redis.call('DEL', KEYS[i])
+end
+for i = 4 + nset, #ARGV, 2 do
+  if ARGV[i + 1] == '0' then
+    redis.call('ZREM', KEYS[3], ARGV[i])
+  else
+    redis.call('ZADD', KEYS[3], ARGV[i + 1], ARGV[i])
+  end
 end
 if through > tonumber(v[2] or '0') then
   redis.call('HSET', KEYS[1], 'checkpoint', ARGV[2])

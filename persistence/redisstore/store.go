@@ -414,19 +414,30 @@ func (s *Store) Read(ctx context.Context, group uint32, after persistence.Positi
 	return nil
 }
 
-// Checkpoint writes the snapshots and advances the checkpoint with one
-// script call.
-func (s *Store) Checkpoint(ctx context.Context, group uint32, epoch persistence.Epoch, snaps []persistence.Snapshot, through persistence.Position) error {
+// Checkpoint appends the outputs, then writes the snapshots and timer index
+// entries and advances the checkpoint with one script call.
+//
+// A pipeline's output log is in another Redis Cluster slot than the group,
+// so no script can append to it and check the group's epoch at once: the
+// outputs are appended first, with one XADD each, all pipelined in one
+// round trip (one per node involved on a cluster). If an append fails the
+// checkpoint fails without running its script; a checkpoint that fails or is
+// fenced may still have appended its outputs, and its retry appends them
+// again.
+func (s *Store) Checkpoint(ctx context.Context, group uint32, epoch persistence.Epoch, d persistence.CheckpointData) error {
 	op := "checkpoint group " + strconv.FormatUint(uint64(group), 10)
 	if err := s.begin(ctx); err != nil {
 		return s.wrap(op, err)
 	}
-	keys := make([]string, 2, 2+len(snaps))
-	keys[0], keys[1] = s.k.groupMeta(group), s.k.log(group)
-	args := make([]any, 3, 3+len(snaps))
-	args[0], args[1] = epochArg(epoch), strconv.FormatUint(through, 10)
+	if err := s.appendOutputs(ctx, d.Outputs); err != nil {
+		return s.wrap(op, err)
+	}
+	keys := make([]string, 3, 3+len(d.Snapshots))
+	keys[0], keys[1], keys[2] = s.k.groupMeta(group), s.k.log(group), s.k.due(group)
+	args := make([]any, 3, 3+len(d.Snapshots)+2*len(d.Timers))
+	args[0], args[1] = epochArg(epoch), strconv.FormatUint(d.Through, 10)
 	nset := 0
-	for _, sn := range snaps {
+	for _, sn := range d.Snapshots {
 		if sn.Data != nil {
 			keys = append(keys, s.k.snapshot(group, sn.Key))
 			args = append(args, sn.Data)
@@ -434,10 +445,13 @@ func (s *Store) Checkpoint(ctx context.Context, group uint32, epoch persistence.
 		}
 	}
 	args[2] = nset
-	for _, sn := range snaps {
+	for _, sn := range d.Snapshots {
 		if sn.Data == nil {
 			keys = append(keys, s.k.snapshot(group, sn.Key))
 		}
+	}
+	for _, t := range d.Timers {
+		args = append(args, t.Key, strconv.FormatInt(t.Due, 10))
 	}
 	r, err := run(ctx, s.c, checkpointScript, keys, args...).Int64()
 	switch {
@@ -446,9 +460,40 @@ func (s *Store) Checkpoint(ctx context.Context, group uint32, epoch persistence.
 	case r == -1:
 		return s.wrap(op, persistence.ErrFenced)
 	case r == -2:
-		return s.wrap(op, fmt.Errorf("position %d is beyond the last one", through))
+		return s.wrap(op, fmt.Errorf("position %d is beyond the last one", d.Through))
 	}
 	return nil
+}
+
+// Timers calls fn with the group's timer index entries in due order (keys
+// of one due in byte order), reading a page of ReadPageSize entries per
+// round trip. The view is consistent only if no checkpoint of the group
+// runs meanwhile (as when a new owner reads the index after its claim,
+// before its first checkpoint): one could move entries across pages.
+func (s *Store) Timers(ctx context.Context, group uint32, fn func(key string, due int64) error) error {
+	op := "timers of group " + strconv.FormatUint(uint64(group), 10)
+	if err := s.begin(ctx); err != nil {
+		return s.wrap(op, err)
+	}
+	key := s.k.due(group)
+	for start := int64(0); ; start += s.page {
+		zs, err := s.c.ZRangeWithScores(ctx, key, start, start+s.page-1).Result()
+		if err != nil {
+			return s.wrap(op, err)
+		}
+		for _, z := range zs {
+			k, ok := z.Member.(string)
+			if !ok {
+				return s.wrap(op, fmt.Errorf("unexpected timer member %T", z.Member))
+			}
+			if err := fn(k, int64(z.Score)); err != nil {
+				return err // fn's own error, as it is
+			}
+		}
+		if int64(len(zs)) < s.page {
+			return nil
+		}
+	}
 }
 
 // Get returns a key's snapshot.

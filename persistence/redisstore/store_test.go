@@ -48,6 +48,8 @@ func TestConformance(t *testing.T) {
 			prefixes[r] = prefixes[s]
 			return r
 		},
+		// Checkpoint appends outputs before its fenced script.
+		OutputsAtLeastOnce: true,
 	})
 }
 
@@ -73,7 +75,12 @@ func TestLayout(t *testing.T) {
 	if _, err := s.Append(ctx, entries); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Checkpoint(ctx, 7, st.Epoch, []persistence.Snapshot{{Key: "k\x00x", Data: []byte("snap")}}, 1); err != nil {
+	if err := s.Checkpoint(ctx, 7, st.Epoch, persistence.CheckpointData{
+		Snapshots: []persistence.Snapshot{{Key: "k\x00x", Data: []byte("snap")}},
+		Timers:    []persistence.Timer{{Key: "k\x00x", Due: 1767225600000}, {Key: "t", Due: 5}},
+		Outputs:   []persistence.Output{{Pipeline: "pipe", Data: []byte("o1")}, {Pipeline: "pipe", Data: []byte("o2")}},
+		Through:   1,
+	}); err != nil {
 		t.Fatal(err)
 	}
 	keys, err := rc.Keys(ctx, "*").Result()
@@ -81,7 +88,7 @@ func TestLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	slices.Sort(keys)
-	want := []string{"lay:meta", "{lay:7}:log", "{lay:7}:m", "{lay:7}:s:k\x00x"}
+	want := []string{"lay:meta", "lay:out:pipe", "{lay:7}:due", "{lay:7}:log", "{lay:7}:m", "{lay:7}:s:k\x00x"}
 	if !slices.Equal(keys, want) {
 		t.Errorf("keys = %q, want %q", keys, want)
 	}
@@ -93,6 +100,54 @@ func TestLayout(t *testing.T) {
 	}
 	if got := rc.HGetAll(ctx, "lay:meta").Val(); got["groups"] != "16" || got["format"] != "1" {
 		t.Errorf("store meta = %v", got)
+	}
+	wantDue := []redis.Z{{Score: 5, Member: "t"}, {Score: 1767225600000, Member: "k\x00x"}}
+	if got := rc.ZRangeWithScores(ctx, "{lay:7}:due", 0, -1).Val(); !slices.Equal(got, wantDue) {
+		t.Errorf("timer index = %v, want %v", got, wantDue)
+	}
+	out := rc.XRange(ctx, "lay:out:pipe", "-", "+").Val()
+	if len(out) != 2 || out[0].Values["d"] != "o1" || out[1].Values["d"] != "o2" {
+		t.Errorf("output log = %v, want o1 and o2 in field d", out)
+	}
+	if got, err := s.ReadOutputs(ctx, "pipe", "", 10); err != nil || len(got) != 2 || got[0].Cursor != out[0].ID {
+		t.Errorf("ReadOutputs = %v, %v; want the stream IDs as cursors", got, err)
+	}
+}
+
+// TestCheckpointOutputsAtLeastOnce: a checkpoint appends its outputs before
+// its fenced script runs, so a fenced checkpoint still appends them (and
+// writes nothing else), as Store.Checkpoint documents.
+func TestCheckpointOutputsAtLeastOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := t.Context()
+	s, err := redisstore.New(srv.Client(), redisstore.Options{Prefix: "alo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := s.Claim(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Claim(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	err = s.Checkpoint(ctx, 1, old.Epoch, persistence.CheckpointData{
+		Snapshots: []persistence.Snapshot{{Key: "k", Data: []byte("stale")}},
+		Timers:    []persistence.Timer{{Key: "k", Due: 9}},
+		Outputs:   []persistence.Output{{Pipeline: "pipe", Data: []byte("stale")}},
+	})
+	if !errors.Is(err, persistence.ErrFenced) {
+		t.Fatalf("Checkpoint with a stale epoch = %v, want ErrFenced", err)
+	}
+	if got, err := s.ReadOutputs(ctx, "pipe", "", 10); err != nil || len(got) != 1 || string(got[0].Data) != "stale" {
+		t.Errorf("outputs after a fenced checkpoint = %v, %v; want its output", got, err)
+	}
+	if _, err := s.Get(ctx, 1, "k"); !errors.Is(err, persistence.ErrNotFound) {
+		t.Errorf("Get after a fenced checkpoint = %v, want ErrNotFound", err)
+	}
+	n := 0
+	if err := s.Timers(ctx, 1, func(string, int64) error { n++; return nil }); err != nil || n != 0 {
+		t.Errorf("Timers after a fenced checkpoint: %d entries, %v; want none", n, err)
 	}
 }
 
@@ -128,7 +183,12 @@ func TestScriptCacheFlushed(t *testing.T) {
 		if err := rc.ScriptFlush(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Checkpoint(ctx, 1, st.Epoch, []persistence.Snapshot{{Key: "k", Data: []byte("v")}}, pos[0]); err != nil {
+		if err := s.Checkpoint(ctx, 1, st.Epoch, persistence.CheckpointData{
+			Snapshots: []persistence.Snapshot{{Key: "k", Data: []byte("v")}},
+			Timers:    []persistence.Timer{{Key: "k", Due: int64(round + 1)}},
+			Outputs:   []persistence.Output{{Pipeline: "pipe", Data: []byte("o")}},
+			Through:   pos[0],
+		}); err != nil {
 			t.Fatalf("round %d: Checkpoint: %v", round, err)
 		}
 	}
@@ -209,5 +269,34 @@ func TestOpenURL(t *testing.T) {
 	}
 	if _, err := redisstore.Open(srv.URL(), redisstore.Options{Prefix: "a{b"}); err == nil {
 		t.Error("Open with a prefix containing a brace succeeded")
+	}
+}
+
+// TestOutputCursors: a cursor is a stream ID, ms-seq; "0-0" comes before
+// every entry, the largest ID after every one, and a cursor of another
+// store's form (the embedded store's plain numbers) is refused.
+func TestOutputCursors(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := t.Context()
+	s, err := redisstore.New(srv.Client(), redisstore.Options{Prefix: "cur"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Claim(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Checkpoint(ctx, 1, st.Epoch, persistence.CheckpointData{Outputs: []persistence.Output{{Pipeline: "p", Data: []byte("o")}}}); err != nil {
+		t.Fatal(err)
+	}
+	for cursor, want := range map[string]int{"0-0": 1, "18446744073709551615-18446744073709551615": 0, "99999999999999-0": 0} {
+		if got, err := s.ReadOutputs(ctx, "p", cursor, 10); err != nil || len(got) != want {
+			t.Errorf("ReadOutputs after %q = %v, %v; want %d entries", cursor, got, err, want)
+		}
+	}
+	for _, cursor := range []string{"5", "18446744073709551616-0", "1-18446744073709551616"} {
+		if _, err := s.ReadOutputs(ctx, "p", cursor, 10); !errors.Is(err, persistence.ErrBadCursor) {
+			t.Errorf("ReadOutputs after %q = %v, want ErrBadCursor", cursor, err)
+		}
 	}
 }

@@ -1,0 +1,225 @@
+package actors
+
+import (
+	"container/heap"
+	"context"
+	"strings"
+	"time"
+
+	"github.com/keyfold/keyfold/actors/fold"
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
+)
+
+// Event time and durable timers.
+//
+// Each pipeline with windows has a clock on the node (fold.Clock): the
+// largest event time logged, and when. Every log record carries, for each
+// such pipeline among its keys, the watermark its keys advance to before
+// applying their inputs, and the clock after it; a new owner of the group
+// resumes the clock from its checkpoint (the GroupClock stored with the
+// snapshots) and the records it replays. Replay never reads a clock.
+//
+// A key's timers (window ends, the ends of allowed lateness) are in its
+// state. The host indexes each group's keys by their next timer: the store
+// keeps the index as of the checkpoint (persistence.Timer), the grains report
+// changes, and a take-over reads it back. The timer loop, each
+// WatermarkInterval, advances the watermarks and logs a record listing the
+// keys whose timer is due (without inputs: they only advance), which wakes
+// them even if they were passivated or the node restarted since. Firing is
+// logged like an event, so replay fires the same timers at the same points.
+
+// groupClockKey names a group's GroupClock among its snapshots. Snapshot keys
+// are "pipeline\x00key" with a non-empty pipeline, so it cannot collide.
+const groupClockKey = "\x00clock"
+
+// timerIndex is one group's keys of one pipeline by next timer: a map and a
+// min-heap with lazy deletion (an entry whose time no longer matches the
+// map's is stale and skipped).
+type timerIndex struct {
+	due  map[string]int64
+	heap timerHeap
+}
+
+type timerEntry struct {
+	due int64
+	key string
+}
+
+type timerHeap []timerEntry
+
+func (h timerHeap) Len() int           { return len(h) }
+func (h timerHeap) Less(i, j int) bool { return h[i].due < h[j].due }
+func (h timerHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *timerHeap) Push(x any)        { *h = append(*h, x.(timerEntry)) }
+func (h *timerHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+func newTimerIndex() *timerIndex { return &timerIndex{due: map[string]int64{}} }
+
+// set indexes key under due; 0 removes it.
+func (x *timerIndex) set(key string, due int64) {
+	if due == 0 {
+		delete(x.due, key)
+		return
+	}
+	if x.due[key] == due {
+		return
+	}
+	x.due[key] = due
+	heap.Push(&x.heap, timerEntry{due, key})
+	if len(x.heap) > 2*len(x.due)+1024 { // mostly stale: rebuild
+		x.heap = x.heap[:0]
+		for k, d := range x.due {
+			x.heap = append(x.heap, timerEntry{d, k})
+		}
+		heap.Init(&x.heap)
+	}
+}
+
+// popDue removes and returns the keys whose timer is at or below wm. They
+// return to the index when their grain reports its next timer.
+func (x *timerIndex) popDue(wm int64) []string {
+	var keys []string
+	for len(x.heap) > 0 && x.heap[0].due <= wm {
+		e := heap.Pop(&x.heap).(timerEntry)
+		if x.due[e.key] == e.due {
+			delete(x.due, e.key)
+			keys = append(keys, e.key)
+		}
+	}
+	return keys
+}
+
+// timerIndexLocked returns the group's index for pipeline, creating it.
+func (gs *groupState) timerIndexLocked(pipeline string) *timerIndex {
+	if gs.timers == nil {
+		gs.timers = map[string]*timerIndex{}
+	}
+	x := gs.timers[pipeline]
+	if x == nil {
+		x = newTimerIndex()
+		gs.timers[pipeline] = x
+	}
+	return x
+}
+
+// setTimer records a key's next timer, reported by its grain of epoch.
+func (h *Host) setTimer(group uint32, epoch uint64, id keyID, due int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if gs := &h.groups[group]; gs.epoch == epoch {
+		gs.timerIndexLocked(id.pipeline).set(id.key, due)
+	}
+}
+
+// timerLoop advances the watermarks and fires due timers until ctx ends.
+func (h *Host) timerLoop(ctx context.Context) {
+	if !h.timed {
+		return
+	}
+	t := time.NewTicker(h.cfg.WatermarkInterval)
+	defer t.Stop()
+	lastOutputs := time.Now()
+	for await(h, ctx, t.C) {
+		h.fireDue(ctx)
+		// Results are stored by checkpoints: bring one forward when keys
+		// emitted some, at most every OutputInterval.
+		if h.outputsPending.Load() && time.Since(lastOutputs) >= h.cfg.OutputInterval {
+			lastOutputs = time.Now()
+			h.nudgeCheckpoint()
+		}
+	}
+}
+
+// fireDue logs one record per group listing the keys whose timers are due at
+// the current watermarks.
+func (h *Host) fireDue(ctx context.Context) {
+	now := h.cfg.Now().UnixMilli()
+	var fires []keyID
+	h.mu.Lock()
+	wms := make(map[string]int64, len(h.clocks))
+	for name, c := range h.clocks {
+		wms[name] = h.cfg.Pipelines[name].WatermarkAt(c, now)
+	}
+	for g := range h.groups {
+		gs := &h.groups[g]
+		if !gs.ready {
+			continue
+		}
+		for pipeline, x := range gs.timers {
+			for _, key := range x.popDue(wms[pipeline]) {
+				fires = append(fires, keyID{pipeline, key})
+			}
+		}
+	}
+	h.mu.Unlock()
+	if len(fires) == 0 {
+		return
+	}
+	h.stats.timersFired.Add(int64(len(fires)))
+	req := &ingestReq{fires: fires, w: newWaiter()}
+	h.gate.RLock()
+	defer h.gate.RUnlock()
+	if h.closed {
+		return // the next owner (or this node after restart) fires them
+	}
+	select {
+	case h.queue <- req:
+	case <-ctx.Done():
+	}
+}
+
+// watermarksLocked returns, for each pipeline with windows among keys, the
+// watermark a new record of group g carries: the node's at nowMs, never
+// below what the group logged before. h.mu must be held.
+func (h *Host) watermarksLocked(g uint32, pipelines map[string]bool, nowMs int64) map[string]int64 {
+	wms := make(map[string]int64, len(pipelines))
+	for name := range pipelines {
+		c := h.clockLocked(name)
+		w := h.cfg.Pipelines[name].WatermarkAt(c, nowMs)
+		if last := h.groups[g].clocks[name]; last != nil {
+			w = max(w, last.GetWatermarkMs())
+		}
+		wms[name] = w
+	}
+	return wms
+}
+
+// clockLocked returns the node's clock of a timed pipeline.
+func (h *Host) clockLocked(pipeline string) *fold.Clock {
+	c := h.clocks[pipeline]
+	if c == nil {
+		c = &fold.Clock{}
+		h.clocks[pipeline] = c
+	}
+	return c
+}
+
+// loggedClockLocked records a pipeline's clock as a record of group g logged
+// it, and lets the node's clock catch up with it (a take-over brings in the
+// clocks of another node).
+func (h *Host) loggedClockLocked(g uint32, w *keyfoldv1.Watermark) {
+	p := h.cfg.Pipelines[w.GetPipeline()]
+	if p == nil || !p.Timed() {
+		return
+	}
+	gs := &h.groups[g]
+	if gs.clocks == nil {
+		gs.clocks = map[string]*keyfoldv1.Watermark{}
+	}
+	gs.clocks[w.GetPipeline()] = w
+	c := h.clockLocked(w.GetPipeline())
+	c.MaxEvent = max(c.MaxEvent, w.GetMaxEventMs())
+	c.Arrival = max(c.Arrival, w.GetArrivalMs())
+	c.Watermark = max(c.Watermark, w.GetWatermarkMs())
+}
+
+// parseSnapshotKey splits a snapshot key into its pipeline and key.
+func parseSnapshotKey(s string) (keyID, bool) {
+	pipeline, key, ok := strings.Cut(s, "\x00")
+	return keyID{pipeline, key}, ok && pipeline != "" && !strings.ContainsRune(key, 0)
+}

@@ -1,0 +1,240 @@
+package actors_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/actors/fold"
+)
+
+// fakeClock is a processing-time clock the test moves.
+type fakeClock struct{ ms atomic.Int64 }
+
+func (c *fakeClock) Now() time.Time { return time.UnixMilli(c.ms.Load()) }
+func (c *fakeClock) set(ms int64)   { c.ms.Store(ms) }
+
+const (
+	winBase  = int64(1_700_000_000_000)
+	winOOO   = 2000
+	winIdle  = 1000
+	winSize  = 10_000
+	winSlide = 5_000
+	winGap   = 3_000
+)
+
+func windowPipelines(t *testing.T) map[string]*fold.Pipeline {
+	t.Helper()
+	p, err := fold.Compile("p", fold.Spec{
+		Key: "k", Time: "ts", ID: "id",
+		OutOfOrderness: winOOO * time.Millisecond,
+		IdleTimeout:    winIdle * time.Millisecond,
+		Aggregates: map[string]fold.AggregateSpec{
+			"n":   {Op: "count"},
+			"sum": {Op: "sum", Field: "v"},
+		},
+		Windows: map[string]fold.WindowSpec{
+			"tumble":  {Type: "tumbling", Size: winSize * time.Millisecond},
+			"slide":   {Type: "sliding", Size: 2 * winSlide * time.Millisecond, Slide: winSlide * time.Millisecond, Aggregates: []string{"n"}},
+			"session": {Type: "session", Gap: winGap * time.Millisecond},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string]*fold.Pipeline{"p": p}
+}
+
+type timedEvent struct {
+	key string
+	ts  int64
+	v   int
+	id  string
+}
+
+func (e timedEvent) raw() []byte {
+	b, _ := json.Marshal(map[string]any{"k": e.key, "ts": e.ts, "v": e.v, "id": e.id})
+	return b
+}
+
+// allOutputs reads every stored output of pipeline p, by id (checking that
+// an id is never stored twice with different contents).
+func allOutputs(t *testing.T, h *actors.Host) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	cursor := ""
+	for {
+		page, err := h.Outputs(context.Background(), "p", cursor, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range page {
+			desc := fmt.Sprintf("count=%d %s", o.GetCount(), o.GetValuesJson())
+			if prev, ok := out[o.GetId()]; ok && prev != desc {
+				t.Fatalf("output %s stored twice, differently: %s and %s", o.GetId(), prev, desc)
+			}
+			out[o.GetId()] = desc
+			cursor = o.Cursor
+		}
+		if len(page) < 1000 {
+			return out
+		}
+	}
+}
+
+// oracle computes the window results of events in one batch computation.
+func oracle(events []timedEvent) map[string]string {
+	type acc struct{ n, sum int }
+	type wkey struct {
+		key, name  string
+		start, end int64
+	}
+	wins := map[wkey]*acc{}
+	add := func(k wkey, e timedEvent) {
+		a := wins[k]
+		if a == nil {
+			a = &acc{}
+			wins[k] = a
+		}
+		a.n++
+		a.sum += e.v
+	}
+	byKey := map[string][]timedEvent{}
+	for _, e := range events {
+		start := e.ts - e.ts%winSize
+		add(wkey{e.key, "tumble", start, start + winSize}, e)
+		for s := e.ts - e.ts%winSlide; s > e.ts-2*winSlide; s -= winSlide {
+			add(wkey{e.key, "slide", s, s + 2*winSlide}, e)
+		}
+		byKey[e.key] = append(byKey[e.key], e)
+	}
+	for _, evs := range byKey {
+		sort.Slice(evs, func(i, j int) bool { return evs[i].ts < evs[j].ts })
+		var session []timedEvent
+		flush := func() {
+			if len(session) == 0 {
+				return
+			}
+			k := wkey{session[0].key, "session", session[0].ts, session[len(session)-1].ts + winGap}
+			for _, e := range session {
+				add(k, e)
+			}
+			session = nil
+		}
+		for _, e := range evs {
+			if len(session) > 0 && e.ts > session[len(session)-1].ts+winGap {
+				flush()
+			}
+			session = append(session, e)
+		}
+		flush()
+	}
+	out := map[string]string{}
+	for k, a := range wins {
+		id := fold.OutputID("p", k.key, k.name, k.start, k.end, 0)
+		if k.name == "slide" {
+			out[id] = fmt.Sprintf(`count=%d {"n":%d}`, a.n, a.n)
+		} else {
+			out[id] = fmt.Sprintf(`count=%d {"n":%d,"sum":%d}`, a.n, a.n, a.sum)
+		}
+	}
+	return out
+}
+
+// TestWindowOracle: a few thousand events over many keys, out of order
+// within out_of_orderness, ingested in random batches across a restart, with
+// keys passivated and keys that go quiet early: the stored results equal a
+// batch computation over the same events, each exactly once, none late.
+func TestWindowOracle(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	var events []timedEvent
+	ts := winBase
+	for i := range 4000 {
+		ts += rng.Int64N(40)
+		key := fmt.Sprintf("k%d", rng.IntN(150))
+		if i >= 1800 && i < 2000 {
+			// Quiet from just before the restart on: their windows close
+			// only through the timer index the new host reads back.
+			key = fmt.Sprintf("quiet%d", rng.IntN(20))
+		}
+		events = append(events, timedEvent{key: key, ts: ts, v: rng.IntN(100), id: fmt.Sprint(i)})
+	}
+	// Out of order: delivered by time plus a jitter below half the bound, so
+	// no event is more than out_of_orderness behind any delivered before it.
+	delivery := slices.Clone(events)
+	jitter := make(map[string]int64, len(delivery))
+	for _, e := range delivery {
+		jitter[e.id] = rng.Int64N(winOOO / 2)
+	}
+	sort.SliceStable(delivery, func(i, j int) bool {
+		return delivery[i].ts+jitter[delivery[i].id] < delivery[j].ts+jitter[delivery[j].id]
+	})
+
+	clock := &fakeClock{}
+	clock.set(winBase)
+	dir := t.TempDir()
+	cfg := actors.Config{
+		Pipelines: windowPipelines(t), Now: clock.Now,
+		CheckpointInterval: 20 * time.Millisecond, MaxActive: 40, IdleTimeout: time.Hour,
+		WatermarkInterval: 5 * time.Millisecond, OutputInterval: time.Millisecond,
+	}
+	store := openStore(t, dir)
+	hs := start(t, store, cfg)
+	for i := 0; i < len(delivery); {
+		n := min(1+rng.IntN(50), len(delivery)-i)
+		batch := make([][]byte, n)
+		for j, e := range delivery[i : i+n] {
+			batch[j] = e.raw()
+			clock.set(max(clock.ms.Load(), e.ts)) // processing time keeps up
+		}
+		hs.ingest2("p", batch...)
+		i += n
+		if i >= len(delivery)/2 && i-n < len(delivery)/2 { // restart halfway
+			if err := hs.shutdown(); err != nil {
+				t.Fatal(err)
+			}
+			hs = start(t, store, cfg)
+		}
+	}
+	// Input goes idle: after idle_timeout the watermark advances with
+	// processing time and every window closes, quiet keys included.
+	clock.set(ts + winIdle + 60_000)
+	want := oracle(events)
+	var got map[string]string
+	eventually(t, "every window's result", func() bool {
+		got = allOutputs(t, hs.host)
+		return len(got) >= len(want)
+	})
+	for id, w := range want {
+		if got[id] != w {
+			t.Errorf("%s: got %q, want %q", id, got[id], w)
+		}
+	}
+	for id := range got {
+		if _, ok := want[id]; !ok {
+			t.Errorf("unexpected output %s %s", id, got[id])
+		}
+	}
+	st := hs.host.Stats()
+	if st.Pipelines["p"].Late != 0 || st.TimersFired == 0 {
+		t.Errorf("late %d, timers fired %d", st.Pipelines["p"].Late, st.TimersFired)
+	}
+	t.Logf("%d results from %d events; %d timers fired; %d activations", len(got), len(events), st.TimersFired, st.Activations)
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (hs *harness) ingest2(pipeline string, raws ...[]byte) {
+	hs.t.Helper()
+	if _, err := hs.host.Ingest(context.Background(), pipeline, raws); err != nil {
+		hs.t.Fatalf("ingest: %v", err)
+	}
+}
