@@ -25,4 +25,22 @@ func (b httpBackend) Delete(ctx context.Context, pipeline, key string) error {
 	return b.n.Delete(ctx, pipeline, key)
 }
 
+func (b httpBackend) Outputs(ctx context.Context, pipeline, after string, limit int) ([]httpapi.Output, error) {
+	outs, err := b.n.Outputs(ctx, pipeline, after, limit)
+	if err != nil {
+		return nil, err
+	}
+	page := make([]httpapi.Output, len(outs))
+	for i, o := range outs {
+		page[i] = httpapi.Output{Cursor: o.Cursor, Value: o}
+	}
+	return page, nil
+}
+
+func (b httpBackend) Subscribe(ctx context.Context, pipeline, after string, fn func(httpapi.Output) error) error {
+	return b.n.Subscribe(ctx, pipeline, after, func(o Output) error {
+		return fn(httpapi.Output{Cursor: o.Cursor, Value: o})
+	})
+}
+
 func (b httpBackend) Serving() bool { return b.n.Serving() }

@@ -62,7 +62,16 @@ type KeyState struct {
 	Seq        uint64         `json:"seq"`        // events applied, duplicates excluded
 	Duplicates uint64         `json:"duplicates"` // events skipped: their id was already applied
 	Aggregates map[string]any `json:"aggregates"`
+	// For a pipeline with windows: the key's watermark, its events too late
+	// for every window (dropped from them), and its windows — open ones and
+	// emitted ones kept for allowed lateness.
+	Watermark *time.Time    `json:"watermark,omitempty"`
+	Late      *uint64       `json:"late,omitempty"`
+	Windows   []WindowState `json:"windows,omitzero"`
 }
+
+// WindowState is one window of a key.
+type WindowState = fold.WindowView
 
 // New validates cfg and returns a node. It does no I/O and starts nothing.
 func New(cfg Config) (*Node, error) {
@@ -412,7 +421,15 @@ func (n *Node) Query(ctx context.Context, pipeline, key string) (KeyState, error
 	if err != nil {
 		return KeyState{}, err
 	}
-	return KeyState{Pipeline: pipeline, Key: key, Seq: v.Seq, Duplicates: v.Duplicates, Aggregates: v.Aggregates}, nil
+	ks := KeyState{Pipeline: pipeline, Key: key, Seq: v.Seq, Duplicates: v.Duplicates, Aggregates: v.Aggregates}
+	if n.pipelines[pipeline].Timed() {
+		wm := time.UnixMilli(v.Watermark).UTC()
+		ks.Watermark, ks.Late, ks.Windows = &wm, &v.Late, v.Windows
+		if ks.Windows == nil {
+			ks.Windows = []WindowState{}
+		}
+	}
+	return ks, nil
 }
 
 func (n *Node) serving(pipeline string) (*actors.Host, error) {

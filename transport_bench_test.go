@@ -62,7 +62,10 @@ type donePending int
 
 func (p donePending) Wait(context.Context) (int, int, error) { return int(p), 0, nil }
 
-type decodeOnlyHTTP struct{ decodeOnly }
+type decodeOnlyHTTP struct {
+	decodeOnly
+	httpapi.Backend // the methods not defined below are never called
+}
 
 func (d decodeOnlyHTTP) Ingest(_ context.Context, _ string, events []json.RawMessage) (int, int, error) {
 	raws := make([][]byte, len(events))
@@ -73,6 +76,7 @@ func (d decodeOnlyHTTP) Ingest(_ context.Context, _ string, events []json.RawMes
 }
 func (d decodeOnlyHTTP) Query(context.Context, string, string) (any, error) { return nil, nil }
 func (d decodeOnlyHTTP) Serving() bool                                      { return true }
+func (d decodeOnlyHTTP) Delete(context.Context, string, string) error       { return nil }
 
 // endpoints are where each transport listens.
 type endpoints struct{ http, grpc string }
@@ -101,7 +105,7 @@ func startDecodeOnly(b *testing.B) endpoints {
 	if err != nil {
 		b.Fatal(err)
 	}
-	hs := &http.Server{Handler: httpapi.New(decodeOnlyHTTP{d}, httpapi.Options{})}
+	hs := &http.Server{Handler: httpapi.New(decodeOnlyHTTP{decodeOnly: d}, httpapi.Options{})}
 	go hs.Serve(hl)
 	gl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

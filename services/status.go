@@ -40,6 +40,7 @@ var statusTable = []struct {
 	Status
 }{
 	{ErrBadRequest, Status{http.StatusBadRequest, codes.InvalidArgument}},
+	{actors.ErrBadArgument, Status{http.StatusBadRequest, codes.InvalidArgument}},
 	{fold.ErrInvalidEvent, Status{http.StatusBadRequest, codes.InvalidArgument}},
 	{ErrBusy, Status{http.StatusTooManyRequests, codes.ResourceExhausted}},
 	{actors.ErrUnknownPipeline, Status{http.StatusNotFound, codes.NotFound}},

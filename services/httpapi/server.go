@@ -31,8 +31,20 @@ type Backend interface {
 	Query(ctx context.Context, pipeline, key string) (any, error)
 	// Delete erases one key.
 	Delete(ctx context.Context, pipeline, key string) error
+	// Outputs returns up to limit outputs of a pipeline stored after cursor
+	// after ("" from the oldest kept).
+	Outputs(ctx context.Context, pipeline, after string, limit int) ([]Output, error)
+	// Subscribe calls fn with each output stored after cursor after, then
+	// with new ones as they are stored, until ctx ends or fn fails.
+	Subscribe(ctx context.Context, pipeline, after string, fn func(Output) error) error
 	// Serving reports whether the node is ready and not draining.
 	Serving() bool
+}
+
+// Output is one output: its cursor and its JSON form.
+type Output struct {
+	Cursor string
+	Value  any
 }
 
 // Options configures the handler.
@@ -69,6 +81,8 @@ func New(b Backend, opts Options) http.Handler {
 	mux.HandleFunc("POST /v1/pipelines/{pipeline}/events", s.ingest)
 	mux.HandleFunc("GET /v1/pipelines/{pipeline}/keys/{key}", s.query)
 	mux.HandleFunc("DELETE /v1/pipelines/{pipeline}/keys/{key}", s.delete)
+	mux.HandleFunc("GET /v1/pipelines/{pipeline}/outputs", s.outputs)
+	mux.HandleFunc("GET /v1/pipelines/{pipeline}/outputs/stream", s.stream)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})

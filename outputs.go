@@ -1,0 +1,116 @@
+package keyfold
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/keyfold/keyfold/actors"
+)
+
+// Output is one result a key emitted: a window's values once the watermark
+// passed its end (revision 0), and again for each late event within
+// allowed lateness (revisions 1, 2, …). Outputs are delivered at least once:
+// ID is stable (a replay after a crash emits the same result with the same
+// ID), so consumers deduplicate by it.
+type Output struct {
+	// Cursor resumes a read or a subscription after this output.
+	Cursor   string `json:"cursor"`
+	ID       string `json:"id"`
+	Pipeline string `json:"pipeline"`
+	Key      string `json:"key"`
+	// Kind is the window type (tumbling, sliding, session); Name the
+	// window's name in the pipeline.
+	Kind     string    `json:"kind"`
+	Name     string    `json:"name"`
+	Start    time.Time `json:"start"`
+	End      time.Time `json:"end"` // exclusive
+	Revision uint32    `json:"revision"`
+	Count    uint64    `json:"count"` // events in the window
+	// Values are the window's aggregates, by name.
+	Values json.RawMessage `json:"values"`
+	// Watermark is the key's watermark when it emitted the result.
+	Watermark time.Time `json:"watermark"`
+	// Stored is when the output reached the store.
+	Stored time.Time `json:"stored"`
+}
+
+// Defaults and bounds of output reads.
+const (
+	DefaultOutputsLimit = 100
+	MaxOutputsLimit     = actors.MaxOutputsPage
+)
+
+// ErrBadArgument reports a malformed cursor or an out-of-range limit.
+var ErrBadArgument = actors.ErrBadArgument
+
+// Outputs returns up to limit outputs of pipeline stored after the output
+// whose Cursor is after ("" reads from the oldest kept), oldest first. An
+// empty page means there is nothing newer yet.
+func (n *Node) Outputs(ctx context.Context, pipeline, after string, limit int) ([]Output, error) {
+	h, err := n.serving(pipeline)
+	if err != nil {
+		return nil, err
+	}
+	page, err := h.Outputs(ctx, pipeline, after, limit)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Output, len(page))
+	for i, o := range page {
+		out[i] = Output{
+			Cursor: o.Cursor, ID: o.GetId(), Pipeline: o.GetPipeline(), Key: o.GetKey(),
+			Kind: o.GetKind(), Name: o.GetName(),
+			Start: time.UnixMilli(o.GetStartMs()).UTC(), End: time.UnixMilli(o.GetEndMs()).UTC(),
+			Revision: o.GetRevision(), Count: o.GetCount(), Values: json.RawMessage(o.GetValuesJson()),
+			Watermark: time.UnixMilli(o.GetWatermarkMs()).UTC(), Stored: o.Time.UTC(),
+		}
+	}
+	return out, nil
+}
+
+// subscribePoll is how often a subscriber that has read everything looks
+// again for outputs this node did not store (another node's, in a cluster).
+const subscribePoll = time.Second
+
+// Subscribe calls fn with every output of pipeline stored after cursor after
+// ("" from the oldest kept), in order, and then with each new one as it is
+// stored, until ctx ends (it then returns nil), fn returns an error (which it
+// returns), or reading fails. Resume a broken subscription from the Cursor of
+// the last output handled.
+func (n *Node) Subscribe(ctx context.Context, pipeline, after string, fn func(Output) error) error {
+	const page = 1000
+	for {
+		h, err := n.serving(pipeline)
+		if err != nil {
+			return err
+		}
+		stored := h.OutputsStored() // before reading: nothing is missed
+		outs, err := n.Outputs(ctx, pipeline, after, page)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("keyfold: subscribe to %q: %w", pipeline, err)
+		}
+		for _, o := range outs {
+			if err := fn(o); err != nil {
+				return err
+			}
+			after = o.Cursor
+		}
+		if len(outs) == page {
+			continue
+		}
+		t := time.NewTimer(subscribePoll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-stored:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
