@@ -100,3 +100,35 @@ func benchHTTPIngest(b *testing.B, n *keyfold.Node) {
 	b.ReportMetric(float64(seq.Load())/b.Elapsed().Seconds(), "events/s")
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(seq.Load()), "ns/event")
 }
+
+// BenchmarkHTTPIngestWindows is BenchmarkHTTPIngest on the embedded store
+// with windows on (event time is ingest time, so windows close, emit and
+// store their results while the load runs) against aggregates only: a
+// tumbling 10 s window, and a sliding minute every 10 s (6 windows an
+// event) on top.
+func BenchmarkHTTPIngestWindows(b *testing.B) {
+	for _, c := range []struct{ name, windows string }{
+		{"none", ""},
+		{"tumbling", `
+    windows:
+      per_10s: { type: tumbling, size: 10s, aggregates: [total, amount] }
+`},
+		{"tumbling+sliding", `
+    windows:
+      per_10s:    { type: tumbling, size: 10s, aggregates: [total, amount] }
+      last_minute: { type: sliding, size: 1m, slide: 10s, aggregates: [total] }
+`},
+	} {
+		b.Run("windows="+c.name, func(b *testing.B) {
+			cfg, err := keyfold.ParseConfig([]byte(benchYAML + c.windows))
+			if err != nil {
+				b.Fatal(err)
+			}
+			cfg.HTTPAddr = "127.0.0.1:0"
+			cfg.DataDir = b.TempDir()
+			n := run(b, cfg)
+			benchHTTPIngest(b, n)
+			b.ReportMetric(float64(n.Stats().Pipelines["logins"].Emitted), "outputs")
+		})
+	}
+}

@@ -63,3 +63,35 @@ func (b grpcBackend) Pipelines() []*keyfoldv1.PipelineInfo {
 	}
 	return out
 }
+
+func (b grpcBackend) Outputs(ctx context.Context, pipeline, after string, limit int) ([]*keyfoldv1.OutputEntry, error) {
+	outs, err := b.n.Outputs(ctx, pipeline, after, limit)
+	if err != nil {
+		return nil, err
+	}
+	page := make([]*keyfoldv1.OutputEntry, len(outs))
+	for i, o := range outs {
+		page[i] = outputEntry(o)
+	}
+	return page, nil
+}
+
+// Subscribe follows the outputs; a draining node ends the stream with
+// ErrClosed (Unavailable: clients resume elsewhere or after the restart)
+// instead of holding its shutdown.
+func (b grpcBackend) Subscribe(ctx context.Context, pipeline, after string, fn func(*keyfoldv1.OutputEntry) error) error {
+	return b.n.Subscribe(ctx, pipeline, after, func(o Output) error { return fn(outputEntry(o)) })
+}
+
+// outputEntry is the API's form of an output.
+func outputEntry(o Output) *keyfoldv1.OutputEntry {
+	return &keyfoldv1.OutputEntry{
+		Cursor: o.Cursor,
+		Output: &keyfoldv1.Output{
+			Id: o.ID, Pipeline: o.Pipeline, Key: o.Key, Kind: o.Kind, Name: o.Name,
+			StartMs: o.Start.UnixMilli(), EndMs: o.End.UnixMilli(), Revision: o.Revision, Count: o.Count,
+			ValuesJson: o.Values, WatermarkMs: o.Watermark.UnixMilli(),
+		},
+		StoredMs: o.Stored.UnixMilli(),
+	}
+}

@@ -38,6 +38,7 @@ type Node struct {
 	host     atomic.Pointer[actors.Host] // set once recovered
 	ready    chan struct{}
 	draining atomic.Bool
+	drain    chan struct{} // closed when draining starts: ends subscriptions
 	httpAddr atomic.Pointer[string]
 	grpcAddr atomic.Pointer[string]
 
@@ -80,7 +81,7 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Node{cfg: cfg, pipelines: pipelines, ready: make(chan struct{}), done: make(chan struct{})}, nil
+	return &Node{cfg: cfg, pipelines: pipelines, ready: make(chan struct{}), drain: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
 // Ready is closed once the node has recovered its state and its listeners
@@ -244,6 +245,7 @@ func (n *Node) run(ctx context.Context) (err error) {
 	case hostErr = <-hostDone:
 	}
 	n.draining.Store(true)
+	close(n.drain)
 	log.Info("draining")
 	stopServers()
 	if hostErr == nil {

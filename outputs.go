@@ -77,14 +77,17 @@ const subscribePoll = time.Second
 // Subscribe calls fn with every output of pipeline stored after cursor after
 // ("" from the oldest kept), in order, and then with each new one as it is
 // stored, until ctx ends (it then returns nil), fn returns an error (which it
-// returns), or reading fails. Resume a broken subscription from the Cursor of
-// the last output handled.
+// returns), the node drains (ErrClosed), or reading fails. Resume a broken
+// subscription from the Cursor of the last output handled.
 func (n *Node) Subscribe(ctx context.Context, pipeline, after string, fn func(Output) error) error {
 	const page = 1000
 	for {
 		h, err := n.serving(pipeline)
 		if err != nil {
 			return err
+		}
+		if n.draining.Load() {
+			return ErrClosed
 		}
 		stored := h.OutputsStored() // before reading: nothing is missed
 		outs, err := n.Outputs(ctx, pipeline, after, page)
@@ -108,6 +111,9 @@ func (n *Node) Subscribe(ctx context.Context, pipeline, after string, fn func(Ou
 		case <-ctx.Done():
 			t.Stop()
 			return nil
+		case <-n.drain:
+			t.Stop()
+			return ErrClosed
 		case <-stored:
 		case <-t.C:
 		}

@@ -53,20 +53,8 @@ func ParseConfig(b []byte) (Config, error) {
 			if len(badKeys) > 0 && spec.Key == "" {
 				bad["key"] = true // most likely the key with a typo, already reported
 			}
-			if an := mappingValue(pn, "aggregates"); an != nil && an.Kind == yaml.MappingNode {
-				errs = append(errs, duplicateKeys(an, where+": aggregates")...)
-				spec.Aggregates = make(map[string]AggregateConfig, len(an.Content)/2)
-				for j := 0; j+1 < len(an.Content); j += 2 {
-					aname := an.Content[j].Value
-					var a AggregateConfig
-					aerrs, _ := decodeStrict(an.Content[j+1], &a, fmt.Sprintf("%s: aggregates.%s", where, aname))
-					if len(aerrs) > 0 {
-						bad["aggregates."+aname] = true
-						errs = append(errs, aerrs...)
-					}
-					spec.Aggregates[aname] = a
-				}
-			}
+			spec.Aggregates = decodeEntries[AggregateConfig](pn, "aggregates", where, bad, &errs)
+			spec.Windows = decodeEntries[fold.WindowSpec](pn, "windows", where, bad, &errs)
 			if len(bad) > 0 {
 				broken[name] = bad
 				structural = true
@@ -97,6 +85,29 @@ func ParseConfig(b []byte) (Config, error) {
 	return c, nil
 }
 
+// decodeEntries decodes the map section of pipeline node pn strictly, entry
+// by entry, marking the entries with structural problems in bad (as
+// "section.name") and adding the problems to errs. An absent section is nil.
+func decodeEntries[T any](pn *yaml.Node, section, where string, bad map[string]bool, errs *[]error) map[string]T {
+	sn := mappingValue(pn, section)
+	if sn == nil || sn.Kind != yaml.MappingNode {
+		return nil
+	}
+	*errs = append(*errs, duplicateKeys(sn, where+": "+section)...)
+	entries := make(map[string]T, len(sn.Content)/2)
+	for j := 0; j+1 < len(sn.Content); j += 2 {
+		name := sn.Content[j].Value
+		var v T
+		verrs, _ := decodeStrict(sn.Content[j+1], &v, fmt.Sprintf("%s: %s.%s", where, section, name))
+		if len(verrs) > 0 {
+			bad[section+"."+name] = true
+			*errs = append(*errs, verrs...)
+		}
+		entries[name] = v
+	}
+	return entries
+}
+
 // entryLines maps a pipeline's entries ("" for the pipeline, "key",
 // "aggregates.amount", …) to their lines.
 func entryLines(name, n *yaml.Node) map[string]int {
@@ -107,9 +118,9 @@ func entryLines(name, n *yaml.Node) map[string]int {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		m[k.Value] = k.Line
-		if k.Value == "aggregates" && v.Kind == yaml.MappingNode {
+		if (k.Value == "aggregates" || k.Value == "windows") && v.Kind == yaml.MappingNode {
 			for j := 0; j+1 < len(v.Content); j += 2 {
-				m["aggregates."+v.Content[j].Value] = v.Content[j].Line
+				m[k.Value+"."+v.Content[j].Value] = v.Content[j].Line
 			}
 		}
 	}

@@ -23,7 +23,7 @@ const checkpointParallelism = 16
 // log), so replay after a crash starts there.
 func (h *Host) checkpoint(ctx context.Context) error {
 	h.outputsPending.Store(false) // the snapshots below carry what was emitted
-	var groups errgroup.Group // every group is tried; the first error is returned
+	var groups errgroup.Group     // every group is tried; the first error is returned
 	groups.SetLimit(checkpointParallelism)
 	for g := range h.cfg.Groups {
 		h.mu.Lock()

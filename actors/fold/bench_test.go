@@ -3,6 +3,7 @@ package fold_test
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 
@@ -25,6 +26,21 @@ func quickstart(b *testing.B) *fold.Pipeline {
 // country, quantiles of the amount) if sketches.
 func quickstartWith(b *testing.B, sketches bool) *fold.Pipeline {
 	b.Helper()
+	spec := quickstartSpec(b)
+	if !sketches {
+		delete(spec.Aggregates, "countries")
+		delete(spec.Aggregates, "amounts")
+	}
+	p, err := fold.Compile("logins", spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+// quickstartSpec reads the logins pipeline of examples/quickstart.yaml.
+func quickstartSpec(b *testing.B) fold.Spec {
+	b.Helper()
 	raw, err := os.ReadFile("../../examples/quickstart.yaml")
 	if err != nil {
 		b.Fatal(err)
@@ -39,15 +55,7 @@ func quickstartWith(b *testing.B, sketches bool) *fold.Pipeline {
 	if !ok || len(spec.Aggregates) != 8 {
 		b.Fatalf("examples/quickstart.yaml: want a logins pipeline with 8 aggregates, got %+v", spec)
 	}
-	if !sketches {
-		delete(spec.Aggregates, "countries")
-		delete(spec.Aggregates, "amounts")
-	}
-	p, err := fold.Compile("logins", spec)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return p
+	return spec
 }
 
 // benchEvents returns n realistic login events of one user, each with its
@@ -205,4 +213,102 @@ func BenchmarkCheckpointHotKey(b *testing.B) {
 			s.Persisted(parts.Version)
 		}
 	})
+}
+
+// windowSpecs are the window setups the window benchmarks compare, on the
+// quickstart pipeline's running aggregates.
+var windowSpecs = []struct {
+	name    string
+	windows map[string]fold.WindowSpec
+}{
+	{"none", nil},
+	{"tumbling", map[string]fold.WindowSpec{
+		"per_minute": {Type: "tumbling", Size: time.Minute, Aggregates: []string{"total", "amount"}},
+	}},
+	{"sliding", map[string]fold.WindowSpec{
+		"last_hour": {Type: "sliding", Size: time.Hour, Slide: 5 * time.Minute, Aggregates: []string{"total"}},
+	}},
+	{"tumbling+sliding+session", map[string]fold.WindowSpec{
+		"per_minute": {Type: "tumbling", Size: time.Minute, Aggregates: []string{"total", "amount"}},
+		"last_hour":  {Type: "sliding", Size: time.Hour, Slide: 5 * time.Minute, Aggregates: []string{"total"}},
+		"sessions":   {Type: "session", Gap: 30 * time.Minute, Aggregates: []string{"total"}},
+	}},
+}
+
+func windowed(b *testing.B, windows map[string]fold.WindowSpec) *fold.Pipeline {
+	b.Helper()
+	spec := quickstartSpec(b)
+	delete(spec.Aggregates, "countries")
+	delete(spec.Aggregates, "amounts")
+	spec.ID = "" // the cost of windows alone
+	spec.Windows = windows
+	p, err := fold.Compile("logins", spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+// BenchmarkWindows is the cost per event of windows: one op advances the
+// key's watermark to 5 s behind the event (emitting what closes) and applies
+// the event; event time moves 1 s per event, so a tumbling minute emits
+// every 60 events and a sliding hour (12 windows an event) every 300.
+func BenchmarkWindows(b *testing.B) {
+	for _, ws := range windowSpecs {
+		p := windowed(b, ws.windows)
+		b.Run(ws.name, func(b *testing.B) {
+			events, err := p.PrepareBatch(benchEvents(1024, true))
+			if err != nil {
+				b.Fatal(err)
+			}
+			var s fold.State
+			ts := int64(1_700_000_000_000)
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				ts += 1000
+				ev := *events[i%len(events)]
+				ev.Time = ts
+				p.Advance(&s, "user-1234", ts-5000)
+				p.Apply(&s, &ev, ts)
+				if i%1024 == 0 { // the checkpoint stores the results
+					s.Persisted(s.Version())
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkWindowMemory reports the heap a key takes with its windows open:
+// 10,000 keys of 10 events each, within one minute of event time (so every
+// window is open), without ids.
+func BenchmarkWindowMemory(b *testing.B) {
+	for _, ws := range windowSpecs {
+		p := windowed(b, ws.windows)
+		b.Run(ws.name, func(b *testing.B) {
+			events, err := p.PrepareBatch(benchEvents(10, true))
+			if err != nil {
+				b.Fatal(err)
+			}
+			const keys = 10_000
+			var perKey float64
+			for b.Loop() {
+				states := make([]fold.State, keys)
+				var before, after runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&before)
+				for k := range states {
+					for i, ev := range events {
+						e := *ev
+						e.Time = 1_700_000_000_000 + int64(i)*1000
+						p.Apply(&states[k], &e, e.Time)
+					}
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				perKey = float64(after.HeapAlloc-before.HeapAlloc) / keys
+				runtime.KeepAlive(states)
+			}
+			b.ReportMetric(perKey, "B/key")
+		})
+	}
 }

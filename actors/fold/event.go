@@ -21,7 +21,7 @@ type Event struct {
 	ID string
 	// Time is the event time in Unix milliseconds, or 0 when the pipeline
 	// has no time field (ingest time is used).
-	Time int64
+	Time  int64
 	timed bool // Time was read from the event's time field
 	// Erase makes the event a tombstone: applying it erases the key (see
 	// Erase). Raw is empty.

@@ -17,10 +17,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/keyfold/keyfold"
+	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/services/servicetest"
 )
 
@@ -199,5 +201,165 @@ func TestGRPCTLS(t *testing.T) {
 	cfg2.GRPCTLSKey = ""
 	if err := cfg2.Validate(); err == nil {
 		t.Error("a certificate without its key validated")
+	}
+}
+
+// pollUntil checks cond every 20 ms until it holds; the test fails if
+// timeout passes first.
+func pollUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer a running command writes to while the
+// test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// parseOutputs reads the NDJSON that `keyfold outputs` prints.
+func parseOutputs(t *testing.T, ndjson string) []keyfold.Output {
+	t.Helper()
+	var outs []keyfold.Output
+	for line := range strings.Lines(ndjson) {
+		var o keyfold.Output
+		if err := json.Unmarshal([]byte(line), &o); err != nil {
+			t.Fatalf("outputs line %q: %v", line, err)
+		}
+		outs = append(outs, o)
+	}
+	return outs
+}
+
+// TestOutputs: `keyfold outputs` prints a pipeline's window results as
+// NDJSON, from a cursor and up to a limit, and --follow prints them as they
+// are stored until interrupted.
+func TestOutputs(t *testing.T) {
+	// A 1 s tumbling window on ingest time: no time field, so the watermark
+	// is the node's clock and a window's result is stored within about two
+	// seconds. (The window is set in Go, so that this test does not depend
+	// on ParseConfig reading windows:, which the keyfold package tests.)
+	cfg := servicetest.Config(t, `
+pipelines:
+  clicks:
+    key: page
+    id: id
+    aggregates:
+      n:     { op: count }
+      total: { op: sum, field: amount }
+`)
+	p := cfg.Pipelines["clicks"]
+	p.Windows = map[string]fold.WindowSpec{"second": {Type: "tumbling", Size: time.Second}}
+	cfg.Pipelines["clicks"] = p
+	cfg.GRPCAddr = "127.0.0.1:0"
+	addr := servicetest.Run(t, cfg).GRPCAddr()
+
+	// Follow from the start, before anything is stored.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var followed lockedBuffer
+	follow := newRoot()
+	follow.SetArgs([]string{"outputs", "--addr", addr, "--follow", "clicks"})
+	follow.SetOut(&followed)
+	follow.SetErr(&followed)
+	followDone := make(chan error, 1)
+	go func() { followDone <- follow.ExecuteContext(ctx) }()
+
+	in := filepath.Join(t.TempDir(), "clicks.ndjson")
+	os.WriteFile(in, []byte(`{"page":"home","id":"1","amount":2}
+{"page":"home","id":"2","amount":3}
+{"page":"cart","id":"3","amount":10}
+{"page":"about","id":"4","amount":1}
+`), 0o600)
+	if out, err := runCLI(t, "send", "--addr", addr, "clicks", in); err != nil || !strings.Contains(out, "4 accepted") {
+		t.Fatalf("send: %v\n%s", err, out)
+	}
+
+	var all []keyfold.Output
+	pollUntil(t, 15*time.Second, "three window results", func() bool {
+		out, err := runCLI(t, "outputs", "--addr", addr, "clicks")
+		if err != nil {
+			t.Fatalf("outputs: %v\n%s", err, out)
+		}
+		all = parseOutputs(t, out)
+		return len(all) >= 3
+	})
+	type result struct {
+		count  uint64
+		values string
+	}
+	want := map[string]result{"home": {2, `{"n":2,"total":5}`}, "cart": {1, `{"n":1,"total":10}`}, "about": {1, `{"n":1,"total":1}`}}
+	for _, o := range all {
+		if o.Cursor == "" || o.ID == "" || o.Pipeline != "clicks" || o.Kind != "tumbling" || o.Name != "second" ||
+			o.End.Sub(o.Start) != time.Second || o.Stored.IsZero() || o.Watermark.Before(o.End) {
+			t.Errorf("output %+v", o)
+		}
+		if w, ok := want[o.Key]; !ok || o.Count != w.count || string(o.Values) != w.values {
+			t.Errorf("output of %q: count %d, values %s; want %+v", o.Key, o.Count, o.Values, w)
+		}
+		delete(want, o.Key)
+	}
+	if len(all) != 3 || len(want) != 0 {
+		t.Fatalf("%d outputs, missing %v", len(all), want)
+	}
+
+	// From a cursor; up to a limit.
+	out, err := runCLI(t, "outputs", "--addr", addr, "--after", all[0].Cursor, "clicks")
+	if got := parseOutputs(t, out); err != nil || len(got) != 2 || got[0].ID != all[1].ID || got[1].ID != all[2].ID {
+		t.Errorf("outputs --after the first: %v\n%s", err, out)
+	}
+	out, err = runCLI(t, "outputs", "--addr", addr, "--limit", "1", "clicks")
+	if got := parseOutputs(t, out); err != nil || len(got) != 1 || got[0].ID != all[0].ID {
+		t.Errorf("outputs --limit 1: %v\n%s", err, out)
+	}
+	if out, err := runCLI(t, "outputs", "--addr", addr, "--after", all[2].Cursor, "clicks"); err != nil || out != "" {
+		t.Errorf("outputs after the last: %v\n%q", err, out)
+	}
+	// --follow with a limit ends once it printed that many.
+	out, err = runCLI(t, "outputs", "--addr", addr, "--follow", "--limit", "2", "--after", all[0].Cursor, "clicks")
+	if got := parseOutputs(t, out); err != nil || len(got) != 2 || got[1].Cursor != all[2].Cursor {
+		t.Errorf("outputs --follow --limit 2: %v\n%s", err, out)
+	}
+
+	// The follower printed the same lines as they were stored; it stops,
+	// without an error, when interrupted.
+	pollUntil(t, 10*time.Second, "the follower's three lines", func() bool { return strings.Count(followed.String(), "\n") >= 3 })
+	if got := parseOutputs(t, followed.String()); len(got) != 3 || got[0].Cursor != all[0].Cursor || got[2].Cursor != all[2].Cursor {
+		t.Errorf("outputs --follow printed:\n%s", followed.String())
+	}
+	cancel()
+	select {
+	case err := <-followDone:
+		if err != nil {
+			t.Errorf("outputs --follow, interrupted: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("outputs --follow did not stop 10s after it was interrupted")
+	}
+
+	if _, err := runCLI(t, "outputs", "--addr", addr, "nope"); err == nil || !strings.Contains(err.Error(), "NotFound") {
+		t.Errorf("outputs of an unknown pipeline: %v", err)
+	}
+	if _, err := runCLI(t, "outputs", "--addr", addr, "--follow", "--after", "not-a-cursor", "clicks"); err == nil || !strings.Contains(err.Error(), "InvalidArgument") {
+		t.Errorf("outputs --follow after a bad cursor: %v", err)
 	}
 }

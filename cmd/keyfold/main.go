@@ -28,6 +28,6 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServe(), newSend(), newGet(), newBench())
+	root.AddCommand(newServe(), newSend(), newGet(), newOutputs(), newBench())
 	return root
 }

@@ -24,8 +24,9 @@ import (
 // stalledBackend accepts batches and completes none until released: a node
 // whose store stopped answering.
 type stalledBackend struct {
-	submitted atomic.Int64
-	release   chan struct{}
+	grpcapi.Backend // the methods not defined below are never called
+	submitted       atomic.Int64
+	release         chan struct{}
 }
 
 func (b *stalledBackend) Ingest(ctx context.Context, p string, ev [][]byte) (int, int, error) {

@@ -38,6 +38,14 @@ type Backend interface {
 	Delete(ctx context.Context, pipeline, key string) error
 	// Pipelines describes the configured pipelines.
 	Pipelines() []*keyfoldv1.PipelineInfo
+	// Outputs returns up to limit results of a pipeline stored after
+	// cursor after ("" from the oldest kept), oldest first.
+	Outputs(ctx context.Context, pipeline, after string, limit int) ([]*keyfoldv1.OutputEntry, error)
+	// Subscribe calls fn with each result of a pipeline stored after cursor
+	// after, then with each new one as it is stored, until ctx ends (it
+	// then returns nil), fn fails (it returns fn's error) or the backend
+	// stops serving (a draining node: an error that maps to Unavailable).
+	Subscribe(ctx context.Context, pipeline, after string, fn func(*keyfoldv1.OutputEntry) error) error
 }
 
 // KeyState is one key's state.
@@ -206,7 +214,8 @@ func (s *server) ListPipelines(context.Context, *keyfoldv1.ListPipelinesRequest)
 
 // status turns an error into a gRPC status: the code from the shared table,
 // the public message, a BadRequest detail naming the event and field of an
-// invalid batch, and a RetryInfo detail on the retryable codes.
+// invalid batch (or the refused request field), and a RetryInfo detail on
+// the retryable codes.
 func (s *server) status(err error) error {
 	st := services.StatusOf(err)
 	if st.HTTP >= 500 && !st.Retryable() {
@@ -224,6 +233,12 @@ func (s *server) status(err error) error {
 		}
 		details = append(details, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
 			{Field: name, Description: reason},
+		}})
+	}
+	var re *requestError
+	if errors.As(err, &re) {
+		details = append(details, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
+			{Field: re.field, Description: re.reason},
 		}})
 	}
 	if st.Retryable() {

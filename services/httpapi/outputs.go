@@ -66,18 +66,18 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request) {
 	if after == "" {
 		after = r.URL.Query().Get("after")
 	}
-	flusher, ok := w.(http.Flusher)
-	if !ok {
-		s.fail(w, r, fmt.Errorf("streaming is not supported by this server"))
-		return
-	}
 	// Check the pipeline and the cursor before answering 200.
 	if _, err := s.b.Outputs(r.Context(), r.PathValue("pipeline"), after, 1); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	rc := http.NewResponseController(w)
-	_ = rc.SetWriteDeadline(time.Time{}) // a stream outlives the server's write timeout
+	flusher, ok := w.(http.Flusher)
+	if !ok {
+		s.fail(w, r, fmt.Errorf("streaming is not supported by this server"))
+		return
+	}
+	// A stream outlives the server's write timeout.
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")

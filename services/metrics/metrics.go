@@ -32,6 +32,7 @@ func RegisterHost(reg prometheus.Registerer, stats func() actors.Stats) error {
 		gauge("key_groups_unavailable", "Key groups not served now: being recovered or taken over again.", func(s actors.Stats) float64 { return float64(s.GroupsUnavailable) }),
 		gauge("active_keys", "Key actors in memory.", func(s actors.Stats) float64 { return float64(s.ActiveKeys) }),
 		gauge("dirty_keys", "Keys changed since their last snapshot.", func(s actors.Stats) float64 { return float64(s.DirtyKeys) }),
+		counter("timers_fired_total", "Keys woken because a window timer was due.", func(s actors.Stats) float64 { return float64(s.TimersFired) }),
 		pipelineCollector{stats},
 	} {
 		if err := reg.Register(c); err != nil {
@@ -46,6 +47,10 @@ var (
 		"Events applied to keys, duplicates included, by pipeline.", []string{"pipeline"}, nil)
 	pipelineDupsDesc = prometheus.NewDesc("keyfold_pipeline_duplicates_total",
 		"Events skipped because their id was already applied to the key, by pipeline.", []string{"pipeline"}, nil)
+	pipelineLateDesc = prometheus.NewDesc("keyfold_pipeline_late_events_total",
+		"Events too late for every window they belonged to (dropped from the windows), by pipeline.", []string{"pipeline"}, nil)
+	pipelineEmittedDesc = prometheus.NewDesc("keyfold_pipeline_outputs_emitted_total",
+		"Window results emitted by keys (a replay emits its results again, with the same ids), by pipeline.", []string{"pipeline"}, nil)
 )
 
 // pipelineCollector reports the per-pipeline counters, read at each scrape.
@@ -54,12 +59,16 @@ type pipelineCollector struct{ stats func() actors.Stats }
 func (c pipelineCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- pipelineEventsDesc
 	ch <- pipelineDupsDesc
+	ch <- pipelineLateDesc
+	ch <- pipelineEmittedDesc
 }
 
 func (c pipelineCollector) Collect(ch chan<- prometheus.Metric) {
 	for name, ps := range c.stats().Pipelines {
 		ch <- prometheus.MustNewConstMetric(pipelineEventsDesc, prometheus.CounterValue, float64(ps.Events), name)
 		ch <- prometheus.MustNewConstMetric(pipelineDupsDesc, prometheus.CounterValue, float64(ps.Duplicates), name)
+		ch <- prometheus.MustNewConstMetric(pipelineLateDesc, prometheus.CounterValue, float64(ps.Late), name)
+		ch <- prometheus.MustNewConstMetric(pipelineEmittedDesc, prometheus.CounterValue, float64(ps.Emitted), name)
 	}
 }
 
@@ -116,3 +125,14 @@ func (w *statusWriter) WriteHeader(status int) {
 	w.status = status
 	w.ResponseWriter.WriteHeader(status)
 }
+
+// Flush passes on flushes (the Server-Sent Events stream needs them).
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap gives http.ResponseController the underlying writer (write
+// deadlines, flushes).
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

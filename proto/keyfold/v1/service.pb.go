@@ -784,12 +784,246 @@ func (x *AggregateInfo) GetWhere() string {
 	return ""
 }
 
+type ListOutputsRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Pipeline string                 `protobuf:"bytes,1,opt,name=pipeline,proto3" json:"pipeline,omitempty"`
+	// Read after this cursor (an OutputEntry's or a response's next); ""
+	// reads from the oldest result kept.
+	After string `protobuf:"bytes,2,opt,name=after,proto3" json:"after,omitempty"`
+	// At most this many entries (default 100, at most 10000).
+	Limit         uint32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListOutputsRequest) Reset() {
+	*x = ListOutputsRequest{}
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListOutputsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListOutputsRequest) ProtoMessage() {}
+
+func (x *ListOutputsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListOutputsRequest.ProtoReflect.Descriptor instead.
+func (*ListOutputsRequest) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ListOutputsRequest) GetPipeline() string {
+	if x != nil {
+		return x.Pipeline
+	}
+	return ""
+}
+
+func (x *ListOutputsRequest) GetAfter() string {
+	if x != nil {
+		return x.After
+	}
+	return ""
+}
+
+func (x *ListOutputsRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type ListOutputsResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Outputs []*OutputEntry         `protobuf:"bytes,1,rep,name=outputs,proto3" json:"outputs,omitempty"`
+	// The cursor to pass as after for the following page: the last entry's,
+	// or the request's own when there was nothing newer.
+	Next          string `protobuf:"bytes,2,opt,name=next,proto3" json:"next,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListOutputsResponse) Reset() {
+	*x = ListOutputsResponse{}
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListOutputsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListOutputsResponse) ProtoMessage() {}
+
+func (x *ListOutputsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListOutputsResponse.ProtoReflect.Descriptor instead.
+func (*ListOutputsResponse) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ListOutputsResponse) GetOutputs() []*OutputEntry {
+	if x != nil {
+		return x.Outputs
+	}
+	return nil
+}
+
+func (x *ListOutputsResponse) GetNext() string {
+	if x != nil {
+		return x.Next
+	}
+	return ""
+}
+
+type SubscribeRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Pipeline string                 `protobuf:"bytes,1,opt,name=pipeline,proto3" json:"pipeline,omitempty"`
+	// Stream the results stored after this cursor; "" from the oldest kept.
+	After         string `protobuf:"bytes,2,opt,name=after,proto3" json:"after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscribeRequest) Reset() {
+	*x = SubscribeRequest{}
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscribeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscribeRequest) ProtoMessage() {}
+
+func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
+func (*SubscribeRequest) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *SubscribeRequest) GetPipeline() string {
+	if x != nil {
+		return x.Pipeline
+	}
+	return ""
+}
+
+func (x *SubscribeRequest) GetAfter() string {
+	if x != nil {
+		return x.After
+	}
+	return ""
+}
+
+// OutputEntry is one stored result of a pipeline.
+type OutputEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Resumes a read or a subscription after this entry (opaque).
+	Cursor string `protobuf:"bytes,1,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	// The result, as the output log keeps it.
+	Output *Output `protobuf:"bytes,2,opt,name=output,proto3" json:"output,omitempty"`
+	// When the result reached the store (Unix milliseconds).
+	StoredMs      int64 `protobuf:"varint,3,opt,name=stored_ms,json=storedMs,proto3" json:"stored_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OutputEntry) Reset() {
+	*x = OutputEntry{}
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OutputEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OutputEntry) ProtoMessage() {}
+
+func (x *OutputEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OutputEntry.ProtoReflect.Descriptor instead.
+func (*OutputEntry) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *OutputEntry) GetCursor() string {
+	if x != nil {
+		return x.Cursor
+	}
+	return ""
+}
+
+func (x *OutputEntry) GetOutput() *Output {
+	if x != nil {
+		return x.Output
+	}
+	return nil
+}
+
+func (x *OutputEntry) GetStoredMs() int64 {
+	if x != nil {
+		return x.StoredMs
+	}
+	return 0
+}
+
 var File_proto_keyfold_v1_service_proto protoreflect.FileDescriptor
 
 const file_proto_keyfold_v1_service_proto_rawDesc = "" +
 	"\n" +
 	"\x1eproto/keyfold/v1/service.proto\x12\n" +
-	"keyfold.v1\"C\n" +
+	"keyfold.v1\x1a\x1aproto/keyfold/v1/log.proto\"C\n" +
 	"\rIngestRequest\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x16\n" +
 	"\x06events\x18\x02 \x03(\fR\x06events\"L\n" +
@@ -853,13 +1087,29 @@ const file_proto_keyfold_v1_service_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02op\x18\x02 \x01(\tR\x02op\x12\x14\n" +
 	"\x05field\x18\x03 \x01(\tR\x05field\x12\x14\n" +
-	"\x05where\x18\x04 \x01(\tR\x05where2\x88\x03\n" +
+	"\x05where\x18\x04 \x01(\tR\x05where\"\\\n" +
+	"\x12ListOutputsRequest\x12\x1a\n" +
+	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x14\n" +
+	"\x05after\x18\x02 \x01(\tR\x05after\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\rR\x05limit\"\\\n" +
+	"\x13ListOutputsResponse\x121\n" +
+	"\aoutputs\x18\x01 \x03(\v2\x17.keyfold.v1.OutputEntryR\aoutputs\x12\x12\n" +
+	"\x04next\x18\x02 \x01(\tR\x04next\"D\n" +
+	"\x10SubscribeRequest\x12\x1a\n" +
+	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x14\n" +
+	"\x05after\x18\x02 \x01(\tR\x05after\"n\n" +
+	"\vOutputEntry\x12\x16\n" +
+	"\x06cursor\x18\x01 \x01(\tR\x06cursor\x12*\n" +
+	"\x06output\x18\x02 \x01(\v2\x12.keyfold.v1.OutputR\x06output\x12\x1b\n" +
+	"\tstored_ms\x18\x03 \x01(\x03R\bstoredMs2\x9e\x04\n" +
 	"\aKeyfold\x12?\n" +
 	"\x06Ingest\x12\x19.keyfold.v1.IngestRequest\x1a\x1a.keyfold.v1.IngestResponse\x12U\n" +
 	"\fIngestStream\x12\x1f.keyfold.v1.IngestStreamRequest\x1a .keyfold.v1.IngestStreamResponse(\x010\x01\x12E\n" +
 	"\bGetState\x12\x1b.keyfold.v1.GetStateRequest\x1a\x1c.keyfold.v1.GetStateResponse\x12H\n" +
 	"\tDeleteKey\x12\x1c.keyfold.v1.DeleteKeyRequest\x1a\x1d.keyfold.v1.DeleteKeyResponse\x12T\n" +
-	"\rListPipelines\x12 .keyfold.v1.ListPipelinesRequest\x1a!.keyfold.v1.ListPipelinesResponseB7Z5github.com/keyfold/keyfold/proto/keyfold/v1;keyfoldv1b\x06proto3"
+	"\rListPipelines\x12 .keyfold.v1.ListPipelinesRequest\x1a!.keyfold.v1.ListPipelinesResponse\x12N\n" +
+	"\vListOutputs\x12\x1e.keyfold.v1.ListOutputsRequest\x1a\x1f.keyfold.v1.ListOutputsResponse\x12D\n" +
+	"\tSubscribe\x12\x1c.keyfold.v1.SubscribeRequest\x1a\x17.keyfold.v1.OutputEntry0\x01B7Z5github.com/keyfold/keyfold/proto/keyfold/v1;keyfoldv1b\x06proto3"
 
 var (
 	file_proto_keyfold_v1_service_proto_rawDescOnce sync.Once
@@ -873,7 +1123,7 @@ func file_proto_keyfold_v1_service_proto_rawDescGZIP() []byte {
 	return file_proto_keyfold_v1_service_proto_rawDescData
 }
 
-var file_proto_keyfold_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_proto_keyfold_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_proto_keyfold_v1_service_proto_goTypes = []any{
 	(*IngestRequest)(nil),         // 0: keyfold.v1.IngestRequest
 	(*IngestResponse)(nil),        // 1: keyfold.v1.IngestResponse
@@ -888,28 +1138,39 @@ var file_proto_keyfold_v1_service_proto_goTypes = []any{
 	(*ListPipelinesResponse)(nil), // 10: keyfold.v1.ListPipelinesResponse
 	(*PipelineInfo)(nil),          // 11: keyfold.v1.PipelineInfo
 	(*AggregateInfo)(nil),         // 12: keyfold.v1.AggregateInfo
-	nil,                           // 13: keyfold.v1.GetStateResponse.AggregatesEntry
+	(*ListOutputsRequest)(nil),    // 13: keyfold.v1.ListOutputsRequest
+	(*ListOutputsResponse)(nil),   // 14: keyfold.v1.ListOutputsResponse
+	(*SubscribeRequest)(nil),      // 15: keyfold.v1.SubscribeRequest
+	(*OutputEntry)(nil),           // 16: keyfold.v1.OutputEntry
+	nil,                           // 17: keyfold.v1.GetStateResponse.AggregatesEntry
+	(*Output)(nil),                // 18: keyfold.v1.Output
 }
 var file_proto_keyfold_v1_service_proto_depIdxs = []int32{
 	4,  // 0: keyfold.v1.IngestStreamResponse.error:type_name -> keyfold.v1.BatchError
-	13, // 1: keyfold.v1.GetStateResponse.aggregates:type_name -> keyfold.v1.GetStateResponse.AggregatesEntry
+	17, // 1: keyfold.v1.GetStateResponse.aggregates:type_name -> keyfold.v1.GetStateResponse.AggregatesEntry
 	11, // 2: keyfold.v1.ListPipelinesResponse.pipelines:type_name -> keyfold.v1.PipelineInfo
 	12, // 3: keyfold.v1.PipelineInfo.aggregates:type_name -> keyfold.v1.AggregateInfo
-	0,  // 4: keyfold.v1.Keyfold.Ingest:input_type -> keyfold.v1.IngestRequest
-	2,  // 5: keyfold.v1.Keyfold.IngestStream:input_type -> keyfold.v1.IngestStreamRequest
-	5,  // 6: keyfold.v1.Keyfold.GetState:input_type -> keyfold.v1.GetStateRequest
-	7,  // 7: keyfold.v1.Keyfold.DeleteKey:input_type -> keyfold.v1.DeleteKeyRequest
-	9,  // 8: keyfold.v1.Keyfold.ListPipelines:input_type -> keyfold.v1.ListPipelinesRequest
-	1,  // 9: keyfold.v1.Keyfold.Ingest:output_type -> keyfold.v1.IngestResponse
-	3,  // 10: keyfold.v1.Keyfold.IngestStream:output_type -> keyfold.v1.IngestStreamResponse
-	6,  // 11: keyfold.v1.Keyfold.GetState:output_type -> keyfold.v1.GetStateResponse
-	8,  // 12: keyfold.v1.Keyfold.DeleteKey:output_type -> keyfold.v1.DeleteKeyResponse
-	10, // 13: keyfold.v1.Keyfold.ListPipelines:output_type -> keyfold.v1.ListPipelinesResponse
-	9,  // [9:14] is the sub-list for method output_type
-	4,  // [4:9] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	16, // 4: keyfold.v1.ListOutputsResponse.outputs:type_name -> keyfold.v1.OutputEntry
+	18, // 5: keyfold.v1.OutputEntry.output:type_name -> keyfold.v1.Output
+	0,  // 6: keyfold.v1.Keyfold.Ingest:input_type -> keyfold.v1.IngestRequest
+	2,  // 7: keyfold.v1.Keyfold.IngestStream:input_type -> keyfold.v1.IngestStreamRequest
+	5,  // 8: keyfold.v1.Keyfold.GetState:input_type -> keyfold.v1.GetStateRequest
+	7,  // 9: keyfold.v1.Keyfold.DeleteKey:input_type -> keyfold.v1.DeleteKeyRequest
+	9,  // 10: keyfold.v1.Keyfold.ListPipelines:input_type -> keyfold.v1.ListPipelinesRequest
+	13, // 11: keyfold.v1.Keyfold.ListOutputs:input_type -> keyfold.v1.ListOutputsRequest
+	15, // 12: keyfold.v1.Keyfold.Subscribe:input_type -> keyfold.v1.SubscribeRequest
+	1,  // 13: keyfold.v1.Keyfold.Ingest:output_type -> keyfold.v1.IngestResponse
+	3,  // 14: keyfold.v1.Keyfold.IngestStream:output_type -> keyfold.v1.IngestStreamResponse
+	6,  // 15: keyfold.v1.Keyfold.GetState:output_type -> keyfold.v1.GetStateResponse
+	8,  // 16: keyfold.v1.Keyfold.DeleteKey:output_type -> keyfold.v1.DeleteKeyResponse
+	10, // 17: keyfold.v1.Keyfold.ListPipelines:output_type -> keyfold.v1.ListPipelinesResponse
+	14, // 18: keyfold.v1.Keyfold.ListOutputs:output_type -> keyfold.v1.ListOutputsResponse
+	16, // 19: keyfold.v1.Keyfold.Subscribe:output_type -> keyfold.v1.OutputEntry
+	13, // [13:20] is the sub-list for method output_type
+	6,  // [6:13] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_proto_keyfold_v1_service_proto_init() }
@@ -917,13 +1178,14 @@ func file_proto_keyfold_v1_service_proto_init() {
 	if File_proto_keyfold_v1_service_proto != nil {
 		return
 	}
+	file_proto_keyfold_v1_log_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_keyfold_v1_service_proto_rawDesc), len(file_proto_keyfold_v1_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

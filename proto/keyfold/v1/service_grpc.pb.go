@@ -29,6 +29,8 @@ const (
 	Keyfold_GetState_FullMethodName      = "/keyfold.v1.Keyfold/GetState"
 	Keyfold_DeleteKey_FullMethodName     = "/keyfold.v1.Keyfold/DeleteKey"
 	Keyfold_ListPipelines_FullMethodName = "/keyfold.v1.Keyfold/ListPipelines"
+	Keyfold_ListOutputs_FullMethodName   = "/keyfold.v1.Keyfold/ListOutputs"
+	Keyfold_Subscribe_FullMethodName     = "/keyfold.v1.Keyfold/Subscribe"
 )
 
 // KeyfoldClient is the client API for Keyfold service.
@@ -55,6 +57,18 @@ type KeyfoldClient interface {
 	DeleteKey(ctx context.Context, in *DeleteKeyRequest, opts ...grpc.CallOption) (*DeleteKeyResponse, error)
 	// ListPipelines returns the configured pipelines.
 	ListPipelines(ctx context.Context, in *ListPipelinesRequest, opts ...grpc.CallOption) (*ListPipelinesResponse, error)
+	// ListOutputs returns a page of the results a pipeline's keys emitted
+	// (window results), oldest first, stored after the cursor `after`. An
+	// empty page means there is nothing newer yet. Results are delivered at
+	// least once: each carries a stable id to deduplicate by. An unknown
+	// pipeline is NOT_FOUND; a malformed cursor or a limit out of range is
+	// INVALID_ARGUMENT.
+	ListOutputs(ctx context.Context, in *ListOutputsRequest, opts ...grpc.CallOption) (*ListOutputsResponse, error)
+	// Subscribe streams a pipeline's results stored after the cursor `after`
+	// ("" from the oldest kept), then each new one as it is stored, until the
+	// client cancels. A client whose stream broke resumes with `after` set to
+	// the cursor of the last entry it handled (the client library does).
+	Subscribe(ctx context.Context, in *SubscribeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OutputEntry], error)
 }
 
 type keyfoldClient struct {
@@ -118,6 +132,35 @@ func (c *keyfoldClient) ListPipelines(ctx context.Context, in *ListPipelinesRequ
 	return out, nil
 }
 
+func (c *keyfoldClient) ListOutputs(ctx context.Context, in *ListOutputsRequest, opts ...grpc.CallOption) (*ListOutputsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListOutputsResponse)
+	err := c.cc.Invoke(ctx, Keyfold_ListOutputs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *keyfoldClient) Subscribe(ctx context.Context, in *SubscribeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OutputEntry], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Keyfold_ServiceDesc.Streams[1], Keyfold_Subscribe_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SubscribeRequest, OutputEntry]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Keyfold_SubscribeClient = grpc.ServerStreamingClient[OutputEntry]
+
 // KeyfoldServer is the server API for Keyfold service.
 // All implementations must embed UnimplementedKeyfoldServer
 // for forward compatibility.
@@ -142,6 +185,18 @@ type KeyfoldServer interface {
 	DeleteKey(context.Context, *DeleteKeyRequest) (*DeleteKeyResponse, error)
 	// ListPipelines returns the configured pipelines.
 	ListPipelines(context.Context, *ListPipelinesRequest) (*ListPipelinesResponse, error)
+	// ListOutputs returns a page of the results a pipeline's keys emitted
+	// (window results), oldest first, stored after the cursor `after`. An
+	// empty page means there is nothing newer yet. Results are delivered at
+	// least once: each carries a stable id to deduplicate by. An unknown
+	// pipeline is NOT_FOUND; a malformed cursor or a limit out of range is
+	// INVALID_ARGUMENT.
+	ListOutputs(context.Context, *ListOutputsRequest) (*ListOutputsResponse, error)
+	// Subscribe streams a pipeline's results stored after the cursor `after`
+	// ("" from the oldest kept), then each new one as it is stored, until the
+	// client cancels. A client whose stream broke resumes with `after` set to
+	// the cursor of the last entry it handled (the client library does).
+	Subscribe(*SubscribeRequest, grpc.ServerStreamingServer[OutputEntry]) error
 	mustEmbedUnimplementedKeyfoldServer()
 }
 
@@ -166,6 +221,12 @@ func (UnimplementedKeyfoldServer) DeleteKey(context.Context, *DeleteKeyRequest) 
 }
 func (UnimplementedKeyfoldServer) ListPipelines(context.Context, *ListPipelinesRequest) (*ListPipelinesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListPipelines not implemented")
+}
+func (UnimplementedKeyfoldServer) ListOutputs(context.Context, *ListOutputsRequest) (*ListOutputsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListOutputs not implemented")
+}
+func (UnimplementedKeyfoldServer) Subscribe(*SubscribeRequest, grpc.ServerStreamingServer[OutputEntry]) error {
+	return status.Error(codes.Unimplemented, "method Subscribe not implemented")
 }
 func (UnimplementedKeyfoldServer) mustEmbedUnimplementedKeyfoldServer() {}
 func (UnimplementedKeyfoldServer) testEmbeddedByValue()                 {}
@@ -267,6 +328,35 @@ func _Keyfold_ListPipelines_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Keyfold_ListOutputs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListOutputsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KeyfoldServer).ListOutputs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Keyfold_ListOutputs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KeyfoldServer).ListOutputs(ctx, req.(*ListOutputsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Keyfold_Subscribe_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(SubscribeRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(KeyfoldServer).Subscribe(m, &grpc.GenericServerStream[SubscribeRequest, OutputEntry]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Keyfold_SubscribeServer = grpc.ServerStreamingServer[OutputEntry]
+
 // Keyfold_ServiceDesc is the grpc.ServiceDesc for Keyfold service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -290,6 +380,10 @@ var Keyfold_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ListPipelines",
 			Handler:    _Keyfold_ListPipelines_Handler,
 		},
+		{
+			MethodName: "ListOutputs",
+			Handler:    _Keyfold_ListOutputs_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -297,6 +391,11 @@ var Keyfold_ServiceDesc = grpc.ServiceDesc{
 			Handler:       _Keyfold_IngestStream_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "Subscribe",
+			Handler:       _Keyfold_Subscribe_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "proto/keyfold/v1/service.proto",

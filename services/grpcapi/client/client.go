@@ -3,6 +3,7 @@
 //	c, err := client.Dial("localhost:9090")
 //	res, err := c.Ingest(ctx, "logins", events) // each event a JSON object
 //	st, err := c.GetState(ctx, "logins", "alice")
+//	err = c.Subscribe(ctx, "logins", cursor, fn) // window results, live
 //
 // Deadlines come from the context. Ingest retries what failed in a way that
 // may succeed later (Unavailable, ResourceExhausted, DeadlineExceeded of one
@@ -10,6 +11,8 @@
 // suggests: that is safe for events that carry their pipeline's id field,
 // which are applied once however often they are sent. Events without ids
 // may be counted twice by a retry; set MaxRetries to 0 for those.
+// Subscribe resumes a broken stream of results from the last one it
+// delivered, until its context ends.
 package client
 
 import (
@@ -18,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"time"
 
@@ -169,7 +173,7 @@ type Error struct {
 	Code       codes.Code
 	Message    string
 	EventIndex int    // -1 if the error is not about one event
-	Field      string // the offending field, "" if none
+	Field      string // the offending field (of the event, else of the request), "" if none
 	err        error
 }
 
@@ -195,8 +199,12 @@ func wrap(err error) error {
 	return e
 }
 
-// parseViolation reads "events[3].amount" (or "events[3]").
+// parseViolation reads "events[3].amount" (or "events[3]"), or the name
+// of a request field ("pipeline", "limit").
 func parseViolation(f string) (int, string) {
+	if !strings.HasPrefix(f, "events") {
+		return -1, f
+	}
 	var i int
 	var rest string
 	if n, _ := fmt.Sscanf(f, "events[%d]%s", &i, &rest); n >= 1 {
