@@ -104,19 +104,19 @@ func benchHTTPIngest(b *testing.B, n *keyfold.Node) {
 // BenchmarkHTTPIngestWindows is BenchmarkHTTPIngest on the embedded store
 // with windows on (event time is ingest time, so windows close, emit and
 // store their results while the load runs) against aggregates only: a
-// tumbling 10 s window, and a sliding minute every 10 s (6 windows an
-// event) on top.
+// tumbling 1 s window, and a sliding 10 s window every 2 s (5 windows an
+// event) on top. With 10k keys, each key emits a result a second per window.
 func BenchmarkHTTPIngestWindows(b *testing.B) {
 	for _, c := range []struct{ name, windows string }{
 		{"none", ""},
 		{"tumbling", `
     windows:
-      per_10s: { type: tumbling, size: 10s, aggregates: [total, amount] }
+      per_second: { type: tumbling, size: 1s, aggregates: [total, amount] }
 `},
 		{"tumbling+sliding", `
     windows:
-      per_10s:    { type: tumbling, size: 10s, aggregates: [total, amount] }
-      last_minute: { type: sliding, size: 1m, slide: 10s, aggregates: [total] }
+      per_second: { type: tumbling, size: 1s, aggregates: [total, amount] }
+      last_10s:   { type: sliding, size: 10s, slide: 2s, aggregates: [total] }
 `},
 	} {
 		b.Run("windows="+c.name, func(b *testing.B) {
