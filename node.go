@@ -69,7 +69,12 @@ type KeyState struct {
 	Watermark *time.Time    `json:"watermark,omitempty"`
 	Late      *uint64       `json:"late,omitempty"`
 	Windows   []WindowState `json:"windows,omitzero"`
+	// For a pipeline with patterns: each pattern's progress and matches.
+	Patterns []PatternState `json:"patterns,omitempty"`
 }
+
+// PatternState is one pattern's progress on a key.
+type PatternState = fold.PatternView
 
 // WindowState is one window of a key.
 type WindowState = fold.WindowView
@@ -426,7 +431,7 @@ func (n *Node) Query(ctx context.Context, pipeline, key string) (KeyState, error
 	ks := KeyState{Pipeline: pipeline, Key: key, Seq: v.Seq, Duplicates: v.Duplicates, Aggregates: v.Aggregates}
 	if n.pipelines[pipeline].Timed() {
 		wm := time.UnixMilli(v.Watermark).UTC()
-		ks.Watermark, ks.Late, ks.Windows = &wm, &v.Late, v.Windows
+		ks.Watermark, ks.Late, ks.Windows, ks.Patterns = &wm, &v.Late, v.Windows, v.Patterns
 		if ks.Windows == nil {
 			ks.Windows = []WindowState{}
 		}

@@ -55,6 +55,7 @@ func ParseConfig(b []byte) (Config, error) {
 			}
 			spec.Aggregates = decodeEntries[AggregateConfig](pn, "aggregates", where, bad, &errs)
 			spec.Windows = decodeEntries[fold.WindowSpec](pn, "windows", where, bad, &errs)
+			spec.Patterns = decodeEntries[fold.PatternSpec](pn, "patterns", where, bad, &errs)
 			if len(bad) > 0 {
 				broken[name] = bad
 				structural = true
@@ -118,7 +119,7 @@ func entryLines(name, n *yaml.Node) map[string]int {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		m[k.Value] = k.Line
-		if (k.Value == "aggregates" || k.Value == "windows") && v.Kind == yaml.MappingNode {
+		if (k.Value == "aggregates" || k.Value == "windows" || k.Value == "patterns") && v.Kind == yaml.MappingNode {
 			for j := 0; j+1 < len(v.Content); j += 2 {
 				m[k.Value+"."+v.Content[j].Value] = v.Content[j].Line
 			}

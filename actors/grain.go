@@ -69,6 +69,7 @@ type KeyView struct {
 	Watermark int64
 	Late      uint64
 	Windows   []fold.WindowView
+	Patterns  []fold.PatternView
 }
 
 // grain is the actor of one key: it owns the key's fold.State and is the
@@ -228,6 +229,7 @@ func (g *grain) query() queryReply {
 	v := KeyView{Seq: g.state.Seq(), Duplicates: g.state.Duplicates(), Aggregates: g.pipeline.Aggregates(&g.state)}
 	if g.pipeline.Timed() {
 		v.Watermark, v.Late, v.Windows = g.state.Watermark(), g.state.Late(), g.pipeline.Windows(&g.state)
+		v.Patterns = g.pipeline.Patterns(&g.state)
 	}
 	return queryReply{view: v}
 }

@@ -238,3 +238,72 @@ func (hs *harness) ingest2(pipeline string, raws ...[]byte) {
 		hs.t.Fatalf("ingest: %v", err)
 	}
 }
+
+// TestPatternsFireForQuietKeys: absences fire by timer for keys that never
+// get another event, across a restart (the timer index is read back), and
+// threshold matches count events delivered out of order.
+func TestPatternsFireForQuietKeys(t *testing.T) {
+	p, err := fold.Compile("p", fold.Spec{
+		Key: "k", Time: "ts", OutOfOrderness: time.Second, IdleTimeout: time.Second,
+		Aggregates: map[string]fold.AggregateSpec{"n": {Op: "count"}},
+		Patterns: map[string]fold.PatternSpec{
+			"no_ok": {After: "type == 'fail'", Absent: "type == 'ok'", Within: 5 * time.Second},
+			"brute": {Where: "type == 'fail'", Count: 3, Within: 2 * time.Second},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := &fakeClock{}
+	clock.set(winBase)
+	cfg := actors.Config{
+		Pipelines: map[string]*fold.Pipeline{"p": p}, Now: clock.Now,
+		CheckpointInterval: 20 * time.Millisecond, MaxActive: 10, IdleTimeout: time.Hour,
+		WatermarkInterval: 5 * time.Millisecond, OutputInterval: time.Millisecond,
+	}
+	store := openStore(t, t.TempDir())
+	hs := start(t, store, cfg)
+	ev := func(key, typ string, ts int64) []byte {
+		b, _ := json.Marshal(map[string]any{"k": key, "type": typ, "ts": ts})
+		return b
+	}
+	want := map[string]string{}
+	for i := range 40 {
+		key := fmt.Sprintf("u%d", i)
+		at := winBase + int64(i)*10
+		// Three fails within 2 s, delivered out of order (within the 1 s
+		// bound of the whole stream): one brute match.
+		hs.ingest2("p", ev(key, "fail", at+600), ev(key, "fail", at), ev(key, "fail", at+300))
+		want[fold.OutputID("p", key, "brute", at, at+600, 0)] = "count=3 {}"
+		if i%2 == 1 {
+			want[fold.OutputID("p", key, "no_ok", at, at+5000, 0)] = "count=1 {}"
+		}
+	}
+	for i := 0; i < 40; i += 2 { // answered in time
+		hs.ingest2("p", ev(fmt.Sprintf("u%d", i), "ok", winBase+int64(i)*10+4000))
+	}
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	hs = start(t, store, cfg)
+	defer hs.shutdown()
+	// No more events: after idle_timeout the watermark moves with the clock.
+	clock.set(winBase + 60_000)
+	var got map[string]string
+	eventually(t, "every match", func() bool {
+		got = allOutputs(t, hs.host)
+		return len(got) >= len(want)
+	})
+	for id, w := range want {
+		if got[id] != w {
+			t.Errorf("%s: got %q, want %q", id, got[id], w)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("got %d outputs, want %d: %v", len(got), len(want), got)
+	}
+	v := hs.query("u1")
+	if len(v.Patterns) != 2 || v.Patterns[1].Matches != 1 || v.Patterns[0].Matches != 1 {
+		t.Errorf("u1 patterns: %+v", v.Patterns)
+	}
+}

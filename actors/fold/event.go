@@ -22,7 +22,8 @@ type Event struct {
 	// Time is the event time in Unix milliseconds, or 0 when the pipeline
 	// has no time field (ingest time is used).
 	Time  int64
-	timed bool // Time was read from the event's time field
+	timed bool   // Time was read from the event's time field
+	steps uint64 // the pattern filters it matched
 	// Erase makes the event a tombstone: applying it erases the key (see
 	// Erase). Raw is empty.
 	Erase bool
@@ -110,6 +111,13 @@ func (p *Pipeline) prepareRest(ev *Event, fields map[string]any, strict bool) er
 			}
 			ev.Time, ev.timed = t, err == nil
 		}
+	}
+	if len(p.steps) > 0 {
+		mask, err := p.stepMask(fields)
+		if err != nil && strict {
+			return err
+		}
+		ev.steps = mask
 	}
 	ev.contrib = make([]contribution, len(p.aggs))
 	for i := range p.aggs {

@@ -40,6 +40,11 @@ var fuzzSpec = fold.Spec{
 		"slide":   {Type: "sliding", Size: 20 * time.Second, Slide: 5 * time.Second, Aggregates: []string{"total", "labels", "country"}},
 		"session": {Type: "session", Gap: 4 * time.Second, Aggregates: []string{"amount", "spread", "label"}},
 	},
+	Patterns: map[string]fold.PatternSpec{
+		"brute":   {Where: "type == 'login_failed'", Count: 3, Within: 6 * time.Second},
+		"ok_fail": {Sequence: []string{"type == 'login_ok'", "type == 'login_failed'", "amount > 0"}, Within: 10 * time.Second},
+		"silence": {After: "type == 'login_failed'", Absent: "type == 'login_ok'", Within: 5 * time.Second},
+	},
 }
 
 // fuzzLag is how far the fuzz inputs' watermark trails their newest event

@@ -52,6 +52,7 @@ func (p *Pipeline) coreProto(s *State) (*keyfoldv1.KeyState, error) {
 		return nil, err
 	}
 	ks.Windows = wins
+	p.patternsProto(s, ks)
 	return ks, nil
 }
 
@@ -122,6 +123,7 @@ func (p *Pipeline) stateFromCore(ks *keyfoldv1.KeyState) (State, error) {
 	if err := p.restoreWindows(&s, ks.Windows); err != nil {
 		return State{}, err
 	}
+	p.restorePatterns(&s, ks)
 	return s, nil
 }
 

@@ -44,6 +44,8 @@ type Spec struct {
 	Aggregates map[string]AggregateSpec `yaml:"aggregates"`
 	// Windows are the event-time windows of each key, by name.
 	Windows map[string]WindowSpec `yaml:"windows"`
+	// Patterns are the event-time patterns each key detects, by name.
+	Patterns map[string]PatternSpec `yaml:"patterns"`
 	// OutOfOrderness is how far the watermark trails the largest event time
 	// seen: events up to this much older than the newest are on time.
 	OutOfOrderness time.Duration `yaml:"out_of_orderness"`
@@ -130,6 +132,8 @@ type Pipeline struct {
 	dedupWindow time.Duration
 	aggs        []aggregate // sorted by name
 	windows     []window    // sorted by name
+	patterns    []pattern   // sorted by name
+	steps       []*where    // the patterns' filters, in order
 	ooo         int64       // out_of_orderness, ms
 	lateness    int64       // allowed_lateness, ms
 	idle        int64       // idle_timeout, ms
@@ -204,6 +208,7 @@ func Compile(name string, spec Spec) (*Pipeline, error) {
 		p.aggs = append(p.aggs, agg)
 	}
 	p.compileTime(spec, bad)
+	p.compilePatterns(spec, bad)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}

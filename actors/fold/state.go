@@ -20,6 +20,8 @@ type State struct {
 	wm   int64 // the key's watermark (see window.go)
 	late uint64
 	wins []win           // windows, ordered by spec then start
+	wait []waiting       // events the patterns have not seen yet, by time
+	pats []patState      // per pattern
 	out  []pendingOutput // emitted results not yet stored
 	// version counts the changes of the state in memory (it is not
 	// persisted); snapshots use it to tell what changed since the last one.
@@ -74,8 +76,16 @@ func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
 		s.aggs[i].add(p.aggs[i].op, &ev.contrib[i])
 	}
 	s.seq++
-	if len(p.windows) > 0 {
-		p.assign(s, ev, p.EventTime(ev, nowMs))
+	if p.Timed() {
+		p.patStates(s) // present from the first event, as in a restored state
+		t := p.EventTime(ev, nowMs)
+		late := len(p.windows) > 0 && !p.assign(s, ev, t)
+		if len(p.patterns) > 0 && !p.hold(s, ev, t) {
+			late = true
+		}
+		if late {
+			s.late++
+		}
 	}
 	return false
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/url"
 	"slices"
 	"strings"
@@ -90,17 +91,10 @@ func (p *Pipeline) compileTime(spec Spec, bad func(entry, format string, args ..
 	for i, a := range p.aggs {
 		byName[a.name] = i
 	}
-	names := make([]string, 0, len(spec.Windows))
-	for n := range spec.Windows {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(spec.Windows)) {
 		ws := spec.Windows[n]
 		entry := "windows." + n
-		if n == "" || strings.ContainsFunc(n, func(r rune) bool { return r == '/' || r < ' ' }) {
-			bad(entry, "name must be non-empty and contain no '/' or control characters")
-		}
+		checkOutputName(n, entry, bad)
 		kind, ok := windowKinds[ws.Type]
 		if !ok {
 			bad(entry, "type must be tumbling, sliding or session (got %q)", ws.Type)
@@ -165,8 +159,17 @@ func (p *Pipeline) compileTime(spec Spec, bad func(entry, format string, args ..
 	}
 }
 
-// Timed reports whether the pipeline has windows, and so needs a watermark.
-func (p *Pipeline) Timed() bool { return len(p.windows) > 0 }
+// checkOutputName checks the name of a window or pattern: it is part of
+// output ids, whose parts are separated by '/'.
+func checkOutputName(name, entry string, bad func(entry, format string, args ...any)) {
+	if name == "" || strings.ContainsFunc(name, func(r rune) bool { return r == '/' || r < ' ' }) {
+		bad(entry, "name must be non-empty and contain no '/' or control characters")
+	}
+}
+
+// Timed reports whether the pipeline has windows or patterns, and so needs a
+// watermark.
+func (p *Pipeline) Timed() bool { return len(p.windows) > 0 || len(p.patterns) > 0 }
 
 // OutputRetention returns how long the pipeline's outputs are kept.
 func (p *Pipeline) OutputRetention() time.Duration { return p.retention }
@@ -230,9 +233,9 @@ type pendingOutput struct {
 	out     *keyfoldv1.Output
 }
 
-// assign adds an event of time t to its windows; it counts the event late
-// if it joins none.
-func (p *Pipeline) assign(s *State, ev *Event, t int64) {
+// assign adds an event of time t to its windows; it reports whether it
+// joined any (if not, it is late).
+func (p *Pipeline) assign(s *State, ev *Event, t int64) bool {
 	joined := false
 	for wi := range p.windows {
 		w := &p.windows[wi]
@@ -253,9 +256,7 @@ func (p *Pipeline) assign(s *State, ev *Event, t int64) {
 			}
 		}
 	}
-	if !joined {
-		s.late++
-	}
+	return joined
 }
 
 // joinSession adds an event to the session it starts, extends or bridges.
@@ -377,12 +378,13 @@ func (p *Pipeline) windowValues(w *window, x *win) map[string]any {
 // the results of the windows whose end it passes, in end order, and
 // dropping the windows past allowed lateness.
 func (p *Pipeline) Advance(s *State, key string, wm int64) {
-	if wm <= s.wm || len(p.windows) == 0 {
+	if wm <= s.wm || !p.Timed() {
 		return
 	}
 	s.version++
 	old := s.wm
 	s.wm = wm
+	p.runPatterns(s, key, wm)
 	var due []int
 	for i := range s.wins {
 		if e := s.wins[i].end; e > old && e <= wm {
@@ -400,9 +402,10 @@ func (p *Pipeline) Advance(s *State, key string, wm int64) {
 }
 
 // NextTimer returns the watermark at which the key next has something to do
-// (a window to emit or to drop), 0 if none: Advance to it or beyond.
+// (a window to emit or to drop, waiting events for its patterns, an
+// absence's deadline), 0 if none: Advance to it or beyond.
 func (p *Pipeline) NextTimer(s *State) int64 {
-	var next int64
+	next := p.patternTimer(s)
 	for i := range s.wins {
 		d := s.wins[i].end
 		if d <= s.wm {

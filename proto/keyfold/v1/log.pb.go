@@ -425,7 +425,12 @@ type KeyState struct {
 	Late uint64 `protobuf:"varint,8,opt,name=late,proto3" json:"late,omitempty"`
 	// Windows holding events, ordered by name then start; including
 	// emitted ones kept for allowed lateness.
-	Windows       []*WindowState `protobuf:"bytes,9,rep,name=windows,proto3" json:"windows,omitempty"`
+	Windows []*WindowState `protobuf:"bytes,9,rep,name=windows,proto3" json:"windows,omitempty"`
+	// Events waiting for the watermark to pass them before the patterns see
+	// them, in (time, seq) order.
+	Waiting []*WaitingEvent `protobuf:"bytes,10,rep,name=waiting,proto3" json:"waiting,omitempty"`
+	// Each pattern's progress.
+	Patterns      []*PatternState `protobuf:"bytes,11,rep,name=patterns,proto3" json:"patterns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -523,6 +528,174 @@ func (x *KeyState) GetWindows() []*WindowState {
 	return nil
 }
 
+func (x *KeyState) GetWaiting() []*WaitingEvent {
+	if x != nil {
+		return x.Waiting
+	}
+	return nil
+}
+
+func (x *KeyState) GetPatterns() []*PatternState {
+	if x != nil {
+		return x.Patterns
+	}
+	return nil
+}
+
+// WaitingEvent is what the patterns need of an event: its time and the
+// pattern filters it matched.
+type WaitingEvent struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	TimeMs int64                  `protobuf:"varint,1,opt,name=time_ms,json=timeMs,proto3" json:"time_ms,omitempty"`
+	// The key's seq when it arrived (orders events of the same time).
+	Seq int64 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	// The filters it matched, as "pattern/step" (step counts from 0).
+	Steps         []string `protobuf:"bytes,3,rep,name=steps,proto3" json:"steps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitingEvent) Reset() {
+	*x = WaitingEvent{}
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitingEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitingEvent) ProtoMessage() {}
+
+func (x *WaitingEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitingEvent.ProtoReflect.Descriptor instead.
+func (*WaitingEvent) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *WaitingEvent) GetTimeMs() int64 {
+	if x != nil {
+		return x.TimeMs
+	}
+	return 0
+}
+
+func (x *WaitingEvent) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *WaitingEvent) GetSteps() []string {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+// PatternState is one pattern's progress on a key.
+type PatternState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// threshold, sequence or absence: progress of another kind is dropped.
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// threshold: the times of the matching events counted so far.
+	Times []int64 `protobuf:"varint,3,rep,packed,name=times,proto3" json:"times,omitempty"`
+	// sequence: per step, the start of the latest run waiting for it (-1: none).
+	Starts []int64 `protobuf:"varint,4,rep,packed,name=starts,proto3" json:"starts,omitempty"`
+	// absence: the time of the After event not yet answered (-1: none).
+	Since int64 `protobuf:"varint,5,opt,name=since,proto3" json:"since,omitempty"`
+	// Matches emitted so far (numbers the matches' ids).
+	Matches       uint64 `protobuf:"varint,6,opt,name=matches,proto3" json:"matches,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PatternState) Reset() {
+	*x = PatternState{}
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PatternState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PatternState) ProtoMessage() {}
+
+func (x *PatternState) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PatternState.ProtoReflect.Descriptor instead.
+func (*PatternState) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *PatternState) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PatternState) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *PatternState) GetTimes() []int64 {
+	if x != nil {
+		return x.Times
+	}
+	return nil
+}
+
+func (x *PatternState) GetStarts() []int64 {
+	if x != nil {
+		return x.Starts
+	}
+	return nil
+}
+
+func (x *PatternState) GetSince() int64 {
+	if x != nil {
+		return x.Since
+	}
+	return 0
+}
+
+func (x *PatternState) GetMatches() uint64 {
+	if x != nil {
+		return x.Matches
+	}
+	return 0
+}
+
 // WindowState is one window of a key: [start_ms, end_ms) in event time.
 type WindowState struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -543,7 +716,7 @@ type WindowState struct {
 
 func (x *WindowState) Reset() {
 	*x = WindowState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -555,7 +728,7 @@ func (x *WindowState) String() string {
 func (*WindowState) ProtoMessage() {}
 
 func (x *WindowState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -568,7 +741,7 @@ func (x *WindowState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowState.ProtoReflect.Descriptor instead.
 func (*WindowState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{7}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *WindowState) GetName() string {
@@ -649,7 +822,7 @@ type Output struct {
 
 func (x *Output) Reset() {
 	*x = Output{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -661,7 +834,7 @@ func (x *Output) String() string {
 func (*Output) ProtoMessage() {}
 
 func (x *Output) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -674,7 +847,7 @@ func (x *Output) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Output.ProtoReflect.Descriptor instead.
 func (*Output) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{8}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Output) GetId() string {
@@ -765,7 +938,7 @@ type SeenBucket struct {
 
 func (x *SeenBucket) Reset() {
 	*x = SeenBucket{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -777,7 +950,7 @@ func (x *SeenBucket) String() string {
 func (*SeenBucket) ProtoMessage() {}
 
 func (x *SeenBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -790,7 +963,7 @@ func (x *SeenBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeenBucket.ProtoReflect.Descriptor instead.
 func (*SeenBucket) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{9}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SeenBucket) GetIds() []*SeenID {
@@ -822,7 +995,7 @@ type AggregateState struct {
 
 func (x *AggregateState) Reset() {
 	*x = AggregateState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -834,7 +1007,7 @@ func (x *AggregateState) String() string {
 func (*AggregateState) ProtoMessage() {}
 
 func (x *AggregateState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -847,7 +1020,7 @@ func (x *AggregateState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AggregateState.ProtoReflect.Descriptor instead.
 func (*AggregateState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{10}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AggregateState) GetName() string {
@@ -903,7 +1076,7 @@ type SeenID struct {
 
 func (x *SeenID) Reset() {
 	*x = SeenID{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -915,7 +1088,7 @@ func (x *SeenID) String() string {
 func (*SeenID) ProtoMessage() {}
 
 func (x *SeenID) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -928,7 +1101,7 @@ func (x *SeenID) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeenID.ProtoReflect.Descriptor instead.
 func (*SeenID) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{11}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SeenID) GetId() string {
@@ -978,7 +1151,7 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
 	"\bposition\x18\x03 \x01(\x04R\bposition\x12*\n" +
-	"\x05state\x18\x04 \x01(\v2\x14.keyfold.v1.KeyStateR\x05state\"\xc4\x02\n" +
+	"\x05state\x18\x04 \x01(\v2\x14.keyfold.v1.KeyStateR\x05state\"\xae\x03\n" +
 	"\bKeyState\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\x12:\n" +
@@ -992,7 +1165,21 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"duplicates\x12!\n" +
 	"\fwatermark_ms\x18\a \x01(\x03R\vwatermarkMs\x12\x12\n" +
 	"\x04late\x18\b \x01(\x04R\x04late\x121\n" +
-	"\awindows\x18\t \x03(\v2\x17.keyfold.v1.WindowStateR\awindows\"\xda\x01\n" +
+	"\awindows\x18\t \x03(\v2\x17.keyfold.v1.WindowStateR\awindows\x122\n" +
+	"\awaiting\x18\n" +
+	" \x03(\v2\x18.keyfold.v1.WaitingEventR\awaiting\x124\n" +
+	"\bpatterns\x18\v \x03(\v2\x18.keyfold.v1.PatternStateR\bpatterns\"O\n" +
+	"\fWaitingEvent\x12\x17\n" +
+	"\atime_ms\x18\x01 \x01(\x03R\x06timeMs\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x03R\x03seq\x12\x14\n" +
+	"\x05steps\x18\x03 \x03(\tR\x05steps\"\x94\x01\n" +
+	"\fPatternState\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x14\n" +
+	"\x05times\x18\x03 \x03(\x03R\x05times\x12\x16\n" +
+	"\x06starts\x18\x04 \x03(\x03R\x06starts\x12\x14\n" +
+	"\x05since\x18\x05 \x01(\x03R\x05since\x12\x18\n" +
+	"\amatches\x18\x06 \x01(\x04R\amatches\"\xda\x01\n" +
 	"\vWindowState\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\bstart_ms\x18\x02 \x01(\x03R\astartMs\x12\x15\n" +
@@ -1043,7 +1230,7 @@ func file_proto_keyfold_v1_log_proto_rawDescGZIP() []byte {
 	return file_proto_keyfold_v1_log_proto_rawDescData
 }
 
-var file_proto_keyfold_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_proto_keyfold_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_proto_keyfold_v1_log_proto_goTypes = []any{
 	(*LogRecord)(nil),      // 0: keyfold.v1.LogRecord
 	(*Watermark)(nil),      // 1: keyfold.v1.Watermark
@@ -1052,11 +1239,13 @@ var file_proto_keyfold_v1_log_proto_goTypes = []any{
 	(*Input)(nil),          // 4: keyfold.v1.Input
 	(*Snapshot)(nil),       // 5: keyfold.v1.Snapshot
 	(*KeyState)(nil),       // 6: keyfold.v1.KeyState
-	(*WindowState)(nil),    // 7: keyfold.v1.WindowState
-	(*Output)(nil),         // 8: keyfold.v1.Output
-	(*SeenBucket)(nil),     // 9: keyfold.v1.SeenBucket
-	(*AggregateState)(nil), // 10: keyfold.v1.AggregateState
-	(*SeenID)(nil),         // 11: keyfold.v1.SeenID
+	(*WaitingEvent)(nil),   // 7: keyfold.v1.WaitingEvent
+	(*PatternState)(nil),   // 8: keyfold.v1.PatternState
+	(*WindowState)(nil),    // 9: keyfold.v1.WindowState
+	(*Output)(nil),         // 10: keyfold.v1.Output
+	(*SeenBucket)(nil),     // 11: keyfold.v1.SeenBucket
+	(*AggregateState)(nil), // 12: keyfold.v1.AggregateState
+	(*SeenID)(nil),         // 13: keyfold.v1.SeenID
 }
 var file_proto_keyfold_v1_log_proto_depIdxs = []int32{
 	3,  // 0: keyfold.v1.LogRecord.keys:type_name -> keyfold.v1.KeyInputs
@@ -1064,16 +1253,18 @@ var file_proto_keyfold_v1_log_proto_depIdxs = []int32{
 	1,  // 2: keyfold.v1.GroupClock.pipelines:type_name -> keyfold.v1.Watermark
 	4,  // 3: keyfold.v1.KeyInputs.inputs:type_name -> keyfold.v1.Input
 	6,  // 4: keyfold.v1.Snapshot.state:type_name -> keyfold.v1.KeyState
-	10, // 5: keyfold.v1.KeyState.aggregates:type_name -> keyfold.v1.AggregateState
-	11, // 6: keyfold.v1.KeyState.seen:type_name -> keyfold.v1.SeenID
-	7,  // 7: keyfold.v1.KeyState.windows:type_name -> keyfold.v1.WindowState
-	10, // 8: keyfold.v1.WindowState.aggregates:type_name -> keyfold.v1.AggregateState
-	11, // 9: keyfold.v1.SeenBucket.ids:type_name -> keyfold.v1.SeenID
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	12, // 5: keyfold.v1.KeyState.aggregates:type_name -> keyfold.v1.AggregateState
+	13, // 6: keyfold.v1.KeyState.seen:type_name -> keyfold.v1.SeenID
+	9,  // 7: keyfold.v1.KeyState.windows:type_name -> keyfold.v1.WindowState
+	7,  // 8: keyfold.v1.KeyState.waiting:type_name -> keyfold.v1.WaitingEvent
+	8,  // 9: keyfold.v1.KeyState.patterns:type_name -> keyfold.v1.PatternState
+	12, // 10: keyfold.v1.WindowState.aggregates:type_name -> keyfold.v1.AggregateState
+	13, // 11: keyfold.v1.SeenBucket.ids:type_name -> keyfold.v1.SeenID
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_proto_keyfold_v1_log_proto_init() }
@@ -1087,7 +1278,7 @@ func file_proto_keyfold_v1_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_keyfold_v1_log_proto_rawDesc), len(file_proto_keyfold_v1_log_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
