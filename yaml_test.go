@@ -39,7 +39,7 @@ func TestParseConfigRejects(t *testing.T) {
 		{
 			name: "unknown pipeline key",
 			yaml: "pipelines:\n  logins:\n    key: user_id\n    agregates: {}\n",
-			want: [][]string{{`pipeline "logins"`, "(line 4)", `unknown key "agregates"`, "aggregates, allowed_lateness, dedup_window, id, idle_timeout, key, out_of_orderness, output_retention, patterns, time, windows"}},
+			want: [][]string{{`pipeline "logins"`, "(line 4)", `unknown key "agregates"`, "aggregates, allowed_lateness, dedup_window, id, idle_timeout, key, out_of_orderness, output_retention, patterns, time, ttl, windows"}},
 		},
 		{
 			name: "unknown aggregate key",

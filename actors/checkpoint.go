@@ -82,6 +82,9 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 				return fmt.Errorf("actors: checkpoint group %d: %w", g, r.err)
 			}
 			d.Snapshots = append(d.Snapshots, r.snaps...)
+			if r.ttl {
+				d.Timers = append(d.Timers, persistence.Timer{Key: r.id.snapshotKey() + expirySuffix, Due: r.expiry})
+			}
 			if r.timed {
 				d.Timers = append(d.Timers, persistence.Timer{Key: r.id.snapshotKey(), Due: r.due})
 				for _, o := range r.outputs {

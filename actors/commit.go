@@ -98,7 +98,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 		}
 		for _, ev := range r.events {
 			kb := batchOf(keyID{r.pipeline, ev.Key})
-			kb.inputs.Inputs = append(kb.inputs.Inputs, &keyfoldv1.Input{Event: ev.Raw, IngestTimeMs: nowMs, Erase: ev.Erase})
+			kb.inputs.Inputs = append(kb.inputs.Inputs, &keyfoldv1.Input{Event: ev.Raw, IngestTimeMs: nowMs, Erase: ev.Erase, Expire: ev.Expire})
 			if s := len(kb.msg.segs); s == 0 || kb.msg.segs[s-1].w != r.w {
 				kb.msg.segs = append(kb.msg.segs, segment{nowMs: nowMs, w: r.w})
 				segs++
@@ -250,7 +250,7 @@ func (h *Host) stampLocked(reqs []*ingestReq, groups []*groupBatch, timed map[st
 		}
 		c := h.clockLocked(r.pipeline)
 		for _, ev := range r.events {
-			if !ev.Erase {
+			if !ev.Erase && !ev.Expire {
 				p.Observe(c, ev, nowMs)
 			}
 		}

@@ -53,7 +53,10 @@ type snapshotReply struct {
 	outputs [][]byte
 	timed   bool
 	due     int64
-	err     error
+	// For a pipeline with a ttl: when the key expires (0: never).
+	ttl    bool
+	expiry int64
+	err    error
 }
 
 // savedMsg tells a grain that its snapshot of version is stored.
@@ -86,6 +89,7 @@ type grain struct {
 	stored   uint64               // state version whose snapshot is stored (0: none)
 	broken   error                // set when activation failed; the group is lost
 	reported int64                // the next timer the host's index has
+	expiry   int64                // when the host's index says the key expires (0: never)
 }
 
 func (g *grain) Receive(c actor.Context) {
@@ -165,6 +169,7 @@ func (g *grain) load() error {
 	}
 	g.pos, g.state = snap.Position, state
 	g.reported = g.pipeline.NextTimer(&g.state) // what the store's index says
+	g.expiry = g.pipeline.Expiry(&g.state)
 	// Everything restored is stored, unless RestoreParts asked for a
 	// rewrite (a new bucket layout) by starting past it.
 	g.stored = min(g.state.Version(), fold.RestoredVersion)
@@ -193,6 +198,10 @@ func (g *grain) apply(m *applyMsg) {
 	for _, s := range m.segs {
 		dups := 0
 		for _, ev := range s.events {
+			if ev.Expire {
+				g.expire(ev, s.nowMs)
+				continue
+			}
 			if g.pipeline.Apply(&g.state, ev, s.nowMs) {
 				dups++
 			}
@@ -204,6 +213,18 @@ func (g *grain) apply(m *applyMsg) {
 		s.w.finish(dups, nil)
 	}
 	g.pos = m.pos
+	if ttl := g.pipeline.TTL(); ttl > 0 {
+		// The index may say earlier than the truth (a wake-up finds the key
+		// busy and reports again), never later: report when the expiry moved
+		// by an eighth of the ttl, so a busy key does not report per batch.
+		exp := g.pipeline.Expiry(&g.state)
+		if exp == 0 || g.expiry == 0 || exp < g.expiry || exp-g.expiry > ttl.Milliseconds()/8 {
+			if exp != g.expiry {
+				g.expiry = exp
+				g.host.setTimer(g.group, g.epoch, g.id, exp, true)
+			}
+		}
+	}
 	if g.pipeline.Timed() {
 		g.pstats.late.Add(int64(g.state.Late() - late))
 		if n := len(g.state.Outputs()) - emitted; n > 0 {
@@ -214,9 +235,20 @@ func (g *grain) apply(m *applyMsg) {
 		// taken out, so it always reports back.
 		if next := g.pipeline.NextTimer(&g.state); next != g.reported || len(m.segs) == 0 {
 			g.reported = next
-			g.host.setTimer(g.group, g.epoch, g.id, next)
+			g.host.setTimer(g.group, g.epoch, g.id, next, false)
 		}
 	}
+}
+
+// expire applies an expiry check; a key it does not erase was busy, and its
+// index entry (taken out to wake it) is reported again.
+func (g *grain) expire(ev *fold.Event, nowMs int64) {
+	was := g.state.Empty()
+	g.pipeline.Apply(&g.state, ev, nowMs)
+	if !was && g.state.Empty() {
+		g.pstats.expired.Add(1)
+	}
+	g.expiry = -1 // always report
 }
 
 func (g *grain) query() queryReply {
@@ -258,6 +290,9 @@ func (g *grain) snapshot() snapshotReply {
 	r.snaps = append(r.snaps, core)
 	for _, b := range parts.Buckets {
 		r.snaps = append(r.snaps, persistence.Snapshot{Key: g.id.bucketKey(b.Bucket), Data: b.Data})
+	}
+	if g.pipeline.TTL() > 0 {
+		r.ttl, r.expiry = true, g.pipeline.Expiry(&g.state)
 	}
 	if g.pipeline.Timed() {
 		r.timed, r.due = true, parts.NextTimer

@@ -52,9 +52,11 @@ type Host struct {
 
 	stats hostStats
 
-	// Event time (see timers.go). timed is set when a pipeline has windows;
-	// clocks are the node's pipeline clocks, under mu.
+	// Event time (see timers.go). timed is set when a pipeline has windows
+	// or patterns, expiring when one has a ttl; clocks are the node's
+	// pipeline clocks, under mu.
 	timed          bool
+	expiring       bool
 	clocks         map[string]*fold.Clock
 	outputsPending atomic.Bool // keys emitted results not yet stored
 	outputs        outputsBroadcast
@@ -85,6 +87,9 @@ type groupState struct {
 	// their next timer, by pipeline. See timers.go.
 	clocks map[string]*keyfoldv1.Watermark
 	timers map[string]*timerIndex
+	// expiry indexes the keys of pipelines with a ttl by when they expire
+	// (processing time), by pipeline.
+	expiry map[string]*timerIndex
 }
 
 type ingestReq struct {
@@ -120,6 +125,7 @@ func New(cfg Config) (*Host, error) {
 	for name, p := range cfg.Pipelines {
 		h.stats.pipelines[name] = &pipelineStats{}
 		h.timed = h.timed || p.Timed()
+		h.expiring = h.expiring || p.TTL() > 0
 	}
 	// protoactor logs at INFO about every start and stop; keep only its
 	// warnings, on our logger.

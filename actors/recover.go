@@ -182,9 +182,9 @@ func (h *Host) takeOver(ctx context.Context, g uint32) error {
 		h.mu.Lock()
 		gs := &h.groups[g]
 		gs.epoch, gs.checkpoint, gs.dispatched, gs.spoiled = st.Epoch, st.Checkpoint, st.Checkpoint, nil
-		gs.clocks, gs.timers = nil, nil
+		gs.clocks, gs.timers, gs.expiry = nil, nil, nil
 		h.mu.Unlock()
-		if h.timed {
+		if h.timed || h.expiring {
 			err = h.loadTimers(ctx, g, st.Epoch)
 		}
 		if err == nil {
@@ -224,14 +224,15 @@ func (h *Host) loadTimers(ctx context.Context, g uint32, epoch persistence.Epoch
 		}
 	}
 	type entry struct {
-		id  keyID
-		due int64
+		id     keyID
+		due    int64
+		expiry bool
 	}
 	var entries []entry
 	err = h.store.Timers(ctx, g, func(key string, due int64) error {
-		if id, ok := parseSnapshotKey(key); ok {
-			if p := h.cfg.Pipelines[id.pipeline]; p != nil && p.Timed() {
-				entries = append(entries, entry{id, due})
+		if id, expiry, ok := parseTimerKey(key); ok {
+			if p := h.cfg.Pipelines[id.pipeline]; p != nil && (expiry && p.TTL() > 0 || !expiry && p.Timed()) {
+				entries = append(entries, entry{id, due, expiry})
 			}
 		}
 		return nil
@@ -249,7 +250,11 @@ func (h *Host) loadTimers(ctx context.Context, g uint32, epoch persistence.Epoch
 		h.loggedClockLocked(g, w)
 	}
 	for _, e := range entries {
-		gs.timerIndexLocked(e.id.pipeline).set(e.id.key, e.due)
+		indexes := &gs.timers
+		if e.expiry {
+			indexes = &gs.expiry
+		}
+		indexLocked(indexes, e.id.pipeline).set(e.id.key, e.due)
 	}
 	return nil
 }
@@ -303,7 +308,7 @@ func (h *Host) dropGroupsLocked(groups map[uint32]bool) {
 	for g := range groups {
 		gs := &h.groups[g]
 		clear(gs.dirty)
-		gs.clocks, gs.timers = nil, nil // a take-over reads them again
+		gs.clocks, gs.timers, gs.expiry = nil, nil, nil // a take-over reads them again
 	}
 }
 
@@ -368,9 +373,12 @@ func (h *Host) replay(g uint32, pos persistence.Position, data []byte) error {
 				msg.segs = append(msg.segs, segment{nowMs: in.IngestTimeMs})
 			}
 			last := &msg.segs[len(msg.segs)-1]
-			if in.Erase {
+			switch {
+			case in.Erase:
 				last.events = append(last.events, fold.Tombstone(ki.Key))
-			} else {
+			case in.Expire:
+				last.events = append(last.events, fold.ExpiryCheck(ki.Key))
+			default:
 				last.events = append(last.events, p.Replay(in.Event, ki.Key))
 			}
 		}

@@ -20,6 +20,7 @@ type pipelineStats struct {
 	duplicates atomic.Int64
 	late       atomic.Int64
 	emitted    atomic.Int64
+	expired    atomic.Int64
 }
 
 // PipelineStats are the counters of one pipeline.
@@ -28,6 +29,7 @@ type PipelineStats struct {
 	Duplicates int64
 	Late       int64 // events too late for every window they belonged to
 	Emitted    int64 // window results emitted (replays emit theirs again)
+	Expired    int64 // keys deleted by their pipeline's ttl
 }
 
 // Stats are counters of a host, for tests, metrics and the dashboard.
@@ -63,7 +65,7 @@ func (h *Host) Stats() Stats {
 	h.mu.Unlock()
 	per := make(map[string]PipelineStats, len(h.stats.pipelines))
 	for name, ps := range h.stats.pipelines {
-		per[name] = PipelineStats{Events: ps.events.Load(), Duplicates: ps.duplicates.Load(), Late: ps.late.Load(), Emitted: ps.emitted.Load()}
+		per[name] = PipelineStats{Events: ps.events.Load(), Duplicates: ps.duplicates.Load(), Late: ps.late.Load(), Emitted: ps.emitted.Load(), Expired: ps.expired.Load()}
 	}
 	return Stats{
 		Pipelines:   per,

@@ -94,31 +94,42 @@ func (x *timerIndex) popDue(wm int64) []string {
 	return keys
 }
 
-// timerIndexLocked returns the group's index for pipeline, creating it.
-func (gs *groupState) timerIndexLocked(pipeline string) *timerIndex {
-	if gs.timers == nil {
-		gs.timers = map[string]*timerIndex{}
+// indexLocked returns the index of pipeline in indexes, creating both.
+func indexLocked(indexes *map[string]*timerIndex, pipeline string) *timerIndex {
+	if *indexes == nil {
+		*indexes = map[string]*timerIndex{}
 	}
-	x := gs.timers[pipeline]
+	x := (*indexes)[pipeline]
 	if x == nil {
 		x = newTimerIndex()
-		gs.timers[pipeline] = x
+		(*indexes)[pipeline] = x
 	}
 	return x
 }
 
-// setTimer records a key's next timer, reported by its grain of epoch.
-func (h *Host) setTimer(group uint32, epoch uint64, id keyID, due int64) {
+// setTimer records a key's next timer (or, if expiry, when it expires),
+// reported by its grain of epoch.
+func (h *Host) setTimer(group uint32, epoch uint64, id keyID, due int64, expiry bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if gs := &h.groups[group]; gs.epoch == epoch {
-		gs.timerIndexLocked(id.pipeline).set(id.key, due)
+	gs := &h.groups[group]
+	if gs.epoch != epoch {
+		return
 	}
+	indexes := &gs.timers
+	if expiry {
+		indexes = &gs.expiry
+	}
+	indexLocked(indexes, id.pipeline).set(id.key, due)
 }
+
+// expirySuffix marks a key's expiry among the store's timer entries (keys
+// contain no NUL, so it cannot be part of a key).
+const expirySuffix = "\x00x"
 
 // timerLoop advances the watermarks and fires due timers until ctx ends.
 func (h *Host) timerLoop(ctx context.Context) {
-	if !h.timed {
+	if !h.timed && !h.expiring {
 		return
 	}
 	t := time.NewTicker(h.cfg.WatermarkInterval)
@@ -136,10 +147,11 @@ func (h *Host) timerLoop(ctx context.Context) {
 }
 
 // fireDue logs one record per group listing the keys whose timers are due at
-// the current watermarks.
+// the current watermarks, and expiry checks for the keys whose ttl passed.
 func (h *Host) fireDue(ctx context.Context) {
 	now := h.cfg.Now().UnixMilli()
 	var fires []keyID
+	var expired map[string][]*fold.Event
 	h.mu.Lock()
 	wms := make(map[string]int64, len(h.clocks))
 	for name, c := range h.clocks {
@@ -155,21 +167,38 @@ func (h *Host) fireDue(ctx context.Context) {
 				fires = append(fires, keyID{pipeline, key})
 			}
 		}
+		for pipeline, x := range gs.expiry {
+			for _, key := range x.popDue(now) {
+				if expired == nil {
+					expired = map[string][]*fold.Event{}
+				}
+				expired[pipeline] = append(expired[pipeline], fold.ExpiryCheck(key))
+			}
+		}
 	}
 	h.mu.Unlock()
-	if len(fires) == 0 {
+	var reqs []*ingestReq
+	if len(fires) > 0 {
+		h.stats.timersFired.Add(int64(len(fires)))
+		reqs = append(reqs, &ingestReq{fires: fires, w: newWaiter()})
+	}
+	for pipeline, checks := range expired {
+		reqs = append(reqs, &ingestReq{pipeline: pipeline, events: checks, w: newWaiter()})
+	}
+	if len(reqs) == 0 {
 		return
 	}
-	h.stats.timersFired.Add(int64(len(fires)))
-	req := &ingestReq{fires: fires, w: newWaiter()}
 	h.gate.RLock()
 	defer h.gate.RUnlock()
 	if h.closed {
 		return // the next owner (or this node after restart) fires them
 	}
-	select {
-	case h.queue <- req:
-	case <-ctx.Done():
+	for _, req := range reqs {
+		select {
+		case h.queue <- req:
+		case <-ctx.Done():
+			return
+		}
 	}
 }
 
@@ -218,8 +247,10 @@ func (h *Host) loggedClockLocked(g uint32, w *keyfoldv1.Watermark) {
 	c.Watermark = max(c.Watermark, w.GetWatermarkMs())
 }
 
-// parseSnapshotKey splits a snapshot key into its pipeline and key.
-func parseSnapshotKey(s string) (keyID, bool) {
+// parseTimerKey splits a timer entry's key into the key it indexes and
+// whether it is the key's expiry.
+func parseTimerKey(s string) (id keyID, expiry, ok bool) {
+	s, expiry = strings.CutSuffix(s, expirySuffix)
 	pipeline, key, ok := strings.Cut(s, "\x00")
-	return keyID{pipeline, key}, ok && pipeline != "" && !strings.ContainsRune(key, 0)
+	return keyID{pipeline, key}, expiry, ok && pipeline != "" && !strings.ContainsRune(key, 0)
 }

@@ -45,6 +45,8 @@ import (
 //	windows key=K              K's watermark, late count, next timer and
 //	                           windows.
 //	persist key=K              marks K's emitted outputs stored.
+//	expire key=K now=D         applies an expiry check to K at processing
+//	                           time D (a Go duration since the epoch).
 //
 // ingest and advance print each result a key emits ("emit ID …") and each
 // event too late for every window ("late").
@@ -112,6 +114,18 @@ func (h *harness) run(t *testing.T, td *datadriven.TestData) string {
 		return describeOutputs(s, before)
 	case "windows":
 		return h.windows(h.arg(t, td, "key"))
+	case "expire":
+		key := h.arg(t, td, "key")
+		now, err := time.ParseDuration(h.arg(t, td, "now"))
+		if err != nil {
+			td.Fatalf(t, "now: %v", err)
+		}
+		s := h.get(key)
+		h.p.Apply(s, fold.ExpiryCheck(key), now.Milliseconds())
+		if s.Empty() {
+			return "expired"
+		}
+		return fmt.Sprintf("kept (expires at %v)", time.Duration(h.p.Expiry(s))*time.Millisecond)
 	case "persist":
 		s := h.get(h.arg(t, td, "key"))
 		parts, err := h.p.SnapshotParts(s, 0)

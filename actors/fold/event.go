@@ -27,6 +27,10 @@ type Event struct {
 	// Erase makes the event a tombstone: applying it erases the key (see
 	// Erase). Raw is empty.
 	Erase bool
+	// Expire makes the event an expiry check: applying it at processing
+	// time now erases the key if it received no event for the pipeline's
+	// ttl before now. Raw is empty.
+	Expire bool
 
 	contrib []contribution // one per aggregate of the pipeline, in order
 }

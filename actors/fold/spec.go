@@ -60,6 +60,9 @@ type Spec struct {
 	// OutputRetention is how long emitted results are kept in the
 	// pipeline's output log. Default 24h.
 	OutputRetention time.Duration `yaml:"output_retention"`
+	// TTL deletes the state of keys that received no event for this long,
+	// by processing time (0: keep keys forever).
+	TTL time.Duration `yaml:"ttl"`
 }
 
 // WindowSpec is one event-time window of each key.
@@ -138,6 +141,7 @@ type Pipeline struct {
 	lateness    int64       // allowed_lateness, ms
 	idle        int64       // idle_timeout, ms
 	retention   time.Duration
+	ttl         int64 // ms; 0: none
 }
 
 type aggregate struct {
@@ -209,6 +213,7 @@ func Compile(name string, spec Spec) (*Pipeline, error) {
 	}
 	p.compileTime(spec, bad)
 	p.compilePatterns(spec, bad)
+	p.compileTTL(spec, bad)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}

@@ -53,8 +53,14 @@ func (s *State) Version() uint64 { return s.version }
 // nowMs (Unix milliseconds, taken from the log). It reports whether the event
 // was a duplicate, in which case the aggregates and seq are unchanged.
 func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
-	if ev.Erase {
+	switch {
+	case ev.Erase:
 		Erase(s)
+		return false
+	case ev.Expire:
+		if p.ttl > 0 && !s.Empty() && s.now+p.ttl <= nowMs {
+			Erase(s)
+		}
 		return false
 	}
 	s.version++

@@ -49,6 +49,8 @@ var (
 		"Events skipped because their id was already applied to the key, by pipeline.", []string{"pipeline"}, nil)
 	pipelineLateDesc = prometheus.NewDesc("keyfold_pipeline_late_events_total",
 		"Events too late for every window they belonged to (dropped from the windows), by pipeline.", []string{"pipeline"}, nil)
+	pipelineExpiredDesc = prometheus.NewDesc("keyfold_pipeline_keys_expired_total",
+		"Keys deleted because they received no event for their pipeline's ttl, by pipeline.", []string{"pipeline"}, nil)
 	pipelineEmittedDesc = prometheus.NewDesc("keyfold_pipeline_outputs_emitted_total",
 		"Window results emitted by keys (a replay emits its results again, with the same ids), by pipeline.", []string{"pipeline"}, nil)
 )
@@ -61,6 +63,7 @@ func (c pipelineCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- pipelineDupsDesc
 	ch <- pipelineLateDesc
 	ch <- pipelineEmittedDesc
+	ch <- pipelineExpiredDesc
 }
 
 func (c pipelineCollector) Collect(ch chan<- prometheus.Metric) {
@@ -69,6 +72,7 @@ func (c pipelineCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(pipelineDupsDesc, prometheus.CounterValue, float64(ps.Duplicates), name)
 		ch <- prometheus.MustNewConstMetric(pipelineLateDesc, prometheus.CounterValue, float64(ps.Late), name)
 		ch <- prometheus.MustNewConstMetric(pipelineEmittedDesc, prometheus.CounterValue, float64(ps.Emitted), name)
+		ch <- prometheus.MustNewConstMetric(pipelineExpiredDesc, prometheus.CounterValue, float64(ps.Expired), name)
 	}
 }
 

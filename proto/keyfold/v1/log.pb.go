@@ -275,7 +275,11 @@ type Input struct {
 	IngestTimeMs int64 `protobuf:"varint,2,opt,name=ingest_time_ms,json=ingestTimeMs,proto3" json:"ingest_time_ms,omitempty"`
 	// A tombstone: the key was deleted here (event is empty). Everything the
 	// key held before it is erased, its remembered ids included.
-	Erase         bool `protobuf:"varint,3,opt,name=erase,proto3" json:"erase,omitempty"`
+	Erase bool `protobuf:"varint,3,opt,name=erase,proto3" json:"erase,omitempty"`
+	// An expiry check (event is empty): if the key received no event for its
+	// pipeline's ttl before ingest_time_ms, it is erased as by a tombstone;
+	// otherwise nothing happens.
+	Expire        bool `protobuf:"varint,4,opt,name=expire,proto3" json:"expire,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -327,6 +331,13 @@ func (x *Input) GetIngestTimeMs() int64 {
 func (x *Input) GetErase() bool {
 	if x != nil {
 		return x.Erase
+	}
+	return false
+}
+
+func (x *Input) GetExpire() bool {
+	if x != nil {
+		return x.Expire
 	}
 	return false
 }
@@ -1142,11 +1153,12 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\tKeyInputs\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12)\n" +
-	"\x06inputs\x18\x03 \x03(\v2\x11.keyfold.v1.InputR\x06inputs\"Y\n" +
+	"\x06inputs\x18\x03 \x03(\v2\x11.keyfold.v1.InputR\x06inputs\"q\n" +
 	"\x05Input\x12\x14\n" +
 	"\x05event\x18\x01 \x01(\fR\x05event\x12$\n" +
 	"\x0eingest_time_ms\x18\x02 \x01(\x03R\fingestTimeMs\x12\x14\n" +
-	"\x05erase\x18\x03 \x01(\bR\x05erase\"\x80\x01\n" +
+	"\x05erase\x18\x03 \x01(\bR\x05erase\x12\x16\n" +
+	"\x06expire\x18\x04 \x01(\bR\x06expire\"\x80\x01\n" +
 	"\bSnapshot\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
