@@ -118,6 +118,13 @@ func BenchmarkHTTPIngestWindows(b *testing.B) {
       per_second: { type: tumbling, size: 1s, aggregates: [total, amount] }
       last_10s:   { type: sliding, size: 10s, slide: 2s, aggregates: [total] }
 `},
+		{"patterns+sketches", `      countries: { op: distinct, field: geo.country }
+      amounts:   { op: quantiles, field: amount }
+    patterns:
+      brute:     { where: "type == 'login_failed'", count: 3, within: 1m }
+      ok_failed: { sequence: ["type == 'login_ok'", "type == 'login_failed'"], within: 1m }
+      no_ok:     { after: "type == 'login_failed'", absent: "type == 'login_ok'", within: 10s }
+`},
 	} {
 		b.Run("windows="+c.name, func(b *testing.B) {
 			cfg, err := keyfold.ParseConfig([]byte(benchYAML + c.windows))

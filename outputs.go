@@ -20,14 +20,15 @@ type Output struct {
 	ID       string `json:"id"`
 	Pipeline string `json:"pipeline"`
 	Key      string `json:"key"`
-	// Kind is the window type (tumbling, sliding, session); Name the
-	// window's name in the pipeline.
+	// Kind is the window type (tumbling, sliding, session) or the pattern
+	// type (threshold, sequence, absence); Name the window's or pattern's
+	// name in the pipeline.
 	Kind     string    `json:"kind"`
 	Name     string    `json:"name"`
 	Start    time.Time `json:"start"`
-	End      time.Time `json:"end"` // exclusive
+	End      time.Time `json:"end"` // a window's is exclusive; a pattern's is its last event (an absence's deadline)
 	Revision uint32    `json:"revision"`
-	Count    uint64    `json:"count"` // events in the window
+	Count    uint64    `json:"count"` // events in the window, or matched by the pattern
 	// Values are the window's aggregates, by name.
 	Values json.RawMessage `json:"values"`
 	// Watermark is the key's watermark when it emitted the result.

@@ -22,8 +22,7 @@ const checkpointParallelism = 16
 // those keys and then advances the group's checkpoint position (trimming its
 // log), so replay after a crash starts there.
 func (h *Host) checkpoint(ctx context.Context) error {
-	h.outputsPending.Store(false) // the snapshots below carry what was emitted
-	var groups errgroup.Group     // every group is tried; the first error is returned
+	var groups errgroup.Group // every group is tried; the first error is returned
 	groups.SetLimit(checkpointParallelism)
 	for g := range h.cfg.Groups {
 		h.mu.Lock()
@@ -87,9 +86,6 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 			}
 			if r.timed {
 				d.Timers = append(d.Timers, persistence.Timer{Key: r.id.snapshotKey(), Due: r.due})
-				for _, o := range r.outputs {
-					d.Outputs = append(d.Outputs, persistence.Output{Pipeline: r.id.pipeline, Data: o})
-				}
 			}
 			got = append(got, r)
 		case <-ctx.Done():
@@ -97,6 +93,11 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 		case <-h.failCh:
 			return h.Err()
 		}
+	}
+	// The keys handed their results to the output queue before replying:
+	// they must be stored before the log they came from is trimmed.
+	if err := h.flushOutputs(ctx); err != nil {
+		return fmt.Errorf("actors: checkpoint group %d: %w", g, err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	err := h.store.Checkpoint(wctx, g, epoch, d)
@@ -111,9 +112,6 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 		return fmt.Errorf("actors: checkpoint group %d: %w", g, err)
 	}
 	h.stats.checkpoints.Add(1)
-	if len(d.Outputs) > 0 {
-		h.outputs.notify()
-	}
 
 	h.mu.Lock()
 	defer h.mu.Unlock()

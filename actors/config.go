@@ -37,9 +37,8 @@ type Config struct {
 	// WatermarkInterval is how often the watermarks of pipelines with
 	// windows advance and due timers fire.
 	WatermarkInterval time.Duration
-	// OutputInterval bounds how often keys' new results bring a checkpoint
-	// forward (results are stored by checkpoints): it is about the delay
-	// between a window's end passing and its result being readable.
+	// OutputInterval is how often the results keys emitted are stored (and
+	// become readable), in one store call.
 	OutputInterval time.Duration
 	// Now is the processing-time clock; nil is time.Now. Its readings are
 	// logged with the inputs, so replay never reads it.
@@ -55,7 +54,7 @@ const (
 	DefaultMaxActive          = 100_000
 	DefaultMaxCommitEvents    = 50_000
 	DefaultWatermarkInterval  = 200 * time.Millisecond
-	DefaultOutputInterval     = 500 * time.Millisecond
+	DefaultOutputInterval     = 100 * time.Millisecond
 )
 
 // storeTimeout bounds one store call of the write path (an append, a

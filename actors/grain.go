@@ -48,11 +48,9 @@ type snapshotReply struct {
 	// changed id buckets.
 	snaps   []persistence.Snapshot
 	version uint64 // the state version they reflect; acknowledged by savedMsg
-	// For a pipeline with windows: the results emitted since the last
-	// stored snapshot (encoded keyfold.v1.Output) and the key's next timer.
-	outputs [][]byte
-	timed   bool
-	due     int64
+	// For a pipeline with windows or patterns: the key's next timer.
+	timed bool
+	due   int64
 	// For a pipeline with a ttl: when the key expires (0: never).
 	ttl    bool
 	expiry int64
@@ -191,7 +189,7 @@ func (g *grain) apply(m *applyMsg) {
 		}
 		return
 	}
-	late, emitted := g.state.Late(), len(g.state.Outputs())
+	late := g.state.Late()
 	if m.wm > 0 {
 		g.pipeline.Advance(&g.state, g.id.key, m.wm)
 	}
@@ -227,9 +225,9 @@ func (g *grain) apply(m *applyMsg) {
 	}
 	if g.pipeline.Timed() {
 		g.pstats.late.Add(int64(g.state.Late() - late))
-		if n := len(g.state.Outputs()) - emitted; n > 0 {
-			g.pstats.emitted.Add(int64(n))
-			g.host.outputsPending.Store(true)
+		if outs := g.state.TakeOutputs(); len(outs) > 0 {
+			g.pstats.emitted.Add(int64(len(outs)))
+			g.host.queueOutputs(g.id.pipeline, outs)
 		}
 		// A key listed without inputs had a timer due: its index entry was
 		// taken out, so it always reports back.
@@ -296,14 +294,6 @@ func (g *grain) snapshot() snapshotReply {
 	}
 	if g.pipeline.Timed() {
 		r.timed, r.due = true, parts.NextTimer
-		for _, o := range parts.Outputs {
-			data, err := proto.Marshal(o)
-			if err != nil {
-				r.err = err
-				return r
-			}
-			r.outputs = append(r.outputs, data)
-		}
 	}
 	return r
 }

@@ -55,11 +55,11 @@ type Host struct {
 	// Event time (see timers.go). timed is set when a pipeline has windows
 	// or patterns, expiring when one has a ttl; clocks are the node's
 	// pipeline clocks, under mu.
-	timed          bool
-	expiring       bool
-	clocks         map[string]*fold.Clock
-	outputsPending atomic.Bool // keys emitted results not yet stored
-	outputs        outputsBroadcast
+	timed    bool
+	expiring bool
+	clocks   map[string]*fold.Clock
+	outq     outputQueue
+	outputs  outputsBroadcast
 }
 
 type activation struct {
@@ -159,6 +159,13 @@ func (h *Host) Run(ctx context.Context) error {
 		h.timerLoop(timersCtx)
 	}()
 	go h.trimOutputsLoop(ctx)
+	outputsDone := make(chan struct{})
+	go func() {
+		defer close(outputsDone)
+		if h.timed {
+			h.outputLoop(ctx)
+		}
+	}()
 	ticker := time.NewTicker(h.cfg.CheckpointInterval)
 	defer ticker.Stop()
 loop:
@@ -187,6 +194,7 @@ loop:
 	close(h.queue)
 	h.gate.Unlock()
 	<-commitDone
+	<-outputsDone
 	stopTakeOver()
 	<-takeOverDone
 	defer h.stopAll()
@@ -198,6 +206,9 @@ loop:
 	drainCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	start, dirty := time.Now(), h.Stats().DirtyKeys
+	if err := h.flushOutputs(drainCtx); err != nil {
+		return fmt.Errorf("actors: final outputs: %w", err)
+	}
 	if err := h.checkpoint(drainCtx); err != nil {
 		return fmt.Errorf("actors: final checkpoint: %w", err)
 	}

@@ -12,12 +12,14 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// Outputs: the results keys emit (window results, session ends) are stored
-// by the checkpoint that stores the state that emitted them, in the
-// pipeline's output log. A crash before that checkpoint replays the inputs
-// and emits them again with the same ids, so an output is never lost; the
-// Redis store may append one twice (see persistence.CheckpointData), which
-// is why each carries a stable id.
+// Outputs: a key hands the results it emits (window results, pattern
+// matches) to the host's output queue as it applies the input that emitted
+// them; the output loop stores the queue every OutputInterval in one store
+// call, and a group's checkpoint stores it before it trims the log those
+// inputs came from. So a result is never lost — a crash before it is stored
+// replays the inputs, which emit it again with the same id — and may be
+// stored twice (a crash after it is stored and before the checkpoint):
+// delivery is at least once, with stable ids.
 
 // Output is one stored result, with the cursor that resumes after it.
 type Output struct {
@@ -55,6 +57,73 @@ func (h *Host) Outputs(ctx context.Context, pipeline, after string, limit int) (
 		out[i] = Output{Cursor: e.Cursor, Time: e.Time, Output: o}
 	}
 	return out, nil
+}
+
+// outputQueue holds results emitted and not yet stored, in emission order.
+type outputQueue struct {
+	mu    sync.Mutex
+	items []persistence.Output
+	flush sync.Mutex // one store call at a time, so results stay in order
+}
+
+// queueOutputs queues a key's results for storing.
+func (h *Host) queueOutputs(pipeline string, outs []*keyfoldv1.Output) {
+	items := make([]persistence.Output, 0, len(outs))
+	for _, o := range outs {
+		data, err := proto.Marshal(o)
+		if err != nil { // cannot happen for this message
+			h.fail(fmt.Errorf("actors: encode output %s: %w", o.GetId(), err))
+			return
+		}
+		items = append(items, persistence.Output{Pipeline: pipeline, Data: data})
+	}
+	h.outq.mu.Lock()
+	h.outq.items = append(h.outq.items, items...)
+	h.outq.mu.Unlock()
+}
+
+// flushOutputs stores every queued result. On failure they stay queued, in
+// order, for the next try.
+func (h *Host) flushOutputs(ctx context.Context) error {
+	q := &h.outq
+	q.flush.Lock()
+	defer q.flush.Unlock()
+	q.mu.Lock()
+	items := q.items
+	q.items = nil
+	q.mu.Unlock()
+	if len(items) == 0 {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	err := h.store.AppendOutputs(wctx, items)
+	cancel()
+	if err != nil {
+		q.mu.Lock()
+		q.items = append(items, q.items...)
+		q.mu.Unlock()
+		return fmt.Errorf("actors: store %d outputs: %w", len(items), err)
+	}
+	h.outputs.notify()
+	return nil
+}
+
+// outputLoop stores the queued results every OutputInterval until ctx ends,
+// then once more.
+func (h *Host) outputLoop(ctx context.Context) {
+	t := time.NewTicker(h.cfg.OutputInterval)
+	defer t.Stop()
+	failing := false
+	for await(h, ctx, t.C) {
+		err := h.flushOutputs(ctx)
+		switch {
+		case err != nil && !failing && ctx.Err() == nil:
+			h.log.Warn("storing outputs failed; retrying", "err", err)
+		case err == nil && failing:
+			h.log.Info("outputs stored again")
+		}
+		failing = err != nil
+	}
 }
 
 // OutputsStored returns a channel closed when this host next stores

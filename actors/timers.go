@@ -134,15 +134,8 @@ func (h *Host) timerLoop(ctx context.Context) {
 	}
 	t := time.NewTicker(h.cfg.WatermarkInterval)
 	defer t.Stop()
-	lastOutputs := time.Now()
 	for await(h, ctx, t.C) {
 		h.fireDue(ctx)
-		// Results are stored by checkpoints: bring one forward when keys
-		// emitted some, at most every OutputInterval.
-		if h.outputsPending.Load() && time.Since(lastOutputs) >= h.cfg.OutputInterval {
-			lastOutputs = time.Now()
-			h.nudgeCheckpoint()
-		}
 	}
 }
 

@@ -3,6 +3,7 @@ package actors_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/keyfold/keyfold/actors"
 	"github.com/keyfold/keyfold/actors/fold"
+	"github.com/keyfold/keyfold/persistence/faultstore"
 )
 
 // fakeClock is a processing-time clock the test moves.
@@ -305,5 +307,51 @@ func TestPatternsFireForQuietKeys(t *testing.T) {
 	v := hs.query("u1")
 	if len(v.Patterns) != 2 || v.Patterns[1].Matches != 1 || v.Patterns[0].Matches != 1 {
 		t.Errorf("u1 patterns: %+v", v.Patterns)
+	}
+}
+
+// TestOutputsNeverLostWhenStoringFails: while results cannot be stored,
+// checkpoints do not trim the log that emitted them (nor does the drain), so
+// a new host replays it and stores them.
+func TestOutputsNeverLostWhenStoringFails(t *testing.T) {
+	clock := &fakeClock{}
+	clock.set(winBase)
+	dir := t.TempDir()
+	inner := openStore(t, dir)
+	fs := faultstore.New(inner)
+	fs.InjectAll(faultstore.OpAppendOutputs, faultstore.Fault{Err: errors.New("output log down")})
+	cfg := actors.Config{
+		Pipelines: windowPipelines(t), Now: clock.Now,
+		CheckpointInterval: 10 * time.Millisecond, WatermarkInterval: 5 * time.Millisecond,
+		OutputInterval: 5 * time.Millisecond,
+	}
+	hs := start(t, fs, cfg)
+	var events []timedEvent
+	for i := range 50 {
+		e := timedEvent{key: fmt.Sprintf("k%d", i%5), ts: winBase + int64(i)*100, v: i, id: fmt.Sprint(i)}
+		events = append(events, e)
+		hs.ingest2("p", e.raw())
+	}
+	clock.set(winBase + 120_000) // everything closes
+	eventually(t, "results emitted", func() bool { return hs.host.Stats().Pipelines["p"].Emitted >= int64(len(oracle(events))) })
+	eventually(t, "storing retried", func() bool { return fs.Calls(faultstore.OpAppendOutputs) >= 5 })
+	if err := hs.shutdown(); err == nil {
+		t.Fatal("the drain succeeded although its results could not be stored")
+	}
+	if page, err := inner.ReadOutputs(context.Background(), "p", "", 10); err != nil || len(page) != 0 {
+		t.Fatalf("outputs stored while the output log was down: %v %v", page, err)
+	}
+	hs = start(t, inner, cfg) // the output log is back
+	defer hs.shutdown()
+	want := oracle(events)
+	var got map[string]string
+	eventually(t, "every result stored", func() bool {
+		got = allOutputs(t, hs.host)
+		return len(got) >= len(want)
+	})
+	for id, w := range want {
+		if got[id] != w {
+			t.Errorf("%s: got %q, want %q", id, got[id], w)
+		}
 	}
 }

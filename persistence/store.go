@@ -118,6 +118,12 @@ type CheckpointData struct {
 // OutputLog is the set of pipelines' output logs. Outputs are appended by
 // checkpoints ([Store.Checkpoint]) and read by cursor.
 type OutputLog interface {
+	// AppendOutputs durably appends each output to its pipeline's log,
+	// those of one pipeline in slice order. On error some may have been
+	// appended: callers give outputs stable ids, and appending one again
+	// is allowed.
+	AppendOutputs(ctx context.Context, outputs []Output) error
+
 	// ReadOutputs returns up to limit entries of the pipeline appended after
 	// the entry whose Cursor is after ("" reads from the oldest entry still
 	// retained), in append order. No entry becomes visible before one

@@ -220,27 +220,42 @@ func BenchmarkCheckpointHotKey(b *testing.B) {
 var windowSpecs = []struct {
 	name    string
 	windows map[string]fold.WindowSpec
+	all     bool // and ids, sketches and three patterns
 }{
-	{"none", nil},
+	{"none", nil, false},
 	{"tumbling", map[string]fold.WindowSpec{
 		"per_minute": {Type: "tumbling", Size: time.Minute, Aggregates: []string{"total", "amount"}},
-	}},
+	}, false},
 	{"sliding", map[string]fold.WindowSpec{
 		"last_hour": {Type: "sliding", Size: time.Hour, Slide: 5 * time.Minute, Aggregates: []string{"total"}},
-	}},
+	}, false},
 	{"tumbling+sliding+session", map[string]fold.WindowSpec{
 		"per_minute": {Type: "tumbling", Size: time.Minute, Aggregates: []string{"total", "amount"}},
 		"last_hour":  {Type: "sliding", Size: time.Hour, Slide: 5 * time.Minute, Aggregates: []string{"total"}},
 		"sessions":   {Type: "session", Gap: 30 * time.Minute, Aggregates: []string{"total"}},
-	}},
+	}, false},
+	{"all features", map[string]fold.WindowSpec{
+		"per_minute": {Type: "tumbling", Size: time.Minute, Aggregates: []string{"total", "amount", "countries", "amounts"}},
+		"last_hour":  {Type: "sliding", Size: time.Hour, Slide: 5 * time.Minute, Aggregates: []string{"total"}},
+		"sessions":   {Type: "session", Gap: 30 * time.Minute, Aggregates: []string{"total"}},
+	}, true},
 }
 
-func windowed(b *testing.B, windows map[string]fold.WindowSpec) *fold.Pipeline {
+func windowed(b *testing.B, windows map[string]fold.WindowSpec, all bool) *fold.Pipeline {
 	b.Helper()
 	spec := quickstartSpec(b)
-	delete(spec.Aggregates, "countries")
-	delete(spec.Aggregates, "amounts")
-	spec.ID = "" // the cost of windows alone
+	if all {
+		spec.Patterns = map[string]fold.PatternSpec{
+			"brute":     {Where: "type == 'login_failed'", Count: 3, Within: 5 * time.Minute},
+			"ok_failed": {Sequence: []string{"type == 'login_ok'", "type == 'login_failed'"}, Within: time.Minute},
+			"no_ok":     {After: "type == 'login_failed'", Absent: "type == 'login_ok'", Within: time.Minute},
+		}
+		spec.TTL = 720 * time.Hour
+	} else { // the cost of windows alone
+		delete(spec.Aggregates, "countries")
+		delete(spec.Aggregates, "amounts")
+		spec.ID = ""
+	}
 	spec.Windows = windows
 	p, err := fold.Compile("logins", spec)
 	if err != nil {
@@ -252,14 +267,22 @@ func windowed(b *testing.B, windows map[string]fold.WindowSpec) *fold.Pipeline {
 // BenchmarkWindows is the cost per event of windows: one op advances the
 // key's watermark to 5 s behind the event (emitting what closes) and applies
 // the event; event time moves 1 s per event, so a tumbling minute emits
-// every 60 events and a sliding hour (12 windows an event) every 300.
+// every 60 events and a sliding hour (12 windows an event) every 300. "all
+// features" adds ids (24 h dedup), the two sketches (also in the minute
+// windows) and three patterns.
 func BenchmarkWindows(b *testing.B) {
 	for _, ws := range windowSpecs {
-		p := windowed(b, ws.windows)
+		p := windowed(b, ws.windows, ws.all)
 		b.Run(ws.name, func(b *testing.B) {
-			events, err := p.PrepareBatch(benchEvents(1024, true))
+			events, err := p.PrepareBatch(benchEvents(1024, !ws.all))
 			if err != nil {
 				b.Fatal(err)
+			}
+			// Ids cycle through more than a dedup window's worth (one event
+			// a second, 24 h), so none is a duplicate.
+			ids := make([]string, 1<<17)
+			for i := range ids {
+				ids[i] = fmt.Sprintf("evt-%d", i)
 			}
 			var s fold.State
 			ts := int64(1_700_000_000_000)
@@ -268,6 +291,9 @@ func BenchmarkWindows(b *testing.B) {
 				ts += 1000
 				ev := *events[i%len(events)]
 				ev.Time = ts
+				if ev.ID != "" {
+					ev.ID = ids[i%len(ids)]
+				}
 				p.Advance(&s, "user-1234", ts-5000)
 				p.Apply(&s, &ev, ts)
 				if i%1024 == 0 { // the checkpoint stores the results
@@ -283,9 +309,9 @@ func BenchmarkWindows(b *testing.B) {
 // window is open), without ids.
 func BenchmarkWindowMemory(b *testing.B) {
 	for _, ws := range windowSpecs {
-		p := windowed(b, ws.windows)
+		p := windowed(b, ws.windows, ws.all)
 		b.Run(ws.name, func(b *testing.B) {
-			events, err := p.PrepareBatch(benchEvents(10, true))
+			events, err := p.PrepareBatch(benchEvents(10, !ws.all))
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -435,6 +435,14 @@ func (s *State) Outputs() []*keyfoldv1.Output {
 	return outs
 }
 
+// TakeOutputs returns the results emitted and not yet taken or marked
+// stored, oldest first, and forgets them: the caller stores them.
+func (s *State) TakeOutputs() []*keyfoldv1.Output {
+	outs := s.Outputs()
+	s.out = nil
+	return outs
+}
+
 // WindowView is one window of a key, as queries show it.
 type WindowView struct {
 	Name    string         `json:"name"`

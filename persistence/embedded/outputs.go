@@ -184,6 +184,28 @@ func parseCursor(c string) (uint64, error) {
 	return seq, nil
 }
 
+// AppendOutputs appends the outputs in one synced batch.
+func (s *Store) AppendOutputs(ctx context.Context, outputs []persistence.Output) error {
+	if err := s.begin(ctx); err != nil {
+		return fmt.Errorf("embedded: append outputs: %w", err)
+	}
+	defer s.end()
+	if len(outputs) == 0 {
+		return nil
+	}
+	b := s.db.NewBatch()
+	defer b.Close()
+	ranges, err := s.addOutputs(b, outputs)
+	defer endOutputs(ranges)
+	if err != nil {
+		return fmt.Errorf("embedded: append outputs: %w", err)
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		return fmt.Errorf("embedded: append outputs: %w", err)
+	}
+	return nil
+}
+
 // ReadOutputs returns up to limit durable records of the pipeline after a
 // cursor, which is the decimal sequence number of a record.
 func (s *Store) ReadOutputs(ctx context.Context, name string, after string, limit int) ([]persistence.OutputEntry, error) {

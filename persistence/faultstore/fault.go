@@ -20,10 +20,11 @@ const (
 	OpTimers
 	OpReadOutputs
 	OpTrimOutputs
+	OpAppendOutputs
 	numOps
 )
 
-var opNames = [numOps]string{"Claim", "Append", "Read", "Checkpoint", "Get", "CheckGroups", "Close", "Timers", "ReadOutputs", "TrimOutputs"}
+var opNames = [numOps]string{"Claim", "Append", "Read", "Checkpoint", "Get", "CheckGroups", "Close", "Timers", "ReadOutputs", "TrimOutputs", "AppendOutputs"}
 
 func (o Op) String() string {
 	if o < 0 || o >= numOps {

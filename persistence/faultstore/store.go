@@ -175,6 +175,15 @@ func (s *Store) Timers(ctx context.Context, group uint32, fn func(key string, du
 	return after(f, s.inner.Timers(ctx, group, fn))
 }
 
+// AppendOutputs implements persistence.OutputLog.
+func (s *Store) AppendOutputs(ctx context.Context, outputs []persistence.Output) error {
+	f := s.call(OpAppendOutputs)
+	if err := before(ctx, OpAppendOutputs, f); err != nil {
+		return err
+	}
+	return after(f, s.inner.AppendOutputs(ctx, outputs))
+}
+
 // ReadOutputs implements persistence.OutputLog.
 func (s *Store) ReadOutputs(ctx context.Context, pipeline string, afterCursor string, limit int) ([]persistence.OutputEntry, error) {
 	f := s.call(OpReadOutputs)

@@ -188,17 +188,7 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 			g.timers[t.Key] = t.Due
 		}
 	}
-	ms := time.Now().UnixMilli()
-	for _, o := range d.Outputs {
-		l := s.d.out[o.Pipeline]
-		if l == nil {
-			l = &outputLog{}
-			s.d.out[o.Pipeline] = l
-		}
-		l.last++
-		l.lastMs = max(l.lastMs, ms)
-		l.entries = append(l.entries, output{seq: l.last, ms: l.lastMs, data: append([]byte{}, o.Data...)})
-	}
+	s.d.appendOutputs(d.Outputs)
 	for ; g.checkpoint < d.Through; g.checkpoint++ {
 		delete(g.log, g.checkpoint+1)
 	}
@@ -225,6 +215,31 @@ func (s *Store) Timers(ctx context.Context, id uint32, fn func(key string, due i
 		}
 	}
 	return nil
+}
+
+// AppendOutputs implements persistence.OutputLog.
+func (s *Store) AppendOutputs(ctx context.Context, outputs []persistence.Output) error {
+	if err := s.lock(ctx); err != nil {
+		return fmt.Errorf("memstore: append outputs: %w", err)
+	}
+	defer s.d.mu.Unlock()
+	s.d.appendOutputs(outputs)
+	return nil
+}
+
+// appendOutputs appends to the output logs; s.d.mu must be held.
+func (d *data) appendOutputs(outputs []persistence.Output) {
+	ms := time.Now().UnixMilli()
+	for _, o := range outputs {
+		l := d.out[o.Pipeline]
+		if l == nil {
+			l = &outputLog{}
+			d.out[o.Pipeline] = l
+		}
+		l.last++
+		l.lastMs = max(l.lastMs, ms)
+		l.entries = append(l.entries, output{seq: l.last, ms: l.lastMs, data: append([]byte{}, o.Data...)})
+	}
 }
 
 // ReadOutputs implements persistence.OutputLog.

@@ -294,3 +294,22 @@ func testOutputsAtomic(e *env) {
 	e.wantOutputs(pipeA, "", "ok")
 	e.wantOutputs(pipeB, "")
 }
+
+// testAppendOutputs: AppendOutputs appends to the same logs as checkpoints,
+// in order, durably, without a claimed group.
+func testAppendOutputs(e *env) {
+	if err := e.s.AppendOutputs(e.ctx, nil); err != nil {
+		e.t.Fatalf("AppendOutputs(nil): %v", err)
+	}
+	if err := e.s.AppendOutputs(e.ctx, []persistence.Output{out(pipeA, "a1"), out(pipeB, "b1"), out(pipeA, "a2")}); err != nil {
+		e.t.Fatal(err)
+	}
+	ep := e.claim(1).Epoch
+	e.checkpoint(1, ep, persistence.CheckpointData{Outputs: []persistence.Output{out(pipeA, "a3")}})
+	if err := e.s.AppendOutputs(e.ctx, []persistence.Output{out(pipeA, "a4")}); err != nil {
+		e.t.Fatal(err)
+	}
+	e.reopen()
+	e.wantOutputs(pipeA, "", "a1", "a2", "a3", "a4")
+	e.wantOutputs(pipeB, "", "b1")
+}

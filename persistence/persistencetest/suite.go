@@ -55,6 +55,7 @@ var tests = []test{
 	{name: "OutputsReopen", run: testOutputsReopen},
 	{name: "OutputsBadCursor", run: testOutputsBadCursor},
 	{name: "OutputsBadLimit", run: testOutputsBadLimit},
+	{name: "AppendOutputs", run: testAppendOutputs},
 	{name: "OutputsTrim", run: testOutputsTrim},
 	{name: "OutputsTrimAllReopen", run: testOutputsTrimAllReopen},
 	{name: "OutputsAtomic", run: testOutputsAtomic},

@@ -12,6 +12,18 @@ import (
 	"github.com/keyfold/keyfold/persistence"
 )
 
+// AppendOutputs appends the outputs with one pipelined round trip (see
+// appendOutputs).
+func (s *Store) AppendOutputs(ctx context.Context, outputs []persistence.Output) error {
+	if err := s.begin(ctx); err != nil {
+		return s.wrap("append outputs", err)
+	}
+	if err := s.appendOutputs(ctx, outputs); err != nil {
+		return s.wrap("append outputs", err)
+	}
+	return nil
+}
+
 // appendOutputs appends each output to its pipeline's stream with XADD and
 // an automatic ID, all in one pipelined round trip (with a Redis Cluster
 // client, one per node involved), those of one pipeline in order. It fails
