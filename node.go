@@ -430,8 +430,11 @@ func (n *Node) Query(ctx context.Context, pipeline, key string) (KeyState, error
 	}
 	ks := KeyState{Pipeline: pipeline, Key: key, Seq: v.Seq, Duplicates: v.Duplicates, Aggregates: v.Aggregates}
 	if n.pipelines[pipeline].Timed() {
-		wm := time.UnixMilli(v.Watermark).UTC()
-		ks.Watermark, ks.Late, ks.Windows, ks.Patterns = &wm, &v.Late, v.Windows, v.Patterns
+		ks.Late, ks.Windows, ks.Patterns = &v.Late, v.Windows, v.Patterns
+		if v.Watermark > 0 { // none yet: null
+			wm := time.UnixMilli(v.Watermark).UTC()
+			ks.Watermark = &wm
+		}
 		if ks.Windows == nil {
 			ks.Windows = []WindowState{}
 		}
