@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/persistence"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 )
@@ -45,6 +46,9 @@ type keyBatch struct {
 	id     keyID
 	inputs *keyfoldv1.KeyInputs
 	msg    applyMsg
+	// The timer loop took the key out of an index to wake it (fire) or to
+	// check its expiry: if the record is not logged, it goes back.
+	fire, expire bool
 }
 
 // groupBatch is one key group's share of a commit: one log record.
@@ -84,7 +88,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 	for _, r := range reqs {
 		segs := 0
 		for _, id := range r.fires {
-			batchOf(id) // listed without inputs: it only advances
+			batchOf(id).fire = true // listed without inputs: it only advances
 			if timed == nil {
 				timed = map[string]bool{}
 			}
@@ -98,6 +102,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 		}
 		for _, ev := range r.events {
 			kb := batchOf(keyID{r.pipeline, ev.Key})
+			kb.expire = kb.expire || ev.Expire
 			kb.inputs.Inputs = append(kb.inputs.Inputs, &keyfoldv1.Input{Event: ev.Raw, IngestTimeMs: nowMs, Erase: ev.Erase, Expire: ev.Expire})
 			if s := len(kb.msg.segs); s == 0 || kb.msg.segs[s-1].w != r.w {
 				kb.msg.segs = append(kb.msg.segs, segment{nowMs: nowMs, w: r.w})
@@ -134,9 +139,12 @@ func (h *Host) commit(reqs []*ingestReq) {
 	}
 	if h.storeDown.Load() {
 		err := fmt.Errorf("%w: the store is unreachable; retrying", ErrUnavailable)
+		h.mu.Lock()
 		for _, gb := range groups {
 			failGroup(gb, err)
+			h.rearmLocked(gb, nowMs)
 		}
+		h.mu.Unlock()
 		return
 	}
 	for i, gb := range groups {
@@ -218,8 +226,9 @@ func (h *Host) commit(reqs []*ingestReq) {
 
 // stampLocked gives each group's record the watermarks of its pipelines
 // with windows, and its keys of those pipelines the watermark to advance to:
-// the node's at nowMs before this commit's events, which then move the
-// node's clocks. h.mu must be held.
+// the node's at nowMs before this commit's events; and the clock after
+// them, which moves the node's clock once the record is logged (events
+// that fail to log move nothing). h.mu must be held.
 func (h *Host) stampLocked(reqs []*ingestReq, groups []*groupBatch, timed map[string]bool, nowMs int64) {
 	for _, gb := range groups {
 		var mine map[string]bool
@@ -243,12 +252,18 @@ func (h *Host) stampLocked(reqs []*ingestReq, groups []*groupBatch, timed map[st
 		}
 		slices.SortFunc(gb.watermarks, func(a, b *keyfoldv1.Watermark) int { return strings.Compare(a.Pipeline, b.Pipeline) })
 	}
+	after := map[string]*fold.Clock{}
 	for _, r := range reqs {
 		p := h.cfg.Pipelines[r.pipeline]
 		if p == nil || !timed[r.pipeline] {
 			continue
 		}
-		c := h.clockLocked(r.pipeline)
+		c := after[r.pipeline]
+		if c == nil {
+			c = new(fold.Clock)
+			*c = *h.clockLocked(r.pipeline)
+			after[r.pipeline] = c
+		}
 		for _, ev := range r.events {
 			if !ev.Erase && !ev.Expire {
 				p.Observe(c, ev, nowMs)
@@ -257,8 +272,30 @@ func (h *Host) stampLocked(reqs []*ingestReq, groups []*groupBatch, timed map[st
 	}
 	for _, gb := range groups {
 		for _, w := range gb.watermarks {
-			c := h.clocks[w.Pipeline]
+			c := after[w.Pipeline]
+			if c == nil {
+				c = h.clockLocked(w.Pipeline)
+			}
 			w.MaxEventMs, w.ArrivalMs = c.MaxEvent, c.Arrival
+		}
+	}
+}
+
+// rearmLocked puts the keys the timer loop took out of a group's indexes
+// back, due at once, when their record was not logged while the group stays
+// served (a group that is lost is taken over, which reads its indexes
+// again). h.mu must be held.
+func (h *Host) rearmLocked(gb *groupBatch, nowMs int64) {
+	gs := &h.groups[gb.group]
+	if !gs.ready {
+		return
+	}
+	for _, kb := range gb.keys {
+		if kb.fire {
+			indexLocked(&gs.timers, kb.id.pipeline).set(kb.id.key, 1)
+		}
+		if kb.expire {
+			indexLocked(&gs.expiry, kb.id.pipeline).set(kb.id.key, nowMs)
 		}
 	}
 }

@@ -88,6 +88,7 @@ type grain struct {
 	broken   error                // set when activation failed; the group is lost
 	reported int64                // the next timer the host's index has
 	expiry   int64                // when the host's index says the key expires (0: never)
+	lastNow  int64                // the latest processing time of its inputs
 }
 
 func (g *grain) Receive(c actor.Context) {
@@ -167,7 +168,7 @@ func (g *grain) load() error {
 	}
 	g.pos, g.state = snap.Position, state
 	g.reported = g.pipeline.NextTimer(&g.state) // what the store's index says
-	g.expiry = g.pipeline.Expiry(&g.state)
+	g.expiry = g.pipeline.Expiry(&g.state, 0)
 	// Everything restored is stored, unless RestoreParts asked for a
 	// rewrite (a new bucket layout) by starting past it.
 	g.stored = min(g.state.Version(), fold.RestoredVersion)
@@ -194,6 +195,7 @@ func (g *grain) apply(m *applyMsg) {
 		g.pipeline.Advance(&g.state, g.id.key, m.wm)
 	}
 	for _, s := range m.segs {
+		g.lastNow = max(g.lastNow, s.nowMs)
 		dups := 0
 		for _, ev := range s.events {
 			if ev.Expire {
@@ -215,7 +217,7 @@ func (g *grain) apply(m *applyMsg) {
 		// The index may say earlier than the truth (a wake-up finds the key
 		// busy and reports again), never later: report when the expiry moved
 		// by an eighth of the ttl, so a busy key does not report per batch.
-		exp := g.pipeline.Expiry(&g.state)
+		exp := g.pipeline.Expiry(&g.state, g.lastNow)
 		if exp == 0 || g.expiry == 0 || exp < g.expiry || exp-g.expiry > ttl.Milliseconds()/8 {
 			if exp != g.expiry {
 				g.expiry = exp
@@ -224,7 +226,11 @@ func (g *grain) apply(m *applyMsg) {
 		}
 	}
 	if g.pipeline.Timed() {
-		g.pstats.late.Add(int64(g.state.Late() - late))
+		if l := g.state.Late(); l >= late {
+			g.pstats.late.Add(int64(l - late))
+		} else { // erased meanwhile: what came after
+			g.pstats.late.Add(int64(l))
+		}
 		if outs := g.state.TakeOutputs(); len(outs) > 0 {
 			g.pstats.emitted.Add(int64(len(outs)))
 			g.host.queueOutputs(g.id.pipeline, outs)
@@ -241,9 +247,9 @@ func (g *grain) apply(m *applyMsg) {
 // expire applies an expiry check; a key it does not erase was busy, and its
 // index entry (taken out to wake it) is reported again.
 func (g *grain) expire(ev *fold.Event, nowMs int64) {
-	was := g.state.Empty()
+	was := g.state.Seq()
 	g.pipeline.Apply(&g.state, ev, nowMs)
-	if !was && g.state.Empty() {
+	if was > 0 && g.state.Seq() == 0 {
 		g.pstats.expired.Add(1)
 	}
 	g.expiry = -1 // always report
@@ -253,7 +259,7 @@ func (g *grain) query() queryReply {
 	if g.broken != nil {
 		return queryReply{err: fmt.Errorf("%w: %w", ErrUnavailable, hideStore("loading the key", g.broken))}
 	}
-	if g.state.Empty() {
+	if g.state.Seq() == 0 { // never applied an event, or erased
 		return queryReply{err: ErrNotFound}
 	}
 	v := KeyView{Seq: g.state.Seq(), Duplicates: g.state.Duplicates(), Aggregates: g.pipeline.Aggregates(&g.state)}
@@ -290,7 +296,7 @@ func (g *grain) snapshot() snapshotReply {
 		r.snaps = append(r.snaps, persistence.Snapshot{Key: g.id.bucketKey(b.Bucket), Data: b.Data})
 	}
 	if g.pipeline.TTL() > 0 {
-		r.ttl, r.expiry = true, g.pipeline.Expiry(&g.state)
+		r.ttl, r.expiry = true, g.pipeline.Expiry(&g.state, g.lastNow)
 	}
 	if g.pipeline.Timed() {
 		r.timed, r.due = true, parts.NextTimer

@@ -45,6 +45,7 @@ import (
 //	windows key=K              K's watermark, late count, next timer and
 //	                           windows.
 //	persist key=K              marks K's emitted outputs stored.
+//	erase key=K                applies a tombstone to K; prints its windows.
 //	expire key=K now=D         applies an expiry check to K at processing
 //	                           time D (a Go duration since the epoch).
 //
@@ -114,6 +115,10 @@ func (h *harness) run(t *testing.T, td *datadriven.TestData) string {
 		return describeOutputs(s, before)
 	case "windows":
 		return h.windows(h.arg(t, td, "key"))
+	case "erase":
+		key := h.arg(t, td, "key")
+		h.p.Apply(h.get(key), fold.Tombstone(key), 0)
+		return h.windows(key)
 	case "expire":
 		key := h.arg(t, td, "key")
 		now, err := time.ParseDuration(h.arg(t, td, "now"))
@@ -122,10 +127,10 @@ func (h *harness) run(t *testing.T, td *datadriven.TestData) string {
 		}
 		s := h.get(key)
 		h.p.Apply(s, fold.ExpiryCheck(key), now.Milliseconds())
-		if s.Empty() {
+		if s.Seq() == 0 {
 			return "expired"
 		}
-		return fmt.Sprintf("kept (expires at %v)", time.Duration(h.p.Expiry(s))*time.Millisecond)
+		return fmt.Sprintf("kept (expires at %v)", time.Duration(h.p.Expiry(s, now.Milliseconds()))*time.Millisecond)
 	case "persist":
 		s := h.get(h.arg(t, td, "key"))
 		parts, err := h.p.SnapshotParts(s, 0)

@@ -43,8 +43,9 @@ func (s *State) Duplicates() uint64 { return s.dups }
 // Seq returns the number of events applied to the key, duplicates excluded.
 func (s *State) Seq() uint64 { return s.seq }
 
-// Empty reports whether no event was ever applied.
-func (s *State) Empty() bool { return s.seq == 0 && s.ids.len() == 0 }
+// Empty reports whether the key holds nothing: no event applied (or all
+// erased) and no emptied window kept to number its next results.
+func (s *State) Empty() bool { return s.seq == 0 && s.ids.len() == 0 && len(s.wins) == 0 }
 
 // Version counts the changes of the state since it was created or restored.
 func (s *State) Version() uint64 { return s.version }
@@ -58,7 +59,10 @@ func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
 		Erase(s)
 		return false
 	case ev.Expire:
-		if p.ttl > 0 && !s.Empty() && s.now+p.ttl <= nowMs {
+		// A key with work pending (windows to emit, pattern events or an
+		// absence to decide) is kept until it is done: expiry runs on
+		// processing time, timers on the watermark.
+		if p.ttl > 0 && s.seq > 0 && s.now+p.ttl <= nowMs && p.NextTimer(s) == 0 {
 			Erase(s)
 		}
 		return false
@@ -85,6 +89,9 @@ func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
 	if p.Timed() {
 		p.patStates(s) // present from the first event, as in a restored state
 		t := p.EventTime(ev, nowMs)
+		if !ev.timed && t < s.wm {
+			t = s.wm // ingest time behind the watermark (a clock stepped back): never late
+		}
 		late := len(p.windows) > 0 && !p.assign(s, ev, t)
 		if len(p.patterns) > 0 && !p.hold(s, ev, t) {
 			late = true
@@ -245,6 +252,15 @@ func Erase(s *State) {
 	for b := range s.ids.buckets {
 		gone = append(gone, goneBucket{bucket: b, version: s.version})
 	}
-	*s = State{version: s.version, now: s.now, wm: s.wm, out: s.out}
+	// Windows that emitted and are still within allowed lateness stay,
+	// emptied, so that an event for one after the deletion emits the next
+	// revision, not revision 0 again with other values under the same id.
+	var floors []win
+	for _, x := range s.wins {
+		if x.emitted > 0 && x.end <= s.wm {
+			floors = append(floors, win{spec: x.spec, start: x.start, end: x.end, emitted: x.emitted, aggs: make([]aggState, len(x.aggs))})
+		}
+	}
+	*s = State{version: s.version, now: s.now, wm: s.wm, out: s.out, wins: floors}
 	s.ids.gone = gone
 }

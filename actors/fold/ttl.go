@@ -47,12 +47,18 @@ func (p *Pipeline) compileTTL(spec Spec, bad func(entry, format string, args ...
 func (p *Pipeline) TTL() time.Duration { return time.Duration(p.ttl) * time.Millisecond }
 
 // Expiry returns the processing time (Unix ms) at which the key expires if
-// it receives nothing more, 0 if it never does (no ttl, or no state).
-func (p *Pipeline) Expiry(s *State) int64 {
-	if p.ttl == 0 || s.Empty() {
+// it receives nothing more, 0 if it never does (no ttl, or no events). A
+// key past its ttl but kept because timers are pending (see Apply) is due
+// for another check an eighth of the ttl after nowMs, the processing time
+// of the last check.
+func (p *Pipeline) Expiry(s *State, nowMs int64) int64 {
+	if p.ttl == 0 || s.seq == 0 {
 		return 0
 	}
-	return s.now + p.ttl
+	if e := s.now + p.ttl; e > nowMs {
+		return e
+	}
+	return nowMs + max(p.ttl/8, MinTTL.Milliseconds())
 }
 
 // ExpiryCheck returns the event that erases key when applied if the key

@@ -492,8 +492,9 @@ func (p *Pipeline) windowsProto(s *State) ([]*keyfoldv1.WindowState, error) {
 }
 
 // restoreWindows decodes stored windows. Windows of names the pipeline no
-// longer has are dropped; aggregates are matched by name as the running
-// ones are.
+// longer has, and tumbling or sliding windows whose size or slide changed,
+// are dropped (without emitting); aggregates are matched by name as the
+// running ones are.
 func (p *Pipeline) restoreWindows(s *State, stored []*keyfoldv1.WindowState) error {
 	byName := make(map[string]int, len(p.windows))
 	for i, w := range p.windows {
@@ -505,6 +506,9 @@ func (p *Pipeline) restoreWindows(s *State, stored []*keyfoldv1.WindowState) err
 			continue
 		}
 		w := &p.windows[wi]
+		if w.kind != session && (ws.EndMs-ws.StartMs != w.size || ws.StartMs%w.slide != 0) {
+			continue // its size or slide changed: a window of the old shape cannot take events
+		}
 		x := win{spec: wi, start: ws.StartMs, end: ws.EndMs, emitted: ws.Emitted, count: ws.Count, lastSeq: ws.LastSeq, aggs: make([]aggState, len(w.aggs))}
 		for j, ai := range w.aggs {
 			if err := restoreAgg(&p.aggs[ai], ws.Aggregates, &x.aggs[j]); err != nil {
