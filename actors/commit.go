@@ -120,8 +120,8 @@ func (h *Host) commit(reqs []*ingestReq) {
 	for _, gb := range batches {
 		// A group being taken over cannot take inputs: they would be
 		// applied before the replay of its log reaches them.
-		if gs := &h.groups[gb.group]; !gs.ready {
-			failGroup(gb, fmt.Errorf("%w: key group %d is being taken over: %w", ErrUnavailable, gb.group, hideStore("it was lost", gs.lastErr)))
+		if gs := &h.groups[gb.group]; !gs.ready || !gs.owned {
+			failGroup(gb, gs.unavailable(gb.group))
 			continue
 		}
 		groups = append(groups, gb)

@@ -19,6 +19,9 @@ type Config struct {
 	Pipelines map[string]*fold.Pipeline
 	// Groups is the number of key groups, fixed for the deployment.
 	Groups uint32
+	// Owned lists the key groups Recover takes over; nil means all of them
+	// (one node). SetOwned changes them later.
+	Owned []uint32
 	// CheckpointInterval bounds the time between checkpoints, and so the
 	// replay after a crash.
 	CheckpointInterval time.Duration

@@ -25,6 +25,9 @@ var (
 	// recover from by itself (a corrupt log record, a panic in a grain); the
 	// process must restart (and replay) before it can serve again.
 	ErrFailed = errors.New("actors: host failed")
+	// ErrNotOwner reports a key group this host does not serve: another
+	// node owns it (it comes with ErrUnavailable, so clients retry).
+	ErrNotOwner = errors.New("actors: key group owned by another node")
 	// ErrBadArgument reports an argument out of range or malformed (an
 	// outputs cursor, a page size).
 	ErrBadArgument = errors.New("actors: bad argument")

@@ -70,8 +70,10 @@ type activation struct {
 }
 
 type groupState struct {
-	// ready is set while the host owns the group and its keys' memory
-	// matches its log; see recover.go.
+	// owned is set while the host is to serve the group (see SetOwned);
+	// ready while it does: it owns the group in the store and its keys'
+	// memory matches its log; see recover.go.
+	owned bool
 	ready bool
 	// epoch is the group's epoch in the store: the incarnation of its keys.
 	epoch      persistence.Epoch
@@ -374,7 +376,7 @@ func (h *Host) Query(ctx context.Context, pipeline, key string) (KeyView, error)
 	g := GroupOf(pipeline, key, h.cfg.Groups)
 	h.mu.Lock()
 	if gs := &h.groups[g]; !gs.ready {
-		err := fmt.Errorf("%w: key group %d is being taken over: %w", ErrUnavailable, g, hideStore("it was lost", gs.lastErr))
+		err := gs.unavailable(g)
 		h.mu.Unlock()
 		return KeyView{}, err
 	}

@@ -73,10 +73,18 @@ func (h *Host) recover(ctx context.Context) error {
 		}
 		backoff = min(2*backoff, maxRetakeBackoff)
 	}
-	all := make([]uint32, h.cfg.Groups)
-	for g := range all {
-		all[g] = uint32(g)
+	all := h.cfg.Owned
+	if all == nil {
+		all = make([]uint32, h.cfg.Groups)
+		for g := range all {
+			all[g] = uint32(g)
+		}
 	}
+	h.mu.Lock()
+	for _, g := range all {
+		h.groups[g].owned = true
+	}
+	h.mu.Unlock()
 	if err := h.takeOverUntilDone(ctx, all); err != nil {
 		return fmt.Errorf("actors: recover: %w", err)
 	}
@@ -93,7 +101,7 @@ func (h *Host) takeOverLoop(ctx context.Context) {
 		var lost []uint32
 		fenced := false
 		for g := range h.groups {
-			if gs := &h.groups[g]; !gs.ready {
+			if gs := &h.groups[g]; !gs.ready && gs.owned {
 				lost = append(lost, uint32(g))
 				fenced = fenced || errors.Is(gs.lastErr, persistence.ErrFenced)
 			}
@@ -176,6 +184,12 @@ func (h *Host) takeOverUntilDone(ctx context.Context, groups []uint32) error {
 // takeOver claims one group and replays its log. On failure the group's
 // grains are dropped again and the error is kept in the group's state.
 func (h *Host) takeOver(ctx context.Context, g uint32) error {
+	h.mu.Lock()
+	owned := h.groups[g].owned
+	h.mu.Unlock()
+	if !owned {
+		return nil // released meanwhile: the new owner takes it over
+	}
 	st, err := h.store.Claim(ctx, g)
 	if err == nil {
 		h.storeDown.Store(false)

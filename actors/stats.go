@@ -58,7 +58,7 @@ func (h *Host) Stats() Stats {
 	n, dirty, unavailable := len(h.active), 0, 0
 	for i := range h.groups {
 		dirty += len(h.groups[i].dirty)
-		if !h.groups[i].ready {
+		if gs := &h.groups[i]; gs.owned && !gs.ready {
 			unavailable++
 		}
 	}
