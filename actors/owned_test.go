@@ -52,8 +52,8 @@ func TestMoveGroupsBetweenHosts(t *testing.T) {
 		t.Fatalf("a host that does not own k1's group: %v, want ErrNotOwner", err)
 	}
 	for _, move := range [][2][]uint32{
-		{{0, 1}, {2, 3, 4, 5, 6, 7}},    // a → 0,1; b takes 2,3
-		{{0, 1, 2, 3, 4}, {5, 6, 7}},    // b → a: 2,3,4
+		{{0, 1}, {2, 3, 4, 5, 6, 7}},   // a → 0,1; b takes 2,3
+		{{0, 1, 2, 3, 4}, {5, 6, 7}},   // b → a: 2,3,4
 		{{}, {0, 1, 2, 3, 4, 5, 6, 7}}, // everything to b
 	} {
 		// Release first (each keeps only what it keeps), then take over:
