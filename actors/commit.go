@@ -137,7 +137,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 	if len(groups) == 0 {
 		return
 	}
-	if h.storeDown.Load() {
+	if h.storeDown.Load() || h.outq.n.Load() > MaxQueuedOutputs {
 		err := fmt.Errorf("%w: the store is unreachable; retrying", ErrUnavailable)
 		h.mu.Lock()
 		for _, gb := range groups {

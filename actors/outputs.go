@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/keyfold/keyfold/persistence"
@@ -64,7 +65,13 @@ type outputQueue struct {
 	mu    sync.Mutex
 	items []persistence.Output
 	flush sync.Mutex // one store call at a time, so results stay in order
+	n     atomic.Int64
 }
+
+// MaxQueuedOutputs bounds the results waiting to be stored: beyond it (the
+// output log has been failing for a while) commits refuse new input with
+// ErrUnavailable rather than let the queue grow without bound.
+const MaxQueuedOutputs = 1 << 20
 
 // queueOutputs queues a key's results for storing.
 func (h *Host) queueOutputs(pipeline string, outs []*keyfoldv1.Output) {
@@ -79,6 +86,7 @@ func (h *Host) queueOutputs(pipeline string, outs []*keyfoldv1.Output) {
 	}
 	h.outq.mu.Lock()
 	h.outq.items = append(h.outq.items, items...)
+	h.outq.n.Store(int64(len(h.outq.items)))
 	h.outq.mu.Unlock()
 }
 
@@ -92,6 +100,11 @@ func (h *Host) flushOutputs(ctx context.Context) error {
 	items := q.items
 	q.items = nil
 	q.mu.Unlock()
+	defer func() {
+		q.mu.Lock()
+		q.n.Store(int64(len(q.items)))
+		q.mu.Unlock()
+	}()
 	if len(items) == 0 {
 		return nil
 	}

@@ -170,6 +170,20 @@ func TestListOutputs(t *testing.T) {
 	}
 	keys := keyNames("u", 120)
 	tap(t, c, keys)
+	// GetState shows a windowed key's event-time state as HTTP does.
+	st, err := c.GetState(ctx, "taps", keys[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tm struct {
+		Late    *uint64 `json:"late"`
+		Windows []struct {
+			Name string `json:"name"`
+		} `json:"windows"`
+	}
+	if err := json.Unmarshal(st.Time, &tm); err != nil || tm.Late == nil || tm.Windows == nil {
+		t.Errorf("GetState of a windowed key: time %s (%v)", st.Time, err)
+	}
 	all := waitOutputs(t, c, len(keys))
 
 	seen := map[string]bool{}

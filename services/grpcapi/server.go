@@ -53,6 +53,9 @@ type KeyState struct {
 	Seq        uint64         // events applied
 	Duplicates uint64         // events skipped: their id was already applied
 	Aggregates map[string]any // values encodable as JSON
+	// Time, if not nil, is the key's event-time state (watermark, late,
+	// windows, patterns), encodable as JSON.
+	Time any
 }
 
 // Pending is a submitted batch.
@@ -197,6 +200,11 @@ func (s *server) GetState(ctx context.Context, req *keyfoldv1.GetStateRequest) (
 			return nil, s.status(fmt.Errorf("encode aggregate %q: %w", name, err))
 		}
 		resp.Aggregates[name] = b
+	}
+	if st.Time != nil {
+		if resp.TimeJson, err = json.Marshal(st.Time); err != nil {
+			return nil, s.status(fmt.Errorf("encode the key's windows: %w", err))
+		}
 	}
 	return resp, nil
 }

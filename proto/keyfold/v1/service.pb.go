@@ -394,7 +394,11 @@ type GetStateResponse struct {
 	Duplicates uint64                 `protobuf:"varint,5,opt,name=duplicates,proto3" json:"duplicates,omitempty"` // events skipped: their id was already applied
 	// The aggregates by name, as JSON values (numbers, strings, null), the
 	// same as the HTTP API's "aggregates" object.
-	Aggregates    map[string][]byte `protobuf:"bytes,4,rep,name=aggregates,proto3" json:"aggregates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Aggregates map[string][]byte `protobuf:"bytes,4,rep,name=aggregates,proto3" json:"aggregates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// For a pipeline with windows or patterns: a JSON object with the key's
+	// "watermark", "late", "windows" and "patterns", the same as the HTTP
+	// API's fields of those names. Empty otherwise.
+	TimeJson      []byte `protobuf:"bytes,6,opt,name=time_json,json=timeJson,proto3" json:"time_json,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -460,6 +464,13 @@ func (x *GetStateResponse) GetDuplicates() uint64 {
 func (x *GetStateResponse) GetAggregates() map[string][]byte {
 	if x != nil {
 		return x.Aggregates
+	}
+	return nil
+}
+
+func (x *GetStateResponse) GetTimeJson() []byte {
+	if x != nil {
+		return x.TimeJson
 	}
 	return nil
 }
@@ -1052,7 +1063,7 @@ const file_proto_keyfold_v1_service_proto_rawDesc = "" +
 	"\x05field\x18\x04 \x01(\tR\x05field\"?\n" +
 	"\x0fGetStateRequest\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\tR\x03key\"\xff\x01\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"\x9c\x02\n" +
 	"\x10GetStateResponse\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x10\n" +
@@ -1062,7 +1073,8 @@ const file_proto_keyfold_v1_service_proto_rawDesc = "" +
 	"duplicates\x12L\n" +
 	"\n" +
 	"aggregates\x18\x04 \x03(\v2,.keyfold.v1.GetStateResponse.AggregatesEntryR\n" +
-	"aggregates\x1a=\n" +
+	"aggregates\x12\x1b\n" +
+	"\ttime_json\x18\x06 \x01(\fR\btimeJson\x1a=\n" +
 	"\x0fAggregatesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"@\n" +

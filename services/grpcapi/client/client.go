@@ -223,6 +223,10 @@ type State struct {
 	Seq        uint64         // events applied
 	Duplicates uint64         // events skipped: their id was already applied
 	Aggregates map[string]any // JSON values: float64, string, nil, objects
+	// Time is, for a pipeline with windows or patterns, the key's
+	// watermark, late count, windows and patterns as the HTTP API shows
+	// them (a JSON object); nil otherwise.
+	Time json.RawMessage
 }
 
 // GetState returns a key's state; a key without state is an *Error with
@@ -239,6 +243,9 @@ func (c *Client) GetState(ctx context.Context, pipeline, key string) (*State, er
 			return nil, fmt.Errorf("keyfold client: aggregate %q: %w", name, err)
 		}
 		st.Aggregates[name] = v
+	}
+	if len(resp.TimeJson) > 0 {
+		st.Time = json.RawMessage(resp.TimeJson)
 	}
 	return st, nil
 }
