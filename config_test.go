@@ -210,3 +210,17 @@ func TestRedisConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadConfigWindowsExample: the windows example declares what it shows.
+func TestLoadConfigWindowsExample(t *testing.T) {
+	c, err := LoadConfig("examples/windows.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := c.Pipelines["logins"]; len(l.Windows) != 3 || len(l.Patterns) != 3 || l.TTL != 720*time.Hour {
+		t.Errorf("examples/windows.yaml: %+v", l)
+	}
+	if _, err := New(c); err != nil {
+		t.Error(err)
+	}
+}
