@@ -132,8 +132,10 @@ type OutputLog interface {
 	// since still works: the read resumes with the oldest retained entries
 	// after it. A pipeline with no entries has none to return (no error).
 	//
-	// limit must be positive; a cursor the store cannot parse gets an error
-	// wrapping ErrBadCursor.
+	// limit must be positive; a cursor the store cannot parse, or one past
+	// the last entry ever appended (no entry has it: a reader holding it
+	// would silently skip what comes next), gets an error wrapping
+	// ErrBadCursor.
 	ReadOutputs(ctx context.Context, pipeline string, after string, limit int) ([]OutputEntry, error)
 
 	// TrimOutputs deletes the pipeline's entries appended before the given

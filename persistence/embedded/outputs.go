@@ -224,8 +224,11 @@ func (s *Store) ReadOutputs(ctx context.Context, name string, after string, limi
 	if err != nil {
 		return nil, fmt.Errorf("embedded: read outputs of %q: %w", name, err)
 	}
-	visible := p.visible
+	visible, last := p.visible, p.last
 	p.mu.Unlock()
+	if seq > last {
+		return nil, fmt.Errorf("embedded: read outputs of %q after %q: past the last record %d: %w", name, after, last, persistence.ErrBadCursor)
+	}
 	if seq >= visible {
 		return nil, nil
 	}

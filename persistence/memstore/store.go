@@ -259,6 +259,9 @@ func (s *Store) ReadOutputs(ctx context.Context, pipeline string, after string, 
 	}
 	defer s.d.mu.Unlock()
 	l := s.d.out[pipeline]
+	if last := uint64(0); (l != nil && seq > l.last) || (l == nil && seq > last) {
+		return nil, fmt.Errorf("memstore: read outputs of %q after %q: past the last entry: %w", pipeline, after, persistence.ErrBadCursor)
+	}
 	if l == nil {
 		return nil, nil
 	}

@@ -313,3 +313,22 @@ func testAppendOutputs(e *env) {
 	e.wantOutputs(pipeA, "", "a1", "a2", "a3", "a4")
 	e.wantOutputs(pipeB, "", "b1")
 }
+
+// testOutputsCursorPastEnd: a cursor past the last entry ever appended to a
+// pipeline (here, another pipeline's cursor on an empty one) is refused: a
+// reader holding it would skip the entries to come.
+func testOutputsCursorPastEnd(e *env) {
+	if err := e.s.AppendOutputs(e.ctx, []persistence.Output{out(pipeA, "a1"), out(pipeA, "a2")}); err != nil {
+		e.t.Fatal(err)
+	}
+	as := e.wantOutputs(pipeA, "", "a1", "a2")
+	if len(as) != 2 {
+		return
+	}
+	if page := e.readOutputs(pipeA, as[1].Cursor, 10); len(page) != 0 { // the last one: nothing newer yet
+		e.t.Errorf("after the last cursor: %v", page)
+	}
+	if _, err := e.s.ReadOutputs(e.ctx, pipeB, as[1].Cursor, 10); !errors.Is(err, persistence.ErrBadCursor) {
+		e.t.Errorf("ReadOutputs(%q, a cursor past its end) = %v, want ErrBadCursor", pipeB, err)
+	}
+}

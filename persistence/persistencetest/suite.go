@@ -56,6 +56,7 @@ var tests = []test{
 	{name: "OutputsBadCursor", run: testOutputsBadCursor},
 	{name: "OutputsBadLimit", run: testOutputsBadLimit},
 	{name: "AppendOutputs", run: testAppendOutputs},
+	{name: "OutputsCursorPastEnd", run: testOutputsCursorPastEnd},
 	{name: "OutputsTrim", run: testOutputsTrim},
 	{name: "OutputsTrimAllReopen", run: testOutputsTrimAllReopen},
 	{name: "OutputsAtomic", run: testOutputsAtomic},

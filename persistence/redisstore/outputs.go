@@ -1,10 +1,12 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -68,11 +70,17 @@ func (s *Store) ReadOutputs(ctx context.Context, pipeline string, after string, 
 		return nil, s.wrap(op, err)
 	}
 	if largest {
-		return nil, nil // nothing comes after it (and Redis refuses "(" of it)
+		return nil, s.wrap(op+fmt.Sprintf(" after %q", after), fmt.Errorf("past the last entry: %w", persistence.ErrBadCursor))
 	}
 	msgs, err := s.c.XRangeN(ctx, s.k.output(pipeline), start, "+", int64(limit)).Result()
 	if err != nil {
 		return nil, s.wrap(op, err)
+	}
+	if len(msgs) == 0 && after != "" {
+		// Nothing after it: is it a cursor of this stream, or past its end?
+		if err := s.checkCursor(ctx, pipeline, after); err != nil {
+			return nil, s.wrap(op+fmt.Sprintf(" after %q", after), err)
+		}
 	}
 	out := make([]persistence.OutputEntry, len(msgs))
 	for i, m := range msgs {
@@ -87,6 +95,36 @@ func (s *Store) ReadOutputs(ctx context.Context, pipeline string, after string, 
 		out[i] = persistence.OutputEntry{Cursor: m.ID, Time: t, Data: []byte(d)}
 	}
 	return out, nil
+}
+
+// checkCursor fails with ErrBadCursor if after is past the last ID the
+// pipeline's stream ever generated (trims keep it).
+func (s *Store) checkCursor(ctx context.Context, pipeline, after string) error {
+	info, err := s.c.XInfoStream(ctx, s.k.output(pipeline)).Result()
+	switch {
+	case err != nil && strings.Contains(err.Error(), "no such key"):
+		return fmt.Errorf("the pipeline has no outputs: %w", persistence.ErrBadCursor)
+	case err != nil:
+		return err
+	}
+	if compareIDs(after, info.LastGeneratedID) > 0 {
+		return fmt.Errorf("past the last entry %s: %w", info.LastGeneratedID, persistence.ErrBadCursor)
+	}
+	return nil
+}
+
+// compareIDs orders two stream IDs "ms-seq" (both valid).
+func compareIDs(a, b string) int {
+	am, as, _ := strings.Cut(a, "-")
+	bm, bs, _ := strings.Cut(b, "-")
+	x, _ := strconv.ParseUint(am, 10, 64)
+	y, _ := strconv.ParseUint(bm, 10, 64)
+	if c := cmp.Compare(x, y); c != 0 {
+		return c
+	}
+	x, _ = strconv.ParseUint(as, 10, 64)
+	y, _ = strconv.ParseUint(bs, 10, 64)
+	return cmp.Compare(x, y)
 }
 
 // TrimOutputs deletes the pipeline's entries appended before the

@@ -273,8 +273,8 @@ func TestOpenURL(t *testing.T) {
 }
 
 // TestOutputCursors: a cursor is a stream ID, ms-seq; "0-0" comes before
-// every entry, the largest ID after every one, and a cursor of another
-// store's form (the embedded store's plain numbers) is refused.
+// every entry; the largest ID, an ID past the stream's last, and a cursor of
+// another store's form (the embedded store's plain numbers) are refused.
 func TestOutputCursors(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := t.Context()
@@ -289,12 +289,19 @@ func TestOutputCursors(t *testing.T) {
 	if err := s.Checkpoint(ctx, 1, st.Epoch, persistence.CheckpointData{Outputs: []persistence.Output{{Pipeline: "p", Data: []byte("o")}}}); err != nil {
 		t.Fatal(err)
 	}
-	for cursor, want := range map[string]int{"0-0": 1, "18446744073709551615-18446744073709551615": 0, "99999999999999-0": 0} {
+	all, err := s.ReadOutputs(ctx, "p", "", 10)
+	if err != nil || len(all) != 1 {
+		t.Fatalf("ReadOutputs = %v, %v", all, err)
+	}
+	for cursor, want := range map[string]int{"0-0": 1, all[0].Cursor: 0} {
 		if got, err := s.ReadOutputs(ctx, "p", cursor, 10); err != nil || len(got) != want {
 			t.Errorf("ReadOutputs after %q = %v, %v; want %d entries", cursor, got, err, want)
 		}
 	}
-	for _, cursor := range []string{"5", "18446744073709551616-0", "1-18446744073709551616"} {
+	// Past the last ID the stream generated: no entry has it, and a reader
+	// holding it would skip what comes next.
+	for _, cursor := range []string{"5", "18446744073709551616-0", "1-18446744073709551616",
+		"18446744073709551615-18446744073709551615", "99999999999999-0"} {
 		if _, err := s.ReadOutputs(ctx, "p", cursor, 10); !errors.Is(err, persistence.ErrBadCursor) {
 			t.Errorf("ReadOutputs after %q = %v, want ErrBadCursor", cursor, err)
 		}
