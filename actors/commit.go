@@ -137,8 +137,11 @@ func (h *Host) commit(reqs []*ingestReq) {
 	if len(groups) == 0 {
 		return
 	}
-	if h.storeDown.Load() || h.outq.n.Load() > MaxQueuedOutputs {
+	if down, full := h.storeDown.Load(), h.outq.n.Load() > MaxQueuedOutputs; down || full {
 		err := fmt.Errorf("%w: the store is unreachable; retrying", ErrUnavailable)
+		if full {
+			err = fmt.Errorf("%w: %d results wait to be stored (the output log fails); retrying", ErrUnavailable, h.outq.n.Load())
+		}
 		h.mu.Lock()
 		for _, gb := range groups {
 			failGroup(gb, err)

@@ -73,8 +73,9 @@ type groupState struct {
 	// owned is set while the host is to serve the group (see SetOwned);
 	// ready while it does: it owns the group in the store and its keys'
 	// memory matches its log; see recover.go.
-	owned bool
-	ready bool
+	owned      bool
+	ready      bool
+	takingOver bool // a takeOver of the group is running
 	// epoch is the group's epoch in the store: the incarnation of its keys.
 	epoch      persistence.Epoch
 	spoiled    error                // a key failed to activate during the take-over in progress

@@ -64,8 +64,8 @@ func (h *Host) Outputs(ctx context.Context, pipeline, after string, limit int) (
 type outputQueue struct {
 	mu    sync.Mutex
 	items []persistence.Output
-	flush sync.Mutex // one store call at a time, so results stay in order
-	n     atomic.Int64
+	flush sync.Mutex   // one store call at a time, so results stay in order
+	n     atomic.Int64 // results queued or being stored
 }
 
 // MaxQueuedOutputs bounds the results waiting to be stored: beyond it (the
@@ -86,8 +86,8 @@ func (h *Host) queueOutputs(pipeline string, outs []*keyfoldv1.Output) {
 	}
 	h.outq.mu.Lock()
 	h.outq.items = append(h.outq.items, items...)
-	h.outq.n.Store(int64(len(h.outq.items)))
 	h.outq.mu.Unlock()
+	h.outq.n.Add(int64(len(items)))
 }
 
 // flushOutputs stores every queued result. On failure they stay queued, in
@@ -100,11 +100,6 @@ func (h *Host) flushOutputs(ctx context.Context) error {
 	items := q.items
 	q.items = nil
 	q.mu.Unlock()
-	defer func() {
-		q.mu.Lock()
-		q.n.Store(int64(len(q.items)))
-		q.mu.Unlock()
-	}()
 	if len(items) == 0 {
 		return nil
 	}
@@ -117,6 +112,7 @@ func (h *Host) flushOutputs(ctx context.Context) error {
 		q.mu.Unlock()
 		return fmt.Errorf("actors: store %d outputs: %w", len(items), err)
 	}
+	q.n.Add(-int64(len(items))) // n counts them until they are stored
 	h.outputs.notify()
 	return nil
 }

@@ -71,6 +71,11 @@ func (h *Host) SetOwned(ctx context.Context, groups []uint32) error {
 	}
 	start := time.Now()
 	if err := h.takeOverUntilDone(ctx, acquire); err != nil {
+		// The take-over loop retries them (they are owned and not ready).
+		select {
+		case h.lostNow <- struct{}{}:
+		default:
+		}
 		return fmt.Errorf("actors: take over %d key groups: %w", len(acquire), err)
 	}
 	h.log.Info("key groups taken over", "groups", len(acquire), "took", time.Since(start).Round(time.Millisecond))

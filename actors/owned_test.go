@@ -7,8 +7,10 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/persistence/faultstore"
 )
 
 // TestMoveGroupsBetweenHosts: two hosts on one store split the key groups;
@@ -92,5 +94,66 @@ func TestMoveGroupsBetweenHosts(t *testing.T) {
 		if v := all.query(key); v.Aggregates["sum"] != float64(sum) {
 			t.Errorf("%s: sum %v, want %d", key, v.Aggregates["sum"], sum)
 		}
+	}
+}
+
+// keyOfGroup returns a key of pipeline p in group g (of 8).
+func keyOfGroup(g uint32) string {
+	for i := 0; ; i++ {
+		if k := fmt.Sprint("k", i); actors.GroupOf("p", k, 8) == g {
+			return k
+		}
+	}
+}
+
+// A SetOwned whose context ends while the store refuses claims leaves its
+// groups to the take-over loop, which serves them once the store is back.
+func TestSetOwnedRetriedAfterTimeout(t *testing.T) {
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	hs := start(t, fs, actors.Config{Owned: []uint32{0, 1, 2, 3}})
+	defer hs.shutdown()
+	fs.InjectAll(faultstore.OpClaim, faultstore.Fault{Err: errors.New("down")})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	err := hs.host.SetOwned(ctx, []uint32{0, 1, 2, 3, 4, 5, 6, 7})
+	cancel()
+	if err == nil {
+		t.Fatal("SetOwned succeeded with claims failing")
+	}
+	fs.Reset()
+	key := keyOfGroup(5)
+	eventually(t, "group 5 served", func() bool {
+		_, err := hs.host.Ingest(context.Background(), "p", [][]byte{event(key, "", 1)})
+		return err == nil
+	})
+}
+
+// A group released while the take-over loop is claiming it is not served
+// afterwards (the take-over notices the release and drops it).
+func TestReleaseDuringTakeOver(t *testing.T) {
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	hs := start(t, fs, actors.Config{})
+	defer hs.shutdown()
+	key := keyOfGroup(5)
+	hs.ingest(event(key, "", 1))
+	claims := fs.Calls(faultstore.OpClaim)
+	fs.DelayNext(faultstore.OpClaim, 300*time.Millisecond)
+	fs.FailNext(faultstore.OpAppend, errors.New("boom")) // loses group 5
+	if _, err := hs.host.Ingest(context.Background(), "p", [][]byte{event(key, "", 1)}); err == nil {
+		t.Fatal("ingest succeeded with its append failing")
+	}
+	eventually(t, "the take-over claiming", func() bool { return fs.Calls(faultstore.OpClaim) > claims })
+	if err := hs.host.SetOwned(context.Background(), []uint32{0, 1, 2, 3, 4, 6, 7}); err != nil {
+		t.Fatal(err)
+	}
+	// Past the delayed claim and the replay, the group must still be out.
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		if v, err := hs.host.Query(context.Background(), "p", key); err == nil {
+			t.Fatalf("a released group is served: %+v", v)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st := hs.host.Stats(); st.GroupsUnavailable != 0 {
+		t.Errorf("%d owned groups unavailable", st.GroupsUnavailable)
 	}
 }

@@ -23,6 +23,10 @@ import (
 // and the take-over loop claims it again and replays its log, retrying with
 // backoff while the store is down.
 
+// errTakeOverRunning is the failure of a take-over of a group whose take-over
+// is already running; it is retried like any other.
+var errTakeOverRunning = errors.New("its take-over is already running")
+
 // errCorrupt marks a log record that does not decode: replaying cannot get
 // past it, so retrying is pointless.
 var errCorrupt = errors.New("corrupt log record")
@@ -185,11 +189,19 @@ func (h *Host) takeOverUntilDone(ctx context.Context, groups []uint32) error {
 // grains are dropped again and the error is kept in the group's state.
 func (h *Host) takeOver(ctx context.Context, g uint32) error {
 	h.mu.Lock()
-	owned := h.groups[g].owned
-	h.mu.Unlock()
-	if !owned {
-		return nil // released meanwhile: the new owner takes it over
+	switch gs := &h.groups[g]; {
+	case !gs.owned, gs.ready:
+		h.mu.Unlock()
+		return nil // released meanwhile (the new owner takes it over), or served
+	case gs.takingOver:
+		// Another take-over of it is running (the take-over loop and
+		// SetOwned): two would claim in turn and drop each other's replay.
+		h.mu.Unlock()
+		return errTakeOverRunning
+	default:
+		gs.takingOver = true
 	}
+	h.mu.Unlock()
 	st, err := h.store.Claim(ctx, g)
 	if err == nil {
 		h.storeDown.Store(false)
@@ -210,8 +222,13 @@ func (h *Host) takeOver(ctx context.Context, g uint32) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	gs := &h.groups[g]
+	gs.takingOver = false
 	if err == nil && gs.spoiled != nil { // a key could not load its snapshot
 		err = gs.spoiled
+	}
+	if err == nil && !gs.owned { // released while it was being taken over
+		h.dropGroupsLocked(map[uint32]bool{g: true})
+		return nil
 	}
 	if err != nil {
 		err = fmt.Errorf("take over group %d: %w", g, err)
