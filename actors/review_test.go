@@ -107,9 +107,11 @@ func TestDowntimeIsNotIdleness(t *testing.T) {
 	clock.set(winBase + 2*60_000) // two minutes down
 	hs = start(t, store, cfg)
 	defer hs.shutdown()
-	// Let the timer loop run a while: with downtime counted as idleness it
-	// would move the watermark past the window and close it.
-	time.Sleep(20 * cfg.WatermarkInterval)
+	// Let the timer loop run a while (it reads the clock at every tick;
+	// nothing else runs): with downtime counted as idleness it would move
+	// the watermark past the window and close it.
+	reads := clock.reads.Load()
+	eventually(t, "20 ticks of the timer loop", func() bool { return clock.reads.Load() >= reads+20 })
 	hs.ingest2("p", tsEvent("a", winBase+2000)) // resent after the outage, in order
 	if v := hs.query("a"); v.Late != 0 || len(v.Windows) != 1 || v.Windows[0].Count != 2 {
 		t.Errorf("after a restart: late %d, windows %+v", v.Late, v.Windows)

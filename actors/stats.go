@@ -48,6 +48,8 @@ type Stats struct {
 	// GroupsUnavailable is the number of key groups not being served now:
 	// being recovered or taken over again.
 	GroupsUnavailable int
+	// GroupsTakingOver is the number of key group take-overs running.
+	GroupsTakingOver int
 	// Pipelines has the counters of each pipeline.
 	Pipelines map[string]PipelineStats
 }
@@ -55,11 +57,15 @@ type Stats struct {
 // Stats returns the host's counters.
 func (h *Host) Stats() Stats {
 	h.mu.Lock()
-	n, dirty, unavailable := len(h.active), 0, 0
+	n, dirty, unavailable, takingOver := len(h.active), 0, 0, 0
 	for i := range h.groups {
-		dirty += len(h.groups[i].dirty)
-		if gs := &h.groups[i]; gs.owned && !gs.ready {
+		gs := &h.groups[i]
+		dirty += len(gs.dirty)
+		if gs.owned && !gs.ready {
 			unavailable++
+		}
+		if gs.takingOver {
+			takingOver++
 		}
 	}
 	h.mu.Unlock()
@@ -82,5 +88,6 @@ func (h *Host) Stats() Stats {
 		TimersFired: h.stats.timersFired.Load(),
 
 		GroupsUnavailable: unavailable,
+		GroupsTakingOver:  takingOver,
 	}
 }

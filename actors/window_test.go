@@ -17,10 +17,13 @@ import (
 	"github.com/keyfold/keyfold/persistence/faultstore"
 )
 
-// fakeClock is a processing-time clock the test moves.
-type fakeClock struct{ ms atomic.Int64 }
+// fakeClock is a processing-time clock the test moves; it counts its reads.
+type fakeClock struct{ ms, reads atomic.Int64 }
 
-func (c *fakeClock) Now() time.Time { return time.UnixMilli(c.ms.Load()) }
+func (c *fakeClock) Now() time.Time {
+	c.reads.Add(1)
+	return time.UnixMilli(c.ms.Load())
+}
 func (c *fakeClock) set(ms int64)   { c.ms.Store(ms) }
 
 const (
