@@ -24,7 +24,7 @@ func (c *fakeClock) Now() time.Time {
 	c.reads.Add(1)
 	return time.UnixMilli(c.ms.Load())
 }
-func (c *fakeClock) set(ms int64)   { c.ms.Store(ms) }
+func (c *fakeClock) set(ms int64) { c.ms.Store(ms) }
 
 const (
 	winBase  = int64(1_700_000_000_000)
