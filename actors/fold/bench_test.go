@@ -296,8 +296,8 @@ func BenchmarkWindows(b *testing.B) {
 				}
 				p.Advance(&s, "user-1234", ts-5000)
 				p.Apply(&s, &ev, ts)
-				if i%1024 == 0 { // the checkpoint stores the results
-					s.Persisted(s.Version())
+				if i%1024 == 0 { // the output queue takes the results
+					s.TakeOutputs()
 				}
 			}
 		})

@@ -284,7 +284,7 @@ func (p *Pipeline) step(s *State, key string, i int, ps *patState, e waiting) {
 
 // match emits one match of a pattern, spanning [start, end] in event time.
 func (p *Pipeline) match(s *State, key string, pt *pattern, ps *patState, start, end int64, events int) {
-	s.out = append(s.out, pendingOutput{version: s.version, out: &keyfoldv1.Output{
+	s.out = append(s.out, &keyfoldv1.Output{
 		Id:          OutputID(p.name, key, pt.name, start, end, uint32(ps.matches)),
 		Pipeline:    p.name,
 		Key:         key,
@@ -295,7 +295,7 @@ func (p *Pipeline) match(s *State, key string, pt *pattern, ps *patState, start,
 		Count:       uint64(events),
 		ValuesJson:  []byte("{}"),
 		WatermarkMs: s.wm,
-	}})
+	})
 	ps.matches++
 }
 

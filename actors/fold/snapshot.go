@@ -149,9 +149,6 @@ type Parts struct {
 	// Buckets are the id buckets changed after the version given to
 	// SnapshotParts; a nil Data deletes the stored bucket.
 	Buckets []BucketPart
-	// Outputs are the results emitted and not yet stored, oldest first:
-	// store them with the parts.
-	Outputs []*keyfoldv1.Output
 	// NextTimer is the key's next timer (see Pipeline.NextTimer), 0 if none.
 	NextTimer int64
 	// Version is the state's version the parts reflect; pass it to
@@ -174,7 +171,7 @@ func (p *Pipeline) SnapshotParts(s *State, since uint64) (Parts, error) {
 	if err != nil {
 		return Parts{}, err
 	}
-	parts := Parts{Core: core, Version: s.version, Outputs: s.Outputs(), NextTimer: p.NextTimer(s)}
+	parts := Parts{Core: core, Version: s.version, NextTimer: p.NextTimer(s)}
 	// Ids are added in time order, so the buckets changed since are the
 	// newest ones: walk back from the newest id to the first unchanged
 	// bucket. The cost is that of what changed, not of the whole window.
@@ -213,19 +210,8 @@ func (p *Pipeline) SnapshotParts(s *State, since uint64) (Parts, error) {
 	return parts, nil
 }
 
-// Persisted records that the parts of version, and the outputs emitted up
-// to it, are stored.
-func (s *State) Persisted(version uint64) {
-	s.ids.persisted(version)
-	n := 0
-	for n < len(s.out) && s.out[n].version <= version {
-		n++
-	}
-	s.out = s.out[n:]
-	if len(s.out) == 0 {
-		s.out = nil
-	}
-}
+// Persisted records that the parts of version are stored.
+func (s *State) Persisted(version uint64) { s.ids.persisted(version) }
 
 // RestoreParts rebuilds a key's state from its stored core and, through
 // load, the id buckets the core lists.

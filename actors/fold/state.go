@@ -6,6 +6,8 @@ import (
 
 	"github.com/DataDog/sketches-go/ddsketch"
 	"github.com/axiomhq/hyperloglog"
+
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 )
 
 // State is the folded state of one key. The zero value is the state of a key
@@ -19,10 +21,10 @@ type State struct {
 	ids  idSet // ids applied within the dedup window
 	wm   int64 // the key's watermark (see window.go)
 	late uint64
-	wins []win           // windows, ordered by spec then start
-	wait []waiting       // events the patterns have not seen yet, by time
-	pats []patState      // per pattern
-	out  []pendingOutput // emitted results not yet stored
+	wins []win               // windows, ordered by spec then start
+	wait []waiting           // events the patterns have not seen yet, by time
+	pats []patState          // per pattern
+	out  []*keyfoldv1.Output // emitted results not yet taken
 	// version counts the changes of the state in memory (it is not
 	// persisted); snapshots use it to tell what changed since the last one.
 	version uint64

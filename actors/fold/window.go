@@ -227,12 +227,6 @@ type win struct {
 	aggs       []aggState // parallel to the spec's aggs
 }
 
-// pendingOutput is an emitted result not yet stored.
-type pendingOutput struct {
-	version uint64
-	out     *keyfoldv1.Output
-}
-
 // assign adds an event of time t to its windows; it reports whether it
 // joined any (if not, it is late).
 func (p *Pipeline) assign(s *State, ev *Event, t int64) bool {
@@ -344,7 +338,7 @@ func (p *Pipeline) emit(s *State, key string, i int) {
 	if err != nil { // cannot happen: the values are numbers and JSON
 		panic(fmt.Sprintf("fold: encode window values: %v", err))
 	}
-	s.out = append(s.out, pendingOutput{version: s.version, out: &keyfoldv1.Output{
+	s.out = append(s.out, &keyfoldv1.Output{
 		Id:          OutputID(p.name, key, w.name, x.start, x.end, x.emitted),
 		Pipeline:    p.name,
 		Key:         key,
@@ -356,7 +350,7 @@ func (p *Pipeline) emit(s *State, key string, i int) {
 		Count:       x.count,
 		ValuesJson:  values,
 		WatermarkMs: s.wm,
-	}})
+	})
 	x.emitted++
 }
 
@@ -425,20 +419,13 @@ func (s *State) Watermark() int64 { return s.wm }
 // to.
 func (s *State) Late() uint64 { return s.late }
 
-// Outputs returns the results emitted and not yet marked stored (see
-// Persisted), oldest first.
-func (s *State) Outputs() []*keyfoldv1.Output {
-	outs := make([]*keyfoldv1.Output, len(s.out))
-	for i, o := range s.out {
-		outs[i] = o.out
-	}
-	return outs
-}
+// Outputs returns the results emitted and not yet taken, oldest first.
+func (s *State) Outputs() []*keyfoldv1.Output { return s.out }
 
-// TakeOutputs returns the results emitted and not yet taken or marked
-// stored, oldest first, and forgets them: the caller stores them.
+// TakeOutputs returns the results emitted and not yet taken, oldest first,
+// and forgets them: the caller stores them.
 func (s *State) TakeOutputs() []*keyfoldv1.Output {
-	outs := s.Outputs()
+	outs := s.out
 	s.out = nil
 	return outs
 }
