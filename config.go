@@ -74,6 +74,25 @@ type Config struct {
 	// ShutdownTimeout bounds the wait for in-flight requests when draining
 	// (default 10s).
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	// Cluster, if set, makes the node a member of the cluster of that name:
+	// the nodes that share the store (Redis) and the name divide the key
+	// groups among themselves, and each accepts every call, passing work on
+	// to the owner of a key's group. Members register with leases in Redis,
+	// or are listed in Peers. All nodes of one store must use the same
+	// name.
+	Cluster string `yaml:"cluster"`
+	// Advertise is the address the other members reach this node's gRPC
+	// API at (host:port); it is the node's member id. Default: the gRPC
+	// listen address, if it names a specific host.
+	Advertise string `yaml:"advertise"`
+	// Peers, if set, is a static member list (every member's advertised
+	// address, this node's included) instead of leases in Redis. A member
+	// that is down keeps its groups (nothing takes them over) until it is
+	// back.
+	Peers []string `yaml:"peers"`
+	// ClusterLease is how long a member stays listed without renewing its
+	// lease: the failure detection time (default 3s; renewed every third).
+	ClusterLease time.Duration `yaml:"cluster_lease"`
 	// Pipelines by name. At least one is required.
 	Pipelines map[string]PipelineConfig `yaml:"pipelines"`
 
@@ -176,6 +195,7 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 	if (c.GRPCTLSCert == "") != (c.GRPCTLSKey == "") {
 		errs = append(errs, errors.New("keyfold: config: grpc_tls_cert and grpc_tls_key go together"))
 	}
+	errs = append(errs, c.checkCluster()...)
 	if c.KeyGroups > MaxKeyGroups {
 		errs = append(errs, fmt.Errorf("keyfold: config: key_groups %d is more than %d", c.KeyGroups, MaxKeyGroups))
 	}
@@ -189,6 +209,7 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 		{"max_body_bytes", c.MaxBodyBytes},
 		{"max_concurrent_ingests", int64(c.MaxConcurrentIngests)},
 		{"shutdown_timeout", int64(c.ShutdownTimeout)},
+		{"cluster_lease", int64(c.ClusterLease)},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("keyfold: config: %s must not be negative", d.name))
@@ -235,4 +256,50 @@ func redisURLProblem(err error) string {
 		msg = "not a valid URL"
 	}
 	return msg + " (want redis://[user:password@]host:port[/db] or rediss://…)"
+}
+
+// MinClusterLease bounds cluster_lease from below: it is renewed every
+// third of it, and a renewal must fit in that time.
+const MinClusterLease = 300 * time.Millisecond
+
+// checkCluster validates the cluster settings.
+func (c Config) checkCluster() []error {
+	if c.Cluster == "" {
+		if c.Advertise != "" || len(c.Peers) > 0 || c.ClusterLease != 0 {
+			return []error{errors.New("keyfold: config: advertise, peers and cluster_lease need cluster (a cluster name)")}
+		}
+		return nil
+	}
+	var errs []error
+	if strings.ContainsAny(c.Cluster, "{} \t\r\n") {
+		errs = append(errs, fmt.Errorf("keyfold: config: cluster name %q must not contain braces or spaces", c.Cluster))
+	}
+	if c.GRPCAddr == "" {
+		errs = append(errs, errors.New("keyfold: config: a cluster member needs a gRPC address (grpc): the members talk over it"))
+	}
+	if c.Redis == "" && c.Store == nil {
+		errs = append(errs, errors.New("keyfold: config: a cluster needs a store its members share: set redis"))
+	}
+	advertise := c.Advertise
+	if advertise == "" {
+		advertise = c.GRPCAddr
+		if host, _, err := net.SplitHostPort(c.GRPCAddr); err == nil && (host == "" || host == "0.0.0.0" || host == "::") {
+			errs = append(errs, fmt.Errorf("keyfold: config: grpc listens on %q: set advertise to the address the other members reach this node at", c.GRPCAddr))
+			advertise = ""
+		}
+	}
+	if advertise != "" {
+		if err := validAdvertise(advertise); err != nil && !strings.HasSuffix(advertise, ":0") {
+			errs = append(errs, fmt.Errorf("keyfold: config: %w", err))
+		}
+	}
+	for _, p := range c.Peers {
+		if err := validAdvertise(p); err != nil {
+			errs = append(errs, fmt.Errorf("keyfold: config: peers: %w", err))
+		}
+	}
+	if c.ClusterLease > 0 && c.ClusterLease < MinClusterLease {
+		errs = append(errs, fmt.Errorf("keyfold: config: cluster_lease %s is below %s", c.ClusterLease, MinClusterLease))
+	}
+	return errs
 }

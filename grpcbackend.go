@@ -4,7 +4,6 @@ import (
 	"context"
 	"maps"
 	"slices"
-	"time"
 
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"github.com/keyfold/keyfold/services/grpcapi"
@@ -40,16 +39,16 @@ func (p grpcPending) Wait(ctx context.Context) (int, int, error) {
 
 func (b grpcBackend) Query(ctx context.Context, pipeline, key string) (grpcapi.KeyState, error) {
 	st, err := b.n.Query(ctx, pipeline, key)
+	return grpcState(st), err
+}
+
+// grpcState is a key's state as the gRPC API takes it.
+func grpcState(st KeyState) grpcapi.KeyState {
 	ks := grpcapi.KeyState{Seq: st.Seq, Duplicates: st.Duplicates, Aggregates: st.Aggregates}
 	if st.Late != nil { // a pipeline with windows or patterns
-		ks.Time = struct {
-			Watermark *time.Time     `json:"watermark,omitempty"`
-			Late      *uint64        `json:"late"`
-			Windows   []WindowState  `json:"windows"`
-			Patterns  []PatternState `json:"patterns,omitempty"`
-		}{st.Watermark, st.Late, st.Windows, st.Patterns}
+		ks.Time = timeState{st.Watermark, st.Late, st.Windows, st.Patterns}
 	}
-	return ks, err
+	return ks
 }
 
 func (b grpcBackend) Delete(ctx context.Context, pipeline, key string) error {

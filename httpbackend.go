@@ -44,3 +44,7 @@ func (b httpBackend) Subscribe(ctx context.Context, pipeline, after string, fn f
 }
 
 func (b httpBackend) Serving() bool { return b.n.Serving() }
+
+func (b httpBackend) Cluster(ctx context.Context, pipeline, key string) (any, error) {
+	return b.n.Cluster(ctx, pipeline, key)
+}

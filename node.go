@@ -35,12 +35,14 @@ type Node struct {
 	cfg       Config
 	pipelines map[string]*fold.Pipeline
 
-	host     atomic.Pointer[actors.Host] // set once recovered
-	ready    chan struct{}
-	draining atomic.Bool
-	drain    chan struct{} // closed when draining starts: ends subscriptions
-	httpAddr atomic.Pointer[string]
-	grpcAddr atomic.Pointer[string]
+	host      atomic.Pointer[actors.Host] // set once recovered
+	clu       atomic.Pointer[clusterNode] // set at start in a cluster
+	startedAt time.Time
+	ready     chan struct{}
+	draining  atomic.Bool
+	drain     chan struct{} // closed when draining starts: ends subscriptions
+	httpAddr  atomic.Pointer[string]
+	grpcAddr  atomic.Pointer[string]
 
 	ran     atomic.Bool
 	mu      sync.Mutex
@@ -86,7 +88,7 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Node{cfg: cfg, pipelines: pipelines, ready: make(chan struct{}), drain: make(chan struct{}), done: make(chan struct{})}, nil
+	return &Node{cfg: cfg, pipelines: pipelines, startedAt: time.Now(), ready: make(chan struct{}), drain: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
 // Ready is closed once the node has recovered its state and its listeners
@@ -214,7 +216,18 @@ func (n *Node) run(ctx context.Context) (err error) {
 		stopGRPC()
 	}
 
+	var owned []uint32 // nil: all
+	if n.cfg.Cluster != "" {
+		c, err := newClusterNode(n, store)
+		if err != nil {
+			stopServers()
+			return err
+		}
+		n.clu.Store(c)
+		owned = []uint32{} // placement gives the groups
+	}
 	host, err := actors.New(actors.Config{
+		Owned:              owned,
 		Store:              store,
 		Pipelines:          n.pipelines,
 		Groups:             n.cfg.KeyGroups,
@@ -241,8 +254,12 @@ func (n *Node) run(ctx context.Context) (err error) {
 	hostCtx, stopHost := context.WithCancel(context.Background())
 	defer stopHost()
 	go func() { hostDone <- host.Run(hostCtx) }()
-	close(n.ready)
-	health.Resume() // SERVING
+	c := n.clu.Load()
+	joined := c == nil || c.join(ctx, host) == nil
+	if joined {
+		close(n.ready)
+		health.Resume() // SERVING
+	}
 
 	var hostErr error
 	select {
@@ -252,7 +269,18 @@ func (n *Node) run(ctx context.Context) (err error) {
 	n.draining.Store(true)
 	close(n.drain)
 	log.Info("draining")
+	if c != nil {
+		// Hand the groups over before the listeners close: calls still
+		// arriving are routed to the next owners.
+		health.Shutdown()
+		lctx, lcancel := context.WithTimeout(context.Background(), n.cfg.ShutdownTimeout)
+		c.leave(lctx, host)
+		lcancel()
+	}
 	stopServers()
+	if c != nil {
+		c.stop()
+	}
 	if hostErr == nil {
 		stopHost()
 		hostErr = <-hostDone
@@ -301,6 +329,7 @@ func (n *Node) serveGRPC(fail context.CancelFunc) (stop func(), hs *health.Serve
 		MaxConcurrentIngests: n.cfg.MaxConcurrentIngests,
 		Logger:               n.cfg.Logger,
 	})
+	grpcapi.RegisterCluster(srv, localBackend{n}, n.cfg.Logger)
 	healthpb.RegisterHealthServer(srv, hs)
 	reflection.Register(srv)
 	served := make(chan struct{})
@@ -328,6 +357,9 @@ func (n *Node) serveGRPC(fail context.CancelFunc) (stop func(), hs *health.Serve
 // httpHandler is the API plus /metrics, instrumented.
 func (n *Node) httpHandler() (http.Handler, error) {
 	if err := metrics.RegisterHost(n.cfg.Metrics, n.Stats); err != nil {
+		return nil, fmt.Errorf("keyfold: metrics: %w", err)
+	}
+	if err := metrics.RegisterCluster(n.cfg.Metrics, n.clusterStats); err != nil {
 		return nil, fmt.Errorf("keyfold: metrics: %w", err)
 	}
 	hm, err := metrics.NewHTTP(n.cfg.Metrics)
@@ -361,43 +393,63 @@ func (n *Node) Close() error {
 // Ingest validates a batch of events of one pipeline (each a JSON object),
 // logs it durably, applies it, and returns how many events were applied and
 // how many were duplicates. An invalid event rejects the whole batch with a
-// *BatchError (errors.Is ErrInvalidEvent) and nothing is applied.
+// *BatchError (errors.Is ErrInvalidEvent) and nothing is applied. In a
+// cluster, each owner logs its keys' share; the call returns when all are
+// durable.
 func (n *Node) Ingest(ctx context.Context, pipeline string, events []json.RawMessage) (IngestResult, error) {
-	h, err := n.serving(pipeline)
-	if err != nil {
-		return IngestResult{}, err
-	}
 	raws := make([][]byte, len(events))
 	for i, e := range events {
 		raws[i] = e
 	}
-	r, err := h.Ingest(ctx, pipeline, raws)
-	return IngestResult{Accepted: r.Accepted, Duplicates: r.Duplicates}, err
+	p, err := n.SubmitIngest(ctx, pipeline, raws)
+	if err != nil {
+		return IngestResult{}, err
+	}
+	return p.Wait(ctx)
 }
 
 // SubmitIngest validates a batch as Ingest does and queues it for logging
 // without waiting: batches submitted one after the other are logged and
-// applied in that order. Wait for the outcome with the returned
-// PendingIngest (this is how the gRPC stream keeps a stream's batches in
-// order while several are in flight).
+// applied in that order (in a cluster: those of one key; a share routed
+// again while its group moves may come after a later batch). Wait for the
+// outcome with the returned PendingIngest (this is how the gRPC stream
+// keeps a stream's batches in order while several are in flight).
 func (n *Node) SubmitIngest(ctx context.Context, pipeline string, events [][]byte) (*PendingIngest, error) {
 	h, err := n.serving(pipeline)
 	if err != nil {
 		return nil, err
 	}
-	p, err := h.Submit(ctx, pipeline, events)
+	c := n.clu.Load()
+	if c == nil {
+		p, err := h.Submit(ctx, pipeline, events)
+		if err != nil {
+			return nil, err
+		}
+		return &PendingIngest{p: p}, nil
+	}
+	prepared, err := n.pipelines[pipeline].PrepareBatch(events)
 	if err != nil {
 		return nil, err
 	}
-	return &PendingIngest{p}, nil
+	r, err := c.submit(ctx, h, pipeline, prepared)
+	if err != nil {
+		return nil, err
+	}
+	return &PendingIngest{r: r}, nil
 }
 
 // PendingIngest is a submitted batch.
-type PendingIngest struct{ p *actors.Pending }
+type PendingIngest struct {
+	p *actors.Pending
+	r *routedIngest // in a cluster
+}
 
 // Wait waits until the batch is durable and applied, or ctx ends (it may
 // then still be applied).
 func (p *PendingIngest) Wait(ctx context.Context) (IngestResult, error) {
+	if p.r != nil {
+		return p.r.Wait(ctx)
+	}
 	r, err := p.p.Wait(ctx)
 	return IngestResult{Accepted: r.Accepted, Duplicates: r.Duplicates}, err
 }
@@ -411,6 +463,12 @@ func (n *Node) Delete(ctx context.Context, pipeline, key string) error {
 	if err != nil {
 		return err
 	}
+	if c := n.clu.Load(); c != nil {
+		if err := fold.CheckKey(key); err != nil {
+			return err
+		}
+		return c.delete(ctx, h, pipeline, key)
+	}
 	return h.Delete(ctx, pipeline, key)
 }
 
@@ -418,12 +476,21 @@ func (n *Node) Delete(ctx context.Context, pipeline, key string) error {
 func (n *Node) Pipelines() map[string]PipelineConfig { return maps.Clone(n.cfg.Pipelines) }
 
 // Query returns one key's state, read through its actor: it reflects every
-// ingest acknowledged before the call. A key never seen is ErrNotFound.
+// ingest acknowledged before the call. A key never seen is ErrNotFound. In
+// a cluster the key's owner answers.
 func (n *Node) Query(ctx context.Context, pipeline, key string) (KeyState, error) {
 	h, err := n.serving(pipeline)
 	if err != nil {
 		return KeyState{}, err
 	}
+	if c := n.clu.Load(); c != nil {
+		return c.query(ctx, h, pipeline, key)
+	}
+	return n.queryLocal(ctx, h, pipeline, key)
+}
+
+// queryLocal reads a key of a group this node serves.
+func (n *Node) queryLocal(ctx context.Context, h *actors.Host, pipeline, key string) (KeyState, error) {
 	v, err := h.Query(ctx, pipeline, key)
 	if err != nil {
 		return KeyState{}, err

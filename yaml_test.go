@@ -2,6 +2,7 @@ package keyfold
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -401,5 +402,24 @@ pipelines:
 	}
 	if !configEqual(c, want) {
 		t.Errorf("ParseConfig =\n%+v\nwant\n%+v", c, want)
+	}
+}
+
+func TestParseClusterSettings(t *testing.T) {
+	c, err := ParseConfig([]byte(`
+redis: redis://redis:6379
+cluster: prod
+advertise: node-1:9090
+peers: [node-1:9090, node-2:9090]
+cluster_lease: 2s
+grpc: 0.0.0.0:9090
+pipelines:
+  p: { key: k }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Cluster != "prod" || c.Advertise != "node-1:9090" || !slices.Equal(c.Peers, []string{"node-1:9090", "node-2:9090"}) || c.ClusterLease != 2*time.Second {
+		t.Fatalf("cluster settings: %q %q %v %v", c.Cluster, c.Advertise, c.Peers, c.ClusterLease)
 	}
 }

@@ -66,6 +66,9 @@ func (h *Host) commit(reqs []*ingestReq) {
 		}
 		return
 	}
+	if reqs = h.refuseUnserved(reqs); len(reqs) == 0 {
+		return
+	}
 	nowMs := h.cfg.Now().UnixMilli()
 	batches := make(map[uint32]*groupBatch)
 	index := make(map[keyID]*keyBatch) // a key is in one group
@@ -225,6 +228,28 @@ func (h *Host) commit(reqs []*ingestReq) {
 	if lost != nil {
 		h.loseLocked(lost, err)
 	}
+}
+
+// refuseUnserved answers, with ErrNotServed, the ingests that have an event
+// of a group not served now (released or lost since they were submitted):
+// refused whole, nothing of them logged, so that a cluster node can route
+// them again. The timer loop's requests go on: their groups fail alone
+// below, and their keys go back into the indexes.
+func (h *Host) refuseUnserved(reqs []*ingestReq) []*ingestReq {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	kept := reqs[:0]
+	for _, r := range reqs {
+		if r.fires == nil && len(r.events) > 0 && !r.events[0].Expire {
+			if err := h.checkServedLocked(r.pipeline, r.events); err != nil {
+				r.w.pending.Store(1)
+				r.w.finish(0, err)
+				continue
+			}
+		}
+		kept = append(kept, r)
+	}
+	return kept
 }
 
 // stampLocked gives each group's record the watermarks of its pipelines

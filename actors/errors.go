@@ -28,6 +28,11 @@ var (
 	// ErrNotOwner reports a key group this host does not serve: another
 	// node owns it (it comes with ErrUnavailable, so clients retry).
 	ErrNotOwner = errors.New("actors: key group owned by another node")
+	// ErrNotServed refuses a whole batch, before anything of it is logged,
+	// because one of its key groups is not served here now: another node
+	// owns it, or it is being taken over. It comes with ErrUnavailable; a
+	// cluster node routes the batch again.
+	ErrNotServed = errors.New("actors: batch refused, nothing logged")
 	// ErrBadArgument reports an argument out of range or malformed (an
 	// outputs cursor, a page size).
 	ErrBadArgument = errors.New("actors: bad argument")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -62,6 +64,7 @@ func (h *Host) SetOwned(ctx context.Context, groups []uint32) error {
 	}
 	h.mu.Unlock()
 	if len(release) > 0 {
+		h.log.Info("releasing key groups", "groups", len(release), "list", GroupList(release))
 		start := time.Now()
 		err := h.release(ctx, release)
 		h.log.Info("key groups released", "groups", len(release), "took", time.Since(start).Round(time.Millisecond), "err", err)
@@ -69,6 +72,7 @@ func (h *Host) SetOwned(ctx context.Context, groups []uint32) error {
 	if len(acquire) == 0 {
 		return nil
 	}
+	h.log.Info("taking key groups over", "groups", len(acquire), "list", GroupList(acquire))
 	start := time.Now()
 	if err := h.takeOverUntilDone(ctx, acquire); err != nil {
 		// The take-over loop retries them (they are owned and not ready).
@@ -106,4 +110,25 @@ func (h *Host) release(ctx context.Context, groups []uint32) error {
 	h.dropGroupsLocked(drop)
 	h.mu.Unlock()
 	return errors.Join(errs...)
+}
+
+// GroupList writes ascending key groups compactly, for logs: "0-3,7,9".
+func GroupList(groups []uint32) string {
+	var b strings.Builder
+	for i := 0; i < len(groups); {
+		j := i
+		for j+1 < len(groups) && groups[j+1] == groups[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatUint(uint64(groups[i]), 10))
+		if j > i {
+			b.WriteByte('-')
+			b.WriteString(strconv.FormatUint(uint64(groups[j]), 10))
+		}
+		i = j + 1
+	}
+	return b.String()
 }

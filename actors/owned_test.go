@@ -154,3 +154,66 @@ func TestReleaseDuringTakeOver(t *testing.T) {
 		t.Errorf("%d owned groups unavailable", st.GroupsUnavailable)
 	}
 }
+
+// keyIn returns a key of pipeline p in group g (of 8).
+func keyIn(t *testing.T, g uint32) string {
+	t.Helper()
+	for i := range 10_000 {
+		if k := fmt.Sprintf("key%d", i); actors.GroupOf("p", k, 8) == g {
+			return k
+		}
+	}
+	t.Fatalf("no key in group %d", g)
+	return ""
+}
+
+// TestRefusedWhole: a batch with a key of a group the host does not serve
+// is refused whole (ErrNotServed), nothing of it logged, whether the host
+// stopped serving the group before the batch was submitted or after it
+// was queued (while the previous commit was writing). A cluster node routes
+// such a batch again, which would double the part logged otherwise.
+func TestRefusedWhole(t *testing.T) {
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	hs := start(t, fs, actors.Config{Owned: []uint32{1, 2, 3}})
+	k1, k2, k5 := keyIn(t, 1), keyIn(t, 2), keyIn(t, 5)
+	query := func(key string) error {
+		_, err := hs.host.Query(context.Background(), "p", key)
+		return err
+	}
+
+	_, err := hs.host.Ingest(context.Background(), "p", [][]byte{event(k1, "", 1), event(k5, "", 1)})
+	if !errors.Is(err, actors.ErrNotServed) || !errors.Is(err, actors.ErrNotOwner) || !errors.Is(err, actors.ErrUnavailable) {
+		t.Fatalf("batch with a key of an unowned group: %v, want ErrNotServed, ErrNotOwner, ErrUnavailable", err)
+	}
+	if err := query(k1); !errors.Is(err, actors.ErrNotFound) {
+		t.Fatalf("%s after a refused batch: %v, want ErrNotFound (nothing logged)", k1, err)
+	}
+
+	// A commit holds the commit loop in the store; a batch of groups 1 and 2
+	// waits in the queue; group 2 is released meanwhile.
+	fs.DelayNext(faultstore.OpAppend, 300*time.Millisecond)
+	first, err := hs.host.Submit(context.Background(), "p", [][]byte{event(k2, "", 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the first commit to reach the store", func() bool { return fs.Calls(faultstore.OpAppend) >= 1 })
+	second, err := hs.host.Submit(context.Background(), "p", [][]byte{event(k1, "", 7), event(k2, "", 7)})
+	if err != nil {
+		t.Fatalf("submit while group 2 is served: %v", err)
+	}
+	released := make(chan error, 1)
+	go func() { released <- hs.host.SetOwned(context.Background(), []uint32{1, 3}) }()
+	eventually(t, "group 2 to be released", func() bool { return !slices.Contains(hs.host.Owned(), 2) })
+	if _, err := first.Wait(context.Background()); err != nil {
+		t.Fatalf("the batch committed before the release: %v", err)
+	}
+	if _, err := second.Wait(context.Background()); !errors.Is(err, actors.ErrNotServed) {
+		t.Fatalf("a queued batch of a group released meanwhile: %v, want ErrNotServed", err)
+	}
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+	if err := query(k1); !errors.Is(err, actors.ErrNotFound) {
+		t.Fatalf("%s after its batch was refused: %v, want ErrNotFound (nothing logged)", k1, err)
+	}
+}

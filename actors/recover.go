@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
@@ -124,6 +126,7 @@ func (h *Host) takeOverLoop(ctx context.Context) {
 				return
 			}
 		}
+		h.log.Info("taking key groups over again", "groups", len(lost), "list", GroupList(lost))
 		start := time.Now()
 		if err := h.takeOverUntilDone(ctx, lost); err != nil {
 			if ctx.Err() == nil {
@@ -325,7 +328,8 @@ func (h *Host) loseLocked(groups map[uint32]persistence.Epoch, err error) {
 	if len(drop) == 0 {
 		return
 	}
-	h.log.Warn("key groups lost; taking them over again", "groups", len(drop), "err", err)
+	lostList := slices.Sorted(maps.Keys(drop))
+	h.log.Warn("key groups lost; taking them over again", "groups", len(drop), "list", GroupList(lostList), "err", err)
 	h.stats.groupsLost.Add(int64(len(drop)))
 	h.dropGroupsLocked(drop)
 	select {

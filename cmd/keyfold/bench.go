@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,8 +37,8 @@ node are measured apart.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.addr, "addr", "http://127.0.0.1:8080", "the node's HTTP base URL")
-	f.StringVar(&o.grpc, "grpc", "", "load over gRPC (unary Ingest) at this address instead of HTTP")
+	f.StringVar(&o.addr, "addr", "http://127.0.0.1:8080", "the node's HTTP base URL (several, comma-separated: the clients take turns, as behind a load balancer)")
+	f.StringVar(&o.grpc, "grpc", "", "load over gRPC (unary Ingest) at this address (or several, comma-separated) instead of HTTP")
 	f.StringVar(&o.pipeline, "pipeline", "logins", "pipeline to load")
 	f.IntVar(&o.keys, "keys", 10_000, "distinct keys")
 	f.IntVar(&o.batch, "batch", 100, "events per request")
@@ -56,29 +57,34 @@ func bench(ctx context.Context, o benchOptions, out io.Writer) error {
 	if o.keys < 1 || o.batch < 1 || o.concurrency < 1 || o.duration <= 0 {
 		return errors.New("--keys, --batch, --concurrency and --duration must be positive")
 	}
-	var ingest func(ctx context.Context, batch []json.RawMessage) error
+	// One ingest function per address; client i loads address i mod n.
+	var ingests []func(ctx context.Context, batch []json.RawMessage) error
 	if o.grpc != "" {
-		c, err := client.Dial(o.grpc, client.Options{MaxRetries: -1})
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		ingest = func(ctx context.Context, batch []json.RawMessage) error {
-			raws := make([][]byte, len(batch))
-			for i, e := range batch {
-				raws[i] = e
+		for _, addr := range strings.Split(o.grpc, ",") {
+			c, err := client.Dial(addr, client.Options{MaxRetries: -1})
+			if err != nil {
+				return err
 			}
-			_, err := c.Ingest(ctx, o.pipeline, raws)
-			return err
+			defer c.Close()
+			ingests = append(ingests, func(ctx context.Context, batch []json.RawMessage) error {
+				raws := make([][]byte, len(batch))
+				for i, e := range batch {
+					raws[i] = e
+				}
+				_, err := c.Ingest(ctx, o.pipeline, raws)
+				return err
+			})
 		}
 	} else {
-		c := &httpapi.Client{Base: o.addr, HTTP: &http.Client{
-			Transport: &http.Transport{MaxIdleConnsPerHost: o.concurrency},
-			Timeout:   time.Minute,
-		}}
-		ingest = func(ctx context.Context, batch []json.RawMessage) error {
-			_, _, err := c.Ingest(ctx, o.pipeline, batch)
-			return err
+		for _, addr := range strings.Split(o.addr, ",") {
+			c := &httpapi.Client{Base: addr, HTTP: &http.Client{
+				Transport: &http.Transport{MaxIdleConnsPerHost: o.concurrency},
+				Timeout:   time.Minute,
+			}}
+			ingests = append(ingests, func(ctx context.Context, batch []json.RawMessage) error {
+				_, _, err := c.Ingest(ctx, o.pipeline, batch)
+				return err
+			})
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.duration)
@@ -92,7 +98,8 @@ func bench(ctx context.Context, o benchOptions, out io.Writer) error {
 		wg          sync.WaitGroup
 	)
 	start := time.Now()
-	for range o.concurrency {
+	for client := range o.concurrency {
+		ingest := ingests[client%len(ingests)]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

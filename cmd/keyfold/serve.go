@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/keyfold/keyfold"
 	"github.com/redis/go-redis/v9"
@@ -25,6 +26,10 @@ func newServe() *cobra.Command {
 		redisClus  bool
 		tlsCert    string
 		tlsKey     string
+		clusterNm  string
+		advertise  string
+		peers      []string
+		lease      time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -36,6 +41,13 @@ process list), recovers it at start, serves the HTTP API on --http and the gRPC 
 --grpc (with health and reflection services), and
 drains on SIGTERM or SIGINT: it stops accepting, finishes in-flight
 batches, writes a checkpoint and exits 0.
+
+With --cluster NAME, nodes sharing one Redis form a cluster: each serves
+the key groups placement gives it and accepts every call, forwarding work
+to the owner of a key's group. Members register with leases in Redis (a
+node that stops renewing is dropped after --cluster-lease) or come from a
+static --peers list. A member that drains hands its groups over (checkpoint,
+release, deregister) before it stops listening.
 
 A node that cannot reach Redis keeps retrying (and answers 503 meanwhile);
 it does not exit.`,
@@ -66,6 +78,18 @@ it does not exit.`,
 			if flags.Changed("redis-cluster") {
 				cfg.RedisCluster = redisClus
 			}
+			if flags.Changed("cluster") {
+				cfg.Cluster = clusterNm
+			}
+			if flags.Changed("advertise") {
+				cfg.Advertise = advertise
+			}
+			if flags.Changed("peers") {
+				cfg.Peers = peers
+			}
+			if flags.Changed("cluster-lease") {
+				cfg.ClusterLease = lease
+			}
 			if flags.Changed("grpc-tls-cert") || flags.Changed("grpc-tls-key") {
 				cfg.GRPCTLSCert, cfg.GRPCTLSKey = tlsCert, tlsKey
 			}
@@ -94,6 +118,10 @@ it does not exit.`,
 	f.StringVar(&redisURL, "redis", "", "keep state in this Redis (redis://[user:password@]host:port/db, rediss:// for TLS) instead of --data")
 	f.BoolVar(&redisClus, "redis-cluster", false, "--redis names a Redis Cluster's seed nodes: redis://host:port?addr=host2:port&addr=host3:port")
 	f.StringVar(&redisPfx, "redis-prefix", "", `prefix of every Redis key, so deployments can share a Redis (default "keyfold")`)
+	f.StringVar(&clusterNm, "cluster", "", "join the cluster of this name: the nodes sharing --redis divide the key groups (needs --redis and a reachable --advertise)")
+	f.StringVar(&advertise, "advertise", "", "the host:port other members reach this node's gRPC API at (default: --grpc, if it names a host)")
+	f.StringSliceVar(&peers, "peers", nil, "a static member list (every member's advertise address, comma-separated) instead of leases in Redis")
+	f.DurationVar(&lease, "cluster-lease", 0, "failure detection: a member that stops renewing its lease is dropped after this (default 3s)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	return cmd

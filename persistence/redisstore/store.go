@@ -139,6 +139,10 @@ func (s *Store) Addr() string {
 	return ""
 }
 
+// Client returns the store's Redis client (a cluster's membership
+// registry shares it).
+func (s *Store) Client() redis.UniversalClient { return s.c }
+
 // Prefix returns the prefix of the store's keys.
 func (s *Store) Prefix() string { return s.k.prefix }
 

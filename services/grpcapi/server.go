@@ -192,6 +192,11 @@ func (s *server) GetState(ctx context.Context, req *keyfoldv1.GetStateRequest) (
 	if err != nil {
 		return nil, s.status(err)
 	}
+	return s.stateResponse(req, st)
+}
+
+// stateResponse encodes a key's state.
+func (s *server) stateResponse(req *keyfoldv1.GetStateRequest, st KeyState) (*keyfoldv1.GetStateResponse, error) {
 	resp := &keyfoldv1.GetStateResponse{Pipeline: req.Pipeline, Key: req.Key, Seq: st.Seq, Duplicates: st.Duplicates,
 		Aggregates: make(map[string][]byte, len(st.Aggregates))}
 	for name, v := range st.Aggregates {
@@ -202,6 +207,7 @@ func (s *server) GetState(ctx context.Context, req *keyfoldv1.GetStateRequest) (
 		resp.Aggregates[name] = b
 	}
 	if st.Time != nil {
+		var err error
 		if resp.TimeJson, err = json.Marshal(st.Time); err != nil {
 			return nil, s.status(fmt.Errorf("encode the key's windows: %w", err))
 		}

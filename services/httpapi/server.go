@@ -39,6 +39,9 @@ type Backend interface {
 	Subscribe(ctx context.Context, pipeline, after string, fn func(Output) error) error
 	// Serving reports whether the node is ready and not draining.
 	Serving() bool
+	// Cluster describes the cluster and, if key is set, the owner of
+	// pipeline's key.
+	Cluster(ctx context.Context, pipeline, key string) (any, error)
 }
 
 // Output is one output: its cursor and its JSON form.
@@ -83,6 +86,15 @@ func New(b Backend, opts Options) http.Handler {
 	mux.HandleFunc("DELETE /v1/pipelines/{pipeline}/keys/{key}", s.delete)
 	mux.HandleFunc("GET /v1/pipelines/{pipeline}/outputs", s.outputs)
 	mux.HandleFunc("GET /v1/pipelines/{pipeline}/outputs/stream", s.stream)
+	mux.HandleFunc("GET /v1/cluster", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		info, err := b.Cluster(r.Context(), q.Get("pipeline"), q.Get("key"))
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, info)
+	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})

@@ -42,6 +42,40 @@ func RegisterHost(reg prometheus.Registerer, stats func() actors.Stats) error {
 	return nil
 }
 
+// ClusterStats are a cluster member's counters.
+type ClusterStats struct {
+	Members         int   // live members this node sees (1 for a node alone)
+	GroupsOwned     int   // key groups placement gives this node
+	GroupsMoved     int64 // key groups whose owner changed, over the member lists seen
+	EventsForwarded int64 // events sent to their owner
+	EventsReceived  int64 // events received from other members
+	EventsRerouted  int64 // events routed again: their owner did not serve their group yet
+}
+
+// RegisterCluster registers a member's cluster counters, read from stats at
+// each scrape, on reg.
+func RegisterCluster(reg prometheus.Registerer, stats func() ClusterStats) error {
+	for _, c := range []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "keyfold", Subsystem: "cluster", Name: "members", Help: "Live cluster members this node sees."},
+			func() float64 { return float64(stats().Members) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "keyfold", Subsystem: "cluster", Name: "key_groups_owned", Help: "Key groups placement gives this node."},
+			func() float64 { return float64(stats().GroupsOwned) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "keyfold", Subsystem: "cluster", Name: "key_groups_moved_total", Help: "Key groups whose owner changed, over the member lists this node saw."},
+			func() float64 { return float64(stats().GroupsMoved) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "keyfold", Subsystem: "cluster", Name: "events_forwarded_total", Help: "Events this node accepted and sent to the owner of their key group."},
+			func() float64 { return float64(stats().EventsForwarded) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "keyfold", Subsystem: "cluster", Name: "events_received_total", Help: "Events other members forwarded to this node."},
+			func() float64 { return float64(stats().EventsReceived) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "keyfold", Subsystem: "cluster", Name: "events_rerouted_total", Help: "Events routed again because their owner did not serve their key group yet (nothing of them was logged)."},
+			func() float64 { return float64(stats().EventsRerouted) }),
+	} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 var (
 	pipelineEventsDesc = prometheus.NewDesc("keyfold_pipeline_events_applied_total",
 		"Events applied to keys, duplicates included, by pipeline.", []string{"pipeline"}, nil)

@@ -1,0 +1,224 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
+)
+
+// Peers keeps a gRPC connection to each other member and forwards batches
+// to them. Forwarding keeps order: each peer has one queue and one Forward
+// call in flight, which carries every batch queued while the previous call
+// was out (as a group commit does), so batches reach the owner's log in
+// the order they were queued, and one batch costs one remote message per
+// owner — fewer under load.
+type Peers struct {
+	self string
+	dial []grpc.DialOption
+	log  *slog.Logger
+
+	mu     sync.Mutex
+	peers  map[string]*peer
+	closed bool
+}
+
+// Limits of one Forward call: a receiver accepts messages up to its
+// max_body_bytes (8 MiB by default); a single batch above the byte bound
+// still goes, alone.
+const (
+	maxForwardBatches = 256
+	maxForwardBytes   = 4 << 20
+	// ForwardTimeout bounds one Forward call.
+	ForwardTimeout = 30 * time.Second
+	peerQueue      = 1024
+)
+
+// NewPeers returns an empty pool; self is this node's member id (sent
+// along, for the receivers' logs), dial the options of every connection.
+func NewPeers(self string, logger *slog.Logger, dial ...grpc.DialOption) *Peers {
+	return &Peers{self: self, dial: dial, log: logger, peers: map[string]*peer{}}
+}
+
+type peer struct {
+	addr   string
+	conn   *grpc.ClientConn
+	client keyfoldv1.ClusterClient
+	queue  chan *Share
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+// Share is a batch on its way to its owner.
+type Share struct {
+	Pipeline string
+	Events   [][]byte
+	done     chan struct{}
+	result   *keyfoldv1.ForwardResult
+	err      error // the call failed: the outcome is unknown
+}
+
+// Wait waits for the owner's answer: the result (its Error and Refused
+// say whether the batch failed), or err when the call itself failed (the
+// batch may or may not have been logged) or ctx ended.
+func (s *Share) Wait(ctx context.Context) (*keyfoldv1.ForwardResult, error) {
+	select {
+	case <-s.done:
+		return s.result, s.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (s *Share) size() int {
+	n := 0
+	for _, e := range s.Events {
+		n += len(e)
+	}
+	return n
+}
+
+// Forward queues a batch for member addr and returns at once (waiting only
+// while that peer's queue is full). Batches queued one after the other for
+// one peer are logged in that order.
+func (p *Peers) Forward(ctx context.Context, addr, pipeline string, events [][]byte) (*Share, error) {
+	pr, err := p.peer(addr)
+	if err != nil {
+		return nil, err
+	}
+	s := &Share{Pipeline: pipeline, Events: events, done: make(chan struct{})}
+	select {
+	case pr.queue <- s:
+		return s, nil
+	case <-pr.stop:
+		return nil, fmt.Errorf("cluster: peer %s left", addr)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Client returns the node-to-node client of member addr.
+func (p *Peers) Client(addr string) (keyfoldv1.ClusterClient, error) {
+	pr, err := p.peer(addr)
+	if err != nil {
+		return nil, err
+	}
+	return pr.client, nil
+}
+
+func (p *Peers) peer(addr string) (*peer, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, fmt.Errorf("cluster: peers closed")
+	}
+	if pr := p.peers[addr]; pr != nil {
+		return pr, nil
+	}
+	conn, err := grpc.NewClient(addr, p.dial...)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: peer %s: %w", addr, err)
+	}
+	pr := &peer{addr: addr, conn: conn, client: keyfoldv1.NewClusterClient(conn),
+		queue: make(chan *Share, peerQueue), stop: make(chan struct{}), done: make(chan struct{})}
+	p.peers[addr] = pr
+	go p.send(pr)
+	return pr, nil
+}
+
+// send is a peer's forwarding loop.
+func (p *Peers) send(pr *peer) {
+	defer close(pr.done)
+	for {
+		var first *Share
+		select {
+		case first = <-pr.queue:
+		case <-pr.stop:
+			p.failQueued(pr)
+			return
+		}
+		batch, bytes := []*Share{first}, first.size()
+	more:
+		for len(batch) < maxForwardBatches && bytes < maxForwardBytes {
+			select {
+			case s := <-pr.queue:
+				batch = append(batch, s)
+				bytes += s.size()
+			default:
+				break more
+			}
+		}
+		req := &keyfoldv1.ForwardRequest{From: p.self, Batches: make([]*keyfoldv1.IngestRequest, len(batch))}
+		for i, s := range batch {
+			req.Batches[i] = &keyfoldv1.IngestRequest{Pipeline: s.Pipeline, Events: s.Events}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), ForwardTimeout)
+		resp, err := pr.client.Forward(ctx, req)
+		cancel()
+		if err == nil && len(resp.Results) != len(batch) {
+			err = fmt.Errorf("answered %d batches of %d", len(resp.Results), len(batch))
+		}
+		for i, s := range batch {
+			if err != nil {
+				s.err = fmt.Errorf("cluster: forward to %s: %w", pr.addr, err)
+			} else {
+				s.result = resp.Results[i]
+			}
+			close(s.done)
+		}
+	}
+}
+
+func (p *Peers) failQueued(pr *peer) {
+	for {
+		select {
+		case s := <-pr.queue:
+			s.err = fmt.Errorf("cluster: peer %s left before the batch was sent", pr.addr)
+			close(s.done)
+		default:
+			return
+		}
+	}
+}
+
+// Retain closes the connections to peers not in members (they left).
+func (p *Peers) Retain(members []string) {
+	p.mu.Lock()
+	var gone []*peer
+	for addr, pr := range p.peers {
+		if !slices.Contains(members, addr) {
+			delete(p.peers, addr)
+			gone = append(gone, pr)
+		}
+	}
+	p.mu.Unlock()
+	for _, pr := range gone {
+		go p.closePeer(pr) // not waiting for its call in flight
+	}
+}
+
+func (p *Peers) closePeer(pr *peer) {
+	close(pr.stop)
+	<-pr.done // the call in flight finishes (or times out) first
+	if err := pr.conn.Close(); err != nil {
+		p.log.Debug("close peer connection", "peer", pr.addr, "err", err)
+	}
+}
+
+// Close closes every connection, after the calls in flight.
+func (p *Peers) Close() {
+	p.mu.Lock()
+	p.closed = true
+	peers := p.peers
+	p.peers = map[string]*peer{}
+	p.mu.Unlock()
+	for _, pr := range peers {
+		p.closePeer(pr)
+	}
+}

@@ -1,0 +1,226 @@
+//go:build !race
+
+// Several nodes in one process: each runs its own protoactor-go actor
+// system, and protoactor-go's own code races between systems in one
+// process (its process registry and its extension ids are global), so
+// `go test -race` would report data races that are not keyfold's. These
+// tests run in the plain `go test ./...` pass; the multi-process test in
+// cmd/keyfold covers the same paths with real processes.
+
+package keyfold_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/keyfold/keyfold"
+	"github.com/keyfold/keyfold/persistence/redisstore/redistest"
+	"github.com/keyfold/keyfold/services/servicetest"
+)
+
+func clusterConfig(t *testing.T, redisURL string) keyfold.Config {
+	t.Helper()
+	cfg := servicetest.Config(t, `
+pipelines:
+  p:
+    key: k
+    id: id
+    aggregates:
+      n: { op: count }
+      sum: { op: sum, field: v }
+      last: { op: last, field: v }
+`)
+	cfg.Redis, cfg.Cluster, cfg.ClusterLease = redisURL, "t", 600*time.Millisecond
+	cfg.GRPCAddr = "127.0.0.1:0"
+	return cfg
+}
+
+func ev(key, id string, v int) json.RawMessage {
+	return json.RawMessage(fmt.Sprintf(`{"k":%q,"id":%q,"v":%d}`, key, id, v))
+}
+
+// waitStable waits until n sees want members, all serving their share.
+func waitStable(t *testing.T, n *keyfold.Node, want int) keyfold.ClusterInfo {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		info, err := n.Cluster(context.Background(), "", "")
+		stable := err == nil && len(info.Members) == want
+		total := uint32(0)
+		for _, m := range info.Members {
+			stable = stable && m.State == "serving" && int(m.GroupsServing) == m.GroupsAssigned && int(m.GroupsOwned) == m.GroupsAssigned
+			total += m.GroupsServing
+		}
+		if stable && total == info.KeyGroups {
+			return info
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cluster not stable with %d members: %+v, %v", want, info, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestClusterRouting: three nodes on one Redis. Every node accepts every
+// call: a batch spanning owners is split and forwarded, queries and
+// deletions go to the owner, batches submitted in a row reach a remote
+// owner in order, an invalid batch changes nothing anywhere, and a node's
+// graceful leave moves its groups without losing or doubling anything.
+func TestClusterRouting(t *testing.T) {
+	srv := redistest.Start(t)
+	a := servicetest.Run(t, clusterConfig(t, srv.URL()))
+	b, berr := servicetest.Start(t, clusterConfig(t, srv.URL()))
+	c := servicetest.Run(t, clusterConfig(t, srv.URL()))
+	info := waitStable(t, a, 3)
+	for _, m := range info.Members {
+		if m.GroupsAssigned < 3 {
+			t.Errorf("member %s has %d of %d groups", m.ID, m.GroupsAssigned, info.KeyGroups)
+		}
+	}
+	ctx := context.Background()
+
+	// One batch over many keys, through a: every share lands once.
+	var batch []json.RawMessage
+	for i := range 200 {
+		batch = append(batch, ev(fmt.Sprintf("k%d", i%50), fmt.Sprintf("a%d", i), i))
+	}
+	res, err := a.Ingest(ctx, "p", batch)
+	if err != nil || res.Accepted != 200 {
+		t.Fatalf("ingest through a: %+v, %v", res, err)
+	}
+	// Sent again through c: all duplicates (the owners remember the ids).
+	if res, err := c.Ingest(ctx, "p", batch); err != nil || res.Duplicates != 200 {
+		t.Fatalf("resend through c: %+v, %v", res, err)
+	}
+	want := func(key string) (n, sum int) {
+		for i := range 200 {
+			if fmt.Sprintf("k%d", i%50) == key {
+				n, sum = n+1, sum+i
+			}
+		}
+		return n, sum
+	}
+	// Every node answers, with the same value types wherever the key lives.
+	for _, node := range []*keyfold.Node{a, b, c} {
+		for i := range 50 {
+			key := fmt.Sprintf("k%d", i)
+			st, err := node.Query(ctx, "p", key)
+			n, sum := want(key)
+			if err != nil || st.Seq != uint64(n) || st.Aggregates["sum"] != float64(sum) || st.Aggregates["n"] != uint64(n) {
+				t.Fatalf("%s through %s: %+v, %v; want n=%d sum=%d", key, node.GRPCAddr(), st, err, n, sum)
+			}
+			if _, ok := st.Aggregates["last"].(json.RawMessage); !ok {
+				t.Fatalf("%s through %s: last is a %T, want json.RawMessage", key, node.GRPCAddr(), st.Aggregates["last"])
+			}
+		}
+	}
+	if st := a.Stats(); st.Events >= 200 {
+		t.Errorf("a applied %d events: the others' shares were not forwarded", st.Events)
+	}
+
+	// A key a does not own: batches submitted in a row apply in order.
+	remote := ""
+	for i := 0; remote == ""; i++ {
+		k := fmt.Sprintf("r%d", i)
+		if info, _ := a.Cluster(ctx, "p", k); info.Key.Owner != a.GRPCAddr() {
+			remote = k
+		}
+	}
+	var pending []*keyfold.PendingIngest
+	for i := range 100 {
+		p, err := a.SubmitIngest(ctx, "p", [][]byte{ev(remote, fmt.Sprintf("o%d", i), i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pending = append(pending, p)
+	}
+	for _, p := range pending {
+		if _, err := p.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st, err := c.Query(ctx, "p", remote); err != nil || string(st.Aggregates["last"].(json.RawMessage)) != "99" || st.Seq != 100 {
+		t.Fatalf("%s after 100 ordered batches: %+v, %v; want last 99", remote, st, err)
+	}
+
+	// An invalid event rejects the whole batch before any share leaves.
+	_, err = b.Ingest(ctx, "p", []json.RawMessage{ev("fresh1", "x1", 1), ev("fresh2", "x2", 1), json.RawMessage(`{"v":1}`)})
+	var be *keyfold.BatchError
+	if !errors.As(err, &be) || be.Index != 2 {
+		t.Fatalf("invalid batch: %v, want a BatchError at index 2", err)
+	}
+	for _, k := range []string{"fresh1", "fresh2"} {
+		if _, err := c.Query(ctx, "p", k); !errors.Is(err, keyfold.ErrNotFound) {
+			t.Fatalf("%s after a rejected batch: %v, want ErrNotFound", k, err)
+		}
+	}
+
+	// Deletion through a node that does not own the key.
+	if err := a.Delete(ctx, "p", remote); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Query(ctx, "p", remote); !errors.Is(err, keyfold.ErrNotFound) {
+		t.Fatalf("deleted %s: %v, want ErrNotFound", remote, err)
+	}
+
+	// b leaves gracefully; writes keep coming through a and c meanwhile.
+	stop := make(chan struct{})
+	sent := make(chan int)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				sent <- n
+				return
+			default:
+			}
+			key := fmt.Sprintf("k%d", n%50)
+			node := []*keyfold.Node{a, c}[n%2]
+			for {
+				_, err := node.Ingest(ctx, "p", []json.RawMessage{ev(key, fmt.Sprintf("m%d", n), 1)})
+				if err == nil {
+					break
+				}
+				if !errors.Is(err, keyfold.ErrUnavailable) {
+					t.Errorf("ingest during the leave: %v", err)
+					sent <- n
+					return
+				}
+			}
+			n++
+		}
+	}()
+	time.Sleep(100 * time.Millisecond)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-berr; err != nil {
+		t.Fatalf("b's Run: %v", err)
+	}
+	waitStable(t, a, 2)
+	time.Sleep(100 * time.Millisecond)
+	close(stop)
+	moved := <-sent
+	if moved == 0 {
+		t.Fatal("no write went through during the leave")
+	}
+	for i := range 50 {
+		key := fmt.Sprintf("k%d", i)
+		n, sum := want(key)
+		extra := 0
+		for j := range moved {
+			if j%50 == i {
+				extra++
+			}
+		}
+		st, err := c.Query(ctx, "p", key)
+		if err != nil || st.Seq != uint64(n+extra) || st.Aggregates["sum"] != float64(sum+extra) {
+			t.Fatalf("%s after b left: %+v, %v; want n=%d", key, st, err, n+extra)
+		}
+	}
+}

@@ -1,0 +1,975 @@
+package keyfold
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/actors/fold"
+	"github.com/keyfold/keyfold/cluster"
+	"github.com/keyfold/keyfold/persistence"
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
+	"github.com/keyfold/keyfold/services"
+	"github.com/keyfold/keyfold/services/grpcapi"
+	"github.com/keyfold/keyfold/services/metrics"
+	"github.com/redis/go-redis/v9"
+)
+
+// A node in a cluster (Config.Cluster) serves the key groups placement
+// gives it and passes the rest of the work to their owners:
+//
+//   - membership: the node holds a lease in Redis (cluster.Registry) and
+//     renews it every lease/3, or reads a static list (Config.Peers); each
+//     change of the member list recomputes the placement (cluster.Assign).
+//   - hand-off: groups the node loses are released at once (their inputs
+//     refused, their results stored, a checkpoint written); groups it gains
+//     from a member that is still alive are taken over one renew period
+//     later, by when that member has seen the change and released them, so
+//     the new owner replays next to nothing. A departed member's groups are
+//     taken over at once. The store's epochs fence a stale owner whatever
+//     the timing.
+//   - routing: an ingest is validated whole, split by owner, its own share
+//     logged here and each other share queued for its owner (cluster.Peers:
+//     one Forward call in flight per owner, in order). A share refused
+//     because its owner does not serve the group yet (nothing of it was
+//     logged) is routed again with the next member list. Queries and
+//     deletions go to the key's owner.
+
+// clusterNode is a node's membership in a cluster.
+type clusterNode struct {
+	n      *Node
+	name   string
+	self   string
+	groups uint32
+	lease  time.Duration
+	reg    *cluster.Registry // nil with a static member list
+	static cluster.Static
+	peers  *cluster.Peers
+	log    *slog.Logger
+
+	view     atomic.Pointer[view]
+	refresh  chan struct{} // asks the renew loop to renew now
+	left     atomic.Bool   // deregistered: the renew loop only reads
+	joined   chan struct{} // closed once the node serves its first placement
+	joinOnce sync.Once
+	started  time.Time
+
+	stopApply context.CancelFunc
+	applyDone chan struct{}
+	stopRenew context.CancelFunc
+	renewDone chan struct{}
+
+	forwarded, received, rerouted, moved atomic.Int64
+}
+
+// view is a member list and its placement, as this node saw it.
+type view struct {
+	a    cluster.Assignment
+	prev cluster.Assignment // the placement before it
+	at   time.Time
+	next chan struct{} // closed when a newer view replaces this one
+}
+
+// rerouteFor bounds how long a refused share or a query is routed again
+// before the caller gets ErrUnavailable.
+const rerouteFor = 10 * time.Second
+
+func newClusterNode(n *Node, store persistence.Store) (*clusterNode, error) {
+	cfg := n.cfg
+	c := &clusterNode{
+		n: n, name: cfg.Cluster, self: cfg.Advertise, groups: cfg.KeyGroups, lease: cfg.ClusterLease,
+		log: cfg.Logger.With("cluster", cfg.Cluster), refresh: make(chan struct{}, 1), joined: make(chan struct{}),
+		started: time.Now(),
+	}
+	if c.self == "" {
+		c.self = n.GRPCAddr() // Validate made sure its host is specific
+	}
+	if len(cfg.Peers) > 0 {
+		c.static = cluster.Static(cfg.Peers)
+		if !slices.Contains(cfg.Peers, c.self) {
+			return nil, fmt.Errorf("keyfold: cluster: peers %v do not include this node's address %s", cfg.Peers, c.self)
+		}
+	} else {
+		rs, ok := store.(interface {
+			Client() redis.UniversalClient
+			Prefix() string
+		})
+		if !ok {
+			return nil, errors.New("keyfold: cluster: membership needs a Redis store, or a static list of peers")
+		}
+		c.reg = cluster.NewRegistry(rs.Client(), rs.Prefix()+":cluster:"+cfg.Cluster, cfg.ClusterLease)
+		c.lease = c.reg.Lease()
+	}
+	if c.lease <= 0 {
+		c.lease = cluster.DefaultLease
+	}
+	creds, err := peerCredentials(cfg)
+	if err != nil {
+		return nil, err
+	}
+	c.peers = cluster.NewPeers(c.self, c.log, grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(int(cfg.MaxBodyBytes))))
+	return c, nil
+}
+
+// peerCredentials: plaintext, or TLS when the node serves TLS (verifying
+// peers against the system roots and the node's own certificate, so that
+// nodes sharing a self-signed certificate trust each other).
+func peerCredentials(cfg Config) (credentials.TransportCredentials, error) {
+	if cfg.GRPCTLSCert == "" {
+		return insecure.NewCredentials(), nil
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	pem, err := os.ReadFile(cfg.GRPCTLSCert)
+	if err != nil {
+		return nil, fmt.Errorf("keyfold: cluster: %w", err)
+	}
+	pool.AppendCertsFromPEM(pem)
+	return credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}), nil
+}
+
+// renewInterval is how often the lease is renewed and the list read.
+func (c *clusterNode) renewInterval() time.Duration { return c.lease / 3 }
+
+// join starts the membership and placement loops and waits until the node
+// serves its first placement (or ctx ends).
+func (c *clusterNode) join(ctx context.Context, h *actors.Host) error {
+	rctx, stopRenew := context.WithCancel(context.Background())
+	actx, stopApply := context.WithCancel(context.Background())
+	c.stopRenew, c.renewDone = stopRenew, make(chan struct{})
+	c.stopApply, c.applyDone = stopApply, make(chan struct{})
+	go c.renewLoop(rctx)
+	go c.applyLoop(actx, h)
+	c.log.Info("joining", "member", c.self, "lease", c.lease, "membership", c.membership())
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.joined:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			if err := h.Err(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (c *clusterNode) membership() string {
+	if c.reg != nil {
+		return "redis"
+	}
+	return "static"
+}
+
+// renewLoop renews the lease (or reads the static list) every renew
+// interval, or sooner when asked, and publishes each new member list.
+func (c *clusterNode) renewLoop(ctx context.Context) {
+	defer close(c.renewDone)
+	t := time.NewTicker(c.renewInterval())
+	defer t.Stop()
+	failing := false
+	for {
+		cctx, cancel := context.WithTimeout(ctx, c.renewInterval())
+		members, err := c.members(cctx)
+		cancel()
+		switch {
+		case err == nil:
+			if failing {
+				c.log.Info("membership reachable again")
+				failing = false
+			}
+			c.observe(members)
+		case ctx.Err() != nil:
+			return
+		case !failing:
+			c.log.Warn("cannot renew the membership lease; serving the last member list", "err", err)
+			failing = true
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-c.refresh:
+			if !sleepCtx(ctx, 50*time.Millisecond) { // at most ~20 renewals a second
+				return
+			}
+		}
+	}
+}
+
+func (c *clusterNode) members(ctx context.Context) ([]string, error) {
+	switch {
+	case c.reg == nil:
+		return c.static.Members(ctx)
+	case c.left.Load():
+		return c.reg.Members(ctx)
+	}
+	return c.reg.Renew(ctx, c.self)
+}
+
+// askRefresh asks the renew loop to read the member list now.
+func (c *clusterNode) askRefresh() {
+	select {
+	case c.refresh <- struct{}{}:
+	default:
+	}
+}
+
+// observe publishes a member list if it changed.
+func (c *clusterNode) observe(members []string) {
+	cur := c.view.Load()
+	if cur != nil && slices.Equal(cur.a.Members, members) {
+		return
+	}
+	v := &view{a: cluster.Assign(members, c.groups), at: time.Now(), next: make(chan struct{})}
+	if cur != nil {
+		v.prev = cur.a
+		joined, left := diff(cur.a.Members, members)
+		moved := len(cluster.Moved(cur.a, v.a))
+		c.moved.Add(int64(moved))
+		c.log.Info("members changed", "members", len(members), "joined", joined, "left", left,
+			"groups_moved", moved, "groups_here", len(v.a.Groups(c.self)))
+	} else {
+		// Before this node joined, the others held its groups.
+		v.prev = cluster.Assign(slices.DeleteFunc(slices.Clone(members), func(m string) bool { return m == c.self }), c.groups)
+		c.log.Info("members", "members", members, "groups_here", len(v.a.Groups(c.self)))
+	}
+	c.peers.Retain(members)
+	c.view.Store(v)
+	if cur != nil {
+		close(cur.next)
+	}
+}
+
+// diff returns the members of b not in a, and those of a not in b.
+func diff(a, b []string) (added, removed []string) {
+	for _, m := range b {
+		if !slices.Contains(a, m) {
+			added = append(added, m)
+		}
+	}
+	for _, m := range a {
+		if !slices.Contains(b, m) {
+			removed = append(removed, m)
+		}
+	}
+	return added, removed
+}
+
+// applyLoop makes the host serve each view's groups: it releases lost
+// groups at once, takes over groups of departed members at once, and the
+// groups of members still alive one renew period (plus a margin) after
+// the view appeared.
+func (c *clusterNode) applyLoop(ctx context.Context, h *actors.Host) {
+	defer close(c.applyDone)
+	var v *view
+	for {
+		for v = c.view.Load(); v == nil; v = c.view.Load() {
+			if !sleepCtx(ctx, 10*time.Millisecond) {
+				return
+			}
+		}
+		// A newer view interrupts this one's take-overs (the take-over
+		// loop finishes those still owned).
+		vctx, cancel := context.WithCancel(ctx)
+		go func() {
+			select {
+			case <-v.next:
+				cancel()
+			case <-vctx.Done():
+			}
+		}()
+		c.apply(vctx, h, v)
+		select {
+		case <-ctx.Done():
+			cancel()
+			return
+		case <-v.next:
+		}
+		cancel()
+	}
+}
+
+// handoffMargin is added to the renew interval before taking over a group
+// from a live member: its release (a checkpoint) has had time to run.
+const handoffMargin = 250 * time.Millisecond
+
+func (c *clusterNode) apply(ctx context.Context, h *actors.Host, v *view) {
+	mine := v.a.Groups(c.self)
+	owned := h.Owned()
+	keep := intersect(owned, mine)
+	if len(keep) < len(owned) {
+		c.setOwned(ctx, h, keep)
+	}
+	var now, later []uint32
+	for _, g := range mine {
+		if slices.Contains(keep, g) {
+			continue
+		}
+		if prev := v.prev.Owner(g); prev != "" && prev != c.self && slices.Contains(v.a.Members, prev) {
+			later = append(later, g)
+		} else {
+			now = append(now, g)
+		}
+	}
+	if len(now) > 0 {
+		keep = append(keep, now...)
+		slices.Sort(keep)
+		if !c.setOwned(ctx, h, keep) {
+			return
+		}
+	}
+	if len(later) > 0 {
+		if !sleepCtx(ctx, time.Until(v.at.Add(c.renewInterval()+handoffMargin))) {
+			return
+		}
+		if !c.setOwned(ctx, h, mine) {
+			return
+		}
+	}
+	if ctx.Err() == nil {
+		c.joinOnce.Do(func() { close(c.joined) })
+	}
+}
+
+// setOwned applies groups to the host; false if ctx ended first.
+func (c *clusterNode) setOwned(ctx context.Context, h *actors.Host, groups []uint32) bool {
+	if err := h.SetOwned(ctx, groups); err != nil {
+		if ctx.Err() == nil {
+			c.log.Warn("placement not fully applied; the take-over loop retries", "err", err)
+		}
+		return false
+	}
+	return true
+}
+
+func intersect(a, b []uint32) []uint32 {
+	var out []uint32
+	for _, g := range a {
+		if slices.Contains(b, g) {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// leave hands the node's groups over and deregisters: it stops applying
+// placements, releases every group (stores results, checkpoints), then
+// drops its lease, so the next owners take over at once and replay next to
+// nothing. The renew loop goes on reading the list, so that calls still
+// in flight here are routed to the new owners.
+func (c *clusterNode) leave(ctx context.Context, h *actors.Host) {
+	start := time.Now()
+	c.stopApply()
+	<-c.applyDone
+	if err := h.SetOwned(ctx, nil); err != nil {
+		c.log.Warn("release before leaving", "err", err)
+	}
+	c.left.Store(true)
+	if c.reg != nil {
+		if err := c.reg.Leave(ctx, c.self); err != nil {
+			c.log.Warn("deregister (the lease runs out instead)", "err", err)
+		}
+	}
+	c.askRefresh()
+	c.log.Info("left the cluster", "took", time.Since(start).Round(time.Millisecond))
+}
+
+// stop ends the membership loop and closes the peer connections.
+func (c *clusterNode) stop() {
+	if c.stopApply != nil {
+		c.stopApply()
+		<-c.applyDone
+	}
+	if c.stopRenew != nil {
+		c.stopRenew()
+		<-c.renewDone
+	}
+	c.peers.Close()
+}
+
+// ownerOf returns the current owner of a key's group and the view.
+func (c *clusterNode) ownerOf(pipeline, key string) (string, *view) {
+	v := c.view.Load()
+	return v.a.Owner(actors.GroupOf(pipeline, key, c.groups)), v
+}
+
+// part is the share of a routed batch that one owner logs.
+type part struct {
+	owner  string
+	events []*fold.Event
+	local  *actors.Pending
+	remote *cluster.Share
+	err    error // refused or failed before it was sent
+}
+
+// routedIngest is a batch split among owners.
+type routedIngest struct {
+	c        *clusterNode
+	h        *actors.Host
+	pipeline string
+	parts    []*part
+	start    time.Time
+}
+
+// submit splits a validated batch by owner and queues each share: its own
+// with the host, the others with their owners.
+func (c *clusterNode) submit(ctx context.Context, h *actors.Host, pipeline string, events []*fold.Event) (*routedIngest, error) {
+	r := &routedIngest{c: c, h: h, pipeline: pipeline, start: time.Now()}
+	parts, err := c.route(ctx, h, pipeline, events, true)
+	if err != nil {
+		return nil, err
+	}
+	r.parts = parts
+	return r, nil
+}
+
+// route queues the shares of events. With first, an error of this node's
+// own share (other than a refusal) fails the whole batch before anything
+// is forwarded.
+func (c *clusterNode) route(ctx context.Context, h *actors.Host, pipeline string, events []*fold.Event, first bool) ([]*part, error) {
+	v := c.view.Load()
+	byOwner := map[string]*part{}
+	var parts []*part
+	for _, ev := range events {
+		o := v.a.Owner(actors.GroupOf(pipeline, ev.Key, c.groups))
+		p := byOwner[o]
+		if p == nil {
+			p = &part{owner: o}
+			byOwner[o] = p
+			parts = append(parts, p)
+		}
+		p.events = append(p.events, ev)
+	}
+	// This node's share first, so that a batch it cannot take (draining,
+	// unknown pipeline) fails before any share leaves.
+	slices.SortStableFunc(parts, func(a, b *part) int {
+		return boolInt(b.owner == c.self) - boolInt(a.owner == c.self)
+	})
+	for _, p := range parts {
+		switch p.owner {
+		case "":
+			p.err = fmt.Errorf("%w: %w: no members", actors.ErrNotServed, actors.ErrUnavailable)
+		case c.self:
+			pend, err := h.SubmitEvents(ctx, pipeline, p.events)
+			if err != nil && first && !errors.Is(err, actors.ErrNotServed) {
+				return nil, err
+			}
+			p.local, p.err = pend, err
+		default:
+			raws := make([][]byte, len(p.events))
+			for i, ev := range p.events {
+				raws[i] = ev.Raw
+			}
+			s, err := c.peers.Forward(ctx, p.owner, pipeline, raws)
+			if err != nil {
+				err = fmt.Errorf("%w: %w", actors.ErrUnavailable, err)
+			}
+			p.remote, p.err = s, err
+			c.forwarded.Add(int64(len(raws)))
+		}
+		first = false
+	}
+	return parts, nil
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Wait waits for every share. Refused shares (nothing of them logged) are
+// routed again with the next member list, for up to rerouteFor, unless
+// another share failed: then the caller retries the batch, and a share
+// applied meanwhile would count twice.
+func (r *routedIngest) Wait(ctx context.Context) (IngestResult, error) {
+	var res IngestResult
+	parts := r.parts
+	backoff := 20 * time.Millisecond
+	for {
+		var again []*fold.Event
+		var failed, refused error
+		for _, p := range parts {
+			acc, dups, err := p.wait(ctx)
+			switch {
+			case err == nil:
+				res.Accepted += acc
+				res.Duplicates += dups
+			case errors.Is(err, actors.ErrNotServed):
+				again = append(again, p.events...)
+				refused = err
+			case failed == nil:
+				failed = err
+			}
+		}
+		switch {
+		case failed != nil:
+			return res, failed
+		case len(again) == 0:
+			return res, nil
+		case time.Since(r.start) > rerouteFor:
+			return res, refused
+		}
+		r.c.rerouted.Add(int64(len(again)))
+		r.c.askRefresh()
+		v := r.c.view.Load()
+		t := time.NewTimer(backoff)
+		select {
+		case <-v.next:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return res, ctx.Err()
+		}
+		t.Stop()
+		backoff = min(2*backoff, 500*time.Millisecond)
+		var err error
+		if parts, err = r.c.route(ctx, r.h, r.pipeline, again, false); err != nil {
+			return res, err
+		}
+	}
+}
+
+func (p *part) wait(ctx context.Context) (accepted, duplicates int, err error) {
+	switch {
+	case p.err != nil:
+		return 0, 0, p.err
+	case p.local != nil:
+		r, err := p.local.Wait(ctx)
+		return r.Accepted, r.Duplicates, err
+	}
+	fr, err := p.remote.Wait(ctx)
+	switch {
+	case err != nil:
+		if ctx.Err() != nil {
+			return 0, 0, err
+		}
+		return 0, 0, fmt.Errorf("%w: the outcome is unknown: %w", actors.ErrUnavailable, err)
+	case fr.Refused:
+		return 0, 0, fmt.Errorf("%w: %w: %s: %s", actors.ErrNotServed, actors.ErrUnavailable, p.owner, fr.GetError().GetMessage())
+	case fr.Error != nil:
+		return 0, 0, remoteError(p.owner, codes.Code(fr.Error.Code), fr.Error.Message)
+	}
+	return int(fr.Accepted), int(fr.Duplicates), nil
+}
+
+// remoteError is an owner's error as this node's callers see it.
+func remoteError(owner string, code codes.Code, msg string) error {
+	switch code {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted, codes.FailedPrecondition:
+		return fmt.Errorf("%w: key group owner %s: %s", actors.ErrUnavailable, owner, msg)
+	case codes.ResourceExhausted:
+		return fmt.Errorf("%w: key group owner %s: %s", services.ErrBusy, owner, msg)
+	}
+	// The batch was valid here: the owner's configuration differs.
+	return fmt.Errorf("keyfold: key group owner %s refused the call (is its configuration the same?): %s: %s", owner, code, msg)
+}
+
+// retry calls fn with the owner of a key until it succeeds, fails for good,
+// or rerouteFor passes: fn reports whether its error is worth routing again
+// (the owner changed, or does not serve the group yet).
+func (c *clusterNode) retry(ctx context.Context, pipeline, key string, fn func(owner string) (again bool, err error)) error {
+	start, backoff := time.Now(), 20*time.Millisecond
+	for {
+		owner, v := c.ownerOf(pipeline, key)
+		again, err := fn(owner)
+		if !again || time.Since(start) > rerouteFor {
+			return err
+		}
+		c.askRefresh()
+		t := time.NewTimer(backoff)
+		select {
+		case <-v.next:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		}
+		t.Stop()
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
+}
+
+// retryable reports whether a remote call's error is worth routing again.
+func retryable(err error) bool {
+	switch status.Code(err) {
+	case codes.FailedPrecondition, codes.Unavailable:
+		return true
+	}
+	return false
+}
+
+func (c *clusterNode) query(ctx context.Context, h *actors.Host, pipeline, key string) (KeyState, error) {
+	var ks KeyState
+	err := c.retry(ctx, pipeline, key, func(owner string) (bool, error) {
+		if owner == c.self {
+			var err error
+			ks, err = c.n.queryLocal(ctx, h, pipeline, key)
+			return errors.Is(err, actors.ErrUnavailable), err
+		}
+		cl, err := c.peers.Client(owner)
+		if err != nil {
+			return false, err
+		}
+		resp, err := cl.GetState(ctx, &keyfoldv1.GetStateRequest{Pipeline: pipeline, Key: key})
+		if err != nil {
+			st := status.Convert(err)
+			if st.Code() == codes.NotFound { // the pipeline exists here, so the key
+				return false, fmt.Errorf("%w: %q in pipeline %q", ErrNotFound, key, pipeline)
+			}
+			return retryable(err), remoteError(owner, st.Code(), st.Message())
+		}
+		ks, err = decodeState(resp, c.n.cfg.Pipelines[pipeline])
+		return false, err
+	})
+	return ks, err
+}
+
+func (c *clusterNode) delete(ctx context.Context, h *actors.Host, pipeline, key string) error {
+	return c.retry(ctx, pipeline, key, func(owner string) (bool, error) {
+		if owner == c.self {
+			err := h.Delete(ctx, pipeline, key)
+			// A deletion is idempotent: retrying one whose outcome is
+			// unknown is safe.
+			return errors.Is(err, actors.ErrUnavailable), err
+		}
+		cl, err := c.peers.Client(owner)
+		if err != nil {
+			return false, err
+		}
+		if _, err := cl.DeleteKey(ctx, &keyfoldv1.DeleteKeyRequest{Pipeline: pipeline, Key: key}); err != nil {
+			st := status.Convert(err)
+			return retryable(err), remoteError(owner, st.Code(), st.Message())
+		}
+		return false, nil
+	})
+}
+
+// decodeState is the owner's answer as a KeyState, with the aggregates'
+// values of the types a local query gives (spec names their ops).
+func decodeState(resp *keyfoldv1.GetStateResponse, spec PipelineConfig) (KeyState, error) {
+	ks := KeyState{Pipeline: resp.Pipeline, Key: resp.Key, Seq: resp.Seq, Duplicates: resp.Duplicates,
+		Aggregates: make(map[string]any, len(resp.Aggregates))}
+	for name, b := range resp.Aggregates {
+		v, err := aggregateValue(spec.Aggregates[name].Op, b)
+		if err != nil {
+			return KeyState{}, fmt.Errorf("keyfold: owner's aggregate %q: %w", name, err)
+		}
+		ks.Aggregates[name] = v
+	}
+	if len(resp.TimeJson) > 0 {
+		var t timeState
+		if err := json.Unmarshal(resp.TimeJson, &t); err != nil {
+			return KeyState{}, fmt.Errorf("keyfold: owner's windows: %w", err)
+		}
+		ks.Watermark, ks.Late, ks.Windows, ks.Patterns = t.Watermark, t.Late, t.Windows, t.Patterns
+		if ks.Windows == nil {
+			ks.Windows = []WindowState{}
+		}
+	}
+	return ks, nil
+}
+
+// aggregateValue decodes an aggregate's JSON value to the type the fold
+// gives it: counts uint64, last the raw JSON, numbers float64.
+func aggregateValue(op string, b []byte) (any, error) {
+	if string(b) == "null" {
+		return nil, nil
+	}
+	switch op {
+	case "count", "distinct":
+		var u uint64
+		err := json.Unmarshal(b, &u)
+		return u, err
+	case "last":
+		if !json.Valid(b) {
+			return nil, errors.New("invalid JSON")
+		}
+		return json.RawMessage(slices.Clone(b)), nil
+	}
+	var v any
+	err := json.Unmarshal(b, &v)
+	return v, err
+}
+
+// timeState is a key's event-time state as the gRPC API encodes it.
+type timeState struct {
+	Watermark *time.Time     `json:"watermark,omitempty"`
+	Late      *uint64        `json:"late"`
+	Windows   []WindowState  `json:"windows"`
+	Patterns  []PatternState `json:"patterns,omitempty"`
+}
+
+// ClusterInfo describes the cluster as a node sees it (GET /v1/cluster).
+type ClusterInfo struct {
+	// Cluster is the cluster's name ("" for a node alone).
+	Cluster string `json:"cluster,omitempty"`
+	// Self is this node's member id (its advertised gRPC address).
+	Self      string `json:"self"`
+	KeyGroups uint32 `json:"key_groups"`
+	// Membership is "redis" (leases), "static" or "single".
+	Membership string `json:"membership"`
+	// FailureDetection is how long a member that stopped answering stays
+	// listed (the lease).
+	FailureDetection string       `json:"failure_detection,omitempty"`
+	Members          []MemberInfo `json:"members"`
+	// Key, when asked for, is the owner of one key.
+	Key *KeyOwner `json:"key,omitempty"`
+}
+
+// MemberInfo is one member, as it answered (State "unreachable" if not).
+type MemberInfo struct {
+	ID string `json:"id"`
+	// "joining" (taking over its groups), "serving", "draining" or
+	// "unreachable".
+	State string `json:"state"`
+	Error string `json:"error,omitempty"`
+	// GroupsAssigned is the placement's share of the member (as this node
+	// computes it); GroupsOwned and GroupsServing what the member holds.
+	GroupsAssigned  int       `json:"groups_assigned"`
+	GroupsOwned     uint32    `json:"groups_owned"`
+	GroupsServing   uint32    `json:"groups_serving"`
+	ActiveKeys      uint64    `json:"active_keys"`
+	Events          uint64    `json:"events"`
+	EventsForwarded uint64    `json:"events_forwarded"`
+	EventsReceived  uint64    `json:"events_received"`
+	HTTPAddr        string    `json:"http_addr,omitempty"`
+	Started         time.Time `json:"started,omitzero"`
+}
+
+// KeyOwner names the member that owns a key's group.
+type KeyOwner struct {
+	Pipeline string `json:"pipeline"`
+	Key      string `json:"key"`
+	Group    uint32 `json:"group"`
+	Owner    string `json:"owner"`
+}
+
+// status describes this node.
+func (n *Node) status() *keyfoldv1.NodeStatus {
+	st := &keyfoldv1.NodeStatus{Id: n.memberID(), State: "joining", HttpAddr: n.HTTPAddr(), StartedMs: n.startedAt.UnixMilli()}
+	h := n.host.Load()
+	if h == nil {
+		return st
+	}
+	hs := h.Stats()
+	owned := len(h.Owned())
+	st.GroupsOwned, st.GroupsServing = uint32(owned), uint32(owned-hs.GroupsUnavailable)
+	st.ActiveKeys, st.Events = uint64(hs.ActiveKeys), uint64(hs.Events)
+	c := n.clu.Load()
+	switch {
+	case n.draining.Load():
+		st.State = "draining"
+	case c == nil || isClosed(c.joined):
+		st.State = "serving"
+	}
+	if c != nil {
+		st.EventsForwarded, st.EventsReceived = uint64(c.forwarded.Load()), uint64(c.received.Load())
+	}
+	return st
+}
+
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+func (n *Node) memberID() string {
+	if c := n.clu.Load(); c != nil {
+		return c.self
+	}
+	return n.GRPCAddr()
+}
+
+// Cluster describes the cluster: its members with their key groups, keys
+// and activity, and, if key is set, the owner of pipeline's key. A node
+// alone is a cluster of one.
+func (n *Node) Cluster(ctx context.Context, pipeline, key string) (ClusterInfo, error) {
+	if key != "" {
+		if pipeline == "" && len(n.pipelines) == 1 {
+			for p := range n.pipelines {
+				pipeline = p
+			}
+		}
+		if _, ok := n.pipelines[pipeline]; !ok {
+			return ClusterInfo{}, fmt.Errorf("%w %q (name it with ?pipeline=)", ErrUnknownPipeline, pipeline)
+		}
+		if err := fold.CheckKey(key); err != nil {
+			return ClusterInfo{}, err
+		}
+	}
+	info := ClusterInfo{Self: n.memberID(), KeyGroups: n.cfg.KeyGroups, Membership: "single"}
+	c := n.clu.Load()
+	if c == nil {
+		st := n.status()
+		info.Members = []MemberInfo{memberInfo(st, int(n.cfg.KeyGroups))}
+		if key != "" {
+			info.Key = &KeyOwner{pipeline, key, actors.GroupOf(pipeline, key, n.cfg.KeyGroups), info.Self}
+		}
+		return info, nil
+	}
+	info.Cluster, info.Membership = c.name, c.membership()
+	if c.reg != nil {
+		info.FailureDetection = c.lease.String()
+	}
+	v := c.view.Load()
+	if v == nil {
+		return info, ErrNotReady
+	}
+	info.Members = make([]MemberInfo, len(v.a.Members))
+	var wg sync.WaitGroup
+	for i, m := range v.a.Members {
+		wg.Go(func() {
+			assigned := len(v.a.Groups(m))
+			if m == c.self {
+				info.Members[i] = memberInfo(n.status(), assigned)
+				return
+			}
+			mi := MemberInfo{ID: m, State: "unreachable", GroupsAssigned: assigned}
+			cl, err := c.peers.Client(m)
+			if err == nil {
+				sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				var st *keyfoldv1.NodeStatus
+				st, err = cl.Status(sctx, &keyfoldv1.NodeStatusRequest{})
+				cancel()
+				if err == nil {
+					mi = memberInfo(st, assigned)
+				}
+			}
+			if err != nil {
+				mi.Error = status.Convert(err).Message()
+			}
+			info.Members[i] = mi
+		})
+	}
+	wg.Wait()
+	if key != "" {
+		g := actors.GroupOf(pipeline, key, n.cfg.KeyGroups)
+		info.Key = &KeyOwner{pipeline, key, g, v.a.Owner(g)}
+	}
+	return info, nil
+}
+
+func memberInfo(st *keyfoldv1.NodeStatus, assigned int) MemberInfo {
+	mi := MemberInfo{
+		ID: st.Id, State: st.State, GroupsAssigned: assigned, GroupsOwned: st.GroupsOwned, GroupsServing: st.GroupsServing,
+		ActiveKeys: st.ActiveKeys, Events: st.Events, EventsForwarded: st.EventsForwarded, EventsReceived: st.EventsReceived,
+		HTTPAddr: st.HttpAddr,
+	}
+	if st.StartedMs > 0 {
+		mi.Started = time.UnixMilli(st.StartedMs).UTC()
+	}
+	return mi
+}
+
+// localBackend serves the node-to-node service: this node's groups only.
+type localBackend struct{ n *Node }
+
+func (b localBackend) SubmitLocal(ctx context.Context, from, pipeline string, raws [][]byte) (grpcapi.Pending, error) {
+	h, err := b.n.serving(pipeline)
+	if err != nil {
+		return nil, err
+	}
+	p, err := h.Submit(ctx, pipeline, raws)
+	if err != nil {
+		return nil, err
+	}
+	if c := b.n.clu.Load(); c != nil {
+		c.received.Add(int64(len(raws)))
+	}
+	return grpcPending{&PendingIngest{p: p}}, nil
+}
+
+func (b localBackend) QueryLocal(ctx context.Context, pipeline, key string) (grpcapi.KeyState, error) {
+	h, err := b.n.serving(pipeline)
+	if err != nil {
+		return grpcapi.KeyState{}, err
+	}
+	st, err := b.n.queryLocal(ctx, h, pipeline, key)
+	return grpcState(st), err
+}
+
+func (b localBackend) DeleteLocal(ctx context.Context, pipeline, key string) error {
+	h, err := b.n.serving(pipeline)
+	if err != nil {
+		return err
+	}
+	return h.Delete(ctx, pipeline, key)
+}
+
+func (b localBackend) Status(context.Context) *keyfoldv1.NodeStatus { return b.n.status() }
+
+// sleepCtx sleeps for d or until ctx ends; false if ctx ended.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// validAdvertise checks a member id: host:port with a specific host.
+func validAdvertise(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if port == "0" || port == "" {
+		return fmt.Errorf("advertise %q needs a port", addr)
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" || strings.ContainsAny(addr, " \t\r\n") {
+		return fmt.Errorf("advertise %q must name a host the other nodes can reach", addr)
+	}
+	return nil
+}
+
+// clusterStats are the node's cluster counters (a node alone: one member
+// owning every group).
+func (n *Node) clusterStats() metrics.ClusterStats {
+	c := n.clu.Load()
+	if c == nil {
+		return metrics.ClusterStats{Members: 1, GroupsOwned: int(n.cfg.KeyGroups)}
+	}
+	st := metrics.ClusterStats{GroupsMoved: c.moved.Load(), EventsForwarded: c.forwarded.Load(),
+		EventsReceived: c.received.Load(), EventsRerouted: c.rerouted.Load()}
+	if v := c.view.Load(); v != nil {
+		st.Members, st.GroupsOwned = len(v.a.Members), len(v.a.Groups(c.self))
+	}
+	return st
+}

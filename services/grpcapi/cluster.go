@@ -1,0 +1,105 @@
+package grpcapi
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/keyfold/keyfold/actors"
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
+)
+
+// LocalBackend is what the node-to-node service (keyfold.v1.Cluster,
+// proto/keyfold/v1/cluster.proto) serves: the receiving node's own key
+// groups, never forwarding further (so that two nodes that disagree about
+// placement cannot bounce a request between them).
+type LocalBackend interface {
+	// SubmitLocal validates a batch and queues it on this node. A batch with
+	// an event of a key group not served here fails, before anything of it
+	// is logged, with an error wrapping actors.ErrNotServed.
+	SubmitLocal(ctx context.Context, from, pipeline string, events [][]byte) (Pending, error)
+	// QueryLocal and DeleteLocal act on a key of a group served here; for
+	// another group they fail with an error wrapping actors.ErrNotOwner or
+	// actors.ErrUnavailable.
+	QueryLocal(ctx context.Context, pipeline, key string) (KeyState, error)
+	DeleteLocal(ctx context.Context, pipeline, key string) error
+	// Status describes the node.
+	Status(ctx context.Context) *keyfoldv1.NodeStatus
+}
+
+// RegisterCluster registers the node-to-node service on s.
+func RegisterCluster(s grpc.ServiceRegistrar, b LocalBackend, logger *slog.Logger) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	keyfoldv1.RegisterClusterServer(s, &clusterServer{b: b, api: &server{opts: Options{Logger: logger}}})
+}
+
+type clusterServer struct {
+	keyfoldv1.UnimplementedClusterServer
+	b   LocalBackend
+	api *server // encodes states and errors as the public API does
+}
+
+// Forward submits every batch in order, then waits for each.
+func (c *clusterServer) Forward(ctx context.Context, req *keyfoldv1.ForwardRequest) (*keyfoldv1.ForwardResponse, error) {
+	results := make([]*keyfoldv1.ForwardResult, len(req.Batches))
+	pending := make([]Pending, len(req.Batches))
+	for i, b := range req.Batches {
+		p, err := c.b.SubmitLocal(ctx, req.From, b.Pipeline, b.Events)
+		if err != nil {
+			results[i] = c.failed(err)
+			continue
+		}
+		pending[i] = p
+	}
+	for i, p := range pending {
+		if p == nil {
+			continue
+		}
+		acc, dups, err := p.Wait(ctx)
+		if err != nil {
+			results[i] = c.failed(err)
+			continue
+		}
+		results[i] = &keyfoldv1.ForwardResult{Accepted: uint32(acc), Duplicates: uint32(dups)}
+	}
+	return &keyfoldv1.ForwardResponse{Results: results}, nil
+}
+
+func (c *clusterServer) failed(err error) *keyfoldv1.ForwardResult {
+	return &keyfoldv1.ForwardResult{Error: c.api.batchError(err), Refused: errors.Is(err, actors.ErrNotServed)}
+}
+
+func (c *clusterServer) GetState(ctx context.Context, req *keyfoldv1.GetStateRequest) (*keyfoldv1.GetStateResponse, error) {
+	st, err := c.b.QueryLocal(ctx, req.Pipeline, req.Key)
+	if err != nil {
+		return nil, c.status(err)
+	}
+	return c.api.stateResponse(req, st)
+}
+
+func (c *clusterServer) DeleteKey(ctx context.Context, req *keyfoldv1.DeleteKeyRequest) (*keyfoldv1.DeleteKeyResponse, error) {
+	if err := c.b.DeleteLocal(ctx, req.Pipeline, req.Key); err != nil {
+		return nil, c.status(err)
+	}
+	return &keyfoldv1.DeleteKeyResponse{}, nil
+}
+
+func (c *clusterServer) Status(ctx context.Context, _ *keyfoldv1.NodeStatusRequest) (*keyfoldv1.NodeStatus, error) {
+	return c.b.Status(ctx), nil
+}
+
+// status is the public API's status of err, except that a call for a
+// group another node owns is FAILED_PRECONDITION: the sender routes it
+// again.
+func (c *clusterServer) status(err error) error {
+	if errors.Is(err, actors.ErrNotOwner) || errors.Is(err, actors.ErrNotServed) {
+		return status.Error(codes.FailedPrecondition, err.Error())
+	}
+	return c.api.status(err)
+}
