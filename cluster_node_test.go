@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"testing"
 	"time"
 
@@ -222,5 +223,56 @@ func TestClusterRouting(t *testing.T) {
 		if err != nil || st.Seq != uint64(n+extra) || st.Aggregates["sum"] != float64(sum+extra) {
 			t.Fatalf("%s after b left: %+v, %v; want n=%d", key, st, err, n+extra)
 		}
+	}
+}
+
+// freeAddr returns a loopback address with a port free a moment ago (the
+// static member list needs the addresses before the nodes start).
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// TestClusterStaticPeers: members from a static list instead of leases:
+// the nodes split the groups and route to each other.
+func TestClusterStaticPeers(t *testing.T) {
+	srv := redistest.Start(t)
+	addrs := []string{freeAddr(t), freeAddr(t)}
+	var nodes []*keyfold.Node
+	for _, addr := range addrs {
+		cfg := clusterConfig(t, srv.URL())
+		cfg.GRPCAddr, cfg.Peers, cfg.ClusterLease = addr, addrs, 0
+		n, errc := servicetest.Start(t, cfg)
+		t.Cleanup(func() {
+			n.Close()
+			if err := <-errc; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+		nodes = append(nodes, n)
+	}
+	info := waitStable(t, nodes[1], 2)
+	if info.Membership != "static" || info.FailureDetection != "" {
+		t.Errorf("membership %q, failure detection %q; want static, none", info.Membership, info.FailureDetection)
+	}
+	var batch []json.RawMessage
+	for i := range 40 {
+		batch = append(batch, ev(fmt.Sprintf("s%d", i), fmt.Sprintf("s%d", i), i))
+	}
+	if res, err := nodes[0].Ingest(context.Background(), "p", batch); err != nil || res.Accepted != 40 {
+		t.Fatalf("ingest: %+v, %v", res, err)
+	}
+	for i := range 40 {
+		if st, err := nodes[1].Query(context.Background(), "p", fmt.Sprintf("s%d", i)); err != nil || st.Seq != 1 {
+			t.Fatalf("s%d: %+v, %v", i, st, err)
+		}
+	}
+	if nodes[0].Stats().Events == 40 || nodes[1].Stats().Events == 40 {
+		t.Errorf("one node applied every event: %d, %d", nodes[0].Stats().Events, nodes[1].Stats().Events)
 	}
 }

@@ -28,6 +28,6 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServe(), newSend(), newGet(), newOutputs(), newBench())
+	root.AddCommand(newServe(), newSend(), newGet(), newOutputs(), newBench(), newHealth())
 	return root
 }
