@@ -247,6 +247,7 @@ func TestClusterStaticPeers(t *testing.T) {
 	for _, addr := range addrs {
 		cfg := clusterConfig(t, srv.URL())
 		cfg.GRPCAddr, cfg.Peers, cfg.ClusterLease = addr, addrs, 0
+		cfg.MaxBodyBytes = 16 << 10 // the members' message limit too
 		n, errc := servicetest.Start(t, cfg)
 		t.Cleanup(func() {
 			n.Close()
@@ -260,19 +261,21 @@ func TestClusterStaticPeers(t *testing.T) {
 	if info.Membership != "static" || info.FailureDetection != "" {
 		t.Errorf("membership %q, failure detection %q; want static, none", info.Membership, info.FailureDetection)
 	}
+	// 2,000 events (≈ 60 KiB): more than one message to the other member
+	// can carry; the share is split.
 	var batch []json.RawMessage
-	for i := range 40 {
-		batch = append(batch, ev(fmt.Sprintf("s%d", i), fmt.Sprintf("s%d", i), i))
+	for i := range 2000 {
+		batch = append(batch, ev(fmt.Sprintf("s%d", i%40), fmt.Sprintf("s%d", i), i))
 	}
-	if res, err := nodes[0].Ingest(context.Background(), "p", batch); err != nil || res.Accepted != 40 {
+	if res, err := nodes[0].Ingest(context.Background(), "p", batch); err != nil || res.Accepted != 2000 {
 		t.Fatalf("ingest: %+v, %v", res, err)
 	}
 	for i := range 40 {
-		if st, err := nodes[1].Query(context.Background(), "p", fmt.Sprintf("s%d", i)); err != nil || st.Seq != 1 {
+		if st, err := nodes[1].Query(context.Background(), "p", fmt.Sprintf("s%d", i)); err != nil || st.Seq != 50 {
 			t.Fatalf("s%d: %+v, %v", i, st, err)
 		}
 	}
-	if nodes[0].Stats().Events == 40 || nodes[1].Stats().Events == 40 {
+	if nodes[0].Stats().Events == 2000 || nodes[1].Stats().Events == 2000 {
 		t.Errorf("one node applied every event: %d, %d", nodes[0].Stats().Events, nodes[1].Stats().Events)
 	}
 }

@@ -78,6 +78,8 @@ type clusterNode struct {
 	renewDone chan struct{}
 
 	forwarded, received, rerouted, moved atomic.Int64
+
+	maxForward int // bytes of events in one forwarded batch
 }
 
 // view is a member list and its placement, as this node saw it.
@@ -98,6 +100,9 @@ func newClusterNode(n *Node, store persistence.Store) (*clusterNode, error) {
 		n: n, name: cfg.Cluster, self: cfg.Advertise, groups: cfg.KeyGroups, lease: cfg.ClusterLease,
 		log: cfg.Logger.With("cluster", cfg.Cluster), refresh: make(chan struct{}, 1), joined: make(chan struct{}),
 		started: time.Now(),
+		// Half the receivers' message limit (max_body_bytes): room for
+		// the framing of many small events.
+		maxForward: int(cfg.MaxBodyBytes / 2),
 	}
 	if c.self == "" {
 		c.self = n.GRPCAddr() // Validate made sure its host is specific
@@ -125,7 +130,7 @@ func newClusterNode(n *Node, store persistence.Store) (*clusterNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.peers = cluster.NewPeers(c.self, c.log, grpc.WithTransportCredentials(creds),
+	c.peers = cluster.NewPeers(c.self, c.maxForward, c.log, grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(int(cfg.MaxBodyBytes))))
 	return c, nil
 }
@@ -422,6 +427,7 @@ func (c *clusterNode) ownerOf(pipeline, key string) (string, *view) {
 type part struct {
 	owner  string
 	events []*fold.Event
+	bytes  int // of the events
 	local  *actors.Pending
 	remote *cluster.Share
 	err    error // refused or failed before it was sent
@@ -458,12 +464,16 @@ func (c *clusterNode) route(ctx context.Context, h *actors.Host, pipeline string
 	for _, ev := range events {
 		o := v.a.Owner(actors.GroupOf(pipeline, ev.Key, c.groups))
 		p := byOwner[o]
-		if p == nil {
+		if p == nil || (o != c.self && p.bytes+len(ev.Raw) > c.maxForward && len(p.events) > 0) {
+			// A remote share goes in messages the owner accepts (they
+			// frame events less tightly than a JSON body); each is refused
+			// or logged whole, and a refused one is routed again alone.
 			p = &part{owner: o}
 			byOwner[o] = p
 			parts = append(parts, p)
 		}
 		p.events = append(p.events, ev)
+		p.bytes += len(ev.Raw)
 	}
 	// This node's share first, so that a batch it cannot take (draining,
 	// unknown pipeline) fails before any share leaves.

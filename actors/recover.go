@@ -94,7 +94,7 @@ func (h *Host) recover(ctx context.Context) error {
 	if err := h.takeOverUntilDone(ctx, all); err != nil {
 		return fmt.Errorf("actors: recover: %w", err)
 	}
-	h.log.Info("recovered", "groups", h.cfg.Groups, "records", h.stats.replayed.Load(),
+	h.log.Info("recovered", "groups", len(all), "records", h.stats.replayed.Load(),
 		"keys", h.Stats().ActiveKeys, "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }

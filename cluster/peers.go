@@ -20,30 +20,31 @@ import (
 // the order they were queued, and one batch costs one remote message per
 // owner — fewer under load.
 type Peers struct {
-	self string
-	dial []grpc.DialOption
-	log  *slog.Logger
+	self     string
+	maxBytes int
+	dial     []grpc.DialOption
+	log      *slog.Logger
 
 	mu     sync.Mutex
 	peers  map[string]*peer
 	closed bool
 }
 
-// Limits of one Forward call: a receiver accepts messages up to its
-// max_body_bytes (8 MiB by default); a single batch above the byte bound
-// still goes, alone.
+// Limits of one Forward call (and NewPeers' maxBytes); a single batch
+// above the byte bound still goes, alone.
 const (
 	maxForwardBatches = 256
-	maxForwardBytes   = 4 << 20
 	// ForwardTimeout bounds one Forward call.
 	ForwardTimeout = 30 * time.Second
 	peerQueue      = 1024
 )
 
 // NewPeers returns an empty pool; self is this node's member id (sent
-// along, for the receivers' logs), dial the options of every connection.
-func NewPeers(self string, logger *slog.Logger, dial ...grpc.DialOption) *Peers {
-	return &Peers{self: self, dial: dial, log: logger, peers: map[string]*peer{}}
+// along, for the receivers' logs), maxBytes bounds the event bytes of one
+// Forward call (the receivers' message limit, less room for framing), dial
+// the options of every connection.
+func NewPeers(self string, maxBytes int, logger *slog.Logger, dial ...grpc.DialOption) *Peers {
+	return &Peers{self: self, maxBytes: maxBytes, dial: dial, log: logger, peers: map[string]*peer{}}
 }
 
 type peer struct {
@@ -51,6 +52,7 @@ type peer struct {
 	conn   *grpc.ClientConn
 	client keyfoldv1.ClusterClient
 	queue  chan *Share
+	next   *Share // taken from the queue, too big for the last call
 	stop   chan struct{}
 	done   chan struct{}
 }
@@ -136,18 +138,25 @@ func (p *Peers) peer(addr string) (*peer, error) {
 func (p *Peers) send(pr *peer) {
 	defer close(pr.done)
 	for {
-		var first *Share
-		select {
-		case first = <-pr.queue:
-		case <-pr.stop:
-			p.failQueued(pr)
-			return
+		first := pr.next
+		pr.next = nil
+		if first == nil {
+			select {
+			case first = <-pr.queue:
+			case <-pr.stop:
+				p.failQueued(pr)
+				return
+			}
 		}
 		batch, bytes := []*Share{first}, first.size()
 	more:
-		for len(batch) < maxForwardBatches && bytes < maxForwardBytes {
+		for len(batch) < maxForwardBatches {
 			select {
 			case s := <-pr.queue:
+				if bytes+s.size() > p.maxBytes {
+					pr.next = s // the next call's first
+					break more
+				}
 				batch = append(batch, s)
 				bytes += s.size()
 			default:
@@ -176,6 +185,10 @@ func (p *Peers) send(pr *peer) {
 }
 
 func (p *Peers) failQueued(pr *peer) {
+	if s := pr.next; s != nil {
+		s.err = fmt.Errorf("cluster: peer %s left before the batch was sent", pr.addr)
+		close(s.done)
+	}
 	for {
 		select {
 		case s := <-pr.queue:
