@@ -279,3 +279,53 @@ func TestClusterStaticPeers(t *testing.T) {
 		t.Errorf("one node applied every event: %d, %d", nodes[0].Stats().Events, nodes[1].Stats().Events)
 	}
 }
+
+// TestClusterReadyOnceJoined: a member is not ready (readyz, Serving)
+// until it serves its share, though it already routes calls.
+func TestClusterReadyOnceJoined(t *testing.T) {
+	srv := redistest.Start(t)
+	// The other member of the static list never starts: this node takes
+	// over its own share only after the hand-off delay (the other might
+	// still be releasing it).
+	self, other := freeAddr(t), freeAddr(t)
+	cfg := clusterConfig(t, srv.URL())
+	cfg.GRPCAddr, cfg.Peers, cfg.ClusterLease = self, []string{self, other}, 0
+	n, err := keyfold.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- n.Run(context.Background()) }()
+	t.Cleanup(func() {
+		n.Close()
+		if err := <-errc; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := n.Cluster(context.Background(), "", "")
+		if err == nil {
+			if info.Membership != "static" || len(info.Members) != 2 || info.Members[0].State == "serving" || info.Members[1].State == "serving" {
+				t.Fatalf("the cluster as soon as the member list is known: %+v", info)
+			}
+			break
+		}
+		if !errors.Is(err, keyfold.ErrNotReady) || time.Now().After(deadline) {
+			t.Fatalf("Cluster: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n.Serving() {
+		t.Fatal("Serving before the node serves its share")
+	}
+	select {
+	case <-n.Ready():
+		t.Fatal("Ready before the node serves its share")
+	default:
+	}
+	<-n.Ready()
+	if !n.Serving() {
+		t.Fatal("not Serving once ready")
+	}
+}

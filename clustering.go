@@ -90,6 +90,14 @@ type view struct {
 	next chan struct{} // closed when a newer view replaces this one
 }
 
+// A refused call is routed again when the member list changes, or after a
+// backoff: the new owner may still be taking the group over (its take-over
+// ends without notice here), so the backoff stays short.
+const (
+	rerouteBackoff    = 10 * time.Millisecond
+	maxRerouteBackoff = 100 * time.Millisecond
+)
+
 // rerouteFor bounds how long a refused share or a query is routed again
 // before the caller gets ErrUnavailable.
 const rerouteFor = 10 * time.Second
@@ -521,7 +529,7 @@ func boolInt(b bool) int {
 func (r *routedIngest) Wait(ctx context.Context) (IngestResult, error) {
 	var res IngestResult
 	parts := r.parts
-	backoff := 20 * time.Millisecond
+	backoff := rerouteBackoff
 	for {
 		var again []*fold.Event
 		var failed, refused error
@@ -558,7 +566,7 @@ func (r *routedIngest) Wait(ctx context.Context) (IngestResult, error) {
 			return res, ctx.Err()
 		}
 		t.Stop()
-		backoff = min(2*backoff, 500*time.Millisecond)
+		backoff = min(2*backoff, maxRerouteBackoff)
 		var err error
 		if parts, err = r.c.route(ctx, r.h, r.pipeline, again, false); err != nil {
 			return res, err
@@ -605,7 +613,7 @@ func remoteError(owner string, code codes.Code, msg string) error {
 // or rerouteFor passes: fn reports whether its error is worth routing again
 // (the owner changed, or does not serve the group yet).
 func (c *clusterNode) retry(ctx context.Context, pipeline, key string, fn func(owner string) (again bool, err error)) error {
-	start, backoff := time.Now(), 20*time.Millisecond
+	start, backoff := time.Now(), rerouteBackoff
 	for {
 		owner, v := c.ownerOf(pipeline, key)
 		again, err := fn(owner)
@@ -622,7 +630,7 @@ func (c *clusterNode) retry(ctx context.Context, pipeline, key string, fn func(o
 			return err
 		}
 		t.Stop()
-		backoff = min(2*backoff, 500*time.Millisecond)
+		backoff = min(2*backoff, maxRerouteBackoff)
 	}
 }
 
@@ -840,6 +848,9 @@ func (n *Node) Cluster(ctx context.Context, pipeline, key string) (ClusterInfo, 
 	}
 	info := ClusterInfo{Self: n.memberID(), KeyGroups: n.cfg.KeyGroups, Membership: "single"}
 	c := n.clu.Load()
+	if c == nil && n.cfg.Cluster != "" {
+		return info, ErrNotReady // not started yet
+	}
 	if c == nil {
 		st := n.status()
 		info.Members = []MemberInfo{memberInfo(st, int(n.cfg.KeyGroups))}

@@ -517,6 +517,9 @@ func (n *Node) serving(pipeline string) (*actors.Host, error) {
 	if h == nil {
 		return nil, ErrNotReady
 	}
+	if c := n.clu.Load(); c != nil && c.view.Load() == nil {
+		return nil, ErrNotReady // no member list yet: nowhere to route
+	}
 	return h, nil
 }
 
@@ -532,5 +535,8 @@ func (n *Node) Stats() actors.Stats {
 // not failed).
 func (n *Node) Serving() bool {
 	h := n.host.Load()
+	if c := n.clu.Load(); c != nil && !isClosed(c.joined) {
+		return false // a member is ready once it serves its share
+	}
 	return h != nil && !n.draining.Load() && h.Err() == nil
 }
