@@ -626,6 +626,7 @@ func TestClusterRescaling(t *testing.T) {
 	var phaseNotes []string
 
 	// 2. A fourth node joins.
+	joinReplayBefore := replayed(t, first3)
 	join := phase{name: "join", start: time.Now()}
 	d := startMember(t, "node-d", cfg, args)
 	setLive([]*member{first3[0], first3[1], first3[2], d})
@@ -634,7 +635,9 @@ func TestClusterRescaling(t *testing.T) {
 	phases = append(phases, join)
 	checkShares(t, v, []*member{d}, 25, 6, "the joining 4th node")
 	joinMoved := groupsMoved(t, survivor, d.id, false)
-	phaseNotes = append(phaseNotes, fmt.Sprintf("groups moved %d (%s's log); node-d assigned %.1f%% of the groups", joinMoved, survivor.name, assignedShare(v, d.id)))
+	joinReplay := replayed(t, []*member{first3[0], first3[1], first3[2], d}) - joinReplayBefore
+	phaseNotes = append(phaseNotes, fmt.Sprintf("groups moved %d (%s's log); node-d assigned %.1f%% of the groups; the next owners replayed %d records",
+		joinMoved, survivor.name, assignedShare(v, d.id), joinReplay))
 	time.Sleep(500 * time.Millisecond) // pacing: some load on the four nodes
 
 	// 3. One of the first three leaves gracefully.
@@ -677,6 +680,7 @@ func TestClusterRescaling(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // pacing
 
 	// 5. A node is added back (a new process: a new member).
+	addReplayBefore := replayed(t, rest)
 	add := phase{name: "add back", start: time.Now()}
 	e := startMember(t, "node-e", cfg, args)
 	rest = []*member{survivor, d, e}
@@ -685,7 +689,8 @@ func TestClusterRescaling(t *testing.T) {
 	add.stable = time.Now()
 	phases = append(phases, add)
 	checkShares(t, v, rest, 100.0/3, 5, "3 nodes after adding one back")
-	phaseNotes = append(phaseNotes, fmt.Sprintf("groups moved %d", groupsMoved(t, survivor, e.id, false)))
+	phaseNotes = append(phaseNotes, fmt.Sprintf("groups moved %d; the next owners replayed %d records",
+		groupsMoved(t, survivor, e.id, false), replayed(t, rest)-addReplayBefore))
 	time.Sleep(500 * time.Millisecond) // pacing
 
 	// 6. Stop the writers (each finishes its batch). Every key is checked
