@@ -329,3 +329,35 @@ func TestClusterReadyOnceJoined(t *testing.T) {
 		t.Fatal("not Serving once ready")
 	}
 }
+
+// TestClusterHandoffNotices: with a lease so long that renewals are 10 s
+// apart, a joining node still gets its share at once: it asks the others
+// to read the member list now, they release its groups and say so, and it
+// takes each over on that word instead of waiting a renew period. A
+// graceful leave is seen at once too.
+func TestClusterHandoffNotices(t *testing.T) {
+	srv := redistest.Start(t)
+	long := func() keyfold.Config {
+		cfg := clusterConfig(t, srv.URL())
+		cfg.ClusterLease = 30 * time.Second
+		return cfg
+	}
+	a := servicetest.Run(t, long())
+	start := time.Now()
+	b, berr := servicetest.Start(t, long())
+	if took := time.Since(start); took > 8*time.Second {
+		t.Fatalf("the second node served its share after %v: it waited for renewals (10 s apart)", took)
+	}
+	waitStable(t, a, 2)
+	start = time.Now()
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-berr; err != nil {
+		t.Fatal(err)
+	}
+	waitStable(t, a, 1)
+	if took := time.Since(start); took > 8*time.Second {
+		t.Fatalf("the leave was seen after %v: the others waited for their renewal", took)
+	}
+}

@@ -80,6 +80,18 @@ type clusterNode struct {
 	forwarded, received, rerouted, moved atomic.Int64
 
 	maxForward int // bytes of events in one forwarded batch
+
+	// Releases other members announced for groups placement gives this
+	// node (see Released), and a signal that one arrived.
+	releasedMu sync.Mutex
+	released   map[uint32]releaseNote
+	releasedCh chan struct{}
+}
+
+// releaseNote is a previous owner's word that it released a group.
+type releaseNote struct {
+	from string
+	at   time.Time
 }
 
 // view is a member list and its placement, as this node saw it.
@@ -107,6 +119,7 @@ func newClusterNode(n *Node, store persistence.Store) (*clusterNode, error) {
 	c := &clusterNode{
 		n: n, name: cfg.Cluster, self: cfg.Advertise, groups: cfg.KeyGroups, lease: cfg.ClusterLease,
 		log: cfg.Logger.With("cluster", cfg.Cluster), refresh: make(chan struct{}, 1), joined: make(chan struct{}),
+		released: map[uint32]releaseNote{}, releasedCh: make(chan struct{}, 1),
 		started: time.Now(),
 		// Half the receivers' message limit (max_body_bytes): room for
 		// the framing of many small events.
@@ -267,9 +280,12 @@ func (c *clusterNode) observe(members []string) {
 		c.log.Info("members changed", "members", len(members), "joined", joined, "left", left,
 			"groups_moved", moved, "groups_here", len(v.a.Groups(c.self)))
 	} else {
-		// Before this node joined, the others held its groups.
+		// Before this node joined, the others held its groups. Tell them it
+		// is here, so that they release its share now rather than at their
+		// next renewal.
 		v.prev = cluster.Assign(slices.DeleteFunc(slices.Clone(members), func(m string) bool { return m == c.self }), c.groups)
 		c.log.Info("members", "members", members, "groups_here", len(v.a.Groups(c.self)))
+		c.tellMembersChanged(members)
 	}
 	c.peers.Retain(members)
 	c.view.Store(v)
@@ -336,7 +352,9 @@ func (c *clusterNode) apply(ctx context.Context, h *actors.Host, v *view) {
 	owned := h.Owned()
 	keep := intersect(owned, mine)
 	if len(keep) < len(owned) {
-		c.setOwned(ctx, h, keep)
+		if c.setOwned(ctx, h, keep) {
+			c.tellReleased(v, owned, mine)
+		}
 	}
 	var now, later []uint32
 	for _, g := range mine {
@@ -356,13 +374,32 @@ func (c *clusterNode) apply(ctx context.Context, h *actors.Host, v *view) {
 			return
 		}
 	}
-	if len(later) > 0 {
-		if !sleepCtx(ctx, time.Until(v.at.Add(c.renewInterval()+handoffMargin))) {
+	// The groups of live members: each as soon as its previous owner says
+	// it released it, the rest one renew period (and a margin) after the
+	// change, by when their owners have seen it.
+	deadline := time.NewTimer(time.Until(v.at.Add(c.renewInterval() + handoffMargin)))
+	defer deadline.Stop()
+	for len(later) > 0 {
+		if ready := c.takeReleased(v, later); len(ready) > 0 {
+			later = slices.DeleteFunc(later, func(g uint32) bool { return slices.Contains(ready, g) })
+			keep = append(keep, ready...)
+			slices.Sort(keep)
+			if !c.setOwned(ctx, h, keep) {
+				return
+			}
+			continue
+		}
+		select {
+		case <-c.releasedCh:
+			continue
+		case <-deadline.C:
+		case <-ctx.Done():
 			return
 		}
 		if !c.setOwned(ctx, h, mine) {
 			return
 		}
+		break
 	}
 	if ctx.Err() == nil {
 		c.joinOnce.Do(func() { close(c.joined) })
@@ -407,9 +444,96 @@ func (c *clusterNode) leave(ctx context.Context, h *actors.Host) {
 		if err := c.reg.Leave(ctx, c.self); err != nil {
 			c.log.Warn("deregister (the lease runs out instead)", "err", err)
 		}
+		if v := c.view.Load(); v != nil {
+			c.tellMembersChanged(v.a.Members)
+		}
 	}
 	c.askRefresh()
 	c.log.Info("left the cluster", "took", time.Since(start).Round(time.Millisecond))
+}
+
+// notifyTimeout bounds the best-effort notices between members.
+const notifyTimeout = time.Second
+
+// tellMembersChanged asks the other members to read the member list now.
+// Best effort: they read it at their next renewal anyway.
+func (c *clusterNode) tellMembersChanged(members []string) {
+	for _, m := range members {
+		if m == c.self {
+			continue
+		}
+		go c.notify(m, func(ctx context.Context, cl keyfoldv1.ClusterClient) error {
+			_, err := cl.MembersChanged(ctx, &keyfoldv1.MembersChangedRequest{From: c.self})
+			return err
+		})
+	}
+}
+
+// tellReleased tells the new owners of the groups this node owned and no
+// longer does that it released them. Best effort: without the notice they
+// wait a renew period.
+func (c *clusterNode) tellReleased(v *view, owned, mine []uint32) {
+	byOwner := map[string][]uint32{}
+	for _, g := range owned {
+		if !slices.Contains(mine, g) {
+			if o := v.a.Owner(g); o != "" && o != c.self {
+				byOwner[o] = append(byOwner[o], g)
+			}
+		}
+	}
+	for o, gs := range byOwner {
+		go c.notify(o, func(ctx context.Context, cl keyfoldv1.ClusterClient) error {
+			_, err := cl.Released(ctx, &keyfoldv1.ReleasedRequest{From: c.self, Groups: gs})
+			return err
+		})
+	}
+}
+
+func (c *clusterNode) notify(member string, call func(context.Context, keyfoldv1.ClusterClient) error) {
+	cl, err := c.peers.Client(member)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
+		err = call(ctx, cl)
+		cancel()
+	}
+	if err != nil {
+		c.log.Debug("notice to a member failed", "member", member, "err", err)
+	}
+}
+
+// noteReleased records that member from released groups.
+func (c *clusterNode) noteReleased(from string, groups []uint32) {
+	now := time.Now()
+	c.releasedMu.Lock()
+	for _, g := range groups {
+		if g < c.groups {
+			c.released[g] = releaseNote{from: from, at: now}
+		}
+	}
+	c.releasedMu.Unlock()
+	select {
+	case c.releasedCh <- struct{}{}:
+	default:
+	}
+}
+
+// takeReleased returns (and forgets) the groups of want whose previous
+// owner in v has said it released them. A note older than the lease is
+// dropped: it belongs to an earlier hand-off.
+func (c *clusterNode) takeReleased(v *view, want []uint32) []uint32 {
+	c.releasedMu.Lock()
+	defer c.releasedMu.Unlock()
+	var ready []uint32
+	for g, note := range c.released {
+		switch {
+		case time.Since(note.at) > c.lease:
+			delete(c.released, g)
+		case slices.Contains(want, g) && note.from == v.prev.Owner(g):
+			delete(c.released, g)
+			ready = append(ready, g)
+		}
+	}
+	return ready
 }
 
 // stop ends the membership loop and closes the peer connections.
@@ -949,6 +1073,18 @@ func (b localBackend) DeleteLocal(ctx context.Context, pipeline, key string) err
 }
 
 func (b localBackend) Status(context.Context) *keyfoldv1.NodeStatus { return b.n.status() }
+
+func (b localBackend) MembersChanged(string) {
+	if c := b.n.clu.Load(); c != nil {
+		c.askRefresh()
+	}
+}
+
+func (b localBackend) Released(from string, groups []uint32) {
+	if c := b.n.clu.Load(); c != nil {
+		c.noteReleased(from, groups)
+	}
+}
 
 // sleepCtx sleeps for d or until ctx ends; false if ctx ended.
 func sleepCtx(ctx context.Context, d time.Duration) bool {

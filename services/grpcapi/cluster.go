@@ -29,6 +29,11 @@ type LocalBackend interface {
 	DeleteLocal(ctx context.Context, pipeline, key string) error
 	// Status describes the node.
 	Status(ctx context.Context) *keyfoldv1.NodeStatus
+	// MembersChanged asks the node to read the member list now.
+	MembersChanged(from string)
+	// Released notes that member from released groups, which placement
+	// now gives this node.
+	Released(from string, groups []uint32)
 }
 
 // RegisterCluster registers the node-to-node service on s.
@@ -102,4 +107,14 @@ func (c *clusterServer) status(err error) error {
 		return status.Error(codes.FailedPrecondition, err.Error())
 	}
 	return c.api.status(err)
+}
+
+func (c *clusterServer) MembersChanged(_ context.Context, req *keyfoldv1.MembersChangedRequest) (*keyfoldv1.MembersChangedResponse, error) {
+	c.b.MembersChanged(req.From)
+	return &keyfoldv1.MembersChangedResponse{}, nil
+}
+
+func (c *clusterServer) Released(_ context.Context, req *keyfoldv1.ReleasedRequest) (*keyfoldv1.ReleasedResponse, error) {
+	c.b.Released(req.From, req.Groups)
+	return &keyfoldv1.ReleasedResponse{}, nil
 }

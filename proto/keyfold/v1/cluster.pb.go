@@ -27,6 +27,174 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type MembersChangedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MembersChangedRequest) Reset() {
+	*x = MembersChangedRequest{}
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MembersChangedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MembersChangedRequest) ProtoMessage() {}
+
+func (x *MembersChangedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MembersChangedRequest.ProtoReflect.Descriptor instead.
+func (*MembersChangedRequest) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *MembersChangedRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+type MembersChangedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MembersChangedResponse) Reset() {
+	*x = MembersChangedResponse{}
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MembersChangedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MembersChangedResponse) ProtoMessage() {}
+
+func (x *MembersChangedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MembersChangedResponse.ProtoReflect.Descriptor instead.
+func (*MembersChangedResponse) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{1}
+}
+
+type ReleasedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	Groups        []uint32               `protobuf:"varint,2,rep,packed,name=groups,proto3" json:"groups,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleasedRequest) Reset() {
+	*x = ReleasedRequest{}
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleasedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleasedRequest) ProtoMessage() {}
+
+func (x *ReleasedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleasedRequest.ProtoReflect.Descriptor instead.
+func (*ReleasedRequest) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ReleasedRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *ReleasedRequest) GetGroups() []uint32 {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+type ReleasedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleasedResponse) Reset() {
+	*x = ReleasedResponse{}
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleasedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleasedResponse) ProtoMessage() {}
+
+func (x *ReleasedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleasedResponse.ProtoReflect.Descriptor instead.
+func (*ReleasedResponse) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{3}
+}
+
 type ForwardRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The sender's member id, for the receiver's logs and metrics.
@@ -38,7 +206,7 @@ type ForwardRequest struct {
 
 func (x *ForwardRequest) Reset() {
 	*x = ForwardRequest{}
-	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[0]
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -50,7 +218,7 @@ func (x *ForwardRequest) String() string {
 func (*ForwardRequest) ProtoMessage() {}
 
 func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[0]
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -63,7 +231,7 @@ func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequest) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{0}
+	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ForwardRequest) GetFrom() string {
@@ -90,7 +258,7 @@ type ForwardResponse struct {
 
 func (x *ForwardResponse) Reset() {
 	*x = ForwardResponse{}
-	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[1]
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -102,7 +270,7 @@ func (x *ForwardResponse) String() string {
 func (*ForwardResponse) ProtoMessage() {}
 
 func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[1]
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -115,7 +283,7 @@ func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardResponse) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{1}
+	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ForwardResponse) GetResults() []*ForwardResult {
@@ -141,7 +309,7 @@ type ForwardResult struct {
 
 func (x *ForwardResult) Reset() {
 	*x = ForwardResult{}
-	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[2]
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -153,7 +321,7 @@ func (x *ForwardResult) String() string {
 func (*ForwardResult) ProtoMessage() {}
 
 func (x *ForwardResult) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[2]
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -166,7 +334,7 @@ func (x *ForwardResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResult.ProtoReflect.Descriptor instead.
 func (*ForwardResult) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{2}
+	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ForwardResult) GetAccepted() uint32 {
@@ -205,7 +373,7 @@ type NodeStatusRequest struct {
 
 func (x *NodeStatusRequest) Reset() {
 	*x = NodeStatusRequest{}
-	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[3]
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -217,7 +385,7 @@ func (x *NodeStatusRequest) String() string {
 func (*NodeStatusRequest) ProtoMessage() {}
 
 func (x *NodeStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[3]
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -230,7 +398,7 @@ func (x *NodeStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatusRequest.ProtoReflect.Descriptor instead.
 func (*NodeStatusRequest) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{3}
+	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{7}
 }
 
 type NodeStatus struct {
@@ -260,7 +428,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[4]
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -272,7 +440,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[4]
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -285,7 +453,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{4}
+	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *NodeStatus) GetId() string {
@@ -363,7 +531,14 @@ var File_proto_keyfold_v1_cluster_proto protoreflect.FileDescriptor
 const file_proto_keyfold_v1_cluster_proto_rawDesc = "" +
 	"\n" +
 	"\x1eproto/keyfold/v1/cluster.proto\x12\n" +
-	"keyfold.v1\x1a\x1eproto/keyfold/v1/service.proto\"Y\n" +
+	"keyfold.v1\x1a\x1eproto/keyfold/v1/service.proto\"+\n" +
+	"\x15MembersChangedRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\"\x18\n" +
+	"\x16MembersChangedResponse\"=\n" +
+	"\x0fReleasedRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x16\n" +
+	"\x06groups\x18\x02 \x03(\rR\x06groups\"\x12\n" +
+	"\x10ReleasedResponse\"Y\n" +
 	"\x0eForwardRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x123\n" +
 	"\abatches\x18\x02 \x03(\v2\x19.keyfold.v1.IngestRequestR\abatches\"F\n" +
@@ -391,12 +566,14 @@ const file_proto_keyfold_v1_cluster_proto_rawDesc = "" +
 	"\thttp_addr\x18\t \x01(\tR\bhttpAddr\x12\x1d\n" +
 	"\n" +
 	"started_ms\x18\n" +
-	" \x01(\x03R\tstartedMs2\x9f\x02\n" +
+	" \x01(\x03R\tstartedMs2\xbf\x03\n" +
 	"\aCluster\x12B\n" +
 	"\aForward\x12\x1a.keyfold.v1.ForwardRequest\x1a\x1b.keyfold.v1.ForwardResponse\x12E\n" +
 	"\bGetState\x12\x1b.keyfold.v1.GetStateRequest\x1a\x1c.keyfold.v1.GetStateResponse\x12H\n" +
 	"\tDeleteKey\x12\x1c.keyfold.v1.DeleteKeyRequest\x1a\x1d.keyfold.v1.DeleteKeyResponse\x12?\n" +
-	"\x06Status\x12\x1d.keyfold.v1.NodeStatusRequest\x1a\x16.keyfold.v1.NodeStatusB7Z5github.com/keyfold/keyfold/proto/keyfold/v1;keyfoldv1b\x06proto3"
+	"\x06Status\x12\x1d.keyfold.v1.NodeStatusRequest\x1a\x16.keyfold.v1.NodeStatus\x12W\n" +
+	"\x0eMembersChanged\x12!.keyfold.v1.MembersChangedRequest\x1a\".keyfold.v1.MembersChangedResponse\x12E\n" +
+	"\bReleased\x12\x1b.keyfold.v1.ReleasedRequest\x1a\x1c.keyfold.v1.ReleasedResponseB7Z5github.com/keyfold/keyfold/proto/keyfold/v1;keyfoldv1b\x06proto3"
 
 var (
 	file_proto_keyfold_v1_cluster_proto_rawDescOnce sync.Once
@@ -410,34 +587,42 @@ func file_proto_keyfold_v1_cluster_proto_rawDescGZIP() []byte {
 	return file_proto_keyfold_v1_cluster_proto_rawDescData
 }
 
-var file_proto_keyfold_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_proto_keyfold_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_proto_keyfold_v1_cluster_proto_goTypes = []any{
-	(*ForwardRequest)(nil),    // 0: keyfold.v1.ForwardRequest
-	(*ForwardResponse)(nil),   // 1: keyfold.v1.ForwardResponse
-	(*ForwardResult)(nil),     // 2: keyfold.v1.ForwardResult
-	(*NodeStatusRequest)(nil), // 3: keyfold.v1.NodeStatusRequest
-	(*NodeStatus)(nil),        // 4: keyfold.v1.NodeStatus
-	(*IngestRequest)(nil),     // 5: keyfold.v1.IngestRequest
-	(*BatchError)(nil),        // 6: keyfold.v1.BatchError
-	(*GetStateRequest)(nil),   // 7: keyfold.v1.GetStateRequest
-	(*DeleteKeyRequest)(nil),  // 8: keyfold.v1.DeleteKeyRequest
-	(*GetStateResponse)(nil),  // 9: keyfold.v1.GetStateResponse
-	(*DeleteKeyResponse)(nil), // 10: keyfold.v1.DeleteKeyResponse
+	(*MembersChangedRequest)(nil),  // 0: keyfold.v1.MembersChangedRequest
+	(*MembersChangedResponse)(nil), // 1: keyfold.v1.MembersChangedResponse
+	(*ReleasedRequest)(nil),        // 2: keyfold.v1.ReleasedRequest
+	(*ReleasedResponse)(nil),       // 3: keyfold.v1.ReleasedResponse
+	(*ForwardRequest)(nil),         // 4: keyfold.v1.ForwardRequest
+	(*ForwardResponse)(nil),        // 5: keyfold.v1.ForwardResponse
+	(*ForwardResult)(nil),          // 6: keyfold.v1.ForwardResult
+	(*NodeStatusRequest)(nil),      // 7: keyfold.v1.NodeStatusRequest
+	(*NodeStatus)(nil),             // 8: keyfold.v1.NodeStatus
+	(*IngestRequest)(nil),          // 9: keyfold.v1.IngestRequest
+	(*BatchError)(nil),             // 10: keyfold.v1.BatchError
+	(*GetStateRequest)(nil),        // 11: keyfold.v1.GetStateRequest
+	(*DeleteKeyRequest)(nil),       // 12: keyfold.v1.DeleteKeyRequest
+	(*GetStateResponse)(nil),       // 13: keyfold.v1.GetStateResponse
+	(*DeleteKeyResponse)(nil),      // 14: keyfold.v1.DeleteKeyResponse
 }
 var file_proto_keyfold_v1_cluster_proto_depIdxs = []int32{
-	5,  // 0: keyfold.v1.ForwardRequest.batches:type_name -> keyfold.v1.IngestRequest
-	2,  // 1: keyfold.v1.ForwardResponse.results:type_name -> keyfold.v1.ForwardResult
-	6,  // 2: keyfold.v1.ForwardResult.error:type_name -> keyfold.v1.BatchError
-	0,  // 3: keyfold.v1.Cluster.Forward:input_type -> keyfold.v1.ForwardRequest
-	7,  // 4: keyfold.v1.Cluster.GetState:input_type -> keyfold.v1.GetStateRequest
-	8,  // 5: keyfold.v1.Cluster.DeleteKey:input_type -> keyfold.v1.DeleteKeyRequest
-	3,  // 6: keyfold.v1.Cluster.Status:input_type -> keyfold.v1.NodeStatusRequest
-	1,  // 7: keyfold.v1.Cluster.Forward:output_type -> keyfold.v1.ForwardResponse
-	9,  // 8: keyfold.v1.Cluster.GetState:output_type -> keyfold.v1.GetStateResponse
-	10, // 9: keyfold.v1.Cluster.DeleteKey:output_type -> keyfold.v1.DeleteKeyResponse
-	4,  // 10: keyfold.v1.Cluster.Status:output_type -> keyfold.v1.NodeStatus
-	7,  // [7:11] is the sub-list for method output_type
-	3,  // [3:7] is the sub-list for method input_type
+	9,  // 0: keyfold.v1.ForwardRequest.batches:type_name -> keyfold.v1.IngestRequest
+	6,  // 1: keyfold.v1.ForwardResponse.results:type_name -> keyfold.v1.ForwardResult
+	10, // 2: keyfold.v1.ForwardResult.error:type_name -> keyfold.v1.BatchError
+	4,  // 3: keyfold.v1.Cluster.Forward:input_type -> keyfold.v1.ForwardRequest
+	11, // 4: keyfold.v1.Cluster.GetState:input_type -> keyfold.v1.GetStateRequest
+	12, // 5: keyfold.v1.Cluster.DeleteKey:input_type -> keyfold.v1.DeleteKeyRequest
+	7,  // 6: keyfold.v1.Cluster.Status:input_type -> keyfold.v1.NodeStatusRequest
+	0,  // 7: keyfold.v1.Cluster.MembersChanged:input_type -> keyfold.v1.MembersChangedRequest
+	2,  // 8: keyfold.v1.Cluster.Released:input_type -> keyfold.v1.ReleasedRequest
+	5,  // 9: keyfold.v1.Cluster.Forward:output_type -> keyfold.v1.ForwardResponse
+	13, // 10: keyfold.v1.Cluster.GetState:output_type -> keyfold.v1.GetStateResponse
+	14, // 11: keyfold.v1.Cluster.DeleteKey:output_type -> keyfold.v1.DeleteKeyResponse
+	8,  // 12: keyfold.v1.Cluster.Status:output_type -> keyfold.v1.NodeStatus
+	1,  // 13: keyfold.v1.Cluster.MembersChanged:output_type -> keyfold.v1.MembersChangedResponse
+	3,  // 14: keyfold.v1.Cluster.Released:output_type -> keyfold.v1.ReleasedResponse
+	9,  // [9:15] is the sub-list for method output_type
+	3,  // [3:9] is the sub-list for method input_type
 	3,  // [3:3] is the sub-list for extension type_name
 	3,  // [3:3] is the sub-list for extension extendee
 	0,  // [0:3] is the sub-list for field type_name
@@ -455,7 +640,7 @@ func file_proto_keyfold_v1_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_keyfold_v1_cluster_proto_rawDesc), len(file_proto_keyfold_v1_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

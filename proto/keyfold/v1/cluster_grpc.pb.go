@@ -25,10 +25,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Cluster_Forward_FullMethodName   = "/keyfold.v1.Cluster/Forward"
-	Cluster_GetState_FullMethodName  = "/keyfold.v1.Cluster/GetState"
-	Cluster_DeleteKey_FullMethodName = "/keyfold.v1.Cluster/DeleteKey"
-	Cluster_Status_FullMethodName    = "/keyfold.v1.Cluster/Status"
+	Cluster_Forward_FullMethodName        = "/keyfold.v1.Cluster/Forward"
+	Cluster_GetState_FullMethodName       = "/keyfold.v1.Cluster/GetState"
+	Cluster_DeleteKey_FullMethodName      = "/keyfold.v1.Cluster/DeleteKey"
+	Cluster_Status_FullMethodName         = "/keyfold.v1.Cluster/Status"
+	Cluster_MembersChanged_FullMethodName = "/keyfold.v1.Cluster/MembersChanged"
+	Cluster_Released_FullMethodName       = "/keyfold.v1.Cluster/Released"
 )
 
 // ClusterClient is the client API for Cluster service.
@@ -52,6 +54,15 @@ type ClusterClient interface {
 	DeleteKey(ctx context.Context, in *DeleteKeyRequest, opts ...grpc.CallOption) (*DeleteKeyResponse, error)
 	// Status describes the receiving node, for GET /v1/cluster.
 	Status(ctx context.Context, in *NodeStatusRequest, opts ...grpc.CallOption) (*NodeStatus, error)
+	// MembersChanged asks the receiver to read the member list now: the
+	// sender just joined or left, and hand-offs need not wait for the
+	// receiver's next lease renewal.
+	MembersChanged(ctx context.Context, in *MembersChangedRequest, opts ...grpc.CallOption) (*MembersChangedResponse, error)
+	// Released tells the new owner of key groups that the sender, their
+	// previous owner, has released them (stopped serving them, stored their
+	// results, checkpointed them): it may take them over at once instead of
+	// waiting a renew period.
+	Released(ctx context.Context, in *ReleasedRequest, opts ...grpc.CallOption) (*ReleasedResponse, error)
 }
 
 type clusterClient struct {
@@ -102,6 +113,26 @@ func (c *clusterClient) Status(ctx context.Context, in *NodeStatusRequest, opts 
 	return out, nil
 }
 
+func (c *clusterClient) MembersChanged(ctx context.Context, in *MembersChangedRequest, opts ...grpc.CallOption) (*MembersChangedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MembersChangedResponse)
+	err := c.cc.Invoke(ctx, Cluster_MembersChanged_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *clusterClient) Released(ctx context.Context, in *ReleasedRequest, opts ...grpc.CallOption) (*ReleasedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleasedResponse)
+	err := c.cc.Invoke(ctx, Cluster_Released_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ClusterServer is the server API for Cluster service.
 // All implementations must embed UnimplementedClusterServer
 // for forward compatibility.
@@ -123,6 +154,15 @@ type ClusterServer interface {
 	DeleteKey(context.Context, *DeleteKeyRequest) (*DeleteKeyResponse, error)
 	// Status describes the receiving node, for GET /v1/cluster.
 	Status(context.Context, *NodeStatusRequest) (*NodeStatus, error)
+	// MembersChanged asks the receiver to read the member list now: the
+	// sender just joined or left, and hand-offs need not wait for the
+	// receiver's next lease renewal.
+	MembersChanged(context.Context, *MembersChangedRequest) (*MembersChangedResponse, error)
+	// Released tells the new owner of key groups that the sender, their
+	// previous owner, has released them (stopped serving them, stored their
+	// results, checkpointed them): it may take them over at once instead of
+	// waiting a renew period.
+	Released(context.Context, *ReleasedRequest) (*ReleasedResponse, error)
 	mustEmbedUnimplementedClusterServer()
 }
 
@@ -144,6 +184,12 @@ func (UnimplementedClusterServer) DeleteKey(context.Context, *DeleteKeyRequest) 
 }
 func (UnimplementedClusterServer) Status(context.Context, *NodeStatusRequest) (*NodeStatus, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedClusterServer) MembersChanged(context.Context, *MembersChangedRequest) (*MembersChangedResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MembersChanged not implemented")
+}
+func (UnimplementedClusterServer) Released(context.Context, *ReleasedRequest) (*ReleasedResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Released not implemented")
 }
 func (UnimplementedClusterServer) mustEmbedUnimplementedClusterServer() {}
 func (UnimplementedClusterServer) testEmbeddedByValue()                 {}
@@ -238,6 +284,42 @@ func _Cluster_Status_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Cluster_MembersChanged_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MembersChangedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterServer).MembersChanged(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Cluster_MembersChanged_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterServer).MembersChanged(ctx, req.(*MembersChangedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Cluster_Released_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleasedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterServer).Released(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Cluster_Released_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterServer).Released(ctx, req.(*ReleasedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Cluster_ServiceDesc is the grpc.ServiceDesc for Cluster service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -260,6 +342,14 @@ var Cluster_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _Cluster_Status_Handler,
+		},
+		{
+			MethodName: "MembersChanged",
+			Handler:    _Cluster_MembersChanged_Handler,
+		},
+		{
+			MethodName: "Released",
+			Handler:    _Cluster_Released_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
