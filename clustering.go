@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -152,6 +153,10 @@ func newClusterNode(n *Node, store persistence.Store) (*clusterNode, error) {
 		return nil, err
 	}
 	c.peers = cluster.NewPeers(c.self, c.maxForward, c.log, grpc.WithTransportCredentials(creds),
+		// Members are near each other: reconnect within a second, not
+		// gRPC's default of up to two minutes after a long outage.
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
+			BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(int(cfg.MaxBodyBytes))))
 	return c, nil
 }
@@ -325,9 +330,10 @@ func (c *clusterNode) applyLoop(ctx context.Context, h *actors.Host) {
 		// A newer view interrupts this one's take-overs (the take-over
 		// loop finishes those still owned).
 		vctx, cancel := context.WithCancel(ctx)
+		next := v.next
 		go func() {
 			select {
-			case <-v.next:
+			case <-next:
 				cancel()
 			case <-vctx.Done():
 			}
@@ -628,7 +634,10 @@ func (c *clusterNode) route(ctx context.Context, h *actors.Host, pipeline string
 				raws[i] = ev.Raw
 			}
 			s, err := c.peers.Forward(ctx, p.owner, pipeline, raws)
-			if err != nil {
+			switch {
+			case errors.Is(err, cluster.ErrNotSent):
+				err = fmt.Errorf("%w: %w: %w", actors.ErrNotServed, actors.ErrUnavailable, err)
+			case err != nil:
 				err = fmt.Errorf("%w: %w", actors.ErrUnavailable, err)
 			}
 			p.remote, p.err = s, err
@@ -708,6 +717,8 @@ func (p *part) wait(ctx context.Context) (accepted, duplicates int, err error) {
 	}
 	fr, err := p.remote.Wait(ctx)
 	switch {
+	case errors.Is(err, cluster.ErrNotSent):
+		return 0, 0, fmt.Errorf("%w: %w: %w", actors.ErrNotServed, actors.ErrUnavailable, err)
 	case err != nil:
 		if ctx.Err() != nil {
 			return 0, 0, err

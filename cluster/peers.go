@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -48,6 +49,8 @@ func NewPeers(self string, maxBytes int, logger *slog.Logger, dial ...grpc.DialO
 }
 
 type peer struct {
+	ctx    context.Context // ends when the peer is closed: cuts its call
+	cancel context.CancelFunc
 	addr   string
 	conn   *grpc.ClientConn
 	client keyfoldv1.ClusterClient
@@ -56,6 +59,10 @@ type peer struct {
 	stop   chan struct{}
 	done   chan struct{}
 }
+
+// ErrNotSent marks a share that never left this node (its peer left the
+// member list first): nothing of it was logged, so it may be routed again.
+var ErrNotSent = errors.New("cluster: batch not sent")
 
 // Share is a batch on its way to its owner.
 type Share struct {
@@ -99,7 +106,7 @@ func (p *Peers) Forward(ctx context.Context, addr, pipeline string, events [][]b
 	case pr.queue <- s:
 		return s, nil
 	case <-pr.stop:
-		return nil, fmt.Errorf("cluster: peer %s left", addr)
+		return nil, fmt.Errorf("cluster: peer %s left: %w", addr, ErrNotSent)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -129,6 +136,7 @@ func (p *Peers) peer(addr string) (*peer, error) {
 	}
 	pr := &peer{addr: addr, conn: conn, client: keyfoldv1.NewClusterClient(conn),
 		queue: make(chan *Share, peerQueue), stop: make(chan struct{}), done: make(chan struct{})}
+	pr.ctx, pr.cancel = context.WithCancel(context.Background())
 	p.peers[addr] = pr
 	go p.send(pr)
 	return pr, nil
@@ -167,8 +175,11 @@ func (p *Peers) send(pr *peer) {
 		for i, s := range batch {
 			req.Batches[i] = &keyfoldv1.IngestRequest{Pipeline: s.Pipeline, Events: s.Events}
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), ForwardTimeout)
-		resp, err := pr.client.Forward(ctx, req)
+		// Wait for a connection rather than fail at once while the peer is
+		// (re)connecting: a peer that is down leaves the member list within
+		// the lease, which closes it and cuts this call.
+		ctx, cancel := context.WithTimeout(pr.ctx, ForwardTimeout)
+		resp, err := pr.client.Forward(ctx, req, grpc.WaitForReady(true))
 		cancel()
 		if err == nil && len(resp.Results) != len(batch) {
 			err = fmt.Errorf("answered %d batches of %d", len(resp.Results), len(batch))
@@ -185,15 +196,17 @@ func (p *Peers) send(pr *peer) {
 }
 
 func (p *Peers) failQueued(pr *peer) {
-	if s := pr.next; s != nil {
-		s.err = fmt.Errorf("cluster: peer %s left before the batch was sent", pr.addr)
+	unsent := func(s *Share) {
+		s.err = fmt.Errorf("cluster: peer %s left before the batch was sent: %w", pr.addr, ErrNotSent)
 		close(s.done)
+	}
+	if s := pr.next; s != nil {
+		unsent(s)
 	}
 	for {
 		select {
 		case s := <-pr.queue:
-			s.err = fmt.Errorf("cluster: peer %s left before the batch was sent", pr.addr)
-			close(s.done)
+			unsent(s)
 		default:
 			return
 		}
@@ -218,7 +231,8 @@ func (p *Peers) Retain(members []string) {
 
 func (p *Peers) closePeer(pr *peer) {
 	close(pr.stop)
-	<-pr.done // the call in flight finishes (or times out) first
+	pr.cancel() // a call waiting for the peer: its outcome is unknown
+	<-pr.done
 	if err := pr.conn.Close(); err != nil {
 		p.log.Debug("close peer connection", "peer", pr.addr, "err", err)
 	}
