@@ -2,6 +2,7 @@ package keyfold_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -57,8 +58,15 @@ func BenchmarkHTTPIngest(b *testing.B) {
 	}
 }
 
-func benchHTTPIngest(b *testing.B, n *keyfold.Node) {
-	url := "http://" + n.HTTPAddr() + "/v1/pipelines/logins/events"
+// benchHTTPIngest loads the nodes over HTTP, the clients taking turns over
+// them (as behind a load balancer), and reports on the first.
+func benchHTTPIngest(b *testing.B, nodes ...*keyfold.Node) {
+	n := nodes[0]
+	var urls []string
+	for _, node := range nodes {
+		urls = append(urls, "http://"+node.HTTPAddr()+"/v1/pipelines/logins/events")
+	}
+	var turn atomic.Int64
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}, Timeout: time.Minute}
 
 	const batch = 100
@@ -67,6 +75,7 @@ func benchHTTPIngest(b *testing.B, n *keyfold.Node) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
+		url := urls[int(turn.Add(1))%len(urls)]
 		var body bytes.Buffer
 		for pb.Next() {
 			body.Reset()
@@ -136,6 +145,42 @@ func BenchmarkHTTPIngestWindows(b *testing.B) {
 			n := run(b, cfg)
 			benchHTTPIngest(b, n)
 			b.ReportMetric(float64(n.Stats().Pipelines["logins"].Emitted), "outputs")
+		})
+	}
+}
+
+// BenchmarkClusterIngest is BenchmarkHTTPIngest against a cluster of 1, 2
+// and 3 nodes in this process on one Redis (appendfsync always), the
+// clients taking turns over the nodes. Everything shares this machine's
+// cores: the figure is the cost of routing and forwarding, not scaling.
+func BenchmarkClusterIngest(b *testing.B) {
+	for _, size := range []int{1, 2, 3} {
+		b.Run(fmt.Sprintf("nodes=%d", size), func(b *testing.B) {
+			url := redistest.Start(b).URL()
+			var nodes []*keyfold.Node
+			for range size {
+				cfg, err := keyfold.ParseConfig([]byte(benchYAML))
+				if err != nil {
+					b.Fatal(err)
+				}
+				cfg.HTTPAddr, cfg.GRPCAddr, cfg.Redis, cfg.Cluster = "127.0.0.1:0", "127.0.0.1:0", url, "bench"
+				nodes = append(nodes, run(b, cfg))
+			}
+			for { // every member sees the whole cluster
+				info, err := nodes[0].Cluster(context.Background(), "", "")
+				if err != nil {
+					b.Fatal(err)
+				}
+				served := uint32(0)
+				for _, m := range info.Members {
+					served += m.GroupsServing
+				}
+				if len(info.Members) == size && served == info.KeyGroups {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			benchHTTPIngest(b, nodes...)
 		})
 	}
 }

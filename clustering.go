@@ -67,9 +67,12 @@ type clusterNode struct {
 	log    *slog.Logger
 
 	view     atomic.Pointer[view]
-	refresh  chan struct{} // asks the renew loop to renew now
-	left     atomic.Bool   // deregistered: the renew loop only reads
-	joined   chan struct{} // closed once the node serves its first placement
+	applied  atomic.Pointer[cluster.Assignment] // the last placement fully applied
+	refresh  chan struct{}                      // asks the renew loop to renew now
+	regMu    sync.Mutex                         // a renewal, or setting left and deregistering
+	left     atomic.Bool                        // deregistered: the renew loop only reads
+	notices  sync.WaitGroup                     // notices to members in flight
+	joined   chan struct{}                      // closed once the node serves its first placement
 	joinOnce sync.Once
 	started  time.Time
 
@@ -152,7 +155,7 @@ func newClusterNode(n *Node, store persistence.Store) (*clusterNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.peers = cluster.NewPeers(c.self, c.maxForward, c.log, grpc.WithTransportCredentials(creds),
+	c.peers = cluster.NewPeers(c.self, c.maxForward, c.reg != nil, c.log, grpc.WithTransportCredentials(creds),
 		// Members are near each other: reconnect within a second, not
 		// gRPC's default of up to two minutes after a long outage.
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
@@ -218,27 +221,51 @@ func (c *clusterNode) membership() string {
 
 // renewLoop renews the lease (or reads the static list) every renew
 // interval, or sooner when asked, and publishes each new member list.
+//
+// A node that cannot renew its lease for about a lease's time must assume
+// the others dropped it and took its groups over: it fences itself (serves
+// a member list without itself, releasing every group) instead of
+// fighting them for the groups until it can renew again. After any period
+// of failed renewals it waits a renew interval before acting on the list,
+// so that members whose leases ran out meanwhile (a Redis restart) can
+// register again first.
 func (c *clusterNode) renewLoop(ctx context.Context) {
 	defer close(c.renewDone)
 	t := time.NewTicker(c.renewInterval())
 	defer t.Stop()
-	failing := false
+	var (
+		failing     bool
+		lastOK      = time.Now()
+		settleUntil time.Time
+	)
 	for {
+		began := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, c.renewInterval())
 		members, err := c.members(cctx)
 		cancel()
 		switch {
 		case err == nil:
+			lastOK = began
 			if failing {
-				c.log.Info("membership reachable again")
 				failing = false
+				settleUntil = time.Now().Add(c.renewInterval())
+				c.log.Info("membership reachable again; acting on the member list after a renew interval")
 			}
-			c.observe(members)
+			if time.Now().After(settleUntil) {
+				c.observe(members)
+			}
 		case ctx.Err() != nil:
 			return
-		case !failing:
-			c.log.Warn("cannot renew the membership lease; serving the last member list", "err", err)
-			failing = true
+		default:
+			if !failing {
+				c.log.Warn("cannot renew the membership lease; serving the last member list", "err", err)
+				failing = true
+			}
+			if cur := c.view.Load(); c.reg != nil && cur != nil && slices.Contains(cur.a.Members, c.self) &&
+				time.Since(lastOK) > c.lease-c.renewInterval()/2 {
+				c.log.Warn("membership lease lost: releasing every key group until it can be renewed", "err", err)
+				c.observe(slices.DeleteFunc(slices.Clone(cur.a.Members), func(m string) bool { return m == c.self }))
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -253,10 +280,14 @@ func (c *clusterNode) renewLoop(ctx context.Context) {
 }
 
 func (c *clusterNode) members(ctx context.Context) ([]string, error) {
-	switch {
-	case c.reg == nil:
+	if c.reg == nil {
 		return c.static.Members(ctx)
-	case c.left.Load():
+	}
+	// Not between a leave's check and its deregistration: a renewal then
+	// would register the node again.
+	c.regMu.Lock()
+	defer c.regMu.Unlock()
+	if c.left.Load() {
 		return c.reg.Members(ctx)
 	}
 	return c.reg.Renew(ctx, c.self)
@@ -290,12 +321,16 @@ func (c *clusterNode) observe(members []string) {
 		// next renewal.
 		v.prev = cluster.Assign(slices.DeleteFunc(slices.Clone(members), func(m string) bool { return m == c.self }), c.groups)
 		c.log.Info("members", "members", members, "groups_here", len(v.a.Groups(c.self)))
-		c.tellMembersChanged(members)
 	}
-	c.peers.Retain(members)
 	c.view.Store(v)
 	if cur != nil {
 		close(cur.next)
+	}
+	// After the view: a call routed with the old one to a departed member
+	// gets ErrNotSent and is routed again with this one.
+	c.peers.Retain(members)
+	if cur == nil {
+		c.tellMembersChanged(members)
 	}
 }
 
@@ -354,6 +389,13 @@ func (c *clusterNode) applyLoop(ctx context.Context, h *actors.Host) {
 const handoffMargin = 250 * time.Millisecond
 
 func (c *clusterNode) apply(ctx context.Context, h *actors.Host, v *view) {
+	// Who holds a group now is the owner in the last placement applied
+	// here, not in the previous view: that one may have been replaced
+	// before this node acted on it.
+	prev := v.prev
+	if a := c.applied.Load(); a != nil {
+		prev = *a
+	}
 	mine := v.a.Groups(c.self)
 	owned := h.Owned()
 	keep := intersect(owned, mine)
@@ -367,12 +409,13 @@ func (c *clusterNode) apply(ctx context.Context, h *actors.Host, v *view) {
 		if slices.Contains(keep, g) {
 			continue
 		}
-		if prev := v.prev.Owner(g); prev != "" && prev != c.self && slices.Contains(v.a.Members, prev) {
+		if o := prev.Owner(g); o != "" && o != c.self && slices.Contains(v.a.Members, o) {
 			later = append(later, g)
 		} else {
 			now = append(now, g)
 		}
 	}
+	c.forgetReleased(now) // taken without a note: an old one must not serve later
 	if len(now) > 0 {
 		keep = append(keep, now...)
 		slices.Sort(keep)
@@ -386,7 +429,7 @@ func (c *clusterNode) apply(ctx context.Context, h *actors.Host, v *view) {
 	deadline := time.NewTimer(time.Until(v.at.Add(c.renewInterval() + handoffMargin)))
 	defer deadline.Stop()
 	for len(later) > 0 {
-		if ready := c.takeReleased(v, later); len(ready) > 0 {
+		if ready := c.takeReleased(prev, later); len(ready) > 0 {
 			later = slices.DeleteFunc(later, func(g uint32) bool { return slices.Contains(ready, g) })
 			keep = append(keep, ready...)
 			slices.Sort(keep)
@@ -402,12 +445,14 @@ func (c *clusterNode) apply(ctx context.Context, h *actors.Host, v *view) {
 		case <-ctx.Done():
 			return
 		}
+		c.forgetReleased(later)
 		if !c.setOwned(ctx, h, mine) {
 			return
 		}
 		break
 	}
 	if ctx.Err() == nil {
+		c.applied.Store(&v.a)
 		c.joinOnce.Do(func() { close(c.joined) })
 	}
 }
@@ -442,18 +487,26 @@ func (c *clusterNode) leave(ctx context.Context, h *actors.Host) {
 	start := time.Now()
 	c.stopApply()
 	<-c.applyDone
-	if err := h.SetOwned(ctx, nil); err != nil {
-		c.log.Warn("release before leaving", "err", err)
+	// A failed host writes nothing more (its memory may not match its
+	// log): its groups' next owners replay them.
+	if h.Err() == nil {
+		if err := h.SetOwned(ctx, nil); err != nil {
+			c.log.Warn("release before leaving", "err", err)
+		}
 	}
-	c.left.Store(true)
 	if c.reg != nil {
+		c.regMu.Lock()
+		c.left.Store(true)
 		if err := c.reg.Leave(ctx, c.self); err != nil {
 			c.log.Warn("deregister (the lease runs out instead)", "err", err)
 		}
+		c.regMu.Unlock()
 		if v := c.view.Load(); v != nil {
 			c.tellMembersChanged(v.a.Members)
 		}
 	}
+	c.left.Store(true)
+	c.notices.Wait() // before the connections close
 	c.askRefresh()
 	c.log.Info("left the cluster", "took", time.Since(start).Round(time.Millisecond))
 }
@@ -468,9 +521,11 @@ func (c *clusterNode) tellMembersChanged(members []string) {
 		if m == c.self {
 			continue
 		}
-		go c.notify(m, func(ctx context.Context, cl keyfoldv1.ClusterClient) error {
-			_, err := cl.MembersChanged(ctx, &keyfoldv1.MembersChangedRequest{From: c.self})
-			return err
+		c.notices.Go(func() {
+			c.notify(m, func(ctx context.Context, cl keyfoldv1.ClusterClient) error {
+				_, err := cl.MembersChanged(ctx, &keyfoldv1.MembersChangedRequest{From: c.self})
+				return err
+			})
 		})
 	}
 }
@@ -488,9 +543,11 @@ func (c *clusterNode) tellReleased(v *view, owned, mine []uint32) {
 		}
 	}
 	for o, gs := range byOwner {
-		go c.notify(o, func(ctx context.Context, cl keyfoldv1.ClusterClient) error {
-			_, err := cl.Released(ctx, &keyfoldv1.ReleasedRequest{From: c.self, Groups: gs})
-			return err
+		c.notices.Go(func() {
+			c.notify(o, func(ctx context.Context, cl keyfoldv1.ClusterClient) error {
+				_, err := cl.Released(ctx, &keyfoldv1.ReleasedRequest{From: c.self, Groups: gs})
+				return err
+			})
 		})
 	}
 }
@@ -523,10 +580,10 @@ func (c *clusterNode) noteReleased(from string, groups []uint32) {
 	}
 }
 
-// takeReleased returns (and forgets) the groups of want whose previous
-// owner in v has said it released them. A note older than the lease is
+// takeReleased returns (and forgets) the groups of want whose owner in
+// prev has said it released them. A note older than the lease is
 // dropped: it belongs to an earlier hand-off.
-func (c *clusterNode) takeReleased(v *view, want []uint32) []uint32 {
+func (c *clusterNode) takeReleased(prev cluster.Assignment, want []uint32) []uint32 {
 	c.releasedMu.Lock()
 	defer c.releasedMu.Unlock()
 	var ready []uint32
@@ -534,12 +591,21 @@ func (c *clusterNode) takeReleased(v *view, want []uint32) []uint32 {
 		switch {
 		case time.Since(note.at) > c.lease:
 			delete(c.released, g)
-		case slices.Contains(want, g) && note.from == v.prev.Owner(g):
+		case slices.Contains(want, g) && note.from == prev.Owner(g):
 			delete(c.released, g)
 			ready = append(ready, g)
 		}
 	}
 	return ready
+}
+
+// forgetReleased drops the notes of groups taken over without one.
+func (c *clusterNode) forgetReleased(groups []uint32) {
+	c.releasedMu.Lock()
+	for _, g := range groups {
+		delete(c.released, g)
+	}
+	c.releasedMu.Unlock()
 }
 
 // stop ends the membership loop and closes the peer connections.
@@ -552,6 +618,7 @@ func (c *clusterNode) stop() {
 		c.stopRenew()
 		<-c.renewDone
 	}
+	c.notices.Wait()
 	c.peers.Close()
 }
 
@@ -637,7 +704,7 @@ func (c *clusterNode) route(ctx context.Context, h *actors.Host, pipeline string
 			switch {
 			case errors.Is(err, cluster.ErrNotSent):
 				err = fmt.Errorf("%w: %w: %w", actors.ErrNotServed, actors.ErrUnavailable, err)
-			case err != nil:
+			case err != nil && ctx.Err() == nil:
 				err = fmt.Errorf("%w: %w", actors.ErrUnavailable, err)
 			}
 			p.remote, p.err = s, err
@@ -735,13 +802,17 @@ func (p *part) wait(ctx context.Context) (accepted, duplicates int, err error) {
 // remoteError is an owner's error as this node's callers see it.
 func remoteError(owner string, code codes.Code, msg string) error {
 	switch code {
+	case codes.Canceled:
+		return fmt.Errorf("key group owner %s: %w", owner, context.Canceled)
 	case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted, codes.FailedPrecondition:
 		return fmt.Errorf("%w: key group owner %s: %s", actors.ErrUnavailable, owner, msg)
 	case codes.ResourceExhausted:
 		return fmt.Errorf("%w: key group owner %s: %s", services.ErrBusy, owner, msg)
+	case codes.InvalidArgument, codes.NotFound, codes.Unimplemented:
+		// Valid here: the owner's configuration (or version) differs.
+		return fmt.Errorf("keyfold: key group owner %s refused the call (is its configuration the same?): %s: %s", owner, code, msg)
 	}
-	// The batch was valid here: the owner's configuration differs.
-	return fmt.Errorf("keyfold: key group owner %s refused the call (is its configuration the same?): %s: %s", owner, code, msg)
+	return fmt.Errorf("keyfold: key group owner %s failed: %s: %s", owner, code, msg)
 }
 
 // retry calls fn with the owner of a key until it succeeds, fails for good,
@@ -788,12 +859,12 @@ func (c *clusterNode) query(ctx context.Context, h *actors.Host, pipeline, key s
 		}
 		cl, err := c.peers.Client(owner)
 		if err != nil {
-			return false, err
+			return true, fmt.Errorf("%w: %w", actors.ErrUnavailable, err)
 		}
 		resp, err := cl.GetState(ctx, &keyfoldv1.GetStateRequest{Pipeline: pipeline, Key: key})
 		if err != nil {
 			st := status.Convert(err)
-			if st.Code() == codes.NotFound { // the pipeline exists here, so the key
+			if st.Code() == codes.NotFound && !strings.Contains(st.Message(), "unknown pipeline") {
 				return false, fmt.Errorf("%w: %q in pipeline %q", ErrNotFound, key, pipeline)
 			}
 			return retryable(err), remoteError(owner, st.Code(), st.Message())
@@ -806,19 +877,20 @@ func (c *clusterNode) query(ctx context.Context, h *actors.Host, pipeline, key s
 
 func (c *clusterNode) delete(ctx context.Context, h *actors.Host, pipeline, key string) error {
 	return c.retry(ctx, pipeline, key, func(owner string) (bool, error) {
+		// Routed again only when refused (nothing logged): a deletion
+		// logged with an unknown outcome and sent again would erase what
+		// was acknowledged in between.
 		if owner == c.self {
 			err := h.Delete(ctx, pipeline, key)
-			// A deletion is idempotent: retrying one whose outcome is
-			// unknown is safe.
-			return errors.Is(err, actors.ErrUnavailable), err
+			return errors.Is(err, actors.ErrNotServed), err
 		}
 		cl, err := c.peers.Client(owner)
 		if err != nil {
-			return false, err
+			return errors.Is(err, cluster.ErrNotSent), fmt.Errorf("%w: %w", actors.ErrUnavailable, err)
 		}
 		if _, err := cl.DeleteKey(ctx, &keyfoldv1.DeleteKeyRequest{Pipeline: pipeline, Key: key}); err != nil {
 			st := status.Convert(err)
-			return retryable(err), remoteError(owner, st.Code(), st.Message())
+			return st.Code() == codes.FailedPrecondition, remoteError(owner, st.Code(), st.Message())
 		}
 		return false, nil
 	})
@@ -933,7 +1005,7 @@ func (n *Node) status() *keyfoldv1.NodeStatus {
 	}
 	hs := h.Stats()
 	owned := len(h.Owned())
-	st.GroupsOwned, st.GroupsServing = uint32(owned), uint32(owned-hs.GroupsUnavailable)
+	st.GroupsOwned, st.GroupsServing = uint32(owned), uint32(max(owned-hs.GroupsUnavailable, 0)) // two reads: clamp
 	st.ActiveKeys, st.Events = uint64(hs.ActiveKeys), uint64(hs.Events)
 	c := n.clu.Load()
 	switch {

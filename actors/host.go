@@ -408,7 +408,8 @@ func (h *Host) Query(ctx context.Context, pipeline, key string) (KeyView, error)
 	id := keyID{pipeline, key}
 	g := GroupOf(pipeline, key, h.cfg.Groups)
 	h.mu.Lock()
-	if gs := &h.groups[g]; !gs.ready {
+	// Not once released either: the next owner may already take writes.
+	if gs := &h.groups[g]; !gs.ready || !gs.owned {
 		err := gs.unavailable(g)
 		h.mu.Unlock()
 		return KeyView{}, err

@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 )
@@ -23,12 +23,14 @@ import (
 type Peers struct {
 	self     string
 	maxBytes int
+	wait     bool // calls wait for a (re)connecting peer
 	dial     []grpc.DialOption
 	log      *slog.Logger
 
-	mu     sync.Mutex
-	peers  map[string]*peer
-	closed bool
+	mu      sync.Mutex
+	peers   map[string]*peer
+	members map[string]bool // the last Retain's; nil before the first
+	closed  bool
 }
 
 // Limits of one Forward call (and NewPeers' maxBytes); a single batch
@@ -43,9 +45,12 @@ const (
 // NewPeers returns an empty pool; self is this node's member id (sent
 // along, for the receivers' logs), maxBytes bounds the event bytes of one
 // Forward call (the receivers' message limit, less room for framing), dial
-// the options of every connection.
-func NewPeers(self string, maxBytes int, logger *slog.Logger, dial ...grpc.DialOption) *Peers {
-	return &Peers{self: self, maxBytes: maxBytes, dial: dial, log: logger, peers: map[string]*peer{}}
+// the options of every connection. With wait, a Forward call waits for a
+// peer that is (re)connecting rather than failing at once: right when a
+// member list drops dead peers (leases), not when it never does (a static
+// list).
+func NewPeers(self string, maxBytes int, wait bool, logger *slog.Logger, dial ...grpc.DialOption) *Peers {
+	return &Peers{self: self, maxBytes: maxBytes, wait: wait, dial: dial, log: logger, peers: map[string]*peer{}}
 }
 
 type peer struct {
@@ -54,14 +59,17 @@ type peer struct {
 	addr   string
 	conn   *grpc.ClientConn
 	client keyfoldv1.ClusterClient
+
+	mu     sync.Mutex // closed, and sending to queue
+	closed bool
 	queue  chan *Share
-	next   *Share // taken from the queue, too big for the last call
+	next   *Share // taken from the queue, too big for the last call (send loop only)
 	stop   chan struct{}
 	done   chan struct{}
 }
 
-// ErrNotSent marks a share that never left this node (its peer left the
-// member list first): nothing of it was logged, so it may be routed again.
+// ErrNotSent marks a share that never left this node (its peer is no
+// longer a member): nothing of it was logged, so it may be routed again.
 var ErrNotSent = errors.New("cluster: batch not sent")
 
 // Share is a batch on its way to its owner.
@@ -70,12 +78,13 @@ type Share struct {
 	Events   [][]byte
 	done     chan struct{}
 	result   *keyfoldv1.ForwardResult
-	err      error // the call failed: the outcome is unknown
+	err      error // the call failed: the outcome is unknown (or ErrNotSent)
 }
 
 // Wait waits for the owner's answer: the result (its Error and Refused
 // say whether the batch failed), or err when the call itself failed (the
-// batch may or may not have been logged) or ctx ended.
+// batch may or may not have been logged; ErrNotSent: it was not) or ctx
+// ended.
 func (s *Share) Wait(ctx context.Context) (*keyfoldv1.ForwardResult, error) {
 	select {
 	case <-s.done:
@@ -95,20 +104,34 @@ func (s *Share) size() int {
 
 // Forward queues a batch for member addr and returns at once (waiting only
 // while that peer's queue is full). Batches queued one after the other for
-// one peer are logged in that order.
+// one peer are logged in that order. An address that is not a member (it
+// left) gets ErrNotSent.
 func (p *Peers) Forward(ctx context.Context, addr, pipeline string, events [][]byte) (*Share, error) {
 	pr, err := p.peer(addr)
 	if err != nil {
 		return nil, err
 	}
 	s := &Share{Pipeline: pipeline, Events: events, done: make(chan struct{})}
-	select {
-	case pr.queue <- s:
-		return s, nil
-	case <-pr.stop:
-		return nil, fmt.Errorf("cluster: peer %s left: %w", addr, ErrNotSent)
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	for {
+		pr.mu.Lock()
+		if pr.closed {
+			pr.mu.Unlock()
+			return nil, fmt.Errorf("cluster: peer %s left: %w", addr, ErrNotSent)
+		}
+		select {
+		case pr.queue <- s:
+			pr.mu.Unlock()
+			return s, nil
+		default: // full: wait for room without holding the lock
+		}
+		pr.mu.Unlock()
+		t := time.NewTimer(5 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		}
 	}
 }
 
@@ -125,10 +148,13 @@ func (p *Peers) peer(addr string) (*peer, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return nil, fmt.Errorf("cluster: peers closed")
+		return nil, fmt.Errorf("cluster: peers closed: %w", ErrNotSent)
 	}
 	if pr := p.peers[addr]; pr != nil {
 		return pr, nil
+	}
+	if p.members != nil && !p.members[addr] {
+		return nil, fmt.Errorf("cluster: %s is not a member: %w", addr, ErrNotSent)
 	}
 	conn, err := grpc.NewClient(addr, p.dial...)
 	if err != nil {
@@ -146,13 +172,17 @@ func (p *Peers) peer(addr string) (*peer, error) {
 func (p *Peers) send(pr *peer) {
 	defer close(pr.done)
 	for {
+		select {
+		case <-pr.stop: // closed: nothing more leaves
+			return
+		default:
+		}
 		first := pr.next
 		pr.next = nil
 		if first == nil {
 			select {
 			case first = <-pr.queue:
 			case <-pr.stop:
-				p.failQueued(pr)
 				return
 			}
 		}
@@ -175,11 +205,8 @@ func (p *Peers) send(pr *peer) {
 		for i, s := range batch {
 			req.Batches[i] = &keyfoldv1.IngestRequest{Pipeline: s.Pipeline, Events: s.Events}
 		}
-		// Wait for a connection rather than fail at once while the peer is
-		// (re)connecting: a peer that is down leaves the member list within
-		// the lease, which closes it and cuts this call.
 		ctx, cancel := context.WithTimeout(pr.ctx, ForwardTimeout)
-		resp, err := pr.client.Forward(ctx, req, grpc.WaitForReady(true))
+		resp, err := pr.client.Forward(ctx, req, grpc.WaitForReady(p.wait))
 		cancel()
 		if err == nil && len(resp.Results) != len(batch) {
 			err = fmt.Errorf("answered %d batches of %d", len(resp.Results), len(batch))
@@ -195,12 +222,15 @@ func (p *Peers) send(pr *peer) {
 	}
 }
 
-func (p *Peers) failQueued(pr *peer) {
+// failUnsent answers the shares that never left: the one set aside and
+// those still queued. Only once the send loop is done.
+func failUnsent(pr *peer) {
 	unsent := func(s *Share) {
 		s.err = fmt.Errorf("cluster: peer %s left before the batch was sent: %w", pr.addr, ErrNotSent)
 		close(s.done)
 	}
 	if s := pr.next; s != nil {
+		pr.next = nil
 		unsent(s)
 	}
 	for {
@@ -213,32 +243,50 @@ func (p *Peers) failQueued(pr *peer) {
 	}
 }
 
-// Retain closes the connections to peers not in members (they left).
+// Retain makes members the member list: connections to peers not in it
+// are closed, and forwarding to them fails with ErrNotSent. A call in
+// flight to a departed peer that is still connected (it left gracefully
+// and answers) finishes; one to a peer that is not is cut (it was killed:
+// waiting helps no one).
 func (p *Peers) Retain(members []string) {
 	p.mu.Lock()
+	p.members = make(map[string]bool, len(members))
+	for _, m := range members {
+		p.members[m] = true
+	}
 	var gone []*peer
 	for addr, pr := range p.peers {
-		if !slices.Contains(members, addr) {
+		if !p.members[addr] {
 			delete(p.peers, addr)
 			gone = append(gone, pr)
 		}
 	}
 	p.mu.Unlock()
 	for _, pr := range gone {
-		go p.closePeer(pr) // not waiting for its call in flight
+		go p.closePeer(pr, pr.conn.GetState() != connectivity.Ready)
 	}
 }
 
-func (p *Peers) closePeer(pr *peer) {
+// closePeer stops a peer: no share enters its queue any more, the call in
+// flight finishes (or, with cut, is cut: its outcome is unknown), the
+// shares that never left get ErrNotSent, and the connection closes.
+func (p *Peers) closePeer(pr *peer, cut bool) {
+	pr.mu.Lock()
+	pr.closed = true
+	pr.mu.Unlock()
 	close(pr.stop)
-	pr.cancel() // a call waiting for the peer: its outcome is unknown
+	if cut {
+		pr.cancel()
+	}
 	<-pr.done
+	failUnsent(pr)
+	pr.cancel()
 	if err := pr.conn.Close(); err != nil {
 		p.log.Debug("close peer connection", "peer", pr.addr, "err", err)
 	}
 }
 
-// Close closes every connection, after the calls in flight.
+// Close closes every connection, cutting the calls in flight.
 func (p *Peers) Close() {
 	p.mu.Lock()
 	p.closed = true
@@ -246,6 +294,6 @@ func (p *Peers) Close() {
 	p.peers = map[string]*peer{}
 	p.mu.Unlock()
 	for _, pr := range peers {
-		p.closePeer(pr)
+		p.closePeer(pr, true)
 	}
 }
