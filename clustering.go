@@ -225,10 +225,10 @@ func (c *clusterNode) membership() string {
 // A node that cannot renew its lease for about a lease's time must assume
 // the others dropped it and took its groups over: it fences itself (serves
 // a member list without itself, releasing every group) instead of
-// fighting them for the groups until it can renew again. After any period
-// of failed renewals it waits a renew interval before acting on the list,
-// so that members whose leases ran out meanwhile (a Redis restart) can
-// register again first.
+// fighting them for the groups until it can renew again. After failed or
+// hung renewals it waits a renew interval before acting on the list, so
+// that members whose leases ran out meanwhile (Redis restarted or stalled)
+// can register again first.
 func (c *clusterNode) renewLoop(ctx context.Context) {
 	defer close(c.renewDone)
 	t := time.NewTicker(c.renewInterval())
@@ -246,10 +246,14 @@ func (c *clusterNode) renewLoop(ctx context.Context) {
 		switch {
 		case err == nil:
 			lastOK = began
-			if failing {
+			// A renewal that hung (a stalled Redis: its clock ran on, so
+			// the others' leases may have run out while they could not
+			// renew either) is treated as a failure that just ended.
+			if slow := time.Since(began) > c.renewInterval(); failing || slow {
 				failing = false
 				settleUntil = time.Now().Add(c.renewInterval())
-				c.log.Info("membership reachable again; acting on the member list after a renew interval")
+				c.log.Info("membership reachable again; acting on the member list after a renew interval",
+					"renewal_took", time.Since(began).Round(time.Millisecond))
 			}
 			if time.Now().After(settleUntil) {
 				c.observe(members)

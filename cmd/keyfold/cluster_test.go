@@ -693,7 +693,26 @@ func TestClusterRescaling(t *testing.T) {
 		groupsMoved(t, survivor, e.id, false), replayed(t, rest)-addReplayBefore))
 	time.Sleep(500 * time.Millisecond) // pacing
 
-	// 6. Stop the writers (each finishes its batch). Every key is checked
+	// 6. Redis hangs for twice the lease: no member can renew, so each
+	// fences itself (releases its groups) rather than fight the others
+	// when it comes back; after Redis resumes they register again, wait a
+	// renew interval for each other, and take their shares back.
+	outage := phase{name: "redis hung for 2 leases", start: time.Now()}
+	srv.Pause()
+	time.Sleep(2 * clusterLease) // the outage's length
+	srv.Resume()
+	waitStable(t, rest, 30*time.Second, "after Redis resumed")
+	outage.stable = time.Now()
+	phases = append(phases, outage)
+	fenced := 0
+	for _, m := range rest {
+		fenced += len(m.logs.grep("membership lease lost"))
+	}
+	phaseNotes = append(phaseNotes, fmt.Sprintf("%d of %d members fenced themselves; stable %v after Redis resumed",
+		fenced, len(rest), outage.stable.Sub(outage.start.Add(2*clusterLease)).Round(time.Millisecond)))
+	time.Sleep(500 * time.Millisecond) // pacing
+
+	// 7. Stop the writers (each finishes its batch). Every key is checked
 	// through each live node at the end.
 	stopWriters()
 	writeEnd := time.Now()
