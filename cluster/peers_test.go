@@ -46,9 +46,12 @@ func TestForwardRacingRetain(t *testing.T) {
 			}
 		})
 	}
+	// The peer leaves (closed) and comes back (a new peer), over and over.
 	for end := time.Now().Add(time.Second); time.Now().Before(end); {
-		p.Retain(nil) // nil: any address may join again
+		p.Retain([]string{addr})
 		time.Sleep(200 * time.Microsecond)
+		p.Retain(nil)
+		time.Sleep(100 * time.Microsecond)
 	}
 	stop.Store(true)
 	wg.Wait()
