@@ -41,12 +41,15 @@ import (
 //     renews it every lease/3, or reads a static list (Config.Peers); each
 //     change of the member list recomputes the placement (cluster.Assign).
 //   - hand-off: groups the node loses are released at once (their inputs
-//     refused, their results stored, a checkpoint written); groups it gains
-//     from a member that is still alive are taken over one renew period
-//     later, by when that member has seen the change and released them, so
-//     the new owner replays next to nothing. A departed member's groups are
-//     taken over at once. The store's epochs fence a stale owner whatever
-//     the timing.
+//     refused, their results stored, a checkpoint written) and their new
+//     owners told (Released); groups it gains from a member that is still
+//     alive are taken over on that member's word, or at the latest one
+//     renew period later, by when it has seen the change, so the new owner
+//     replays next to nothing. A departed member's groups are taken over at
+//     once. A joining or leaving node asks the others to read the list now
+//     (MembersChanged). A node that cannot renew its lease for about a
+//     lease releases everything. The store's epochs fence a stale owner
+//     whatever the timing.
 //   - routing: an ingest is validated whole, split by owner, its own share
 //     logged here and each other share queued for its owner (cluster.Peers:
 //     one Forward call in flight per owner, in order). A share refused
