@@ -671,21 +671,53 @@ func (c *clusterNode) submit(ctx context.Context, h *actors.Host, pipeline strin
 // is forwarded.
 func (c *clusterNode) route(ctx context.Context, h *actors.Host, pipeline string, events []*fold.Event, first bool) ([]*part, error) {
 	v := c.view.Load()
-	byOwner := map[string]*part{}
-	var parts []*part
+	// Each owner's events, by key group, in batch order.
+	type groupEvents struct {
+		events []*fold.Event
+		bytes  int
+	}
+	var owners []string
+	byGroup := map[string]map[uint32]*groupEvents{}
+	groupOrder := map[string][]uint32{}
 	for _, ev := range events {
-		o := v.a.Owner(actors.GroupOf(pipeline, ev.Key, c.groups))
-		p := byOwner[o]
-		if p == nil || (o != c.self && p.bytes+len(ev.Raw) > c.maxForward && len(p.events) > 0) {
-			// A remote share goes in messages the owner accepts (they
-			// frame events less tightly than a JSON body); each is refused
-			// or logged whole, and a refused one is routed again alone.
-			p = &part{owner: o}
-			byOwner[o] = p
-			parts = append(parts, p)
+		g := actors.GroupOf(pipeline, ev.Key, c.groups)
+		o := v.a.Owner(g)
+		if byGroup[o] == nil {
+			byGroup[o] = map[uint32]*groupEvents{}
+			owners = append(owners, o)
 		}
-		p.events = append(p.events, ev)
-		p.bytes += len(ev.Raw)
+		ge := byGroup[o][g]
+		if ge == nil {
+			ge = &groupEvents{}
+			byGroup[o][g] = ge
+			groupOrder[o] = append(groupOrder[o], g)
+		}
+		ge.events = append(ge.events, ev)
+		ge.bytes += len(ev.Raw)
+	}
+	// A remote share goes in messages the owner accepts (they frame events
+	// less tightly than a JSON body), each refused or logged whole: a piece
+	// holds whole key groups where it can, so that a refused piece, routed
+	// again, holds every event of its keys (their order kept).
+	var parts []*part
+	for _, o := range owners {
+		p := &part{owner: o}
+		parts = append(parts, p)
+		for _, g := range groupOrder[o] {
+			ge := byGroup[o][g]
+			if o != c.self && len(p.events) > 0 && p.bytes+ge.bytes > c.maxForward {
+				p = &part{owner: o}
+				parts = append(parts, p)
+			}
+			for _, ev := range ge.events {
+				if o != c.self && len(p.events) > 0 && p.bytes+len(ev.Raw) > c.maxForward {
+					p = &part{owner: o} // one group above the limit: split it
+					parts = append(parts, p)
+				}
+				p.events = append(p.events, ev)
+				p.bytes += len(ev.Raw)
+			}
+		}
 	}
 	// This node's share first, so that a batch it cannot take (draining,
 	// unknown pipeline) fails before any share leaves.
