@@ -75,6 +75,7 @@ type clusterNode struct {
 	regMu    sync.Mutex                         // a renewal, or setting left and deregistering
 	left     atomic.Bool                        // deregistered: the renew loop only reads
 	notices  sync.WaitGroup                     // notices to members in flight
+	leaving  sync.Map                           // member id → when it said it was leaving
 	joined   chan struct{}                      // closed once the node serves its first placement
 	joinOnce sync.Once
 	started  time.Time
@@ -320,8 +321,14 @@ func (c *clusterNode) observe(members []string) {
 		joined, left := diff(cur.a.Members, members)
 		moved := len(cluster.Moved(cur.a, v.a))
 		c.moved.Add(int64(moved))
-		c.log.Info("members changed", "members", len(members), "joined", joined, "left", left,
-			"groups_moved", moved, "groups_here", len(v.a.Groups(c.self)))
+		attrs := []any{"members", len(members), "joined", joined, "left", left,
+			"groups_moved", moved, "groups_here", len(v.a.Groups(c.self))}
+		if failed := c.unannounced(left); len(failed) > 0 {
+			// Dropped without saying goodbye: killed, hung or cut off, and
+			// detected by its lease running out.
+			attrs = append(attrs, "failed", failed)
+		}
+		c.log.Info("members changed", attrs...)
 	} else {
 		// Before this node joined, the others held its groups. Tell them it
 		// is here, so that they release its share now rather than at their
@@ -337,7 +344,7 @@ func (c *clusterNode) observe(members []string) {
 	// gets ErrNotSent and is routed again with this one.
 	c.peers.Retain(members)
 	if cur == nil {
-		c.tellMembersChanged(members)
+		c.tellMembersChanged(members, false)
 	}
 }
 
@@ -509,7 +516,7 @@ func (c *clusterNode) leave(ctx context.Context, h *actors.Host) {
 		}
 		c.regMu.Unlock()
 		if v := c.view.Load(); v != nil {
-			c.tellMembersChanged(v.a.Members)
+			c.tellMembersChanged(v.a.Members, true)
 		}
 	}
 	c.left.Store(true)
@@ -523,14 +530,14 @@ const notifyTimeout = time.Second
 
 // tellMembersChanged asks the other members to read the member list now.
 // Best effort: they read it at their next renewal anyway.
-func (c *clusterNode) tellMembersChanged(members []string) {
+func (c *clusterNode) tellMembersChanged(members []string, leaving bool) {
 	for _, m := range members {
 		if m == c.self {
 			continue
 		}
 		c.notices.Go(func() {
 			c.notify(m, func(ctx context.Context, cl keyfoldv1.ClusterClient) error {
-				_, err := cl.MembersChanged(ctx, &keyfoldv1.MembersChangedRequest{From: c.self})
+				_, err := cl.MembersChanged(ctx, &keyfoldv1.MembersChangedRequest{From: c.self, Leaving: leaving})
 				return err
 			})
 		})
@@ -604,6 +611,19 @@ func (c *clusterNode) takeReleased(prev cluster.Assignment, want []uint32) []uin
 		}
 	}
 	return ready
+}
+
+// unannounced returns the departed members that did not say they were
+// leaving (within two leases).
+func (c *clusterNode) unannounced(left []string) []string {
+	var failed []string
+	for _, m := range left {
+		at, ok := c.leaving.LoadAndDelete(m)
+		if !ok || time.Since(at.(time.Time)) > 2*c.lease {
+			failed = append(failed, m)
+		}
+	}
+	return failed
 }
 
 // forgetReleased drops the notes of groups taken over without one.
@@ -1196,8 +1216,11 @@ func (b localBackend) DeleteLocal(ctx context.Context, pipeline, key string) err
 
 func (b localBackend) Status(context.Context) *keyfoldv1.NodeStatus { return b.n.status() }
 
-func (b localBackend) MembersChanged(string) {
+func (b localBackend) MembersChanged(from string, leaving bool) {
 	if c := b.n.clu.Load(); c != nil {
+		if leaving {
+			c.leaving.Store(from, time.Now())
+		}
 		c.askRefresh()
 	}
 }

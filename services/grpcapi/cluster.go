@@ -29,8 +29,9 @@ type LocalBackend interface {
 	DeleteLocal(ctx context.Context, pipeline, key string) error
 	// Status describes the node.
 	Status(ctx context.Context) *keyfoldv1.NodeStatus
-	// MembersChanged asks the node to read the member list now.
-	MembersChanged(from string)
+	// MembersChanged asks the node to read the member list now; leaving
+	// says the sender is leaving.
+	MembersChanged(from string, leaving bool)
 	// Released notes that member from released groups, which placement
 	// now gives this node.
 	Released(from string, groups []uint32)
@@ -110,7 +111,7 @@ func (c *clusterServer) status(err error) error {
 }
 
 func (c *clusterServer) MembersChanged(_ context.Context, req *keyfoldv1.MembersChangedRequest) (*keyfoldv1.MembersChangedResponse, error) {
-	c.b.MembersChanged(req.From)
+	c.b.MembersChanged(req.From, req.Leaving)
 	return &keyfoldv1.MembersChangedResponse{}, nil
 }
 

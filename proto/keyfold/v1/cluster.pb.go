@@ -28,8 +28,11 @@ const (
 )
 
 type MembersChangedRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	From  string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	// The sender is leaving (it released its groups and deregistered), as
+	// opposed to joining: the receivers log it as a departure, not a failure.
+	Leaving       bool `protobuf:"varint,2,opt,name=leaving,proto3" json:"leaving,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -69,6 +72,13 @@ func (x *MembersChangedRequest) GetFrom() string {
 		return x.From
 	}
 	return ""
+}
+
+func (x *MembersChangedRequest) GetLeaving() bool {
+	if x != nil {
+		return x.Leaving
+	}
+	return false
 }
 
 type MembersChangedResponse struct {
@@ -531,9 +541,10 @@ var File_proto_keyfold_v1_cluster_proto protoreflect.FileDescriptor
 const file_proto_keyfold_v1_cluster_proto_rawDesc = "" +
 	"\n" +
 	"\x1eproto/keyfold/v1/cluster.proto\x12\n" +
-	"keyfold.v1\x1a\x1eproto/keyfold/v1/service.proto\"+\n" +
+	"keyfold.v1\x1a\x1eproto/keyfold/v1/service.proto\"E\n" +
 	"\x15MembersChangedRequest\x12\x12\n" +
-	"\x04from\x18\x01 \x01(\tR\x04from\"\x18\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x18\n" +
+	"\aleaving\x18\x02 \x01(\bR\aleaving\"\x18\n" +
 	"\x16MembersChangedResponse\"=\n" +
 	"\x0fReleasedRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x16\n" +
