@@ -2,7 +2,6 @@ package keyfold_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -166,20 +165,7 @@ func BenchmarkClusterIngest(b *testing.B) {
 				cfg.HTTPAddr, cfg.GRPCAddr, cfg.Redis, cfg.Cluster = "127.0.0.1:0", "127.0.0.1:0", url, "bench"
 				nodes = append(nodes, run(b, cfg))
 			}
-			for { // every member sees the whole cluster
-				info, err := nodes[0].Cluster(context.Background(), "", "")
-				if err != nil {
-					b.Fatal(err)
-				}
-				served := uint32(0)
-				for _, m := range info.Members {
-					served += m.GroupsServing
-				}
-				if len(info.Members) == size && served == info.KeyGroups {
-					break
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+			waitStable(b, nodes[0], size) // every member serves its share
 			benchHTTPIngest(b, nodes...)
 		})
 	}

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -41,7 +42,7 @@ func ev(key, id string, v int) json.RawMessage {
 }
 
 // waitStable waits until n sees want members, all serving their share.
-func waitStable(t *testing.T, n *keyfold.Node, want int) keyfold.ClusterInfo {
+func waitStable(t testing.TB, n *keyfold.Node, want int) keyfold.ClusterInfo {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -178,6 +179,7 @@ func TestClusterRouting(t *testing.T) {
 	// b leaves gracefully; writes keep coming through a and c meanwhile.
 	stop := make(chan struct{})
 	sent := make(chan int)
+	var acked atomic.Int64
 	go func() {
 		n := 0
 		for {
@@ -201,9 +203,21 @@ func TestClusterRouting(t *testing.T) {
 				}
 			}
 			n++
+			acked.Store(int64(n))
 		}
 	}()
-	time.Sleep(100 * time.Millisecond)
+	// waitWrites waits until n more writes were acknowledged.
+	waitWrites := func(n int64) {
+		t.Helper()
+		want, deadline := acked.Load()+n, time.Now().Add(20*time.Second)
+		for acked.Load() < want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d writes acknowledged, want %d", acked.Load(), want)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitWrites(20)
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +225,7 @@ func TestClusterRouting(t *testing.T) {
 		t.Fatalf("b's Run: %v", err)
 	}
 	waitStable(t, a, 2)
-	time.Sleep(100 * time.Millisecond)
+	waitWrites(20)
 	close(stop)
 	moved := <-sent
 	if moved == 0 {
@@ -255,14 +269,7 @@ func TestClusterStaticPeers(t *testing.T) {
 		cfg := clusterConfig(t, srv.URL())
 		cfg.GRPCAddr, cfg.Peers, cfg.ClusterLease = addr, addrs, 0
 		cfg.MaxBodyBytes = 16 << 10 // the members' message limit too
-		n, errc := servicetest.Start(t, cfg)
-		t.Cleanup(func() {
-			n.Close()
-			if err := <-errc; err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		})
-		nodes = append(nodes, n)
+		nodes = append(nodes, servicetest.Run(t, cfg))
 	}
 	info := waitStable(t, nodes[1], 2)
 	if info.Membership != "static" || info.FailureDetection != "" {

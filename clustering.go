@@ -78,7 +78,6 @@ type clusterNode struct {
 	leaving  sync.Map                           // member id → when it said it was leaving
 	joined   chan struct{}                      // closed once the node serves its first placement
 	joinOnce sync.Once
-	started  time.Time
 
 	stopApply context.CancelFunc
 	applyDone chan struct{}
@@ -128,7 +127,6 @@ func newClusterNode(n *Node, store persistence.Store) (*clusterNode, error) {
 		n: n, name: cfg.Cluster, self: cfg.Advertise, groups: cfg.KeyGroups, lease: cfg.ClusterLease,
 		log: cfg.Logger.With("cluster", cfg.Cluster), refresh: make(chan struct{}, 1), joined: make(chan struct{}),
 		released: map[uint32]releaseNote{}, releasedCh: make(chan struct{}, 1),
-		started: time.Now(),
 		// Half the receivers' message limit (max_body_bytes): room for
 		// the framing of many small events.
 		maxForward: int(cfg.MaxBodyBytes / 2),
@@ -508,18 +506,17 @@ func (c *clusterNode) leave(ctx context.Context, h *actors.Host) {
 			c.log.Warn("release before leaving", "err", err)
 		}
 	}
+	c.regMu.Lock()
+	c.left.Store(true)
 	if c.reg != nil {
-		c.regMu.Lock()
-		c.left.Store(true)
 		if err := c.reg.Leave(ctx, c.self); err != nil {
 			c.log.Warn("deregister (the lease runs out instead)", "err", err)
 		}
-		c.regMu.Unlock()
-		if v := c.view.Load(); v != nil {
-			c.tellMembersChanged(v.a.Members, true)
-		}
 	}
-	c.left.Store(true)
+	c.regMu.Unlock()
+	if v := c.view.Load(); c.reg != nil && v != nil {
+		c.tellMembersChanged(v.a.Members, true)
+	}
 	c.notices.Wait() // before the connections close
 	c.askRefresh()
 	c.log.Info("left the cluster", "took", time.Since(start).Round(time.Millisecond))
@@ -719,6 +716,11 @@ func (c *clusterNode) route(ctx context.Context, h *actors.Host, pipeline string
 	// less tightly than a JSON body), each refused or logged whole: a piece
 	// holds whole key groups where it can, so that a refused piece, routed
 	// again, holds every event of its keys (their order kept).
+	// This node's share first, so that a batch it cannot take (draining,
+	// unknown pipeline) fails before any share leaves.
+	if i := slices.Index(owners, c.self); i > 0 {
+		owners[0], owners[i] = owners[i], owners[0]
+	}
 	var parts []*part
 	for _, o := range owners {
 		p := &part{owner: o}
@@ -739,15 +741,10 @@ func (c *clusterNode) route(ctx context.Context, h *actors.Host, pipeline string
 			}
 		}
 	}
-	// This node's share first, so that a batch it cannot take (draining,
-	// unknown pipeline) fails before any share leaves.
-	slices.SortStableFunc(parts, func(a, b *part) int {
-		return boolInt(b.owner == c.self) - boolInt(a.owner == c.self)
-	})
 	for _, p := range parts {
 		switch p.owner {
 		case "":
-			p.err = fmt.Errorf("%w: %w: no members", actors.ErrNotServed, actors.ErrUnavailable)
+			p.err = notServed(errors.New("no members"))
 		case c.self:
 			pend, err := h.SubmitEvents(ctx, pipeline, p.events)
 			if err != nil && first && !errors.Is(err, actors.ErrNotServed) {
@@ -762,7 +759,7 @@ func (c *clusterNode) route(ctx context.Context, h *actors.Host, pipeline string
 			s, err := c.peers.Forward(ctx, p.owner, pipeline, raws)
 			switch {
 			case errors.Is(err, cluster.ErrNotSent):
-				err = fmt.Errorf("%w: %w: %w", actors.ErrNotServed, actors.ErrUnavailable, err)
+				err = notServed(err)
 			case err != nil && ctx.Err() == nil:
 				err = fmt.Errorf("%w: %w", actors.ErrUnavailable, err)
 			}
@@ -772,13 +769,6 @@ func (c *clusterNode) route(ctx context.Context, h *actors.Host, pipeline string
 		first = false
 	}
 	return parts, nil
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // Wait waits for every share. Refused shares (nothing of them logged) are
@@ -814,18 +804,9 @@ func (r *routedIngest) Wait(ctx context.Context) (IngestResult, error) {
 			return res, refused
 		}
 		r.c.rerouted.Add(int64(len(again)))
-		r.c.askRefresh()
-		v := r.c.view.Load()
-		t := time.NewTimer(backoff)
-		select {
-		case <-v.next:
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if !r.c.awaitChange(ctx, r.c.view.Load(), &backoff) {
 			return res, ctx.Err()
 		}
-		t.Stop()
-		backoff = min(2*backoff, maxRerouteBackoff)
 		var err error
 		if parts, err = r.c.route(ctx, r.h, r.pipeline, again, false); err != nil {
 			return res, err
@@ -844,18 +825,24 @@ func (p *part) wait(ctx context.Context) (accepted, duplicates int, err error) {
 	fr, err := p.remote.Wait(ctx)
 	switch {
 	case errors.Is(err, cluster.ErrNotSent):
-		return 0, 0, fmt.Errorf("%w: %w: %w", actors.ErrNotServed, actors.ErrUnavailable, err)
+		return 0, 0, notServed(err)
 	case err != nil:
 		if ctx.Err() != nil {
 			return 0, 0, err
 		}
 		return 0, 0, fmt.Errorf("%w: the outcome is unknown: %w", actors.ErrUnavailable, err)
 	case fr.Refused:
-		return 0, 0, fmt.Errorf("%w: %w: %s: %s", actors.ErrNotServed, actors.ErrUnavailable, p.owner, fr.GetError().GetMessage())
+		return 0, 0, notServed(fmt.Errorf("%s: %s", p.owner, fr.GetError().GetMessage()))
 	case fr.Error != nil:
 		return 0, 0, remoteError(p.owner, codes.Code(fr.Error.Code), fr.Error.Message)
 	}
 	return int(fr.Accepted), int(fr.Duplicates), nil
+}
+
+// notServed marks a share that nothing of was logged (refused, or never
+// sent): the caller routes it again, or answers 503 if it gives up.
+func notServed(err error) error {
+	return fmt.Errorf("%w: %w: %w", actors.ErrNotServed, actors.ErrUnavailable, err)
 }
 
 // remoteError is an owner's error as this node's callers see it.
@@ -885,18 +872,28 @@ func (c *clusterNode) retry(ctx context.Context, pipeline, key string, fn func(o
 		if !again || time.Since(start) > rerouteFor {
 			return err
 		}
-		c.askRefresh()
-		t := time.NewTimer(backoff)
-		select {
-		case <-v.next:
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if !c.awaitChange(ctx, v, &backoff) {
 			return err
 		}
-		t.Stop()
-		backoff = min(2*backoff, maxRerouteBackoff)
 	}
+}
+
+// awaitChange waits before a call is routed again: until the member list
+// changes (v is the one the call was routed with; the renew loop is asked
+// to read it now) or the backoff passes, which it then doubles. False if
+// ctx ended.
+func (c *clusterNode) awaitChange(ctx context.Context, v *view, backoff *time.Duration) bool {
+	c.askRefresh()
+	t := time.NewTimer(*backoff)
+	defer t.Stop()
+	*backoff = min(2**backoff, maxRerouteBackoff)
+	select {
+	case <-v.next:
+	case <-t.C:
+	case <-ctx.Done():
+		return false
+	}
+	return true
 }
 
 // retryable reports whether a remote call's error is worth routing again.

@@ -231,9 +231,9 @@ func (h *Host) commit(reqs []*ingestReq) {
 }
 
 // refuseUnserved answers, with ErrNotServed, the ingests that have an event
-// of a group not served now (released or lost since they were submitted):
-// refused whole, nothing of them logged, so that a cluster node can route
-// them again. The timer loop's requests go on: their groups fail alone
+// of a group not served now (never owned here, released or lost since they
+// were submitted): refused whole, nothing of them logged, so that a cluster
+// node can route them again. The timer loop's requests go on: their groups fail alone
 // below, and their keys go back into the indexes.
 func (h *Host) refuseUnserved(reqs []*ingestReq) []*ingestReq {
 	h.mu.Lock()

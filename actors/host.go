@@ -296,9 +296,10 @@ func (h *Host) Submit(ctx context.Context, pipeline string, raws [][]byte) (*Pen
 
 // SubmitEvents is Submit for events already prepared (validated) by the
 // pipeline's PrepareBatch. A batch that has an event of a key group the
-// host does not serve now (not owned, or being taken over) is refused
-// whole with an error wrapping ErrNotServed, and nothing of it is logged.
-// (A group lost between this check and the commit still fails alone.)
+// host does not serve when the commit loop takes it (not owned, or being
+// taken over) is refused whole: its Wait fails with an error wrapping
+// ErrNotServed, and nothing of it is logged. (A group lost between that
+// check and the write still fails alone.)
 func (h *Host) SubmitEvents(ctx context.Context, pipeline string, events []*fold.Event) (*Pending, error) {
 	if _, ok := h.cfg.Pipelines[pipeline]; !ok {
 		return nil, fmt.Errorf("%w %q", ErrUnknownPipeline, pipeline)
@@ -306,19 +307,11 @@ func (h *Host) SubmitEvents(ctx context.Context, pipeline string, events []*fold
 	if len(events) == 0 {
 		return &Pending{}, nil
 	}
-	if err := h.checkServed(pipeline, events); err != nil {
-		return nil, err
-	}
 	return h.enqueue(ctx, pipeline, events)
 }
 
-// checkServed fails with ErrNotServed if an event's group is not served.
-func (h *Host) checkServed(pipeline string, events []*fold.Event) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.checkServedLocked(pipeline, events)
-}
-
+// checkServedLocked fails with ErrNotServed if an event's group is not
+// served. h.mu must be held.
 func (h *Host) checkServedLocked(pipeline string, events []*fold.Event) error {
 	for _, ev := range events {
 		g := GroupOf(pipeline, ev.Key, h.cfg.Groups)

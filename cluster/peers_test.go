@@ -74,10 +74,12 @@ func TestForwardRacingRetain(t *testing.T) {
 // refusing every batch (it serves no group any more).
 type slowRefuser struct {
 	keyfoldv1.UnimplementedClusterServer
+	received chan struct{} // a call arrived
 }
 
-func (slowRefuser) Forward(_ context.Context, req *keyfoldv1.ForwardRequest) (*keyfoldv1.ForwardResponse, error) {
-	time.Sleep(200 * time.Millisecond)
+func (r slowRefuser) Forward(_ context.Context, req *keyfoldv1.ForwardRequest) (*keyfoldv1.ForwardResponse, error) {
+	r.received <- struct{}{}
+	time.Sleep(200 * time.Millisecond) // the answer takes a while: a call in flight
 	out := &keyfoldv1.ForwardResponse{}
 	for range req.Batches {
 		out.Results = append(out.Results, &keyfoldv1.ForwardResult{Refused: true})
@@ -96,7 +98,8 @@ func TestRetainLetsAnsweringPeerFinish(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	keyfoldv1.RegisterClusterServer(srv, slowRefuser{})
+	received := make(chan struct{}, 1)
+	keyfoldv1.RegisterClusterServer(srv, slowRefuser{received: received})
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Stop()
 	addr := ln.Addr().String()
@@ -106,7 +109,11 @@ func TestRetainLetsAnsweringPeerFinish(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond) // the call is out
+	select { // the call is out
+	case <-received:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call never reached the peer")
+	}
 	p.Retain([]string{"127.0.0.1:2"})
 	fr, err := s.Wait(context.Background())
 	if err != nil || !fr.Refused {
