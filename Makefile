@@ -6,11 +6,16 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
 
 .PHONY: test
-test: ## vet, check generated code, run every test, and the in-process ones again under -race (what CI runs)
+test: ## vet, lint, check generated code, run every test, and the in-process ones again under -race (what CI runs)
 	$(GO) vet ./...
+	$(MAKE) lint
 	$(MAKE) proto-check
 	$(GO) test -count=1 -timeout 15m ./...
 	$(GO) test -race -count=1 -timeout 15m . ./actors/... ./persistence/... ./services/... ./cluster/...
+
+.PHONY: lint
+lint: ## staticcheck (pinned in go.mod as a tool) over every package, tests included
+	$(GO) tool staticcheck ./...
 
 .PHONY: proto
 proto: ## regenerate the .pb.go files from proto/keyfold/v1/*.proto (needs protoc)

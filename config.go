@@ -167,7 +167,7 @@ func (c Config) Validate() error {
 func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error) {
 	var errs []error
 	if requirePipelines && len(c.Pipelines) == 0 {
-		errs = append(errs, errors.New("keyfold: config: no pipelines: define at least one under pipelines:"))
+		errs = append(errs, errors.New("keyfold: config: no pipelines: define at least one in the pipelines section"))
 	}
 	for _, a := range []struct{ name, addr string }{{"http", c.HTTPAddr}, {"grpc", c.GRPCAddr}} {
 		if a.addr == "" {

@@ -36,7 +36,6 @@ func pipelines(t *testing.T) map[string]*fold.Pipeline {
 
 type harness struct {
 	t     *testing.T
-	dir   string
 	store persistence.Store
 	host  *actors.Host
 	stop  context.CancelFunc

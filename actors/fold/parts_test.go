@@ -79,7 +79,6 @@ func TestSnapshotPartsRestoreExactly(t *testing.T) {
 				}
 				ps.store(parts)
 				s.Persisted(parts.Version)
-				stored = parts.Version
 
 				r := ps.restore(t, p)
 				if !reflect.DeepEqual(stateProto(p, &r), stateProto(p, &s)) {
