@@ -2,6 +2,8 @@ package main
 
 import (
 	"bufio"
+	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -9,6 +11,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
@@ -26,6 +30,7 @@ func newSend() *cobra.Command {
 		retries  int
 		quiet    bool
 		progress bool
+		skip     bool
 		tf       tlsFlags
 	)
 	cmd := &cobra.Command{
@@ -39,12 +44,18 @@ array of event objects, from FILE or standard input.
 A batch the node could not take (unavailable, overloaded, a lost
 connection) is sent again, up to --retries times: safe for events that
 carry the pipeline's id field, which are applied once. An event the node
-rejects is reported (its number in the input, the field, why) and skipped;
-the rest of its batch is sent again, after the batches already in flight.
-The command then exits 1.
+rejects is reported (its line in NDJSON, its number in an array; the
+field; why) and skipped; the rest of its batch is sent again, after the
+batches already in flight. The command then exits 1.
 
-A progress line shows on a terminal; the summary gives events/s,
-duplicates and rejects.`,
+A line that is not JSON stops the input there: what came before it is
+sent and acknowledged, and the command exits 1 naming the line. With
+--skip-malformed such lines are reported and skipped instead (a JSON
+array cannot be resumed past a syntax error: it always stops).
+
+A progress line shows on a terminal; the summary, printed even when the
+command fails, says what was acknowledged: events/s, accepted,
+duplicates, rejected and malformed.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			in := io.Reader(os.Stdin)
@@ -68,7 +79,7 @@ duplicates and rejects.`,
 			}
 			defer c.Close()
 			s := &sender{c: c, pipeline: args[0], batch: batch, window: window, quiet: quiet,
-				progress: progress && !quiet, log: cmd.ErrOrStderr()}
+				progress: progress && !quiet, log: cmd.ErrOrStderr(), skipMalformed: skip}
 			return s.run(cmd.Context(), in)
 		},
 	}
@@ -77,7 +88,8 @@ duplicates and rejects.`,
 	f.IntVar(&batch, "batch", 500, "events per batch")
 	f.IntVar(&window, "window", 8, "batches in flight, awaiting their acks")
 	f.IntVar(&retries, "retries", 5, "retries of a batch the node could not take")
-	f.BoolVarP(&quiet, "quiet", "q", false, "print nothing but errors")
+	f.BoolVarP(&quiet, "quiet", "q", false, "print nothing but errors (and the summary when something failed)")
+	f.BoolVar(&skip, "skip-malformed", false, "NDJSON: report a line that is not JSON and go on (default: stop there, after sending what came before)")
 	f.BoolVar(&progress, "progress", isTerminal(os.Stderr), "show a progress line (default: when stderr is a terminal)")
 	tf.add(cmd)
 	return cmd
@@ -98,6 +110,8 @@ type sender struct {
 	quiet    bool
 	progress bool
 	log      io.Writer
+
+	skipMalformed bool
 }
 
 func (s *sender) run(ctx context.Context, in io.Reader) error {
@@ -110,7 +124,8 @@ func (s *sender) run(ctx context.Context, in io.Reader) error {
 			progressbar.OptionThrottle(200*time.Millisecond), progressbar.OptionClearOnFinish())
 	}
 	start := time.Now()
-	events, errc := decodeEvents(ctx, in)
+	d := &eventDecoder{skipMalformed: s.skipMalformed, log: s.log}
+	events, errc := d.decode(ctx, in)
 	input := func(yield func([]byte, error) bool) {
 		for ev := range events {
 			if !yield(ev, nil) {
@@ -129,7 +144,7 @@ func (s *sender) run(ctx context.Context, in io.Reader) error {
 			if err.Field != "" {
 				what = fmt.Sprintf("field %q: %s", err.Field, err.Message)
 			}
-			fmt.Fprintf(s.log, "event %d rejected: %s\n", i+1, what) // numbered from 1, as lines are
+			fmt.Fprintf(s.log, "%s rejected: %s\n", d.where(i), what)
 		},
 		OnAcked: func(n int, _ client.Result) {
 			if bar != nil {
@@ -137,58 +152,168 @@ func (s *sender) run(ctx context.Context, in io.Reader) error {
 			}
 		},
 	})
-	if err != nil {
-		return err
-	}
 	if bar != nil {
 		bar.Finish()
 	}
 	took := time.Since(start)
-	if !s.quiet {
-		fmt.Fprintf(s.log, "sent %d events in %v (%.0f events/s): %d accepted, %d duplicates, %d rejected\n",
-			sum.Sent, took.Round(time.Millisecond), float64(sum.Sent)/took.Seconds(), sum.Accepted, sum.Duplicates, sum.Rejected)
+	malformed := d.malformed()
+	// The summary is printed whatever happened: it says what is durable.
+	if !s.quiet || err != nil {
+		fmt.Fprintf(s.log, "sent %d events in %v (%.0f events/s): %d accepted, %d duplicates, %d rejected, %d malformed\n",
+			sum.Sent, took.Round(time.Millisecond), float64(sum.Sent)/took.Seconds(), sum.Accepted, sum.Duplicates, sum.Rejected, malformed)
 	}
-	if sum.Rejected > 0 {
-		return fmt.Errorf("%d events rejected", sum.Rejected)
+	switch {
+	case err != nil:
+		return err
+	case sum.Rejected > 0 || malformed > 0:
+		return fmt.Errorf("%d events rejected, %d lines malformed", sum.Rejected, malformed)
 	}
 	return nil
 }
 
-// decodeEvents streams the values of a JSON array, or of a sequence of JSON
-// values (NDJSON), without holding the input in memory.
-func decodeEvents(ctx context.Context, in io.Reader) (<-chan json.RawMessage, <-chan error) {
+// eventDecoder streams the events of an input without holding it in
+// memory: a JSON array of objects, or NDJSON (one event a line, blank lines
+// skipped). It knows where each event came from, so rejects and malformed
+// input are reported by line (NDJSON) or by position in the array.
+type eventDecoder struct {
+	skipMalformed bool      // NDJSON: report a malformed line and go on
+	log           io.Writer // where skipped lines are reported
+
+	mu    sync.Mutex
+	array bool
+	// shifts maps event indexes to lines in NDJSON: from shifts[k].index on,
+	// event i is on line i+shifts[k].delta (one entry per blank or skipped
+	// line, so memory follows those, not the input).
+	shifts []lineShift
+	bad    int // malformed lines skipped
+}
+
+type lineShift struct{ index, delta int }
+
+// where names event i (from 0) for a message.
+func (d *eventDecoder) where(i int) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.array {
+		return fmt.Sprintf("event %d", i+1)
+	}
+	delta := 1
+	if k, _ := slices.BinarySearchFunc(d.shifts, i+1, func(s lineShift, t int) int { return cmp.Compare(s.index, t) }); k > 0 {
+		delta = d.shifts[k-1].delta
+	}
+	return fmt.Sprintf("line %d", i+delta)
+}
+
+func (d *eventDecoder) malformed() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.bad
+}
+
+// decode sends the events to the first channel and then the input's error
+// (nil at its end) to the second.
+func (d *eventDecoder) decode(ctx context.Context, in io.Reader) (<-chan json.RawMessage, <-chan error) {
 	out, errc := make(chan json.RawMessage, 1024), make(chan error, 1)
 	go func() {
 		defer close(out)
 		br := bufio.NewReaderSize(in, 1<<20)
-		dec := json.NewDecoder(br)
-		array := false
-		if b, err := peekNonSpace(br); err == nil && b == '[' {
-			if _, err := dec.Token(); err != nil {
-				errc <- err
-				return
-			}
-			array = true
-		}
-		for array && dec.More() || !array {
-			var ev json.RawMessage
-			if err := dec.Decode(&ev); err != nil {
-				if err == io.EOF && !array {
-					break
-				}
-				errc <- err
-				return
-			}
+		send := func(ev json.RawMessage) bool {
 			select {
 			case out <- ev:
+				return true
 			case <-ctx.Done():
-				errc <- ctx.Err()
-				return
+				return false
 			}
 		}
-		errc <- nil
+		var err error
+		if b, perr := peekNonSpace(br); perr == nil && b == '[' {
+			d.mu.Lock()
+			d.array = true
+			d.mu.Unlock()
+			err = decodeArray(br, send)
+		} else {
+			err = d.decodeLines(br, send)
+		}
+		if err == nil {
+			err = ctx.Err()
+		}
+		errc <- err
 	}()
 	return out, errc
+}
+
+// decodeLines reads NDJSON: every non-blank line must be one JSON value.
+func (d *eventDecoder) decodeLines(br *bufio.Reader, send func(json.RawMessage) bool) error {
+	index := 0 // events yielded
+	for line := 1; ; line++ {
+		b, err := br.ReadBytes('\n')
+		if len(b) == 0 && err != nil {
+			if err == io.EOF {
+				return nil
+			}
+			return fmt.Errorf("line %d: %w", line, err)
+		}
+		b = bytes.TrimSpace(b)
+		skip := len(b) == 0
+		if !skip && !json.Valid(b) {
+			msg := fmt.Sprintf("line %d: malformed JSON: %s", line, describeInvalid(b))
+			if !d.skipMalformed {
+				return errors.New(msg + " (nothing from this line on was sent; --skip-malformed goes on past such lines)")
+			}
+			fmt.Fprintf(d.log, "%s: skipped\n", msg)
+			d.mu.Lock()
+			d.bad++
+			d.mu.Unlock()
+			skip = true
+		}
+		if skip {
+			d.mu.Lock()
+			d.shifts = append(d.shifts, lineShift{index: index, delta: line + 1 - index})
+			d.mu.Unlock()
+		} else {
+			if !send(json.RawMessage(b)) {
+				return nil
+			}
+			index++
+		}
+		if err == io.EOF {
+			return nil
+		}
+	}
+}
+
+// describeInvalid says what is wrong with b, which is not valid JSON.
+func describeInvalid(b []byte) string {
+	var v any
+	err := json.Unmarshal(b, &v)
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return fmt.Sprintf("%v (at column %d)", se, se.Offset)
+	}
+	return err.Error()
+}
+
+// decodeArray reads a JSON array of events. Its elements are found by a
+// streaming decoder; a syntax error ends the input (an array cannot be
+// resumed past it), reported by the number of the event it is in.
+func decodeArray(br *bufio.Reader, send func(json.RawMessage) bool) error {
+	dec := json.NewDecoder(br)
+	if _, err := dec.Token(); err != nil {
+		return err
+	}
+	for n := 1; dec.More(); n++ {
+		var ev json.RawMessage
+		if err := dec.Decode(&ev); err != nil {
+			return fmt.Errorf("array element %d: malformed JSON: %w (nothing from it on was sent)", n, err)
+		}
+		if !send(ev) {
+			return nil
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return fmt.Errorf("end of the array: %w", err)
+	}
+	return nil
 }
 
 func peekNonSpace(br *bufio.Reader) (byte, error) {

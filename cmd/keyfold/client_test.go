@@ -118,13 +118,51 @@ func TestSendAndGet(t *testing.T) {
 `), 0o600)
 	out, err = runCLI(t, "send", "--addr", base, "--batch", "3", "logins", bad)
 	if err == nil || !strings.Contains(err.Error(), "2 events rejected") ||
-		!strings.Contains(out, `event 2 rejected: field "amount"`) || !strings.Contains(out, `event 4 rejected: field "user_id"`) ||
+		!strings.Contains(out, `line 2 rejected: field "amount"`) || !strings.Contains(out, `line 4 rejected: field "user_id"`) ||
 		!strings.Contains(out, "3 accepted, 0 duplicates, 2 rejected") {
 		t.Errorf("send with bad events: %v\n%s", err, out)
 	}
 	if out, err := runCLI(t, "get", "--addr", base, "logins", "x"); err != nil || !strings.Contains(out, `"amount": 7`) {
 		t.Errorf("x after the bad file: %v\n%s", err, out)
 	}
+
+	// A line that is not JSON in the middle of a file: what came before it
+	// is sent and acknowledged, the command names the line and prints the
+	// summary; with --skip-malformed it goes on past the line. Rejects
+	// after blank lines are named by their line, not their event number.
+	var mixed strings.Builder
+	for i := range 1200 {
+		if i == 1000 {
+			mixed.WriteString("{\"user_id\":\"m\",\"event_id\":\n")
+		}
+		if i == 1100 {
+			mixed.WriteString("\n\n")
+		}
+		if i == 1150 {
+			mixed.WriteString(`{"user_id":"m","event_id":"bad","amount":"x"}` + "\n")
+		}
+		fmt.Fprintf(&mixed, `{"user_id":"m","event_id":"m%d","amount":1}`+"\n", i)
+	}
+	mf := filepath.Join(dir, "mixed.ndjson")
+	os.WriteFile(mf, []byte(mixed.String()), 0o600)
+	out, err = runCLI(t, "send", "--addr", base, "--batch", "300", "-q", "logins", mf)
+	if err == nil || !strings.Contains(err.Error(), "line 1001: malformed JSON") ||
+		!strings.Contains(out, "sent 1000 events in") || !strings.Contains(out, "1000 accepted, 0 duplicates, 0 rejected, 0 malformed") {
+		t.Errorf("send stopping at a malformed line: %v\n%s", err, out)
+	}
+	if out, err := runCLI(t, "get", "--addr", base, "logins", "m"); err != nil || !strings.Contains(out, `"amount": 1000`) {
+		t.Errorf("m after stopping at line 1001: %v\n%s", err, out)
+	}
+	out, err = runCLI(t, "send", "--addr", base, "--batch", "300", "--skip-malformed", "logins", mf)
+	if err == nil || !strings.Contains(err.Error(), "1 events rejected, 1 lines malformed") ||
+		!strings.Contains(out, "line 1001: malformed JSON") || !strings.Contains(out, `line 1154 rejected: field "amount"`) ||
+		!strings.Contains(out, "200 accepted, 1000 duplicates, 1 rejected, 1 malformed") {
+		t.Errorf("send --skip-malformed: %v\n%s", err, out)
+	}
+	if out, err := runCLI(t, "get", "--addr", base, "logins", "m"); err != nil || !strings.Contains(out, `"amount": 1200`) {
+		t.Errorf("m after --skip-malformed: %v\n%s", err, out)
+	}
+
 	if _, err := runCLI(t, "send", "--addr", base, "nope", nd); err == nil || !strings.Contains(err.Error(), "NotFound") {
 		t.Errorf("send to an unknown pipeline: %v", err)
 	}

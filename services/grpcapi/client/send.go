@@ -36,7 +36,9 @@ type Summary struct {
 
 // Send streams events to a pipeline in batches on IngestStream, with up to
 // Window batches in flight, and returns once every event is durable (or
-// rejected): "send these events, tell me when they are durable". A batch
+// rejected): "send these events, tell me when they are durable". If the
+// sequence yields an error, the events before it are still sent and
+// settled, and Send returns that error with the summary of what they did. A batch
 // that fails in a way that may succeed later (the node unavailable or
 // overloaded, the stream broken) is sent again with Ingest's retries, which
 // is safe for events with ids. Batches go in order; a batch sent again goes
@@ -124,9 +126,13 @@ func (s *sender) run(ctx context.Context, events iter.Seq2[[]byte, error]) error
 			stream = nil
 		}
 	}
+	var inputErr error
 	for ev, err := range events {
 		if err != nil {
-			return fmt.Errorf("after event %d: %w", n, err)
+			// What was read before the failure is still sent and
+			// acknowledged: the summary then says exactly what is durable.
+			inputErr = fmt.Errorf("after event %d: %w", n, err)
+			break
 		}
 		n++
 		b.events = append(b.events, ev)
@@ -138,6 +144,13 @@ func (s *sender) run(ctx context.Context, events iter.Seq2[[]byte, error]) error
 	}
 	if err := flush(); err != nil {
 		return err
+	}
+	if inputErr != nil {
+		if stream != nil {
+			stream.Close() // waits for the acks of what is in flight
+			stream = nil
+		}
+		return inputErr
 	}
 	if stream != nil {
 		err := stream.Close()
