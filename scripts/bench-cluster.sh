@@ -51,7 +51,7 @@ for n in "${counts[@]}"; do
 		done
 		# Every node must see the whole cluster before the load starts.
 		until [ "$(curl -s "${addrs[0]}/v1/cluster" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(sum(m["groups_serving"] for m in d["members"]) == d["key_groups"] and len(d["members"]))')" = "$n" ]; do sleep 0.1; done
-		echo "nodes=$n run=$run $("$work/keyfold" bench --addr "$(IFS=,; echo "${addrs[*]}")" --duration "$duration" --concurrency 8 --keys 10000)"
+		echo "nodes=$n run=$run $("$work/keyfold" bench --http "$(IFS=,; echo "${addrs[*]}")" --duration "$duration" --concurrency 8 --keys 10000)"
 		for p in "${npids[@]}"; do kill "$p"; done
 		for p in "${npids[@]}"; do wait "$p" 2>/dev/null || true; done
 		kill "$rpid"

@@ -25,7 +25,8 @@ func newBench() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Load a node with synthetic events and report durable ingest throughput",
-		Long: `Load a running node over HTTP (or gRPC with --grpc) with synthetic login
+		Long: `Load a running node over HTTP (--http, the default) or gRPC (--addr)
+with synthetic login
 events (the fields of examples/quickstart.yaml: user_id, event_id, type,
 amount, geo.country) from --concurrency clients, each sending batches of
 --batch events over --keys keys and waiting for each acknowledgement, for
@@ -33,12 +34,31 @@ amount, geo.country) from --concurrency clients, each sending batches of
 node are measured apart.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			f := cmd.Flags()
+			if f.Changed("grpc") { // the old name of --addr
+				if f.Changed("addr") {
+					return errors.New("--grpc is the old name of --addr: give one of them")
+				}
+				o.grpc = o.grpcOld
+			}
+			switch {
+			case o.grpc != "" && f.Changed("http"):
+				return errors.New("load over HTTP (--http) or gRPC (--addr), not both")
+			case o.grpc != "":
+				for _, a := range strings.Split(o.grpc, ",") {
+					if err := checkGRPCAddr("--addr", a); err != nil {
+						return err
+					}
+				}
+			}
 			return bench(cmd.Context(), o, cmd.OutOrStdout())
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.addr, "addr", "http://127.0.0.1:8080", "the node's HTTP base URL (several, comma-separated: the clients take turns, as behind a load balancer)")
-	f.StringVar(&o.grpc, "grpc", "", "load over gRPC (unary Ingest) at this address (or several, comma-separated) instead of HTTP")
+	f.StringVar(&o.addr, "http", "http://127.0.0.1:8080", "load over HTTP at the node's base URL (several, comma-separated: the clients take turns, as behind a load balancer)")
+	f.StringVar(&o.grpc, "addr", "", "load over gRPC (unary Ingest) at the node's gRPC host:port instead (several, comma-separated)")
+	f.StringVar(&o.grpcOld, "grpc", "", "the old name of --addr")
+	_ = f.MarkDeprecated("grpc", "use --addr (the node's gRPC host:port, as in every command)")
 	f.StringVar(&o.pipeline, "pipeline", "logins", "pipeline to load")
 	f.IntVar(&o.keys, "keys", 10_000, "distinct keys")
 	f.IntVar(&o.batch, "batch", 100, "events per request")
@@ -49,6 +69,7 @@ node are measured apart.`,
 
 type benchOptions struct {
 	addr, grpc, pipeline     string
+	grpcOld                  string
 	keys, batch, concurrency int
 	duration                 time.Duration
 }

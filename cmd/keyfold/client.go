@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,21 +16,19 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc/credentials"
 
 	"github.com/keyfold/keyfold/services/grpcapi/client"
 )
 
 func newSend() *cobra.Command {
 	var (
-		addr     string
+		nf       nodeFlags
 		batch    int
 		window   int
 		retries  int
 		quiet    bool
 		progress bool
 		skip     bool
-		tf       tlsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "send PIPELINE [FILE]",
@@ -73,7 +70,7 @@ duplicates, rejected and malformed.`,
 			if retries <= 0 {
 				retries = -1 // the client's "never" (its 0 means the default)
 			}
-			c, err := tf.dial(addr, client.Options{MaxRetries: retries})
+			c, err := nf.dial(client.Options{MaxRetries: retries})
 			if err != nil {
 				return err
 			}
@@ -84,14 +81,13 @@ duplicates, rejected and malformed.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&addr, "addr", "127.0.0.1:9090", "the node's gRPC address")
 	f.IntVar(&batch, "batch", 500, "events per batch")
 	f.IntVar(&window, "window", 8, "batches in flight, awaiting their acks")
 	f.IntVar(&retries, "retries", 5, "retries of a batch the node could not take")
 	f.BoolVarP(&quiet, "quiet", "q", false, "print nothing but errors (and the summary when something failed)")
 	f.BoolVar(&skip, "skip-malformed", false, "NDJSON: report a line that is not JSON and go on (default: stop there, after sending what came before)")
 	f.BoolVar(&progress, "progress", isTerminal(os.Stderr), "show a progress line (default: when stderr is a terminal)")
-	tf.add(cmd)
+	nf.add(cmd)
 	return cmd
 }
 
@@ -329,16 +325,13 @@ func peekNonSpace(br *bufio.Reader) (byte, error) {
 }
 
 func newGet() *cobra.Command {
-	var (
-		addr string
-		tf   tlsFlags
-	)
+	var nf nodeFlags
 	cmd := &cobra.Command{
 		Use:   "get PIPELINE KEY",
 		Short: "Print one key's state (as JSON)",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := tf.dial(addr, client.Options{})
+			c, err := nf.dial(client.Options{})
 			if err != nil {
 				return err
 			}
@@ -362,33 +355,6 @@ func newGet() *cobra.Command {
 			return err
 		},
 	}
-	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:9090", "the node's gRPC address")
-	tf.add(cmd)
+	nf.add(cmd)
 	return cmd
-}
-
-// tlsFlags are the client's TLS flags of the gRPC commands.
-type tlsFlags struct {
-	on bool   // TLS with the system's roots
-	ca string // TLS trusting this CA (PEM)
-}
-
-func (f *tlsFlags) add(cmd *cobra.Command) {
-	cmd.Flags().BoolVar(&f.on, "tls", false, "connect with TLS, trusting the system's CAs")
-	cmd.Flags().StringVar(&f.ca, "tls-ca", "", "connect with TLS, trusting this CA certificate (PEM)")
-}
-
-// dial connects to addr with o and the flags' transport security.
-func (f *tlsFlags) dial(addr string, o client.Options) (*client.Client, error) {
-	switch {
-	case f.ca != "":
-		creds, err := credentials.NewClientTLSFromFile(f.ca, "")
-		if err != nil {
-			return nil, fmt.Errorf("--tls-ca: %w", err)
-		}
-		o.TLS = creds
-	case f.on:
-		o.TLS = credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12})
-	}
-	return client.Dial(addr, o)
 }

@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -170,15 +171,15 @@ func TestSendAndGet(t *testing.T) {
 
 func TestBench(t *testing.T) {
 	base, grpcAddr := startInProcess(t)
-	out, err := runCLI(t, "bench", "--addr", base, "--duration", "300ms", "--keys", "10", "--batch", "5", "--concurrency", "2")
+	out, err := runCLI(t, "bench", "--http", base, "--duration", "300ms", "--keys", "10", "--batch", "5", "--concurrency", "2")
 	if err != nil || !strings.Contains(out, "events/s") {
 		t.Fatalf("bench: %v\n%s", err, out)
 	}
-	out, err = runCLI(t, "bench", "--grpc", grpcAddr, "--duration", "300ms", "--keys", "10", "--batch", "5", "--concurrency", "2")
+	out, err = runCLI(t, "bench", "--addr", grpcAddr, "--duration", "300ms", "--keys", "10", "--batch", "5", "--concurrency", "2")
 	if err != nil || !strings.Contains(out, "events/s") {
 		t.Fatalf("bench --grpc: %v\n%s", err, out)
 	}
-	if _, err := runCLI(t, "bench", "--addr", base, "--pipeline", "nope", "--duration", "300ms"); err == nil || !strings.Contains(err.Error(), "404") {
+	if _, err := runCLI(t, "bench", "--http", base, "--pipeline", "nope", "--duration", "300ms"); err == nil || !strings.Contains(err.Error(), "404") {
 		t.Errorf("bench against an unknown pipeline: %v", err)
 	}
 }
@@ -399,5 +400,62 @@ pipelines:
 	}
 	if _, err := runCLI(t, "outputs", "--addr", addr, "--follow", "--after", "not-a-cursor", "clicks"); err == nil || !strings.Contains(err.Error(), "InvalidArgument") {
 		t.Errorf("outputs --follow after a bad cursor: %v", err)
+	}
+}
+
+// TestAdminCommands: delete, health (gRPC and HTTP), config check and
+// version; --addr is a gRPC host:port in every command, and an HTTP URL
+// given to it says where that goes.
+func TestAdminCommands(t *testing.T) {
+	base, grpcAddr := startInProcess(t)
+	if _, err := runCLI(t, "send", "--addr", grpcAddr, "-q", "logins", "../../examples/events.ndjson"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runCLI(t, "get", "--addr", grpcAddr, "logins", "alice"); err != nil || !strings.Contains(out, `"key": "alice"`) {
+		t.Fatalf("get alice: %v\n%s", err, out)
+	}
+	if out, err := runCLI(t, "delete", "--addr", grpcAddr, "logins", "alice"); err != nil || out != "deleted logins/alice\n" {
+		t.Fatalf("delete: %v\n%q", err, out)
+	}
+	if _, err := runCLI(t, "get", "--addr", grpcAddr, "logins", "alice"); err == nil || !strings.Contains(err.Error(), "NotFound") {
+		t.Errorf("get after delete: %v", err)
+	}
+
+	for _, args := range [][]string{{"--addr", grpcAddr}, {"--http", base}} {
+		if out, err := runCLI(t, append([]string{"health"}, args...)...); err != nil || out != "ready\n" {
+			t.Errorf("health %v: %v\n%q", args, err, out)
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // a port nobody serves on
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+	if _, err := runCLI(t, "health", "--addr", closed, "--timeout", "300ms"); err == nil || !strings.Contains(err.Error(), "not ready") {
+		t.Errorf("health of nothing: %v", err)
+	}
+	for _, cmd := range [][]string{{"get", "logins", "alice"}, {"delete", "logins", "alice"}, {"health"}, {"outputs", "logins"}, {"send", "logins", "-"}, {"bench", "--duration", "1s"}} {
+		_, err := runCLI(t, append(cmd, "--addr", base)...)
+		if err == nil || !strings.Contains(err.Error(), "want the node's gRPC host:port") {
+			t.Errorf("%v --addr %s: %v, want a gRPC address error", cmd, base, err)
+		}
+	}
+
+	good := filepath.Join(t.TempDir(), "good.yaml")
+	os.WriteFile(good, []byte("pipelines:\n  b: {key: k}\n  a: {key: k, aggregates: {n: {op: count}}}\n"), 0o600)
+	if out, err := runCLI(t, "config", "check", "-c", good); err != nil || !strings.HasSuffix(out, "good.yaml: ok (pipelines: a, b)\n") {
+		t.Errorf("config check of a good file: %v\n%q", err, out)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(bad, []byte("pipelines:\n  a:\n    key: k\n    aggregates:\n      n: {op: nope}\n      m: {op: sum}\n"), 0o600)
+	_, err = runCLI(t, "config", "check", "-c", bad)
+	if err == nil || !strings.Contains(err.Error(), `unknown op "nope"`) || !strings.Contains(err.Error(), "line 5") || !strings.Contains(err.Error(), "aggregates.m") {
+		t.Errorf("config check of a bad file: %v, want both problems with their lines", err)
+	}
+
+	out, err := runCLI(t, "version")
+	if err != nil || !strings.HasPrefix(out, "keyfold ") || !strings.Contains(out, runtime.Version()) {
+		t.Errorf("version: %v\n%q", err, out)
 	}
 }

@@ -27,7 +27,9 @@ func newRoot() *cobra.Command {
 		Short:         "keyfold: a stateful event service: keyed events folded into durable state",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       version(),
 	}
-	root.AddCommand(newServe(), newSend(), newGet(), newOutputs(), newBench(), newHealth())
+	root.SetVersionTemplate("keyfold {{.Version}}\n")
+	root.AddCommand(newServe(), newSend(), newGet(), newDelete(), newOutputs(), newBench(), newHealth(), newConfig(), newVersion())
 	return root
 }

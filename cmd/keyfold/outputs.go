@@ -17,11 +17,10 @@ import (
 
 func newOutputs() *cobra.Command {
 	var (
-		addr   string
+		nf     nodeFlags
 		after  string
 		limit  int
 		follow bool
-		tf     tlsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "outputs PIPELINE",
@@ -46,7 +45,7 @@ twice has the same id both times.`,
 			if follow && !cmd.Flags().Changed("limit") {
 				limit = 0
 			}
-			c, err := tf.dial(addr, client.Options{})
+			c, err := nf.dial(client.Options{})
 			if err != nil {
 				return err
 			}
@@ -59,11 +58,10 @@ twice has the same id both times.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&addr, "addr", "127.0.0.1:9090", "the node's gRPC address")
 	f.StringVar(&after, "after", "", "print the results stored after this cursor (a line's \"cursor\")")
 	f.IntVar(&limit, "limit", 100, "print at most this many results (0: no limit; default unlimited with --follow)")
 	f.BoolVarP(&follow, "follow", "f", false, "keep printing new results as they are stored, until interrupted")
-	tf.add(cmd)
+	nf.add(cmd)
 	return cmd
 }
 

@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
@@ -254,6 +255,20 @@ func (c *Client) GetState(ctx context.Context, pipeline, key string) (*State, er
 func (c *Client) DeleteKey(ctx context.Context, pipeline, key string) error {
 	if _, err := c.api.DeleteKey(ctx, &keyfoldv1.DeleteKeyRequest{Pipeline: pipeline, Key: key}); err != nil {
 		return wrap(err)
+	}
+	return nil
+}
+
+// Ready returns nil if the node is ready (the standard gRPC health service
+// answers SERVING: recovered, serving its share of the key groups, not
+// draining), else why not.
+func (c *Client) Ready(ctx context.Context) error {
+	resp, err := healthpb.NewHealthClient(c.conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		return wrap(err)
+	}
+	if resp.Status != healthpb.HealthCheckResponse_SERVING {
+		return fmt.Errorf("keyfold client: node health is %s", resp.Status)
 	}
 	return nil
 }
