@@ -447,6 +447,7 @@ func TestOutputsHTTP(t *testing.T) {
 		{"/v1/pipelines/clicks/outputs?limit=10001", http.StatusBadRequest},
 		{"/v1/pipelines/clicks/outputs?after=garbage", http.StatusBadRequest},
 		{"/v1/pipelines/clicks/outputs?after=-1", http.StatusBadRequest},
+		{"/v1/pipelines/clicks/outputs?after=99999999", http.StatusBadRequest}, // past the end
 		{"/v1/pipelines/nope/outputs", http.StatusNotFound},
 		{"/v1/pipelines/clicks/outputs/stream?after=garbage", http.StatusBadRequest},
 		{"/v1/pipelines/nope/outputs/stream", http.StatusNotFound},
@@ -454,6 +455,11 @@ func TestOutputsHTTP(t *testing.T) {
 		var e struct{ Error string }
 		if code := getJSON(t, base+c.path, &e); code != c.want || e.Error == "" {
 			t.Errorf("GET %s: %d %+v, want %d with an error message", c.path, code, e, c.want)
+		}
+		for _, layer := range []string{"embedded:", "persistence:", "redisstore:", "actors:"} {
+			if strings.Contains(e.Error, layer) {
+				t.Errorf("GET %s: the message %q shows an internal layer (%s)", c.path, e.Error, layer)
+			}
 		}
 	}
 	req, _ := http.NewRequest(http.MethodGet, base+"/v1/pipelines/clicks/outputs/stream", nil)

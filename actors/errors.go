@@ -48,8 +48,11 @@ type storeFailure struct {
 }
 
 func (e *storeFailure) Error() string {
-	if errors.Is(e.err, persistence.ErrFenced) {
+	switch {
+	case errors.Is(e.err, persistence.ErrFenced):
 		return e.what + ": another owner took the key group over"
+	case errors.Is(e.err, persistence.ErrBadCursor):
+		return e.what + ": not a cursor of this pipeline's outputs, or past the newest one"
 	}
 	return e.what + ": the store failed or did not answer"
 }

@@ -44,7 +44,7 @@ func (h *Host) Outputs(ctx context.Context, pipeline, after string, limit int) (
 	}
 	entries, err := h.store.ReadOutputs(ctx, pipeline, after, limit)
 	if errors.Is(err, persistence.ErrBadCursor) {
-		return nil, fmt.Errorf("%w: cursor %q: %w", ErrBadArgument, after, err)
+		return nil, fmt.Errorf("%w: %w", ErrBadArgument, hideStore(fmt.Sprintf("cursor %q", after), err))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, hideStore("reading the outputs", err))

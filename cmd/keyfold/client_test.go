@@ -233,8 +233,8 @@ func TestGRPCTLS(t *testing.T) {
 	root.SetArgs([]string{"get", "--addr", n.GRPCAddr(), "logins", "tls"})
 	root.SetOut(io.Discard)
 	root.SetErr(io.Discard)
-	if err := root.ExecuteContext(ctx); err == nil {
-		t.Error("a plaintext client got an answer from a TLS node")
+	if err := root.ExecuteContext(ctx); err == nil || !strings.Contains(err.Error(), "--tls") {
+		t.Errorf("a plaintext client of a TLS node: %v, want an error that says to use --tls", err)
 	}
 	cfg2 := cfg
 	cfg2.GRPCTLSKey = ""

@@ -76,18 +76,36 @@ func (o Options) withDefaults() Options {
 // target). It does not wait for the connection.
 func Dial(target string, opts Options) (*Client, error) {
 	opts = opts.withDefaults()
-	creds := opts.TLS
-	if creds == nil {
-		creds = insecure.NewCredentials()
+	dial := []grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20))}
+	if opts.TLS != nil {
+		dial = append(dial, grpc.WithTransportCredentials(opts.TLS))
+	} else {
+		dial = append(dial, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, o ...grpc.CallOption) error {
+				return explainPlaintext(invoker(ctx, method, req, reply, cc, o...))
+			}),
+			grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, o ...grpc.CallOption) (grpc.ClientStream, error) {
+				s, err := streamer(ctx, desc, cc, method, o...)
+				return s, explainPlaintext(err)
+			}))
 	}
-	conn, err := grpc.NewClient(target, append([]grpc.DialOption{
-		grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20)),
-	}, opts.DialOptions...)...)
+	conn, err := grpc.NewClient(target, append(dial, opts.DialOptions...)...)
 	if err != nil {
 		return nil, fmt.Errorf("keyfold client: %w", err)
 	}
 	return &Client{conn: conn, owned: true, api: keyfoldv1.NewKeyfoldClient(conn), opts: opts}, nil
+}
+
+// explainPlaintext adds the likely cause to the error of a plaintext call
+// that a node serving TLS cut before its HTTP/2 preface: gRPC reports only
+// "error reading server preface: EOF".
+func explainPlaintext(err error) error {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "server preface") {
+		return err
+	}
+	return status.Error(codes.Unavailable, st.Message()+
+		" (the node may serve TLS while this client speaks plaintext: connect with TLS, e.g. keyfold's --tls or --tls-ca)")
 }
 
 // New returns a client over an existing connection, which Close leaves open.
