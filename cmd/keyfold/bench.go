@@ -1,13 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -15,23 +14,37 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-
-	"github.com/keyfold/keyfold/services/grpcapi/client"
-	"github.com/keyfold/keyfold/services/httpapi"
 )
 
 func newBench() *cobra.Command {
 	var o benchOptions
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Load a node with synthetic events and report durable ingest throughput",
+		Short: "Load a node (or, for comparison, Redis by hand) with synthetic events and report durable ingest throughput",
 		Long: `Load a running node over HTTP (--http, the default) or gRPC (--addr)
-with synthetic login
-events (the fields of examples/quickstart.yaml: user_id, event_id, type,
-amount, geo.country) from --concurrency clients, each sending batches of
---batch events over --keys keys and waiting for each acknowledgement, for
---duration. Run it as a process of its own, so the load generator and the
-node are measured apart.`,
+with synthetic login events (the fields of examples/bench.yaml: user_id,
+event_id, type, amount, geo.country) from --concurrency clients, each
+sending batches of --batch events and waiting for each acknowledgement,
+for --duration. With --stream each gRPC client keeps up to --window
+batches in flight on one IngestStream instead.
+
+Keys are drawn from --keys distinct ones, uniformly or Zipf-skewed
+(--dist zipf, --zipf-s). --preload first sends one event to every key, so
+that the measured phase finds every key stored already (steady state);
+--warmup loads for a while before measuring.
+
+--naive-redis URL loads a Redis by hand instead of a node, the design
+users write without keyfold: per event one Lua script (SET NX of the id
+with a 24h TTL, then HINCRBY/HINCRBYFLOAT/HSET of the key's hash),
+pipelined per batch. Give the Redis appendonly yes and appendfsync always
+so that its replies are as durable as keyfold's acks.
+
+--metrics URL (the node's HTTP base) and --redis-info URL add memory
+figures: the node's RSS and heap per key in memory, Redis used_memory per
+key. --json prints every figure as one JSON object.
+
+Run it as a process of its own, so the load generator and the node are
+measured apart.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f := cmd.Flags()
@@ -41,142 +54,291 @@ node are measured apart.`,
 				}
 				o.grpc = o.grpcOld
 			}
-			switch {
-			case o.grpc != "" && f.Changed("http"):
-				return errors.New("load over HTTP (--http) or gRPC (--addr), not both")
-			case o.grpc != "":
+			targets := 0
+			for _, set := range []bool{o.grpc != "", f.Changed("http"), o.naiveRedis != ""} {
+				if set {
+					targets++
+				}
+			}
+			if targets > 1 {
+				return errors.New("load one target: a node over HTTP (--http) or gRPC (--addr), or Redis by hand (--naive-redis)")
+			}
+			if o.grpc != "" {
 				for _, a := range strings.Split(o.grpc, ",") {
 					if err := checkGRPCAddr("--addr", a); err != nil {
 						return err
 					}
 				}
 			}
+			if o.stream && o.grpc == "" && o.naiveRedis == "" {
+				return errors.New("--stream loads over gRPC (or Redis by hand): give the node's --addr")
+			}
 			return bench(cmd.Context(), o, cmd.OutOrStdout())
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.addr, "http", "http://127.0.0.1:8080", "load over HTTP at the node's base URL (several, comma-separated: the clients take turns, as behind a load balancer)")
-	f.StringVar(&o.grpc, "addr", "", "load over gRPC (unary Ingest) at the node's gRPC host:port instead (several, comma-separated)")
+	f.StringVar(&o.grpc, "addr", "", "load over gRPC at the node's gRPC host:port instead (several, comma-separated)")
 	f.StringVar(&o.grpcOld, "grpc", "", "the old name of --addr")
 	_ = f.MarkDeprecated("grpc", "use --addr (the node's gRPC host:port, as in every command)")
+	f.StringVar(&o.naiveRedis, "naive-redis", "", "load this Redis by hand (one Lua script call per event, pipelined per batch) instead of a node, for comparison")
+	f.BoolVar(&o.stream, "stream", false, "gRPC: one IngestStream per client with up to --window batches awaiting their acks (default: unary Ingest, one batch at a time); with --naive-redis, up to --window pipelines in flight per client")
+	f.IntVar(&o.window, "window", 8, "with --stream: batches in flight per client")
 	f.StringVar(&o.pipeline, "pipeline", "logins", "pipeline to load")
 	f.IntVar(&o.keys, "keys", 10_000, "distinct keys")
+	f.StringVar(&o.dist, "dist", "uniform", "key distribution: uniform, or zipf (a few hot keys, a long tail)")
+	f.Float64Var(&o.zipfS, "zipf-s", 1.1, "with --dist zipf: the exponent (> 1; larger is more skewed)")
+	f.BoolVar(&o.preload, "preload", false, "first send one event to every key (not measured), so that the measured phase finds every key stored")
+	f.DurationVar(&o.warmup, "warmup", 0, "load this long before measuring")
 	f.IntVar(&o.batch, "batch", 100, "events per request")
 	f.IntVar(&o.concurrency, "concurrency", 8, "concurrent clients")
-	f.DurationVar(&o.duration, "duration", 10*time.Second, "how long to load")
+	f.DurationVar(&o.duration, "duration", 10*time.Second, "how long to measure")
+	f.StringVar(&o.metrics, "metrics", "", "the node's HTTP base URL, to report its memory from /metrics after the run")
+	f.StringVar(&o.redisInfo, "redis-info", "", "a Redis URL, to report its used_memory per key after the run")
+	f.BoolVar(&o.json, "json", false, "print the figures as one JSON object")
 	return cmd
 }
 
 type benchOptions struct {
-	addr, grpc, pipeline     string
-	grpcOld                  string
-	keys, batch, concurrency int
-	duration                 time.Duration
+	addr, grpc, grpcOld, naiveRedis string
+	pipeline                        string
+	stream                          bool
+	window                          int
+	keys, batch, concurrency        int
+	dist                            string
+	zipfS                           float64
+	preload                         bool
+	warmup, duration                time.Duration
+	metrics, redisInfo              string
+	json                            bool
+}
+
+// benchEvent is one synthetic event before a sink renders it: its key's
+// number and its sequence number in the run.
+type benchEvent struct {
+	key int
+	n   int64
+}
+
+// benchRun names the run, so ids are unique across runs on one store.
+var benchRun = time.Now().UnixNano()
+
+func (e benchEvent) failed() bool    { return e.n%2 == 1 }
+func (e benchEvent) amount() int64   { return e.n % 100 }
+func (e benchEvent) country() string { return [3]string{"DE", "FR", "US"}[e.n%3] }
+func (e benchEvent) id() string      { return fmt.Sprintf("%d-%d", benchRun, e.n) }
+
+// appendJSON renders the event as the quickstart's login event.
+func (e benchEvent) appendJSON(b []byte) []byte {
+	typ := "login_ok"
+	if e.failed() {
+		typ = "login_failed"
+	}
+	return fmt.Appendf(b, `{"user_id":"u%d","event_id":"%s","type":"%s","amount":%d,"geo":{"country":"%s"}}`,
+		e.key, e.id(), typ, e.amount(), e.country())
+}
+
+// sink takes batches for one client: send returns once the batch is on its
+// way (unary sinks: once it is acknowledged) and done is called with its
+// outcome when it is durable or failed.
+type sink interface {
+	send(ctx context.Context, batch []benchEvent, done func(error)) error
+	close() error
+}
+
+// keyPicker draws key numbers by the distribution.
+type keyPicker func() int
+
+func newKeyPicker(o benchOptions, seed uint64) (keyPicker, error) {
+	r := rand.New(rand.NewPCG(seed, uint64(benchRun)))
+	switch o.dist {
+	case "uniform":
+		return func() int { return r.IntN(o.keys) }, nil
+	case "zipf":
+		if o.zipfS <= 1 {
+			return nil, fmt.Errorf("--zipf-s must be above 1, got %v", o.zipfS)
+		}
+		z := rand.NewZipf(r, o.zipfS, 1, uint64(o.keys-1))
+		return func() int { return int(z.Uint64()) }, nil
+	}
+	return nil, fmt.Errorf("--dist: want uniform or zipf, got %q", o.dist)
+}
+
+// benchResult is what a run measured.
+type benchResult struct {
+	Target     string  `json:"target"`
+	Keys       int     `json:"keys"`
+	Dist       string  `json:"dist"`
+	Events     int64   `json:"events"`
+	Requests   int     `json:"requests"`
+	Seconds    float64 `json:"seconds"`
+	EventsPerS float64 `json:"events_per_s"`
+	P50Ms      float64 `json:"p50_ms"`
+	P90Ms      float64 `json:"p90_ms"`
+	P99Ms      float64 `json:"p99_ms"`
+	MaxMs      float64 `json:"max_ms"`
+	PreloadedS float64 `json:"preload_seconds,omitempty"`
+	memoryStats
 }
 
 func bench(ctx context.Context, o benchOptions, out io.Writer) error {
-	if o.keys < 1 || o.batch < 1 || o.concurrency < 1 || o.duration <= 0 {
-		return errors.New("--keys, --batch, --concurrency and --duration must be positive")
+	if o.keys < 1 || o.batch < 1 || o.concurrency < 1 || o.duration <= 0 || o.window < 1 || o.warmup < 0 {
+		return errors.New("--keys, --batch, --concurrency, --window and --duration must be positive")
 	}
-	// One ingest function per address; client i loads address i mod n.
-	var ingests []func(ctx context.Context, batch []json.RawMessage) error
-	if o.grpc != "" {
-		for _, addr := range strings.Split(o.grpc, ",") {
-			c, err := client.Dial(addr, client.Options{MaxRetries: -1})
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ingests = append(ingests, func(ctx context.Context, batch []json.RawMessage) error {
-				raws := make([][]byte, len(batch))
-				for i, e := range batch {
-					raws[i] = e
+	if _, err := newKeyPicker(o, 0); err != nil {
+		return err
+	}
+	newSink, target, cleanup, err := openSinks(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	sinks := make([]sink, o.concurrency)
+	for i := range sinks {
+		if sinks[i], err = newSink(ctx, i); err != nil {
+			return err
+		}
+	}
+	defer func() {
+		for _, s := range sinks {
+			s.close()
+		}
+	}()
+	var seq atomic.Int64 // event numbers, unique in the run
+	res := benchResult{Target: target, Keys: o.keys, Dist: o.dist}
+
+	if o.preload {
+		start := time.Now()
+		var next atomic.Int64
+		if _, _, err := loadPhase(ctx, o, sinks, &seq, 0, func(int) keyPicker {
+			return func() int {
+				k := int(next.Add(1) - 1)
+				if k >= o.keys {
+					return -1
 				}
-				_, err := c.Ingest(ctx, o.pipeline, raws)
-				return err
-			})
+				return k
+			}
+		}); err != nil {
+			return fmt.Errorf("bench: preload: %w", err)
 		}
-	} else {
-		for _, addr := range strings.Split(o.addr, ",") {
-			c := &httpapi.Client{Base: addr, HTTP: &http.Client{
-				Transport: &http.Transport{MaxIdleConnsPerHost: o.concurrency},
-				Timeout:   time.Minute,
-			}}
-			ingests = append(ingests, func(ctx context.Context, batch []json.RawMessage) error {
-				_, _, err := c.Ingest(ctx, o.pipeline, batch)
-				return err
-			})
+		res.PreloadedS = time.Since(start).Seconds()
+	}
+	pickers := func(i int) keyPicker { p, _ := newKeyPicker(o, uint64(i)+1); return p }
+	if o.warmup > 0 {
+		if _, _, err := loadPhase(ctx, o, sinks, &seq, o.warmup, pickers); err != nil {
+			return fmt.Errorf("bench: warmup: %w", err)
 		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, o.duration)
-	defer cancel()
-	run := time.Now().UnixNano() // ids unique across runs
-	var (
-		seq, events atomic.Int64
-		mu          sync.Mutex
-		latencies   []time.Duration
-		firstErr    error
-		wg          sync.WaitGroup
-	)
 	start := time.Now()
-	for client := range o.concurrency {
-		ingest := ingests[client%len(ingests)]
+	events, latencies, err := loadPhase(ctx, o, sinks, &seq, o.duration, pickers)
+	// Acks that came after the phase's end are not counted, nor is the
+	// time spent waiting for them.
+	elapsed := min(time.Since(start), o.duration)
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	if len(latencies) == 0 {
+		return errors.New("bench: no request completed")
+	}
+	slices.Sort(latencies)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	q := func(p float64) time.Duration { return latencies[int(p*float64(len(latencies)-1))] }
+	res.Events, res.Requests, res.Seconds = events, len(latencies), elapsed.Seconds()
+	res.EventsPerS = float64(events) / elapsed.Seconds()
+	res.P50Ms, res.P90Ms, res.P99Ms, res.MaxMs = ms(q(0.5)), ms(q(0.9)), ms(q(0.99)), ms(latencies[len(latencies)-1])
+	if err := res.memoryStats.collect(ctx, o); err != nil {
+		return fmt.Errorf("bench: memory figures: %w", err)
+	}
+	if o.json {
+		return json.NewEncoder(out).Encode(res)
+	}
+	r := func(d time.Duration) time.Duration { return d.Round(10 * time.Microsecond) }
+	fmt.Fprintf(out, "%d events in %d requests over %v: %.0f events/s; ack latency p50 %v p90 %v p99 %v max %v\n",
+		events, len(latencies), elapsed.Round(time.Millisecond), res.EventsPerS,
+		r(q(0.5)), r(q(0.9)), r(q(0.99)), r(latencies[len(latencies)-1]))
+	if s := res.memoryStats.String(); s != "" {
+		fmt.Fprintln(out, s)
+	}
+	return nil
+}
+
+// loadPhase runs every client for d (0: until its picker returns -1) and
+// returns the events acknowledged and each batch's ack latency.
+func loadPhase(ctx context.Context, o benchOptions, sinks []sink, seq *atomic.Int64, d time.Duration, picker func(int) keyPicker) (int64, []time.Duration, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if d > 0 {
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
+	var (
+		events    atomic.Int64
+		mu        sync.Mutex
+		latencies []time.Duration
+		firstErr  error
+		wg        sync.WaitGroup
+	)
+	fail := func(err error) {
+		// A call cut by the end of the phase is not an error (gRPC may
+		// report its deadline a moment before ctx does).
+		if dl, ok := ctx.Deadline(); ctx.Err() != nil || ok && time.Until(dl) < 100*time.Millisecond {
+			return
+		}
+		mu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		mu.Unlock()
+		cancel()
+	}
+	for i, s := range sinks {
+		pick := picker(i)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			batch := make([]json.RawMessage, o.batch)
-			var buf bytes.Buffer
 			var mine []time.Duration
+			var inflight sync.WaitGroup
+			var mineMu sync.Mutex
 			for ctx.Err() == nil {
-				base := seq.Add(int64(o.batch)) - int64(o.batch)
-				buf.Reset()
-				offsets := make([]int, 0, o.batch+1)
-				for i := range int64(o.batch) {
-					n := base + i
-					offsets = append(offsets, buf.Len())
-					fmt.Fprintf(&buf, `{"user_id":"u%d","event_id":"%d-%d","type":"%s","amount":%d,"geo":{"country":"%s"}}`,
-						n%int64(o.keys), run, n, [2]string{"login_ok", "login_failed"}[n%2], n%100, [3]string{"DE", "FR", "US"}[n%3])
-				}
-				offsets = append(offsets, buf.Len())
-				for i := range batch {
-					batch[i] = buf.Bytes()[offsets[i]:offsets[i+1]]
-				}
-				t0 := time.Now()
-				if err := ingest(ctx, batch); err != nil {
-					// A call cut by the end of the run is not an error (gRPC
-					// may report its deadline a moment before ctx does).
-					if dl, _ := ctx.Deadline(); ctx.Err() == nil && time.Until(dl) > 100*time.Millisecond {
-						mu.Lock()
-						if firstErr == nil {
-							firstErr = err
-						}
-						mu.Unlock()
-						cancel()
+				batch := make([]benchEvent, 0, o.batch)
+				for range o.batch {
+					k := pick()
+					if k < 0 {
+						break
 					}
+					batch = append(batch, benchEvent{key: k, n: seq.Add(1)})
+				}
+				if len(batch) == 0 {
 					break
 				}
-				mine = append(mine, time.Since(t0))
-				events.Add(int64(o.batch))
+				t0 := time.Now()
+				inflight.Add(1)
+				n := int64(len(batch))
+				err := s.send(ctx, batch, func(err error) {
+					defer inflight.Done()
+					if err != nil {
+						fail(err)
+						return
+					}
+					if ctx.Err() == nil {
+						mineMu.Lock()
+						mine = append(mine, time.Since(t0))
+						mineMu.Unlock()
+						events.Add(n)
+					}
+				})
+				if err != nil {
+					inflight.Done()
+					fail(err)
+					break
+				}
 			}
+			inflight.Wait()
 			mu.Lock()
 			latencies = append(latencies, mine...)
 			mu.Unlock()
 		}()
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
-	if firstErr != nil {
-		return fmt.Errorf("bench: %w", firstErr)
-	}
-	if len(latencies) == 0 {
-		return errors.New("bench: no request completed")
-	}
-	slices.Sort(latencies)
-	q := func(p float64) time.Duration {
-		return latencies[int(p*float64(len(latencies)-1))].Round(10 * time.Microsecond)
-	}
-	fmt.Fprintf(out, "%d events in %d requests over %v: %.0f events/s; ack latency p50 %v p90 %v p99 %v max %v\n",
-		events.Load(), len(latencies), elapsed.Round(time.Millisecond), float64(events.Load())/elapsed.Seconds(),
-		q(0.5), q(0.9), q(0.99), latencies[len(latencies)-1].Round(10*time.Microsecond))
-	return nil
+	return events.Load(), latencies, firstErr
 }

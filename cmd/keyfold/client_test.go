@@ -24,6 +24,7 @@ import (
 
 	"github.com/keyfold/keyfold"
 	"github.com/keyfold/keyfold/actors/fold"
+	"github.com/keyfold/keyfold/persistence/redisstore/redistest"
 	"github.com/keyfold/keyfold/services/servicetest"
 )
 
@@ -181,6 +182,46 @@ func TestBench(t *testing.T) {
 	}
 	if _, err := runCLI(t, "bench", "--http", base, "--pipeline", "nope", "--duration", "300ms"); err == nil || !strings.Contains(err.Error(), "404") {
 		t.Errorf("bench against an unknown pipeline: %v", err)
+	}
+
+	// The state-at-scale comparison's modes: a stream with a window, Zipf
+	// keys, a preload of every key, memory figures, JSON; every key the
+	// preload sent exists afterwards.
+	out, err = runCLI(t, "bench", "--addr", grpcAddr, "--stream", "--window", "4", "--dist", "zipf", "--keys", "50",
+		"--preload", "--duration", "300ms", "--batch", "10", "--concurrency", "2", "--metrics", base, "--json")
+	var res benchResult
+	if err != nil || json.Unmarshal([]byte(out), &res) != nil || res.Target != "keyfold-grpc-stream" || res.Events == 0 || res.NodeActiveKeys == 0 || res.NodeRSS == 0 {
+		t.Fatalf("bench --stream --json: %v\n%s", err, out)
+	}
+	for _, k := range []string{"u0", "u49"} {
+		if out, err := runCLI(t, "get", "--addr", grpcAddr, "logins", k); err != nil {
+			t.Errorf("key %s after --preload: %v\n%s", k, err, out)
+		}
+	}
+
+	// The hand-written Redis design it is compared with, on a real Redis:
+	// every event counted once per key, ids remembered.
+	rs := redistest.Start(t)
+	out, err = runCLI(t, "bench", "--naive-redis", rs.URL(), "--stream", "--keys", "7", "--preload", "--duration", "300ms",
+		"--batch", "10", "--concurrency", "2", "--redis-info", rs.URL(), "--json")
+	if err != nil || json.Unmarshal([]byte(out), &res) != nil || res.Target != "naive-redis" || res.RedisUsed == 0 {
+		t.Fatalf("bench --naive-redis: %v\n%s", err, out)
+	}
+	rdb := rs.Client()
+	total, ids := int64(0), 0
+	for k := range 7 {
+		n, err := rdb.HGet(t.Context(), fmt.Sprintf("naive:logins:u%d", k), "total").Int64()
+		if err != nil {
+			t.Fatalf("naive key u%d: %v", k, err)
+		}
+		total += n
+	}
+	iter := rdb.Scan(t.Context(), 0, "naive:logins:*:id:*", 1000).Iterator()
+	for iter.Next(t.Context()) {
+		ids++
+	}
+	if int64(ids) != total || total < res.Events+7 {
+		t.Errorf("naive Redis: %d events counted, %d ids remembered; want them equal and at least the %d measured + 7 preloaded", total, ids, res.Events)
 	}
 }
 

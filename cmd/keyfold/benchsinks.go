@@ -1,0 +1,283 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keyfold/keyfold/services/grpcapi/client"
+	"github.com/keyfold/keyfold/services/httpapi"
+)
+
+// openSinks prepares the target of a bench: it returns a constructor of
+// one client's sink (client i of the run), the target's name, and what to
+// close at the end.
+func openSinks(ctx context.Context, o benchOptions) (func(context.Context, int) (sink, error), string, func(), error) {
+	switch {
+	case o.naiveRedis != "":
+		opts, err := redis.ParseURL(o.naiveRedis)
+		if err != nil {
+			return nil, "", nil, fmt.Errorf("--naive-redis: %w", err)
+		}
+		opts.PoolSize = o.concurrency + 2
+		rdb := redis.NewClient(opts)
+		if err := rdb.Ping(ctx).Err(); err != nil {
+			rdb.Close()
+			return nil, "", nil, fmt.Errorf("--naive-redis: %w", err)
+		}
+		if err := naiveScript.Load(ctx, rdb).Err(); err != nil {
+			rdb.Close()
+			return nil, "", nil, fmt.Errorf("--naive-redis: load the script: %w", err)
+		}
+		window := 1
+		if o.stream {
+			window = o.window
+		}
+		return func(context.Context, int) (sink, error) {
+			return &naiveSink{rdb: rdb, pipeline: o.pipeline, slots: make(chan struct{}, window)}, nil
+		}, "naive-redis", func() { rdb.Close() }, nil
+
+	case o.grpc != "":
+		var clients []*client.Client
+		for _, addr := range strings.Split(o.grpc, ",") {
+			c, err := client.Dial(addr, client.Options{MaxRetries: -1})
+			if err != nil {
+				for _, c := range clients {
+					c.Close()
+				}
+				return nil, "", nil, err
+			}
+			clients = append(clients, c)
+		}
+		cleanup := func() {
+			for _, c := range clients {
+				c.Close()
+			}
+		}
+		if o.stream {
+			return func(ctx context.Context, i int) (sink, error) {
+				st, err := clients[i%len(clients)].Stream(ctx, o.pipeline, o.window)
+				if err != nil {
+					return nil, err
+				}
+				return &streamSink{st: st}, nil
+			}, "keyfold-grpc-stream", cleanup, nil
+		}
+		return func(_ context.Context, i int) (sink, error) {
+			return &unarySink{ingest: func(ctx context.Context, raws [][]byte) error {
+				_, err := clients[i%len(clients)].Ingest(ctx, o.pipeline, raws)
+				return err
+			}}, nil
+		}, "keyfold-grpc", cleanup, nil
+
+	default:
+		var clients []*httpapi.Client
+		for _, addr := range strings.Split(o.addr, ",") {
+			clients = append(clients, &httpapi.Client{Base: addr, HTTP: &http.Client{
+				Transport: &http.Transport{MaxIdleConnsPerHost: o.concurrency},
+				Timeout:   time.Minute,
+			}})
+		}
+		return func(_ context.Context, i int) (sink, error) {
+			c := clients[i%len(clients)]
+			return &unarySink{ingest: func(ctx context.Context, raws [][]byte) error {
+				events := make([]json.RawMessage, len(raws))
+				for i, r := range raws {
+					events[i] = r
+				}
+				_, _, err := c.Ingest(ctx, o.pipeline, events)
+				return err
+			}}, nil
+		}, "keyfold-http", func() {}, nil
+	}
+}
+
+// render turns a batch into the events' JSON, sharing one buffer.
+func render(batch []benchEvent) [][]byte {
+	buf := make([]byte, 0, len(batch)*110)
+	offsets := make([]int, 0, len(batch)+1)
+	for _, e := range batch {
+		offsets = append(offsets, len(buf))
+		buf = e.appendJSON(buf)
+	}
+	offsets = append(offsets, len(buf))
+	raws := make([][]byte, len(batch))
+	for i := range raws {
+		raws[i] = buf[offsets[i]:offsets[i+1]]
+	}
+	return raws
+}
+
+// unarySink sends a batch and waits for its ack.
+type unarySink struct {
+	ingest func(ctx context.Context, raws [][]byte) error
+}
+
+func (s *unarySink) send(ctx context.Context, batch []benchEvent, done func(error)) error {
+	done(s.ingest(ctx, render(batch)))
+	return nil
+}
+
+func (s *unarySink) close() error { return nil }
+
+// streamSink keeps up to the stream's window of batches in flight.
+type streamSink struct{ st *client.Stream }
+
+func (s *streamSink) send(_ context.Context, batch []benchEvent, done func(error)) error {
+	return s.st.Send(render(batch), func(_ client.Result, err error) { done(err) })
+}
+
+func (s *streamSink) close() error { return s.st.Close() }
+
+// naiveScript is the per-event design users write by hand instead of
+// keyfold: remember the id for a day (SET NX PX), and only for a new id
+// update the key's hash with the five aggregates of examples/bench.yaml
+// (count, count of failed logins, sum and max of amount, last country).
+//
+// KEYS[1] the id's key, KEYS[2] the key's hash; ARGV: ttl (ms), failed
+// (0/1), amount, country.
+var naiveScript = redis.NewScript(`
+if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then return 0 end
+redis.call('HINCRBY', KEYS[2], 'total', 1)
+if ARGV[2] == '1' then redis.call('HINCRBY', KEYS[2], 'failed', 1) end
+redis.call('HINCRBYFLOAT', KEYS[2], 'amount', ARGV[3])
+local m = redis.call('HGET', KEYS[2], 'biggest')
+if not m or tonumber(ARGV[3]) > tonumber(m) then redis.call('HSET', KEYS[2], 'biggest', ARGV[3]) end
+redis.call('HSET', KEYS[2], 'country', ARGV[4])
+return 1
+`)
+
+// naiveSink runs naiveScript once per event, pipelined per batch, with up
+// to cap(slots) batches in flight (as a stream keeps its window).
+type naiveSink struct {
+	rdb      *redis.Client
+	pipeline string
+	slots    chan struct{}
+}
+
+const naiveDedupTTL = 24 * time.Hour
+
+func (s *naiveSink) send(ctx context.Context, batch []benchEvent, done func(error)) error {
+	p := s.rdb.Pipeline()
+	ttl := strconv.FormatInt(naiveDedupTTL.Milliseconds(), 10)
+	for _, e := range batch {
+		failed := "0"
+		if e.failed() {
+			failed = "1"
+		}
+		key := "naive:" + s.pipeline + ":u" + strconv.Itoa(e.key)
+		naiveScript.EvalSha(ctx, p, []string{key + ":id:" + e.id(), key}, ttl, failed, e.amount(), e.country())
+	}
+	select {
+	case s.slots <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	go func() {
+		_, err := p.Exec(context.WithoutCancel(ctx)) // in flight: its reply is awaited
+		<-s.slots
+		done(err)
+	}()
+	return nil
+}
+
+func (s *naiveSink) close() error { return nil }
+
+// memoryStats are the memory figures of a run, read after it.
+type memoryStats struct {
+	NodeRSS        float64 `json:"node_rss_bytes,omitempty"`
+	NodeHeap       float64 `json:"node_heap_inuse_bytes,omitempty"`
+	NodeActiveKeys float64 `json:"node_active_keys,omitempty"`
+	RSSPerKey      float64 `json:"node_rss_per_key,omitempty"`
+	HeapPerKey     float64 `json:"node_heap_per_key,omitempty"`
+	RedisUsed      float64 `json:"redis_used_memory_bytes,omitempty"`
+	RedisKeys      float64 `json:"redis_keys,omitempty"`
+	RedisPerKey    float64 `json:"redis_used_memory_per_bench_key,omitempty"`
+}
+
+func (m *memoryStats) collect(ctx context.Context, o benchOptions) error {
+	if o.metrics != "" {
+		v, err := scrapeMetrics(ctx, o.metrics, "process_resident_memory_bytes", "go_memstats_heap_inuse_bytes", "keyfold_active_keys")
+		if err != nil {
+			return err
+		}
+		m.NodeRSS, m.NodeHeap, m.NodeActiveKeys = v[0], v[1], v[2]
+		if m.NodeActiveKeys > 0 {
+			m.RSSPerKey, m.HeapPerKey = m.NodeRSS/m.NodeActiveKeys, m.NodeHeap/m.NodeActiveKeys
+		}
+	}
+	if o.redisInfo != "" {
+		opts, err := redis.ParseURL(o.redisInfo)
+		if err != nil {
+			return fmt.Errorf("--redis-info: %w", err)
+		}
+		rdb := redis.NewClient(opts)
+		defer rdb.Close()
+		info, err := rdb.InfoMap(ctx, "memory").Result()
+		if err != nil {
+			return fmt.Errorf("--redis-info: %w", err)
+		}
+		m.RedisUsed, _ = strconv.ParseFloat(info["Memory"]["used_memory"], 64)
+		n, err := rdb.DBSize(ctx).Result()
+		if err != nil {
+			return fmt.Errorf("--redis-info: %w", err)
+		}
+		m.RedisKeys = float64(n)
+		m.RedisPerKey = m.RedisUsed / float64(o.keys)
+	}
+	return nil
+}
+
+func (m memoryStats) String() string {
+	var parts []string
+	if m.NodeRSS > 0 {
+		parts = append(parts, fmt.Sprintf("node RSS %.0f MiB, heap %.0f MiB, %.0f keys in memory (%.0f B RSS, %.0f B heap per key)",
+			m.NodeRSS/(1<<20), m.NodeHeap/(1<<20), m.NodeActiveKeys, m.RSSPerKey, m.HeapPerKey))
+	}
+	if m.RedisUsed > 0 {
+		parts = append(parts, fmt.Sprintf("redis used_memory %.0f MiB in %.0f Redis keys (%.0f B per bench key)",
+			m.RedisUsed/(1<<20), m.RedisKeys, m.RedisPerKey))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "memory: " + strings.Join(parts, "; ")
+}
+
+// scrapeMetrics reads the named (unlabelled) samples from a node's
+// /metrics, in the order asked; a missing one is 0.
+func scrapeMetrics(ctx context.Context, base string, names ...string) ([]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+"/metrics", nil)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("--metrics: GET /metrics: %s", resp.Status)
+	}
+	want := map[string]int{}
+	for i, n := range names {
+		want[n] = i
+	}
+	out := make([]float64, len(names))
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		name, value, ok := strings.Cut(sc.Text(), " ")
+		if i, found := want[name]; ok && found {
+			out[i], _ = strconv.ParseFloat(value, 64)
+		}
+	}
+	return out, sc.Err()
+}

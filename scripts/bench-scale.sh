@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# State at scale, side by side in one run: for each key count and key
+# distribution, the same load (`keyfold bench`, gRPC IngestStream: 4
+# clients, 8 batches of 100 events in flight each) against
+#   naive     the per-event Redis design users write by hand (one Lua script
+#             call per event: SET NX of the id, HINCRBY/HINCRBYFLOAT/HSET),
+#             pipelined per batch;
+#   redis     keyfold serve --redis on the same Redis;
+#   embedded  keyfold serve on its embedded store.
+# The Redis has appendonly yes and appendfsync always, so every reply is as
+# durable as a keyfold ack. Each target starts empty (FLUSHALL, a new data
+# directory). Phase "first" measures from an empty store (mostly first-time
+# keys at large counts); phase "steady" first sends one event to every key
+# (--preload), then measures: every key is stored already, and beyond
+# max_active_keys most are not in memory.
+#
+# Usage: scripts/bench-scale.sh [KEY COUNTS...]      (default: 10000 100000 1000000)
+#   RUNS=3 DURATION=8s DISTS="uniform zipf" PHASES="first steady" CONFIG=examples/bench.yaml
+# Prints one JSON line per measurement to $OUT (default: a temp file) and a
+# table of medians with the ratios to naive. Everything it starts is stopped
+# by PID when it exits.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+keys=("${@:-10000 100000 1000000}")
+[ ${#keys[@]} -eq 1 ] && read -ra keys <<<"${keys[0]}"
+runs=${RUNS:-3}
+duration=${DURATION:-8s}
+read -ra dists <<<"${DISTS:-uniform zipf}"
+read -ra phases <<<"${PHASES:-first steady}"
+config=${CONFIG:-$root/examples/bench.yaml}
+load=(--stream --window 8 --concurrency 4 --batch 100 --duration "$duration")
+
+work=$(mktemp -d)
+out=${OUT:-$work/results.jsonl}
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	rm -rf "$work/redis" "$work/data"
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+go build -o "$work/keyfold" "$root/cmd/keyfold"
+kf=$work/keyfold
+rport=$(free_port)
+mkdir -p "$work/redis"
+redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly yes --appendfsync always \
+	--dir "$work/redis" --daemonize no >"$work/redis.log" 2>&1 &
+pids+=($!)
+until redis-cli -p "$rport" ping >/dev/null 2>&1; do sleep 0.05; done
+redis=redis://127.0.0.1:$rport
+
+# node STORE_ARGS...: start a node, wait until it is ready; sets npid, grpc, http.
+node() {
+	local hport gport
+	hport=$(free_port)
+	gport=$(free_port)
+	"$kf" serve --config "$config" --http "127.0.0.1:$hport" --grpc "127.0.0.1:$gport" "$@" >>"$work/node.log" 2>&1 &
+	npid=$!
+	pids+=("$npid")
+	http=http://127.0.0.1:$hport
+	grpc=127.0.0.1:$gport
+	until "$kf" health --addr "$grpc" >/dev/null 2>&1; do sleep 0.1; done
+}
+stop_node() {
+	kill "$npid"
+	wait "$npid" 2>/dev/null || true
+}
+# record TARGET KEYS DIST PHASE RUN BENCH_ARGS...: run one measurement.
+record() {
+	local target=$1 k=$2 dist=$3 phase=$4 run=$5
+	shift 5
+	local pre=()
+	[ "$phase" = steady ] && pre=(--preload)
+	"$kf" bench "${load[@]}" --keys "$k" --dist "$dist" "${pre[@]}" --json "$@" |
+		python3 -c 'import json,sys; d=json.load(sys.stdin); d.update(target=sys.argv[1], phase=sys.argv[2], run=int(sys.argv[3])); print(json.dumps(d))' \
+			"$target" "$phase" "$run" | tee -a "$out"
+}
+
+for k in "${keys[@]}"; do
+	for dist in "${dists[@]}"; do
+		for phase in "${phases[@]}"; do
+			for run in $(seq 1 "$runs"); do
+				redis-cli -p "$rport" flushall >/dev/null
+				record naive "$k" "$dist" "$phase" "$run" --naive-redis "$redis" --redis-info "$redis"
+
+				redis-cli -p "$rport" flushall >/dev/null
+				node --redis "$redis"
+				record redis "$k" "$dist" "$phase" "$run" --addr "$grpc" --metrics "$http" --redis-info "$redis"
+				stop_node
+
+				rm -rf "$work/data"
+				node --data "$work/data"
+				record embedded "$k" "$dist" "$phase" "$run" --addr "$grpc" --metrics "$http"
+				stop_node
+			done
+		done
+	done
+done
+
+python3 - "$out" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+groups = {}
+for r in rows:
+    groups.setdefault((r["keys"], r["dist"], r["phase"]), {}).setdefault(r["target"], []).append(r)
+med = lambda rs, f: statistics.median(r.get(f, 0) for r in rs)
+print(f'{"keys":>9} {"dist":8} {"phase":7} {"naive ev/s":>11} {"redis ev/s":>11} {"x naive":>7} {"p99 ms":>7} {"embedded":>10} {"x naive":>7} {"p99 ms":>7} {"B/key heap":>10} {"runs":>4}')
+for (k, dist, phase), t in sorted(groups.items()):
+    n, rd, e = (med(t.get(x, [{}]), "events_per_s") for x in ("naive", "redis", "embedded"))
+    print(f'{k:>9} {dist:8} {phase:7} {n:>11.0f} {rd:>11.0f} {rd/n if n else 0:>7.2f} {med(t.get("redis", [{}]), "p99_ms"):>7.0f} '
+          f'{e:>10.0f} {e/n if n else 0:>7.2f} {med(t.get("embedded", [{}]), "p99_ms"):>7.0f} {med(t.get("embedded", [{}]), "node_heap_per_key"):>10.0f} {len(t.get("naive", []))}')
+EOF
+echo "measurements: $out"
