@@ -52,6 +52,8 @@ type Host struct {
 
 	stats hostStats
 
+	dispatcher *workerDispatcher // runs the grains' mailboxes
+
 	// Event time (see timers.go). timed is set when a pipeline has windows
 	// or patterns, expiring when one has a ttl; clocks are the node's
 	// pipeline clocks, under mu.
@@ -119,6 +121,7 @@ func New(cfg Config) (*Host, error) {
 		lostNow:       make(chan struct{}, 1),
 		failCh:        make(chan struct{}),
 		clocks:        make(map[string]*fold.Clock),
+		dispatcher:    newWorkerDispatcher(),
 	}
 	h.outputs.init()
 	for i := range h.groups {
@@ -229,6 +232,7 @@ func (h *Host) stopAll() {
 	}
 	h.mu.Unlock()
 	h.system.Shutdown()
+	h.dispatcher.close()
 }
 
 // fail stops the host after an error it cannot recover from by itself (a
@@ -436,7 +440,7 @@ func (h *Host) sendLocked(id keyID, group uint32, msg any) {
 			pstats: h.stats.pipelines[id.pipeline]}
 		// The grain recovers its own panics (failing the host), so the
 		// supervisor never restarts it with a half-applied state.
-		props := actor.PropsFromProducer(func() actor.Actor { return g })
+		props := actor.PropsFromProducer(func() actor.Actor { return g }, actor.WithDispatcher(h.dispatcher))
 		a = &activation{pid: h.system.Root.Spawn(props), group: group, epoch: epoch}
 		h.active[id] = a
 		h.stats.activations.Add(1)

@@ -1,0 +1,106 @@
+package actors_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/actors/fold"
+	"github.com/keyfold/keyfold/persistence/embedded"
+)
+
+// BenchmarkIngestKeys measures durable ingest on the host directly (no
+// transport) as the number of keys grows: 32 submitters, batches of 100
+// events with unique ids over uniformly drawn keys, the five aggregates of
+// examples/bench.yaml, on the embedded store. It is what the CPU profiles
+// of the state-at-scale work (BENCHMARKS.md) are taken from:
+//
+//	go test -run '^$' -bench IngestKeys -benchtime 400000x -cpuprofile cpu.out ./actors
+//
+// Each sub-benchmark starts from an empty store, so at large key counts
+// most events meet a key for the first time; with -preload every key is
+// stored first (steady state).
+func BenchmarkIngestKeys(b *testing.B) {
+	for _, keys := range []int{10_000, 100_000, 1_000_000} {
+		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) { benchIngestKeys(b, keys) })
+	}
+}
+
+func benchPipeline(b *testing.B) map[string]*fold.Pipeline {
+	p, err := fold.Compile("logins", fold.Spec{Key: "user_id", ID: "event_id", Aggregates: map[string]fold.AggregateSpec{
+		"total":   {Op: "count"},
+		"failed":  {Op: "count", Where: "type == 'login_failed'"},
+		"amount":  {Op: "sum", Field: "amount"},
+		"biggest": {Op: "max", Field: "amount"},
+		"country": {Op: "last", Field: "geo.country"},
+	}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return map[string]*fold.Pipeline{"logins": p}
+}
+
+func benchIngestKeys(b *testing.B, keys int) {
+	store, err := embedded.Open(b.TempDir(), embedded.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer store.Close()
+	h, err := actors.New(actors.Config{Store: store, Pipelines: benchPipeline(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := h.Recover(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Error(err)
+		}
+	}()
+
+	const submitters, batch = 32, 100
+	batches := make(chan int, submitters)
+	var wg sync.WaitGroup
+	var firstErr error
+	var errOnce sync.Once
+	b.ResetTimer()
+	for s := range submitters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(s), 1))
+			raws := make([][]byte, batch)
+			for n := range batches {
+				for i := range raws {
+					seq := n*batch + i
+					raws[i] = fmt.Appendf(raws[i][:0], `{"user_id":"u%d","event_id":"e%d","type":"%s","amount":%d,"geo":{"country":"%s"}}`,
+						r.IntN(keys), seq, [2]string{"login_ok", "login_failed"}[seq%2], seq%100, [3]string{"DE", "FR", "US"}[seq%3])
+				}
+				if _, err := h.Ingest(context.Background(), "logins", raws); err != nil {
+					errOnce.Do(func() { firstErr = err })
+				}
+			}
+		}()
+	}
+	n := (b.N + batch - 1) / batch
+	for i := range n {
+		batches <- i
+	}
+	close(batches)
+	wg.Wait()
+	b.StopTimer()
+	if firstErr != nil {
+		b.Fatal(firstErr)
+	}
+	st := h.Stats()
+	b.ReportMetric(float64(st.ActiveKeys), "active_keys")
+	b.ReportMetric(float64(n*batch)/b.Elapsed().Seconds(), "events/s")
+}
