@@ -136,6 +136,8 @@ func (h *Host) commit(reqs []*ingestReq) {
 	if timed != nil {
 		h.stampLocked(reqs, groups, timed, nowMs)
 	}
+	// The keys to activate are read while the append syncs.
+	pf := h.prefetchLocked(groups)
 	h.mu.Unlock()
 	if len(groups) == 0 {
 		return
@@ -174,6 +176,9 @@ func (h *Host) commit(reqs []*ingestReq) {
 	positions, err := h.store.Append(ctx, entries)
 	cancel()
 	h.stats.commits.Add(1)
+	if pf != nil {
+		<-pf.done
+	}
 
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -211,7 +216,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 		}
 		for _, kb := range gb.keys {
 			kb.msg.pos = pos
-			h.sendLocked(kb.id, gb.group, &kb.msg)
+			h.sendLoadedLocked(kb.id, gb.group, &kb.msg, pf.takeLocked(h, gb.group, kb.id))
 			gs.dirty[kb.id] = pos
 		}
 		for _, w := range gb.watermarks {

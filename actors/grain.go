@@ -2,7 +2,6 @@ package actors
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -89,6 +88,9 @@ type grain struct {
 	reported int64                // the next timer the host's index has
 	expiry   int64                // when the host's index says the key expires (0: never)
 	lastNow  int64                // the latest processing time of its inputs
+	// preloaded is the key's snapshot if the commit that activated it read
+	// it already (activate.go); nil: the grain reads it.
+	preloaded *loaded
 }
 
 func (g *grain) Receive(c actor.Context) {
@@ -128,45 +130,21 @@ func (g *grain) activate() {
 }
 
 func (g *grain) load() error {
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-	defer cancel()
-	data, err := g.host.store.Get(ctx, g.group, g.id.snapshotKey())
-	if errors.Is(err, persistence.ErrNotFound) {
-		return nil // a new key
-	}
-	if err != nil {
-		return err
-	}
-	var snap keyfoldv1.Snapshot
-	if err := proto.Unmarshal(data, &snap); err != nil {
-		return err
-	}
-	buckets := map[int64][]byte{}
-	if ids := snap.GetState().GetSeenBuckets(); len(ids) > 0 {
-		keys := make([]string, len(ids))
-		for i, b := range ids {
-			keys[i] = g.id.bucketKey(b)
-		}
-		vals, err := g.host.store.GetMany(ctx, g.group, keys)
+	l := g.preloaded
+	g.preloaded = nil
+	if l == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+		defer cancel()
+		ls, err := loadKeys(ctx, g.host.store, g.host.cfg.Pipelines, g.group, []keyID{g.id})
 		if err != nil {
 			return err
 		}
-		for i, b := range ids {
-			if i < len(vals) && vals[i] != nil {
-				buckets[b] = vals[i]
-			}
-		}
+		l = &ls[0]
 	}
-	state, err := g.pipeline.RestoreParts(snap.State, func(b int64) ([]byte, error) {
-		if d, ok := buckets[b]; ok {
-			return d, nil
-		}
-		return nil, persistence.ErrNotFound
-	})
-	if err != nil {
-		return err
+	if !l.found {
+		return nil // a new key
 	}
-	g.pos, g.state = snap.Position, state
+	g.pos, g.state = l.pos, l.state
 	g.reported = g.pipeline.NextTimer(&g.state) // what the store's index says
 	g.expiry = g.pipeline.Expiry(&g.state, 0)
 	// Everything restored is stored, unless RestoreParts asked for a

@@ -433,11 +433,18 @@ func (h *Host) Query(ctx context.Context, pipeline, key string) (KeyView, error)
 // sendLocked sends msg to the key's grain, activating it if needed. h.mu
 // must be held.
 func (h *Host) sendLocked(id keyID, group uint32, msg any) {
+	h.sendLoadedLocked(id, group, msg, nil)
+}
+
+// sendLoadedLocked is sendLocked for a key whose snapshot may have been read
+// already (l, nil if not): a grain it activates starts from l instead of
+// reading the store. h.mu must be held.
+func (h *Host) sendLoadedLocked(id keyID, group uint32, msg any, l *loaded) {
 	a := h.active[id]
 	if a == nil {
 		epoch := h.groups[group].epoch
 		g := &grain{host: h, id: id, group: group, epoch: epoch, pipeline: h.cfg.Pipelines[id.pipeline],
-			pstats: h.stats.pipelines[id.pipeline]}
+			pstats: h.stats.pipelines[id.pipeline], preloaded: l}
 		// The grain recovers its own panics (failing the host), so the
 		// supervisor never restarts it with a half-applied state.
 		props := actor.PropsFromProducer(func() actor.Actor { return g }, actor.WithDispatcher(h.dispatcher))

@@ -333,7 +333,10 @@ func TestFailedActivationRetakesGroup(t *testing.T) {
 	hs := start(t, fs, actors.Config{Groups: 2, CheckpointInterval: time.Millisecond, IdleTimeout: time.Millisecond})
 	hs.ingest(event("a", "1", 1))
 	eventually(t, "a to be passivated", func() bool { return hs.host.Stats().ActiveKeys == 0 })
+	// Both reads fail: the commit's batched read of the keys it activates,
+	// then the grain's own read, which it falls back to.
 	fs.FailNext(faultstore.OpGet, errors.New("injected"))
+	fs.FailNth(faultstore.OpGet, 2, errors.New("injected"))
 	if _, err := hs.host.Ingest(context.Background(), "p", [][]byte{event("a", "2", 2)}); err != nil {
 		t.Fatalf("ingest activating a key whose snapshot read fails: %v", err)
 	}

@@ -1,0 +1,153 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/keyfold/keyfold/actors/fold"
+	"github.com/keyfold/keyfold/persistence"
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
+	"google.golang.org/protobuf/proto"
+)
+
+// Activation reads snapshots in batches. A key the commit loop is about to
+// activate is read together with the other keys of its group the same
+// commit activates, while the commit's append is syncing: two batched reads
+// per group (the snapshots, then the id buckets they name), where one read
+// per key inside each grain's mailbox cost a fifth of the CPU at a million
+// keys (BENCHMARKS.md), and a round trip per key on Redis.
+//
+// Why such a read is current when the grain starts from it: only keys that
+// are not active are read; a key that is not active is clean (its snapshot
+// holds its state: passivation takes clean keys only); and only a commit
+// makes a key dirty, and commits run one at a time, this one waiting for its
+// read. (Checkpoints of the group meanwhile write only dirty, so active,
+// keys.) A take-over of the group meanwhile replays it into new grains, and
+// this commit then does not dispatch to it; the read also records the
+// group's epoch and is dropped if it moved. A key a query activates reads
+// for itself.
+
+// loaded is a key's state as read from the store.
+type loaded struct {
+	found bool // the key has a snapshot
+	state fold.State
+	pos   persistence.Position
+}
+
+// loadKeys reads the snapshots of keys of group g, and the id buckets they
+// name: a key without a snapshot (never seen, or erased) loads as empty.
+func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string]*fold.Pipeline, g uint32, ids []keyID) ([]loaded, error) {
+	names := make([]string, len(ids))
+	for i, id := range ids {
+		names[i] = id.snapshotKey()
+	}
+	datas, err := store.GetMany(ctx, g, names)
+	if err != nil {
+		return nil, err
+	}
+	snaps := make([]*keyfoldv1.Snapshot, len(ids))
+	var bucketNames []string
+	for i, data := range datas {
+		if data == nil {
+			continue
+		}
+		var snap keyfoldv1.Snapshot
+		if err := proto.Unmarshal(data, &snap); err != nil {
+			return nil, fmt.Errorf("snapshot of %s/%s: %w", ids[i].pipeline, ids[i].key, err)
+		}
+		snaps[i] = &snap
+		for _, b := range snap.GetState().GetSeenBuckets() {
+			bucketNames = append(bucketNames, ids[i].bucketKey(b))
+		}
+	}
+	buckets := map[string][]byte{}
+	if len(bucketNames) > 0 {
+		vals, err := store.GetMany(ctx, g, bucketNames)
+		if err != nil {
+			return nil, err
+		}
+		for i, name := range bucketNames {
+			if i < len(vals) && vals[i] != nil {
+				buckets[name] = vals[i]
+			}
+		}
+	}
+	out := make([]loaded, len(ids))
+	for i, snap := range snaps {
+		if snap == nil {
+			continue
+		}
+		id := ids[i]
+		state, err := pipelines[id.pipeline].RestoreParts(snap.State, func(b int64) ([]byte, error) {
+			if d, ok := buckets[id.bucketKey(b)]; ok {
+				return d, nil
+			}
+			return nil, persistence.ErrNotFound
+		})
+		if err != nil {
+			return nil, fmt.Errorf("snapshot of %s/%s: %w", id.pipeline, id.key, err)
+		}
+		out[i] = loaded{found: true, state: state, pos: snap.Position}
+	}
+	return out, nil
+}
+
+// prefetch is the batched read of the keys one commit activates.
+type prefetch struct {
+	done  chan struct{}
+	byKey map[keyID]*loaded // valid once done is closed; nil if the read failed
+	epochs map[uint32]persistence.Epoch // the groups' when the read began
+}
+
+// prefetchLocked starts reading the snapshots of the keys of groups that
+// are not active; h.mu must be held. It returns nil if every key is active.
+func (h *Host) prefetchLocked(groups []*groupBatch) *prefetch {
+	var p *prefetch
+	want := map[uint32][]keyID{}
+	for _, gb := range groups {
+		for _, kb := range gb.keys {
+			if h.active[kb.id] != nil {
+				continue
+			}
+			if p == nil {
+				p = &prefetch{done: make(chan struct{}), epochs: map[uint32]persistence.Epoch{}}
+			}
+			want[gb.group] = append(want[gb.group], kb.id)
+		}
+		if p != nil && len(want[gb.group]) > 0 {
+			p.epochs[gb.group] = h.groups[gb.group].epoch
+		}
+	}
+	if p == nil {
+		return nil
+	}
+	go func() {
+		defer close(p.done)
+		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+		defer cancel()
+		byKey := map[keyID]*loaded{}
+		for g, ids := range want {
+			ls, err := loadKeys(ctx, h.store, h.cfg.Pipelines, g, ids)
+			if err != nil {
+				return // the grains read for themselves (and fail as they would)
+			}
+			for i := range ls {
+				byKey[ids[i]] = &ls[i]
+			}
+		}
+		p.byKey = byKey
+	}()
+	return p
+}
+
+// takeLocked returns the read of a key of group g, if it is still valid;
+// h.mu must be held, and the read done.
+func (p *prefetch) takeLocked(h *Host, g uint32, id keyID) *loaded {
+	if p == nil || p.byKey == nil {
+		return nil
+	}
+	if e, ok := p.epochs[g]; !ok || e != h.groups[g].epoch {
+		return nil
+	}
+	return p.byKey[id]
+}

@@ -1,0 +1,81 @@
+package actors_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/persistence/faultstore"
+)
+
+// A commit reads the keys it activates in one batched call per key group,
+// not one read per key.
+func TestActivationReadsInBatches(t *testing.T) {
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	hs := start(t, fs, actors.Config{Groups: 4})
+	defer hs.shutdown()
+	raws := make([][]byte, 400)
+	for i := range raws {
+		raws[i] = event(fmt.Sprintf("k%d", i), fmt.Sprint(i), 1)
+	}
+	before := fs.Calls(faultstore.OpGet)
+	hs.ingest(raws...)
+	if reads := fs.Calls(faultstore.OpGet) - before; reads > 4 {
+		t.Errorf("activating 400 keys in 4 groups took %d reads, want at most one per group", reads)
+	}
+	if v := hs.query("k399"); v.Seq != 1 {
+		t.Errorf("k399 = %+v", v)
+	}
+}
+
+// Keys reactivated over and over from snapshots the commits read in
+// batches: with slow reads, checkpoints and passivations every millisecond
+// and more keys than may stay active, concurrent writers' events all count
+// exactly once, on the keys they name.
+func TestBatchedActivationOracle(t *testing.T) {
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	hs := start(t, fs, actors.Config{Groups: 2, MaxActive: 3, CheckpointInterval: time.Millisecond,
+		CheckpointRecords: 2, IdleTimeout: time.Millisecond})
+	const writers, perWriter, keys = 4, 150, 12
+	var mu sync.Mutex
+	want := map[string][2]int{} // count, sum
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for i := range perWriter {
+				if rng.IntN(3) == 0 {
+					fs.DelayNext(faultstore.OpGet, time.Duration(rng.IntN(4))*time.Millisecond)
+				}
+				key := fmt.Sprintf("k%d", rng.IntN(keys))
+				v := 1 + rng.IntN(9)
+				if _, err := hs.host.Ingest(context.Background(), "p", [][]byte{event(key, fmt.Sprintf("w%d-%d", w, i), v)}); err != nil {
+					t.Errorf("ingest: %v", err)
+					return
+				}
+				mu.Lock()
+				c := want[key]
+				want[key] = [2]int{c[0] + 1, c[1] + v}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	for key, c := range want {
+		if v := hs.query(key); v.Seq != uint64(c[0]) || v.Aggregates["sum"] != float64(c[1]) {
+			t.Errorf("%s: seq %d sum %v, want %d and %d", key, v.Seq, v.Aggregates["sum"], c[0], c[1])
+		}
+	}
+	if st := hs.host.Stats(); st.Passivated == 0 {
+		t.Errorf("no key was passivated: the test did not exercise reactivation (%+v)", st)
+	}
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+}
