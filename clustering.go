@@ -277,7 +277,9 @@ func (c *clusterNode) renewLoop(ctx context.Context) {
 		switch {
 		case err == nil:
 			lastOK = began
-			if gap := began.Sub(lastHeld); c.view.Load() != nil && !c.left.Load() && (!held || gap > c.lease) {
+			// (A static list has no lease: no one takes a paused member's
+			// groups.)
+			if gap := began.Sub(lastHeld); c.reg != nil && c.view.Load() != nil && !c.left.Load() && (!held || gap > c.lease) {
 				c.lapse(held, gap)
 				rejoin = true
 			}
@@ -416,6 +418,7 @@ func (c *clusterNode) checkRead(pipeline, key string) error {
 		return notServed(errLeaseUnconfirmed)
 	}
 	if since := time.Since(c.base) - time.Duration(conf-1); since >= c.readLease() {
+		c.askRefresh() // the caller routes the query again: have a renewal ready for it
 		return notServed(fmt.Errorf("%w: last renewal sent %v ago", errLeaseUnconfirmed, since.Round(time.Millisecond)))
 	}
 	g := actors.GroupOf(pipeline, key, c.groups)
