@@ -404,12 +404,12 @@ func (c *clusterNode) readLease() time.Duration { return c.renewInterval() + han
 // confirmed by the store recently enough (see readLease).
 var errLeaseUnconfirmed = errors.New("keyfold: cluster: membership lease not confirmed recently")
 
-// checkRead returns nil if this node may answer a query for the key from
-// its memory now: its lease was confirmed within readLease and its view
-// gives it the key's group. Otherwise it returns a refusal (not served,
-// unavailable), which routes the query again. With a static member list
-// nothing moves and there is nothing to check.
-func (c *clusterNode) checkRead(pipeline, key string) error {
+// checkRead returns nil if this node may answer a query for a key of
+// group g from its memory now: its lease was confirmed within readLease
+// and its view gives it the group. Otherwise it returns a refusal (not
+// served, unavailable), which routes the query again. With a static member
+// list nothing moves and there is nothing to check.
+func (c *clusterNode) checkRead(g uint32) error {
 	if c.reg == nil {
 		return nil
 	}
@@ -421,7 +421,6 @@ func (c *clusterNode) checkRead(pipeline, key string) error {
 		c.askRefresh() // the caller routes the query again: have a renewal ready for it
 		return notServed(fmt.Errorf("%w: last renewal sent %v ago", errLeaseUnconfirmed, since.Round(time.Millisecond)))
 	}
-	g := actors.GroupOf(pipeline, key, c.groups)
 	if v := c.view.Load(); v == nil || v.a.Owner(g) != c.self {
 		return notServed(fmt.Errorf("%w: key group %d", actors.ErrNotOwner, g))
 	}

@@ -495,8 +495,10 @@ func (n *Node) Query(ctx context.Context, pipeline, key string) (KeyState, error
 // the process is still one no other member could have made stale.
 func (n *Node) queryLocal(ctx context.Context, h *actors.Host, pipeline, key string) (KeyState, error) {
 	c := n.clu.Load()
+	var g uint32
 	if c != nil {
-		if err := c.checkRead(pipeline, key); err != nil {
+		g = actors.GroupOf(pipeline, key, n.cfg.KeyGroups)
+		if err := c.checkRead(g); err != nil {
 			return KeyState{}, err
 		}
 	}
@@ -505,7 +507,7 @@ func (n *Node) queryLocal(ctx context.Context, h *actors.Host, pipeline, key str
 		return KeyState{}, err
 	}
 	if c != nil {
-		if err := c.checkRead(pipeline, key); err != nil {
+		if err := c.checkRead(g); err != nil {
 			return KeyState{}, err
 		}
 	}
