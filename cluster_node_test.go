@@ -375,3 +375,60 @@ func TestClusterHandoffNotices(t *testing.T) {
 		t.Fatalf("the leave was seen after %v: the others waited for their renewal", took)
 	}
 }
+
+// TestClusterReadsNeedAConfirmedLease: a member answers queries from
+// memory only while Redis confirms its lease. With Redis stopped, its
+// queries are refused (routed again until the call ends) once its last
+// renewal was sent more than a renew interval and a margin ago, long
+// before the lease could run out and another member take its groups over,
+// although nothing else changed; once Redis answers again they are served.
+func TestClusterReadsNeedAConfirmedLease(t *testing.T) {
+	srv := redistest.Start(t)
+	cfg := clusterConfig(t, srv.URL())
+	cfg.ClusterLease = 3 * time.Second // renewals a second apart
+	n := servicetest.Run(t, cfg)
+	waitStable(t, n, 1)
+	ctx := context.Background()
+	if _, err := n.Ingest(ctx, "p", []json.RawMessage{ev("k1", "e1", 5)}); err != nil {
+		t.Fatal(err)
+	}
+	query := func() (keyfold.KeyState, error) {
+		qctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		return n.Query(qctx, "p", "k1")
+	}
+	if st, err := query(); err != nil || st.Seq != 1 {
+		t.Fatalf("query: %+v %v", st, err)
+	}
+	srv.Pause()
+	paused := time.Now()
+	for {
+		_, err := query()
+		if err != nil {
+			if !errors.Is(err, keyfold.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("query with Redis stopped: %v, want ErrUnavailable (or the deadline, while it is routed again)", err)
+			}
+			t.Logf("figure: queries refused %v after Redis stopped (lease %v)", time.Since(paused).Round(time.Millisecond), cfg.ClusterLease)
+			break
+		}
+		if time.Since(paused) > cfg.ClusterLease {
+			t.Fatalf("queries still answered from memory %v after Redis stopped, beyond the lease (%v): other members may own the group by now",
+				time.Since(paused).Round(time.Millisecond), cfg.ClusterLease)
+		}
+		time.Sleep(10 * time.Millisecond) // between polls
+	}
+	srv.Resume()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, err := query()
+		if err == nil {
+			if st.Seq != 1 {
+				t.Fatalf("after Redis resumed: %+v", st)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("queries still refused 20s after Redis resumed: %v", err)
+		}
+	}
+}

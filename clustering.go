@@ -50,6 +50,15 @@ import (
 //     (MembersChanged). A node that cannot renew its lease for about a
 //     lease releases everything. The store's epochs fence a stale owner
 //     whatever the timing.
+//   - a lapsed lease: a renewal that finds the node's lease had run out
+//     (the process was paused, or cut off, for longer than the lease)
+//     means the others may have dropped it and taken its groups over. The
+//     node abandons every group (drops its keys from memory, writes
+//     nothing) and takes its share back as a joining node does.
+//   - reads: a key's state is answered from memory only while the node's
+//     lease is confirmed by the store recently enough that no other member
+//     can have taken the key's group over (see checkRead); otherwise the
+//     query is refused as not served, and routed again.
 //   - routing: an ingest is validated whole, split by owner, its own share
 //     logged here and each other share queued for its owner (cluster.Peers:
 //     one Forward call in flight per owner, in order). A share refused
@@ -85,6 +94,13 @@ type clusterNode struct {
 	renewDone chan struct{}
 
 	forwarded, received, rerouted, moved atomic.Int64
+
+	// Reads are served from memory only under a lease the store confirmed
+	// recently (see checkRead): confirmed is when the last such renewal
+	// was sent, as nanoseconds since base on the monotonic clock, plus one
+	// (0: none yet).
+	base      time.Time
+	confirmed atomic.Int64
 
 	maxForward int // bytes of events in one forwarded batch
 
@@ -126,7 +142,7 @@ func newClusterNode(n *Node, store persistence.Store) (*clusterNode, error) {
 	c := &clusterNode{
 		n: n, name: cfg.Cluster, self: cfg.Advertise, groups: cfg.KeyGroups, lease: cfg.ClusterLease,
 		log: cfg.Logger.With("cluster", cfg.Cluster), refresh: make(chan struct{}, 1), joined: make(chan struct{}),
-		released: map[uint32]releaseNote{}, releasedCh: make(chan struct{}, 1),
+		released: map[uint32]releaseNote{}, releasedCh: make(chan struct{}, 1), base: time.Now(),
 		// Half the receivers' message limit (max_body_bytes): room for
 		// the framing of many small events.
 		maxForward: int(cfg.MaxBodyBytes / 2),
@@ -231,6 +247,17 @@ func (c *clusterNode) membership() string {
 // hung renewals it waits a renew interval before acting on the list, so
 // that members whose leases ran out meanwhile (Redis restarted or stalled)
 // can register again first.
+//
+// A node that did not run at all for longer than its lease (SIGSTOP, a GC
+// pause, a stalled VM) had no chance to fence itself: its first renewal
+// afterwards finds that its lease ran out (or, measured here, that more
+// than a lease passed since the last renewal that found it live). The
+// others may have served its groups and written to them meanwhile, so it
+// abandons them all at once, without writing, and takes its share back
+// through the hand-off a joining node goes through (see rejoin).
+//
+// Each renewal whose member list the node acts on confirms its lease for
+// reads, as of when the renewal was sent (see checkRead).
 func (c *clusterNode) renewLoop(ctx context.Context) {
 	defer close(c.renewDone)
 	t := time.NewTicker(c.renewInterval())
@@ -238,16 +265,25 @@ func (c *clusterNode) renewLoop(ctx context.Context) {
 	var (
 		failing     bool
 		lastOK      = time.Now()
+		lastHeld    time.Time // when the last renewal that kept the lease live was sent
 		settleUntil time.Time
+		rejoin      bool // the lease lapsed: act on the next member list as a joining node
 	)
 	for {
 		began := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, c.renewInterval())
-		members, err := c.members(cctx)
+		members, held, err := c.members(cctx)
 		cancel()
 		switch {
 		case err == nil:
 			lastOK = began
+			// (A static list has no lease: no one takes a paused member's
+			// groups.)
+			if gap := began.Sub(lastHeld); c.reg != nil && c.view.Load() != nil && !c.left.Load() && (!held || gap > c.lease) {
+				c.lapse(held, gap)
+				rejoin = true
+			}
+			lastHeld = began // live from here on, if it was not before
 			// A renewal that hung (a stalled Redis: its clock ran on, so
 			// the others' leases may have run out while they could not
 			// renew either) is treated as a failure that just ended.
@@ -258,7 +294,13 @@ func (c *clusterNode) renewLoop(ctx context.Context) {
 					"renewal_took", time.Since(began).Round(time.Millisecond))
 			}
 			if time.Now().After(settleUntil) {
-				c.observe(members)
+				if rejoin {
+					c.rejoin(members)
+					rejoin = false
+				} else {
+					c.observe(members)
+				}
+				c.confirm(began)
 			}
 		case ctx.Err() != nil:
 			return
@@ -285,18 +327,104 @@ func (c *clusterNode) renewLoop(ctx context.Context) {
 	}
 }
 
-func (c *clusterNode) members(ctx context.Context) ([]string, error) {
+// members renews the lease and returns the live members, and whether the
+// lease was live until this renewal (true where there is no lease to
+// lapse: a static list, or after the node left).
+func (c *clusterNode) members(ctx context.Context) ([]string, bool, error) {
 	if c.reg == nil {
-		return c.static.Members(ctx)
+		ms, err := c.static.Members(ctx)
+		return ms, true, err
 	}
 	// Not between a leave's check and its deregistration: a renewal then
 	// would register the node again.
 	c.regMu.Lock()
 	defer c.regMu.Unlock()
 	if c.left.Load() {
-		return c.reg.Members(ctx)
+		ms, err := c.reg.Members(ctx)
+		return ms, true, err
 	}
-	return c.reg.Renew(ctx, c.self)
+	return c.reg.Extend(ctx, c.self)
+}
+
+// errLeaseLapsed is why a node whose lease ran out abandoned its groups.
+var errLeaseLapsed = errors.New("keyfold: cluster: the membership lease lapsed")
+
+// lapse reacts to a lease found to have run out (held false: the store
+// says so) or to have been unrenewed for more than a lease (gap): reads
+// are refused and every group is abandoned, unsaved, before the node acts
+// on a member list again.
+func (c *clusterNode) lapse(held bool, gap time.Duration) {
+	c.confirmed.Store(0)
+	c.log.Warn("membership lease lapsed: abandoning every key group, then taking this node's share back as a joining member",
+		"since_last_renewal", gap.Round(time.Millisecond), "lease", c.lease, "ran_out_in_store", !held)
+	if h := c.n.host.Load(); h != nil {
+		h.Abandon(errLeaseLapsed)
+	}
+}
+
+// rejoin publishes members as the view of a node that just joined: it holds
+// nothing (its groups were abandoned) and the others are taken to hold its
+// share, so each group is taken over once its holder says it released it
+// or a renew period later, as for a new member, and the others are asked
+// to read the list now.
+func (c *clusterNode) rejoin(members []string) {
+	others := slices.DeleteFunc(slices.Clone(members), func(m string) bool { return m == c.self })
+	prev := cluster.Assign(others, c.groups)
+	c.applied.Store(&prev) // before the view: its apply starts from here
+	v := &view{a: cluster.Assign(members, c.groups), prev: prev, at: time.Now(), next: make(chan struct{})}
+	cur := c.view.Load()
+	c.view.Store(v)
+	if cur != nil {
+		close(cur.next)
+	}
+	c.peers.Retain(members)
+	c.log.Info("members after the lease lapsed", "members", members, "groups_here", len(v.a.Groups(c.self)))
+	c.tellMembersChanged(members, false)
+}
+
+// confirm records that the lease was live at the store when a renewal sent
+// at began reached it, and that its member list is the node's view.
+func (c *clusterNode) confirm(began time.Time) {
+	c.confirmed.Store(int64(began.Sub(c.base)) + 1)
+}
+
+// readLease is how long after a renewal was sent the node still answers
+// reads from memory. A member that takes over a group from a live one
+// waits a renew interval and handoffMargin after it saw the list that
+// moves the group (apply); the list changed after this node's renewal
+// reached the store, which was after the renewal was sent. So within
+// readLease of that send no other member has taken over a group this
+// node's view still gives it, and half the margin is left for the clocks'
+// rates and the time between the check and the answer. A member that
+// dropped this node (its lease ran out: at least a lease after the send)
+// takes over at once, later still.
+func (c *clusterNode) readLease() time.Duration { return c.renewInterval() + handoffMargin/2 }
+
+// errLeaseUnconfirmed refuses a read from memory: the node's lease was not
+// confirmed by the store recently enough (see readLease).
+var errLeaseUnconfirmed = errors.New("keyfold: cluster: membership lease not confirmed recently")
+
+// checkRead returns nil if this node may answer a query for a key of
+// group g from its memory now: its lease was confirmed within readLease
+// and its view gives it the group. Otherwise it returns a refusal (not
+// served, unavailable), which routes the query again. With a static member
+// list nothing moves and there is nothing to check.
+func (c *clusterNode) checkRead(g uint32) error {
+	if c.reg == nil {
+		return nil
+	}
+	conf := c.confirmed.Load()
+	if conf == 0 {
+		return notServed(errLeaseUnconfirmed)
+	}
+	if since := time.Since(c.base) - time.Duration(conf-1); since >= c.readLease() {
+		c.askRefresh() // the caller routes the query again: have a renewal ready for it
+		return notServed(fmt.Errorf("%w: last renewal sent %v ago", errLeaseUnconfirmed, since.Round(time.Millisecond)))
+	}
+	if v := c.view.Load(); v == nil || v.a.Owner(g) != c.self {
+		return notServed(fmt.Errorf("%w: key group %d", actors.ErrNotOwner, g))
+	}
+	return nil
 }
 
 // askRefresh asks the renew loop to read the member list now.
@@ -405,8 +533,9 @@ func (c *clusterNode) apply(ctx context.Context, h *actors.Host, v *view) {
 	// here, not in the previous view: that one may have been replaced
 	// before this node acted on it.
 	prev := v.prev
-	if a := c.applied.Load(); a != nil {
-		prev = *a
+	applied := c.applied.Load()
+	if applied != nil {
+		prev = *applied
 	}
 	mine := v.a.Groups(c.self)
 	owned := h.Owned()
@@ -464,7 +593,8 @@ func (c *clusterNode) apply(ctx context.Context, h *actors.Host, v *view) {
 		break
 	}
 	if ctx.Err() == nil {
-		c.applied.Store(&v.a)
+		// Unless a lapsed lease reset it meanwhile (rejoin).
+		c.applied.CompareAndSwap(applied, &v.a)
 		c.joinOnce.Do(func() { close(c.joined) })
 	}
 }

@@ -489,11 +489,27 @@ func (n *Node) Query(ctx context.Context, pipeline, key string) (KeyState, error
 	return n.queryLocal(ctx, h, pipeline, key)
 }
 
-// queryLocal reads a key of a group this node serves.
+// queryLocal reads a key of a group this node serves. In a cluster the
+// node's lease must be confirmed before and after the key answers (see
+// clusterNode.checkRead): after, so that an answer delayed by a pause of
+// the process is still one no other member could have made stale.
 func (n *Node) queryLocal(ctx context.Context, h *actors.Host, pipeline, key string) (KeyState, error) {
+	c := n.clu.Load()
+	var g uint32
+	if c != nil {
+		g = actors.GroupOf(pipeline, key, n.cfg.KeyGroups)
+		if err := c.checkRead(g); err != nil {
+			return KeyState{}, err
+		}
+	}
 	v, err := h.Query(ctx, pipeline, key)
 	if err != nil {
 		return KeyState{}, err
+	}
+	if c != nil {
+		if err := c.checkRead(g); err != nil {
+			return KeyState{}, err
+		}
 	}
 	ks := KeyState{Pipeline: pipeline, Key: key, Seq: v.Seq, Duplicates: v.Duplicates, Aggregates: v.Aggregates}
 	if n.pipelines[pipeline].Timed() {

@@ -112,6 +112,37 @@ func (h *Host) release(ctx context.Context, groups []uint32) error {
 	return errors.Join(errs...)
 }
 
+// Abandon stops serving every key group at once and writes nothing: the
+// groups' keys leave memory unsaved, and calls for them fail with
+// ErrNotOwner until SetOwned gives them back, which takes them over anew
+// (claims them, fencing any owner since, and replays their logs). It is for
+// a host whose memory may be stale: its node's membership lease ran out
+// (the process was paused, or cut off), so other nodes may have owned its
+// groups and written to them meanwhile. Checkpointing would be pointless
+// (the store fences an owner whose epoch is not the group's) and could not
+// be trusted. Outputs already handed to the output queue are still stored
+// (they came from acknowledged inputs; outputs are at least once). It
+// returns the groups it stopped serving.
+func (h *Host) Abandon(reason error) []uint32 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var list []uint32
+	drop := make(map[uint32]bool)
+	for g := range h.groups {
+		if gs := &h.groups[g]; gs.owned || gs.ready {
+			gs.owned, gs.ready, gs.lastErr = false, false, reason
+			drop[uint32(g)] = true
+			list = append(list, uint32(g))
+		}
+	}
+	if len(list) == 0 {
+		return nil
+	}
+	h.log.Warn("abandoning key groups", "groups", len(list), "list", GroupList(list), "err", reason)
+	h.dropGroupsLocked(drop)
+	return list
+}
+
 // GroupList writes ascending key groups compactly, for logs: "0-3,7,9".
 func GroupList(groups []uint32) string {
 	var b strings.Builder

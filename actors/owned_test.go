@@ -217,3 +217,63 @@ func TestRefusedWhole(t *testing.T) {
 		t.Fatalf("%s after its batch was refused: %v, want ErrNotFound (nothing logged)", k1, err)
 	}
 }
+
+// TestAbandon: a host whose memory may be stale (its node's lease lapsed
+// while another host took a group over and wrote to it) abandons every
+// group: it answers nothing from memory, writes nothing (no checkpoint of
+// its stale keys), and a group given back to it is taken over anew, from
+// the log, with everything the other host acknowledged.
+func TestAbandon(t *testing.T) {
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	a := start(t, fs, actors.Config{CheckpointInterval: time.Hour})
+	key := keyIn(t, 5)
+	a.ingest(event(key, "", 5))
+	if v := a.query(key); v.Aggregates["sum"] != float64(5) {
+		t.Fatalf("%s on a: %v, want sum 5", key, v.Aggregates)
+	}
+	// b takes group 5 over (claims it, fencing a) and writes to it; a does
+	// not know and still holds the key in memory.
+	b := start(t, fs, actors.Config{Owned: []uint32{5}, CheckpointInterval: time.Hour})
+	b.ingest(event(key, "", 7))
+	if v := a.query(key); v.Aggregates["sum"] != float64(5) {
+		t.Fatalf("a's memory of %s: %v, want the stale sum 5 (the premise of the test)", key, v.Aggregates)
+	}
+
+	checkpoints := fs.Calls(faultstore.OpCheckpoint)
+	reason := errors.New("lease lapsed")
+	if got := a.host.Abandon(reason); len(got) != 8 {
+		t.Fatalf("Abandon returned %v, want the 8 groups", got)
+	}
+	if n := fs.Calls(faultstore.OpCheckpoint) - checkpoints; n != 0 {
+		t.Errorf("Abandon wrote %d checkpoints, want none", n)
+	}
+	if owned := a.host.Owned(); len(owned) != 0 {
+		t.Errorf("owned after Abandon: %v", owned)
+	}
+	if st := a.host.Stats(); st.ActiveKeys != 0 {
+		t.Errorf("%d keys in memory after Abandon", st.ActiveKeys)
+	}
+	if v, err := a.host.Query(context.Background(), "p", key); !errors.Is(err, actors.ErrNotOwner) || !errors.Is(err, actors.ErrUnavailable) {
+		t.Fatalf("query after Abandon: %+v %v, want ErrNotOwner and ErrUnavailable", v, err)
+	}
+	if _, err := a.host.Ingest(context.Background(), "p", [][]byte{event(keyIn(t, 1), "", 1)}); !errors.Is(err, actors.ErrNotServed) {
+		t.Fatalf("ingest after Abandon: %v, want ErrNotServed", err)
+	}
+	if got := a.host.Abandon(reason); got != nil {
+		t.Errorf("Abandon of a host serving nothing returned %v", got)
+	}
+
+	// b hands group 5 back; a takes every group over again.
+	if err := b.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.host.SetOwned(context.Background(), []uint32{0, 1, 2, 3, 4, 5, 6, 7}); err != nil {
+		t.Fatal(err)
+	}
+	if v := a.query(key); v.Aggregates["sum"] != float64(12) {
+		t.Fatalf("%s after a took it over again: %v, want sum 12", key, v.Aggregates)
+	}
+	if err := a.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+}

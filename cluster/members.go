@@ -59,35 +59,62 @@ func NewRegistry(c redis.UniversalClient, prefix string, lease time.Duration) *R
 }
 
 // renewScript renews (or takes) member ARGV[1]'s lease for ARGV[2] ms, drops
-// the expired leases, and returns the live members with their expiries.
+// the expired leases, and returns whether ARGV[1]'s lease was still live
+// ("1") or had to be taken anew ("0"), then the live members.
 var renewScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local held = '0'
+if ARGV[1] ~= '' then
+  local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
+  if s and tonumber(s) > now then
+    held = '1'
+  end
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if ARGV[1] ~= '' then
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 end
-return redis.call('ZRANGE', KEYS[1], 0, -1)
+local out = redis.call('ZRANGE', KEYS[1], 0, -1)
+table.insert(out, 1, held)
+return out
 `)
 
 // Renew takes or renews id's lease and returns the live members, sorted.
 func (r *Registry) Renew(ctx context.Context, id string) ([]string, error) {
+	ms, _, err := r.Extend(ctx, id)
+	return ms, err
+}
+
+// Extend is Renew that also reports whether id's lease was still live when
+// the server renewed it. False means it had run out (or never existed): the
+// other members may have seen id leave and taken its work over, and id must
+// act as a member that just joined. Whether a lease is live is decided by
+// the server's clock, as it is for every member.
+func (r *Registry) Extend(ctx context.Context, id string) (members []string, held bool, err error) {
 	if id == "" || strings.ContainsAny(id, " \t\r\n") {
-		return nil, fmt.Errorf("cluster: member id %q must be non-empty, without spaces", id)
+		return nil, false, fmt.Errorf("cluster: member id %q must be non-empty, without spaces", id)
 	}
 	return r.run(ctx, id)
 }
 
 // Members implements Members: the members whose lease has not run out.
-func (r *Registry) Members(ctx context.Context) ([]string, error) { return r.run(ctx, "") }
+func (r *Registry) Members(ctx context.Context) ([]string, error) {
+	ms, _, err := r.run(ctx, "")
+	return ms, err
+}
 
-func (r *Registry) run(ctx context.Context, id string) ([]string, error) {
-	ms, err := renewScript.Run(ctx, r.c, []string{r.key}, id, r.lease.Milliseconds()).StringSlice()
+func (r *Registry) run(ctx context.Context, id string) ([]string, bool, error) {
+	out, err := renewScript.Run(ctx, r.c, []string{r.key}, id, r.lease.Milliseconds()).StringSlice()
 	if err != nil {
-		return nil, fmt.Errorf("cluster: renew lease: %w", err)
+		return nil, false, fmt.Errorf("cluster: renew lease: %w", err)
 	}
+	if len(out) == 0 {
+		return nil, false, fmt.Errorf("cluster: renew lease: %w", errShortReply)
+	}
+	ms := out[1:]
 	slices.Sort(ms)
-	return ms, nil
+	return ms, out[0] == "1", nil
 }
 
 // Leave drops id's lease at once (a graceful leave), so the others need not
@@ -98,6 +125,9 @@ func (r *Registry) Leave(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// errShortReply is a lease script reply without the lease's state.
+var errShortReply = errors.New("cluster: empty reply from the lease script")
 
 // Lease returns the registry's lease.
 func (r *Registry) Lease() time.Duration { return r.lease }

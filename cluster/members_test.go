@@ -56,6 +56,31 @@ func TestRegistry(t *testing.T) {
 		}
 		time.Sleep(lease / 6)
 	}
+	// Extend tells a renewal from a lease taken anew: 7004's first is new,
+	// its next one extends it, and once it ran out (the others dropped
+	// 7004) the next is new again.
+	if _, held, err := b.Extend(ctx, "127.0.0.1:7004"); err != nil || held {
+		t.Fatalf("first lease of 7004: held %v, %v; want a new lease", held, err)
+	}
+	if ms, held, err := b.Extend(ctx, "127.0.0.1:7004"); err != nil || !held || !slices.Contains(ms, "127.0.0.1:7004") {
+		t.Fatalf("renewal of 7004: %v held %v, %v; want its lease extended", ms, held, err)
+	}
+	for extended := time.Now(); ; {
+		ms, err := a.Renew(ctx, "127.0.0.1:7001")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(ms, "127.0.0.1:7004") {
+			break
+		}
+		if time.Since(extended) > 20*lease {
+			t.Fatalf("7004 still listed %v after its last renewal (lease %v)", time.Since(extended), lease)
+		}
+		time.Sleep(lease / 6)
+	}
+	if ms, held, err := b.Extend(ctx, "127.0.0.1:7004"); err != nil || held || !slices.Contains(ms, "127.0.0.1:7004") {
+		t.Fatalf("7004 after its lease ran out: %v held %v, %v; want a new lease", ms, held, err)
+	}
 	if _, err := a.Renew(ctx, "bad id"); err == nil {
 		t.Error("an id with a space was accepted")
 	}

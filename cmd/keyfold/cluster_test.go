@@ -274,8 +274,8 @@ func replayed(t *testing.T, ms []*member) int64 {
 // ---- who served which key group when, from the logs ------------------------
 
 // groupLogRE matches the host's lines that start or end the serving of key
-// groups.
-var groupLogRE = regexp.MustCompile(`^time=(\S+) .*\bmsg="(taking key groups over|taking key groups over again|releasing key groups|key groups lost; taking them over again)" .*\blist=("[^"]*"|\S*)`)
+// groups (abandoning: after the node's lease lapsed).
+var groupLogRE = regexp.MustCompile(`^time=(\S+) .*\bmsg="(taking key groups over|taking key groups over again|releasing key groups|key groups lost; taking them over again|abandoning key groups)" .*\blist=("[^"]*"|\S*)`)
 
 // parseGroupList parses a list of key groups as the host logs it:
 // "0-3,7,9-12".
