@@ -94,8 +94,8 @@ func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string
 
 // prefetch is the batched read of the keys one commit activates.
 type prefetch struct {
-	done  chan struct{}
-	byKey map[keyID]*loaded // valid once done is closed; nil if the read failed
+	done   chan struct{}
+	byKey  map[keyID]*loaded            // valid once done is closed; nil if the read failed
 	epochs map[uint32]persistence.Epoch // the groups' when the read began
 }
 
