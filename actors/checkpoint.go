@@ -137,52 +137,32 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 // passivate stops grains whose state is in their snapshot (not dirty) and
 // that were idle past IdleTimeout, and, while more than MaxActive grains are
 // active, the least recently used clean ones. A stopped key's next message
-// activates it again from its snapshot.
+// activates it again from its snapshot. It walks the grains from the least
+// recently used, so its cost follows what it passivates (and the dirty keys
+// it passes over), not the number of active keys.
 func (h *Host) passivate() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	idleBefore := time.Now().Add(-h.cfg.IdleTimeout).UnixNano()
 	excess := len(h.active) - h.cfg.MaxActive
-	type cand struct {
-		id keyID
-		a  *activation
-	}
-	var lru []cand
-	for id, a := range h.active {
-		if _, dirty := h.groups[a.group].dirty[id]; dirty {
-			continue
+	for a := h.lru.tail; a != nil; {
+		if a.lastUsed >= idleBefore && excess <= 0 {
+			return // the rest are newer
 		}
-		if a.lastUsed < idleBefore {
-			h.stopLocked(id, a)
+		prev := a.prev
+		if _, dirty := h.groups[a.group].dirty[a.id]; !dirty {
+			h.stopLocked(a)
 			excess--
-			continue
 		}
-		if excess > 0 {
-			lru = append(lru, cand{id, a})
-		}
-	}
-	if excess <= 0 {
-		return
-	}
-	slices.SortFunc(lru, func(x, y cand) int {
-		switch {
-		case x.a.lastUsed < y.a.lastUsed:
-			return -1
-		case x.a.lastUsed > y.a.lastUsed:
-			return 1
-		}
-		return 0
-	})
-	for _, c := range lru[:min(excess, len(lru))] {
-		h.stopLocked(c.id, c.a)
+		a = prev
 	}
 }
 
 // stopLocked passivates a grain. Poison is a user message: it is processed
 // after every message already in the mailbox, and nothing is sent after it
 // because the grain leaves the registry under h.mu.
-func (h *Host) stopLocked(id keyID, a *activation) {
-	delete(h.active, id)
+func (h *Host) stopLocked(a *activation) {
+	h.deactivateLocked(a)
 	h.system.Root.Poison(a.pid)
 	h.stats.passivated.Add(1)
 }

@@ -36,6 +36,7 @@ type Host struct {
 	// passivated between being looked up and being sent to.
 	mu     sync.Mutex
 	active map[keyID]*activation
+	lru    lru // the active grains by last use
 	groups []groupState
 
 	// storeDown is set when an append failed with the store unreachable (not
@@ -65,10 +66,13 @@ type Host struct {
 }
 
 type activation struct {
+	id       keyID
 	pid      *actor.PID
 	group    uint32
 	epoch    persistence.Epoch // the group incarnation it belongs to
 	lastUsed int64             // unix nanos
+
+	prev, next *activation // in h.lru
 }
 
 type groupState struct {
@@ -226,8 +230,8 @@ loop:
 // alone leaves running actors be.)
 func (h *Host) stopAll() {
 	h.mu.Lock()
-	for id, a := range h.active {
-		delete(h.active, id)
+	for _, a := range h.active {
+		h.deactivateLocked(a)
 		h.system.Root.Stop(a.pid)
 	}
 	h.mu.Unlock()
@@ -448,9 +452,12 @@ func (h *Host) sendLoadedLocked(id keyID, group uint32, msg any, l *loaded) {
 		// The grain recovers its own panics (failing the host), so the
 		// supervisor never restarts it with a half-applied state.
 		props := actor.PropsFromProducer(func() actor.Actor { return g }, actor.WithDispatcher(h.dispatcher))
-		a = &activation{pid: h.system.Root.Spawn(props), group: group, epoch: epoch}
+		a = &activation{id: id, pid: h.system.Root.Spawn(props), group: group, epoch: epoch}
 		h.active[id] = a
+		h.lru.pushFront(a)
 		h.stats.activations.Add(1)
+	} else {
+		h.lru.touch(a)
 	}
 	a.lastUsed = time.Now().UnixNano()
 	h.system.Root.Send(a.pid, msg)

@@ -343,9 +343,9 @@ func (h *Host) loseLocked(groups map[uint32]persistence.Epoch, err error) {
 // messages already sent to them are still processed (Poison comes after
 // them), so the ingests they carry are answered.
 func (h *Host) dropGroupsLocked(groups map[uint32]bool) {
-	for id, a := range h.active {
+	for _, a := range h.active {
 		if groups[a.group] {
-			delete(h.active, id)
+			h.deactivateLocked(a)
 			h.system.Root.Poison(a.pid)
 		}
 	}

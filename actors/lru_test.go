@@ -1,0 +1,52 @@
+package actors
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// The LRU list against a slice kept in the same order, over random
+// activations, uses and removals.
+func TestLRUOrder(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var l lru
+	var want []*activation // most recent first
+	all := map[int]*activation{}
+	for i := range 5000 {
+		switch k := rng.IntN(40); {
+		case rng.IntN(3) == 0 || len(all) == 0: // activate
+			a := &activation{group: uint32(i)}
+			all[i] = a
+			l.pushFront(a)
+			want = slices.Insert(want, 0, a)
+		default:
+			var a *activation
+			for _, x := range all {
+				a = x
+				break
+			}
+			j := slices.Index(want, a)
+			if k < 20 { // use
+				l.touch(a)
+				want = slices.Insert(slices.Delete(want, j, j+1), 0, a)
+			} else { // passivate
+				l.remove(a)
+				want = slices.Delete(want, j, j+1)
+				delete(all, int(a.group))
+			}
+		}
+		var got []*activation
+		for a := l.head; a != nil; a = a.next {
+			got = append(got, a)
+		}
+		var back []*activation
+		for a := l.tail; a != nil; a = a.prev {
+			back = append(back, a)
+		}
+		slices.Reverse(back)
+		if !slices.Equal(got, want) || !slices.Equal(back, want) {
+			t.Fatalf("step %d: the list has %d forwards and %d backwards, want %d in order", i, len(got), len(back), len(want))
+		}
+	}
+}
