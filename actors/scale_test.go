@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"runtime"
+	"runtime/pprof"
 	"sync"
 	"testing"
 
@@ -21,8 +24,9 @@ import (
 //	go test -run '^$' -bench IngestKeys -benchtime 400000x -cpuprofile cpu.out ./actors
 //
 // Each sub-benchmark starts from an empty store, so at large key counts
-// most events meet a key for the first time; with -preload every key is
-// stored first (steady state).
+// most events meet a key for the first time. It reports the heap the keys
+// in memory hold (heap_B/key); KEYFOLD_HEAP_PROFILE=FILE writes a heap
+// profile while they are held.
 func BenchmarkIngestKeys(b *testing.B) {
 	for _, keys := range []int{10_000, 100_000, 1_000_000} {
 		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) { benchIngestKeys(b, keys) })
@@ -66,6 +70,9 @@ func benchIngestKeys(b *testing.B, keys int) {
 		}
 	}()
 
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
 	const submitters, batch = 32, 100
 	batches := make(chan int, submitters)
 	var wg sync.WaitGroup
@@ -102,5 +109,22 @@ func benchIngestKeys(b *testing.B, keys int) {
 	}
 	st := h.Stats()
 	b.ReportMetric(float64(st.ActiveKeys), "active_keys")
+	// The heap the keys in memory hold, while they are held.
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	if st.ActiveKeys > 0 {
+		b.ReportMetric(float64(int64(after.HeapInuse)-int64(before.HeapInuse))/float64(st.ActiveKeys), "heap_B/key")
+	}
+	if path := os.Getenv("KEYFOLD_HEAP_PROFILE"); path != "" { // where that heap is: go tool pprof -sample_index=inuse_space
+		f, err := os.Create(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		if err := pprof.WriteHeapProfile(f); err != nil {
+			b.Fatal(err)
+		}
+	}
 	b.ReportMetric(float64(n*batch)/b.Elapsed().Seconds(), "events/s")
 }
