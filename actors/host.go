@@ -58,8 +58,11 @@ type Host struct {
 	timed    bool
 	expiring bool
 	clocks   map[string]*fold.Clock
-	outq     outputQueue
-	outputs  outputsBroadcast
+	// clockLogged is, by pipeline, the largest watermark a record logged
+	// (or replayed) here carried, under mu: see logIdleAdvance.
+	clockLogged map[string]int64
+	outq        outputQueue
+	outputs     outputsBroadcast
 }
 
 type activation struct {
@@ -99,7 +102,10 @@ type ingestReq struct {
 	pipeline string
 	events   []*fold.Event
 	fires    []keyID // keys whose timers are due (the timer loop's requests)
-	w        *waiter
+	// ticks log the watermarks of pipelines in groups without listing any
+	// key (the timer loop's idle advance, see logIdleAdvance).
+	ticks []clockTick
+	w     *waiter
 }
 
 // New returns a host. It does no I/O and starts nothing.
@@ -119,6 +125,7 @@ func New(cfg Config) (*Host, error) {
 		lostNow:       make(chan struct{}, 1),
 		failCh:        make(chan struct{}),
 		clocks:        make(map[string]*fold.Clock),
+		clockLogged:   make(map[string]int64),
 	}
 	h.outputs.init()
 	for i := range h.groups {

@@ -117,3 +117,98 @@ func TestDowntimeIsNotIdleness(t *testing.T) {
 		t.Errorf("after a restart: late %d, windows %+v", v.Late, v.Windows)
 	}
 }
+
+// idlePipeline: ooo 2 s, idle 5 s, a session gap of 10 s. A session's
+// window ends 10 s after its last event; with the input quiet the
+// watermark reaches that end idle (5 s) + ooo (2 s) + gap (10 s) = 17 s
+// after the event.
+func idlePipeline(t *testing.T) map[string]*fold.Pipeline {
+	t.Helper()
+	p, err := fold.Compile("p", fold.Spec{
+		Key: "k", Time: "ts", ID: "id", OutOfOrderness: 2 * time.Second, IdleTimeout: 5 * time.Second,
+		Aggregates: map[string]fold.AggregateSpec{"n": {Op: "count"}},
+		Windows:    map[string]fold.WindowSpec{"s": {Type: "session", Gap: 10 * time.Second}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string]*fold.Pipeline{"p": p}
+}
+
+func idEvent(key, id string, ts int64) []byte {
+	b, _ := json.Marshal(map[string]any{"k": key, "id": id, "ts": ts})
+	return b
+}
+
+// waitTicks lets the timer loop run a while (it reads the clock at every
+// tick).
+func waitTicks(t *testing.T, clock *fakeClock) {
+	t.Helper()
+	reads := clock.reads.Load()
+	eventually(t, "20 ticks of the timer loop", func() bool { return clock.reads.Load() >= reads+20 })
+}
+
+// A retry of an event already logged (a duplicate) does not move the
+// largest event time, so it does not restart the idle countdown: the
+// session closes 17 s after its event, retry or not (it closed at 25 s).
+func TestDuplicateKeepsIdleAdvance(t *testing.T) {
+	clock := &fakeClock{}
+	clock.set(winBase)
+	cfg := actors.Config{Pipelines: idlePipeline(t), Now: clock.Now, CheckpointInterval: 20 * time.Millisecond, WatermarkInterval: 5 * time.Millisecond}
+	hs := start(t, openStore(t, t.TempDir()), cfg)
+	defer hs.shutdown()
+	hs.ingest2("p", idEvent("a", "1", winBase))
+	clock.set(winBase + 8000)
+	if r, err := hs.host.Ingest(context.Background(), "p", [][]byte{idEvent("a", "1", winBase)}); err != nil || r.Duplicates != 1 {
+		t.Fatalf("retry: %+v, %v", r, err)
+	}
+	clock.set(winBase + 16_900)
+	waitTicks(t, clock)
+	if got := allOutputs(t, hs.host); len(got) != 0 {
+		t.Fatalf("the session closed before the watermark reached its end: %v", got)
+	}
+	clock.set(winBase + 17_000)
+	eventually(t, "the session's result 17 s after its event", func() bool { return len(allOutputs(t, hs.host)) == 1 })
+}
+
+// After a crash the watermark resumes from where its idle advance had
+// brought it (the timer loop logs the advance while keys wait for it): the
+// countdown starts again (downtime is not idleness), then the watermark
+// goes on from there instead of earning that advance again.
+func TestRestartKeepsIdleAdvance(t *testing.T) {
+	clock := &fakeClock{}
+	clock.set(winBase)
+	dir := t.TempDir()
+	fs := faultstore.New(openStore(t, dir))
+	cfg := actors.Config{Pipelines: idlePipeline(t), Now: clock.Now, CheckpointInterval: time.Hour, WatermarkInterval: 5 * time.Millisecond}
+	hs := start(t, fs, cfg)
+	hs.ingest2("p", idEvent("a", "1", winBase))
+	// Idle for 10 s: the watermark is at +3 s (-2 s, then 5 s of advance).
+	appends := fs.Calls(faultstore.OpAppend)
+	clock.set(winBase + 10_000)
+	// (Not an eventually: without the logging this is the bug, shown below.)
+	for deadline := time.Now().Add(2 * time.Second); fs.Calls(faultstore.OpAppend) == appends && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	// A crash: nothing but the log survives.
+	fs.InjectAll(faultstore.OpCheckpoint, faultstore.Fault{Err: errors.New("crashed")})
+	if err := hs.shutdown(); err == nil {
+		t.Fatal("shutdown with a failing checkpoint reported no error")
+	}
+	if err := fs.Close(); err != nil {
+		t.Fatal(err)
+	}
+	restart := winBase + 11_000
+	clock.set(restart)
+	hs = start(t, openStore(t, dir), cfg)
+	defer hs.shutdown()
+	// From +3 s, the session's end (+10 s) is 7 s of advance away, after a
+	// countdown of 5 s: 12 s after the restart (from -2 s, it took 17 s).
+	clock.set(restart + 11_900)
+	waitTicks(t, clock)
+	if got := allOutputs(t, hs.host); len(got) != 0 {
+		t.Fatalf("the session closed before the watermark reached its end: %v", got)
+	}
+	clock.set(restart + 12_000)
+	eventually(t, "the session's result 12 s after the restart", func() bool { return len(allOutputs(t, hs.host)) == 1 })
+}

@@ -45,6 +45,13 @@ import (
 //	windows key=K              K's watermark, late count, next timer and
 //	                           windows.
 //	persist key=K              marks K's emitted outputs stored.
+//	observe now=D              one JSON event a line: the pipeline's clock
+//	                           (one per script, reset by pipeline) observes
+//	                           each, logged at processing time D; prints the
+//	                           clock.
+//	watermark now=D            the clock's watermark at processing time D.
+//	resume now=D               restarts the clock's idle countdown at D (a
+//	                           restart, a take-over); prints the clock.
 //	erase key=K                applies a tombstone to K; prints its windows.
 //	expire key=K now=D         applies an expiry check to K at processing
 //	                           time D (a Go duration since the epoch).
@@ -64,6 +71,7 @@ type harness struct {
 	p      *fold.Pipeline
 	states map[string]*fold.State
 	snaps  map[string][]byte
+	clock  fold.Clock
 }
 
 func (h *harness) run(t *testing.T, td *datadriven.TestData) string {
@@ -131,6 +139,21 @@ func (h *harness) run(t *testing.T, td *datadriven.TestData) string {
 			return "expired"
 		}
 		return fmt.Sprintf("kept (expires at %v)", time.Duration(h.p.Expiry(s, now.Milliseconds()))*time.Millisecond)
+	case "observe":
+		now := h.now(t, td)
+		for _, line := range lines(td.Input) {
+			ev, err := h.p.Prepare([]byte(line))
+			if err != nil {
+				td.Fatalf(t, "%s: %v", line, err)
+			}
+			h.p.Observe(&h.clock, ev, now)
+		}
+		return describeClock(&h.clock)
+	case "watermark":
+		return fmt.Sprintf("wm=%d", h.p.WatermarkAt(&h.clock, h.now(t, td)))
+	case "resume":
+		h.p.Resume(&h.clock, h.now(t, td))
+		return describeClock(&h.clock)
 	case "persist":
 		return fmt.Sprintf("stored %d outputs", len(h.get(h.arg(t, td, "key")).TakeOutputs()))
 	default:
@@ -143,6 +166,19 @@ func (h *harness) arg(t *testing.T, td *datadriven.TestData, name string) string
 	var v string
 	td.ScanArgs(t, name, &v)
 	return v
+}
+
+// now reads the argument now=D (a Go duration since the epoch) in Unix ms.
+func (h *harness) now(t *testing.T, td *datadriven.TestData) int64 {
+	d, err := time.ParseDuration(h.arg(t, td, "now"))
+	if err != nil {
+		td.Fatalf(t, "now: %v", err)
+	}
+	return d.Milliseconds()
+}
+
+func describeClock(c *fold.Clock) string {
+	return fmt.Sprintf("max=%d arrival=%d base=%d wm=%d", c.MaxEvent, c.Arrival, c.Base, c.Watermark)
 }
 
 func (h *harness) get(key string) *fold.State {
@@ -179,6 +215,7 @@ func (h *harness) pipeline(t *testing.T, td *datadriven.TestData) string {
 	}
 	h.p = p
 	h.states = map[string]*fold.State{}
+	h.clock = fold.Clock{}
 	return "ok"
 }
 

@@ -185,30 +185,66 @@ func (p *Pipeline) EventTime(ev *Event, nowMs int64) int64 {
 
 // Clock is a pipeline's event-time clock where events are logged (a node, a
 // key group's log). The zero value has seen nothing.
+//
+// The watermark is the largest event time observed less out_of_orderness.
+// When no event moves that largest time for idle_timeout, the watermark
+// advances with processing time from where it stood: Base when the idle
+// countdown last restarted (at Arrival), plus the processing time since
+// Arrival + idle_timeout. An event that does not move the largest event time
+// (a duplicate, an old or late one) leaves the countdown alone; Resume
+// restarts it (a restart, a take-over) without taking back any advance.
 type Clock struct {
-	MaxEvent  int64 // the largest event time observed, Unix ms
-	Arrival   int64 // processing time of the last event observed, Unix ms
+	MaxEvent int64 // the largest event time observed, Unix ms
+	// Arrival is the processing time the idle countdown last restarted: of
+	// the last event that moved MaxEvent, or of the last Resume, Unix ms.
+	Arrival int64
+	// Base is the watermark as it stood at Arrival (at least MaxEvent less
+	// out_of_orderness), Unix ms: where an idle advance starts.
+	Base      int64
 	Watermark int64 // the last watermark returned, Unix ms
 }
 
-// Observe records an event logged at processing time nowMs.
+// Observe records an event logged at processing time nowMs. Only an event
+// later than every one observed restarts the idle countdown.
 func (p *Pipeline) Observe(c *Clock, ev *Event, nowMs int64) {
-	c.MaxEvent = max(c.MaxEvent, p.EventTime(ev, nowMs))
+	t := p.EventTime(ev, nowMs)
+	if c.Arrival != 0 && t <= c.MaxEvent {
+		return
+	}
+	p.WatermarkAt(c, nowMs) // where it stands now
+	c.MaxEvent = max(c.MaxEvent, t)
 	c.Arrival = max(c.Arrival, nowMs)
+	c.Base = max(c.Base, c.Watermark, c.MaxEvent-p.ooo)
+	if p.timeField != "" {
+		c.Watermark = c.Base
+	}
+}
+
+// Resume restarts the idle countdown at processing time nowMs from the
+// last watermark returned (a node restarting, a group taken over): the time
+// since is not counted, for the time a node was down is not time the source
+// was quiet, and nothing is taken back.
+func (p *Pipeline) Resume(c *Clock, nowMs int64) {
+	if c.Arrival == 0 {
+		return // nothing observed
+	}
+	c.Arrival = max(c.Arrival, nowMs)
+	c.Base = max(c.Base, c.Watermark, c.MaxEvent-p.ooo)
 }
 
 // WatermarkAt returns the pipeline's watermark at processing time nowMs and
-// records it: the largest event time observed less out_of_orderness; once no
-// event arrived for idle_timeout it advances with processing time, so quiet
-// keys still close their windows. Without a time field event time is ingest
-// time and the watermark is nowMs. It never goes back.
+// records it: the largest event time observed less out_of_orderness; once
+// that largest time has not moved for idle_timeout, it advances with
+// processing time from where it stood (see Clock), so quiet keys still close
+// their windows. Without a time field event time is ingest time and the
+// watermark is nowMs. It never goes back.
 func (p *Pipeline) WatermarkAt(c *Clock, nowMs int64) int64 {
 	w := nowMs
 	if p.timeField != "" {
 		if c.Arrival == 0 {
 			return c.Watermark // nothing observed
 		}
-		w = c.MaxEvent - p.ooo
+		w = max(c.Base, c.MaxEvent-p.ooo)
 		if idle := nowMs - c.Arrival - p.idle; idle > 0 {
 			w += idle
 		}

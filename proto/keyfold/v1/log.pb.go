@@ -90,11 +90,16 @@ type Watermark struct {
 	// The watermark the record's keys advance to before applying their
 	// inputs: every event time below it is taken as seen. Unix milliseconds.
 	WatermarkMs int64 `protobuf:"varint,2,opt,name=watermark_ms,json=watermarkMs,proto3" json:"watermark_ms,omitempty"`
-	// The pipeline's clock after the record: the largest event time logged
-	// and the processing time of the last logged event, Unix milliseconds.
-	// A new owner of the group resumes the watermark from them.
+	// The pipeline's clock after the record (see fold.Clock), Unix
+	// milliseconds: the largest event time logged; the processing time the
+	// idle countdown last restarted (the last logged event that moved the
+	// largest event time, or a restart); and the watermark as it stood then,
+	// where an idle advance starts (0 in records written before it existed:
+	// max_event_ms less out_of_orderness). A new owner of the group resumes
+	// the watermark from them.
 	MaxEventMs    int64 `protobuf:"varint,3,opt,name=max_event_ms,json=maxEventMs,proto3" json:"max_event_ms,omitempty"`
 	ArrivalMs     int64 `protobuf:"varint,4,opt,name=arrival_ms,json=arrivalMs,proto3" json:"arrival_ms,omitempty"`
+	BaseMs        int64 `protobuf:"varint,5,opt,name=base_ms,json=baseMs,proto3" json:"base_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -153,6 +158,13 @@ func (x *Watermark) GetMaxEventMs() int64 {
 func (x *Watermark) GetArrivalMs() int64 {
 	if x != nil {
 		return x.ArrivalMs
+	}
+	return 0
+}
+
+func (x *Watermark) GetBaseMs() int64 {
+	if x != nil {
+		return x.BaseMs
 	}
 	return 0
 }
@@ -1139,14 +1151,15 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\x04keys\x18\x02 \x03(\v2\x15.keyfold.v1.KeyInputsR\x04keys\x125\n" +
 	"\n" +
 	"watermarks\x18\x03 \x03(\v2\x15.keyfold.v1.WatermarkR\n" +
-	"watermarksJ\x04\b\x01\x10\x02\"\x8b\x01\n" +
+	"watermarksJ\x04\b\x01\x10\x02\"\xa4\x01\n" +
 	"\tWatermark\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12!\n" +
 	"\fwatermark_ms\x18\x02 \x01(\x03R\vwatermarkMs\x12 \n" +
 	"\fmax_event_ms\x18\x03 \x01(\x03R\n" +
 	"maxEventMs\x12\x1d\n" +
 	"\n" +
-	"arrival_ms\x18\x04 \x01(\x03R\tarrivalMs\"A\n" +
+	"arrival_ms\x18\x04 \x01(\x03R\tarrivalMs\x12\x17\n" +
+	"\abase_ms\x18\x05 \x01(\x03R\x06baseMs\"A\n" +
 	"\n" +
 	"GroupClock\x123\n" +
 	"\tpipelines\x18\x01 \x03(\v2\x15.keyfold.v1.WatermarkR\tpipelines\"d\n" +
