@@ -99,7 +99,7 @@ func outputEntry(o Output) *keyfoldv1.OutputEntry {
 		Output: &keyfoldv1.Output{
 			Id: o.ID, Pipeline: o.Pipeline, Key: o.Key, Kind: o.Kind, Name: o.Name,
 			StartMs: o.Start.UnixMilli(), EndMs: o.End.UnixMilli(), Revision: o.Revision, Count: o.Count,
-			ValuesJson: o.Values, WatermarkMs: o.Watermark.UnixMilli(),
+			ValuesJson: o.Values, WatermarkMs: o.Watermark.UnixMilli(), Supersedes: o.Supersedes,
 		},
 		StoredMs: o.Stored.UnixMilli(),
 	}

@@ -339,6 +339,9 @@ func describeOutputs(s *fold.State, before int) string {
 	var out strings.Builder
 	for _, o := range s.Outputs()[before:] {
 		fmt.Fprintf(&out, "emit %s kind=%s count=%d wm=%d %s\n", o.GetId(), o.GetKind(), o.GetCount(), o.GetWatermarkMs(), o.GetValuesJson())
+		for _, id := range o.GetSupersedes() {
+			fmt.Fprintf(&out, "  supersedes %s\n", id)
+		}
 	}
 	return out.String()
 }

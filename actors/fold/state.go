@@ -260,7 +260,7 @@ func Erase(s *State) {
 	var floors []win
 	for _, x := range s.wins {
 		if x.emitted > 0 && x.end <= s.wm {
-			floors = append(floors, win{spec: x.spec, start: x.start, end: x.end, emitted: x.emitted, aggs: make([]aggState, len(x.aggs))})
+			floors = append(floors, win{spec: x.spec, start: x.start, end: x.end, emitted: x.emitted, aggs: make([]aggState, len(x.aggs)), superseded: x.superseded})
 		}
 	}
 	*s = State{version: s.version, now: s.now, wm: s.wm, out: s.out, wins: floors}

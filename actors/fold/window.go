@@ -261,6 +261,27 @@ type win struct {
 	count      uint64
 	lastSeq    uint64
 	aggs       []aggState // parallel to the spec's aggs
+	// superseded are the last results of the sessions this one grew from,
+	// when they are not just its own previous revision (see shown).
+	superseded []resultRef
+}
+
+// resultRef names one result of a window of the key.
+type resultRef struct {
+	start, end int64
+	revision   uint32
+}
+
+// shown returns the results the window's next result supersedes: those it
+// grew from, else its own previous revision (none before its first).
+func (x *win) shown() []resultRef {
+	if len(x.superseded) > 0 {
+		return x.superseded
+	}
+	if x.emitted == 0 {
+		return nil
+	}
+	return []resultRef{{x.start, x.end, x.emitted - 1}}
 }
 
 // assign adds an event of time t to its windows; it reports whether it
@@ -310,6 +331,12 @@ func (p *Pipeline) joinSession(s *State, wi int, ev *Event, t int64) bool {
 	if len(merge) == 0 {
 		i = s.window(wi, start, end, len(p.windows[wi].aggs))
 	} else {
+		// The results shown so far of the sessions it grows from: the next
+		// result, under the new bounds' id, supersedes them all.
+		var shown []resultRef
+		for _, j := range merge {
+			shown = append(shown, s.wins[j].shown()...)
+		}
 		i = merge[0]
 		for _, j := range merge[1:] {
 			p.mergeWindows(&s.wins[i], &s.wins[j])
@@ -317,7 +344,12 @@ func (p *Pipeline) joinSession(s *State, wi int, ev *Event, t int64) bool {
 		for k := len(merge) - 1; k > 0; k-- {
 			s.wins = slices.Delete(s.wins, merge[k], merge[k]+1)
 		}
-		s.wins[i].start, s.wins[i].end = start, end
+		x := &s.wins[i]
+		x.start, x.end = start, end
+		x.superseded = nil
+		if len(shown) != 1 || shown[0] != (resultRef{start, end, x.emitted - 1}) {
+			x.superseded = shown // not just its own previous revision
+		}
 	}
 	p.addTo(s, i, ev)
 	if end <= s.wm {
@@ -374,6 +406,10 @@ func (p *Pipeline) emit(s *State, key string, i int) {
 	if err != nil { // cannot happen: the values are numbers and JSON
 		panic(fmt.Sprintf("fold: encode window values: %v", err))
 	}
+	var supersedes []string
+	for _, r := range x.shown() {
+		supersedes = append(supersedes, OutputID(p.name, key, w.name, r.start, r.end, r.revision))
+	}
 	s.out = append(s.out, &keyfoldv1.Output{
 		Id:          OutputID(p.name, key, w.name, x.start, x.end, x.emitted),
 		Pipeline:    p.name,
@@ -386,8 +422,10 @@ func (p *Pipeline) emit(s *State, key string, i int) {
 		Count:       x.count,
 		ValuesJson:  values,
 		WatermarkMs: s.wm,
+		Supersedes:  supersedes,
 	})
 	x.emitted++
+	x.superseded = nil
 }
 
 // OutputID is the stable id of a window result: the same window of the same
@@ -500,6 +538,9 @@ func (p *Pipeline) windowsProto(s *State) ([]*keyfoldv1.WindowState, error) {
 		x := &s.wins[i]
 		w := &p.windows[x.spec]
 		ws := &keyfoldv1.WindowState{Name: w.name, StartMs: x.start, EndMs: x.end, Emitted: x.emitted, Count: x.count, LastSeq: x.lastSeq}
+		for _, r := range x.superseded {
+			ws.Superseded = append(ws.Superseded, &keyfoldv1.ResultRef{StartMs: r.start, EndMs: r.end, Revision: r.revision})
+		}
 		for j, ai := range w.aggs {
 			as, err := aggProto(&p.aggs[ai], &x.aggs[j])
 			if err != nil {
@@ -533,6 +574,9 @@ func (p *Pipeline) restoreWindows(s *State, stored []*keyfoldv1.WindowState) err
 			continue // its size or slide changed: a window of the old shape cannot take events
 		}
 		x := win{spec: wi, start: ws.StartMs, end: ws.EndMs, emitted: ws.Emitted, count: ws.Count, lastSeq: ws.LastSeq, aggs: make([]aggState, len(w.aggs))}
+		for _, r := range ws.Superseded {
+			x.superseded = append(x.superseded, resultRef{r.StartMs, r.EndMs, r.Revision})
+		}
 		for j, ai := range w.aggs {
 			if err := restoreAgg(&p.aggs[ai], ws.Aggregates, &x.aggs[j]); err != nil {
 				return fmt.Errorf("fold: window %q: %w", w.name, err)

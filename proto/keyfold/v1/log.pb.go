@@ -732,7 +732,12 @@ type WindowState struct {
 	Aggregates []*AggregateState `protobuf:"bytes,6,rep,name=aggregates,proto3" json:"aggregates,omitempty"`
 	// The key's seq when an event last joined the window (orders last values
 	// when sessions merge).
-	LastSeq       uint64 `protobuf:"varint,7,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
+	LastSeq uint64 `protobuf:"varint,7,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
+	// The last results of the sessions this one grew from (a late event
+	// extended an emitted session, or merged sessions), when they are not
+	// simply its own previous revision: its next result supersedes them.
+	// Empty in snapshots written before it existed.
+	Superseded    []*ResultRef `protobuf:"bytes,8,rep,name=superseded,proto3" json:"superseded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -816,6 +821,75 @@ func (x *WindowState) GetLastSeq() uint64 {
 	return 0
 }
 
+func (x *WindowState) GetSuperseded() []*ResultRef {
+	if x != nil {
+		return x.Superseded
+	}
+	return nil
+}
+
+// ResultRef names a result of one of a key's windows (its id, given the
+// pipeline, key and window name).
+type ResultRef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	StartMs       int64                  `protobuf:"varint,1,opt,name=start_ms,json=startMs,proto3" json:"start_ms,omitempty"`
+	EndMs         int64                  `protobuf:"varint,2,opt,name=end_ms,json=endMs,proto3" json:"end_ms,omitempty"`
+	Revision      uint32                 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResultRef) Reset() {
+	*x = ResultRef{}
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResultRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResultRef) ProtoMessage() {}
+
+func (x *ResultRef) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResultRef.ProtoReflect.Descriptor instead.
+func (*ResultRef) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ResultRef) GetStartMs() int64 {
+	if x != nil {
+		return x.StartMs
+	}
+	return 0
+}
+
+func (x *ResultRef) GetEndMs() int64 {
+	if x != nil {
+		return x.EndMs
+	}
+	return 0
+}
+
+func (x *ResultRef) GetRevision() uint32 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 // Output is one result a key emitted: a window's (or session's) values once
 // the watermark passed its end, and again, with the next revision, for each
 // late event within allowed lateness. It is a deterministic function of the
@@ -838,14 +912,19 @@ type Output struct {
 	// The window's aggregates as a JSON object, by name.
 	ValuesJson []byte `protobuf:"bytes,10,opt,name=values_json,json=valuesJson,proto3" json:"values_json,omitempty"`
 	// The key's watermark when it emitted the result.
-	WatermarkMs   int64 `protobuf:"varint,11,opt,name=watermark_ms,json=watermarkMs,proto3" json:"watermark_ms,omitempty"`
+	WatermarkMs int64 `protobuf:"varint,11,opt,name=watermark_ms,json=watermarkMs,proto3" json:"watermark_ms,omitempty"`
+	// The ids of the earlier results this one replaces: the window's
+	// previous revision, and for a session that a late event extended or
+	// merged with others, the last results of those sessions (whose ids
+	// differ, as their bounds did). Empty for a window's first result.
+	Supersedes    []string `protobuf:"bytes,12,rep,name=supersedes,proto3" json:"supersedes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Output) Reset() {
 	*x = Output{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -857,7 +936,7 @@ func (x *Output) String() string {
 func (*Output) ProtoMessage() {}
 
 func (x *Output) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -870,7 +949,7 @@ func (x *Output) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Output.ProtoReflect.Descriptor instead.
 func (*Output) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{10}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Output) GetId() string {
@@ -950,6 +1029,13 @@ func (x *Output) GetWatermarkMs() int64 {
 	return 0
 }
 
+func (x *Output) GetSupersedes() []string {
+	if x != nil {
+		return x.Supersedes
+	}
+	return nil
+}
+
 // SeenBucket holds the ids a key applied within one slice of the dedup
 // window, oldest first.
 type SeenBucket struct {
@@ -961,7 +1047,7 @@ type SeenBucket struct {
 
 func (x *SeenBucket) Reset() {
 	*x = SeenBucket{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -973,7 +1059,7 @@ func (x *SeenBucket) String() string {
 func (*SeenBucket) ProtoMessage() {}
 
 func (x *SeenBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -986,7 +1072,7 @@ func (x *SeenBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeenBucket.ProtoReflect.Descriptor instead.
 func (*SeenBucket) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{11}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SeenBucket) GetIds() []*SeenID {
@@ -1018,7 +1104,7 @@ type AggregateState struct {
 
 func (x *AggregateState) Reset() {
 	*x = AggregateState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1030,7 +1116,7 @@ func (x *AggregateState) String() string {
 func (*AggregateState) ProtoMessage() {}
 
 func (x *AggregateState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1043,7 +1129,7 @@ func (x *AggregateState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AggregateState.ProtoReflect.Descriptor instead.
 func (*AggregateState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{12}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *AggregateState) GetName() string {
@@ -1099,7 +1185,7 @@ type SeenID struct {
 
 func (x *SeenID) Reset() {
 	*x = SeenID{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1111,7 +1197,7 @@ func (x *SeenID) String() string {
 func (*SeenID) ProtoMessage() {}
 
 func (x *SeenID) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1124,7 +1210,7 @@ func (x *SeenID) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeenID.ProtoReflect.Descriptor instead.
 func (*SeenID) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{13}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SeenID) GetId() string {
@@ -1204,7 +1290,7 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\x05times\x18\x03 \x03(\x03R\x05times\x12\x16\n" +
 	"\x06starts\x18\x04 \x03(\x03R\x06starts\x12\x14\n" +
 	"\x05since\x18\x05 \x01(\x03R\x05since\x12\x18\n" +
-	"\amatches\x18\x06 \x01(\x04R\amatches\"\xda\x01\n" +
+	"\amatches\x18\x06 \x01(\x04R\amatches\"\x91\x02\n" +
 	"\vWindowState\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\bstart_ms\x18\x02 \x01(\x03R\astartMs\x12\x15\n" +
@@ -1214,7 +1300,14 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\n" +
 	"aggregates\x18\x06 \x03(\v2\x1a.keyfold.v1.AggregateStateR\n" +
 	"aggregates\x12\x19\n" +
-	"\blast_seq\x18\a \x01(\x04R\alastSeq\"\x96\x02\n" +
+	"\blast_seq\x18\a \x01(\x04R\alastSeq\x125\n" +
+	"\n" +
+	"superseded\x18\b \x03(\v2\x15.keyfold.v1.ResultRefR\n" +
+	"superseded\"Y\n" +
+	"\tResultRef\x12\x19\n" +
+	"\bstart_ms\x18\x01 \x01(\x03R\astartMs\x12\x15\n" +
+	"\x06end_ms\x18\x02 \x01(\x03R\x05endMs\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\rR\brevision\"\xb6\x02\n" +
 	"\x06Output\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bpipeline\x18\x02 \x01(\tR\bpipeline\x12\x10\n" +
@@ -1228,7 +1321,10 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\vvalues_json\x18\n" +
 	" \x01(\fR\n" +
 	"valuesJson\x12!\n" +
-	"\fwatermark_ms\x18\v \x01(\x03R\vwatermarkMs\"2\n" +
+	"\fwatermark_ms\x18\v \x01(\x03R\vwatermarkMs\x12\x1e\n" +
+	"\n" +
+	"supersedes\x18\f \x03(\tR\n" +
+	"supersedes\"2\n" +
 	"\n" +
 	"SeenBucket\x12$\n" +
 	"\x03ids\x18\x01 \x03(\v2\x12.keyfold.v1.SeenIDR\x03ids\"\x97\x01\n" +
@@ -1255,7 +1351,7 @@ func file_proto_keyfold_v1_log_proto_rawDescGZIP() []byte {
 	return file_proto_keyfold_v1_log_proto_rawDescData
 }
 
-var file_proto_keyfold_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_proto_keyfold_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_proto_keyfold_v1_log_proto_goTypes = []any{
 	(*LogRecord)(nil),      // 0: keyfold.v1.LogRecord
 	(*Watermark)(nil),      // 1: keyfold.v1.Watermark
@@ -1267,10 +1363,11 @@ var file_proto_keyfold_v1_log_proto_goTypes = []any{
 	(*WaitingEvent)(nil),   // 7: keyfold.v1.WaitingEvent
 	(*PatternState)(nil),   // 8: keyfold.v1.PatternState
 	(*WindowState)(nil),    // 9: keyfold.v1.WindowState
-	(*Output)(nil),         // 10: keyfold.v1.Output
-	(*SeenBucket)(nil),     // 11: keyfold.v1.SeenBucket
-	(*AggregateState)(nil), // 12: keyfold.v1.AggregateState
-	(*SeenID)(nil),         // 13: keyfold.v1.SeenID
+	(*ResultRef)(nil),      // 10: keyfold.v1.ResultRef
+	(*Output)(nil),         // 11: keyfold.v1.Output
+	(*SeenBucket)(nil),     // 12: keyfold.v1.SeenBucket
+	(*AggregateState)(nil), // 13: keyfold.v1.AggregateState
+	(*SeenID)(nil),         // 14: keyfold.v1.SeenID
 }
 var file_proto_keyfold_v1_log_proto_depIdxs = []int32{
 	3,  // 0: keyfold.v1.LogRecord.keys:type_name -> keyfold.v1.KeyInputs
@@ -1278,18 +1375,19 @@ var file_proto_keyfold_v1_log_proto_depIdxs = []int32{
 	1,  // 2: keyfold.v1.GroupClock.pipelines:type_name -> keyfold.v1.Watermark
 	4,  // 3: keyfold.v1.KeyInputs.inputs:type_name -> keyfold.v1.Input
 	6,  // 4: keyfold.v1.Snapshot.state:type_name -> keyfold.v1.KeyState
-	12, // 5: keyfold.v1.KeyState.aggregates:type_name -> keyfold.v1.AggregateState
-	13, // 6: keyfold.v1.KeyState.seen:type_name -> keyfold.v1.SeenID
+	13, // 5: keyfold.v1.KeyState.aggregates:type_name -> keyfold.v1.AggregateState
+	14, // 6: keyfold.v1.KeyState.seen:type_name -> keyfold.v1.SeenID
 	9,  // 7: keyfold.v1.KeyState.windows:type_name -> keyfold.v1.WindowState
 	7,  // 8: keyfold.v1.KeyState.waiting:type_name -> keyfold.v1.WaitingEvent
 	8,  // 9: keyfold.v1.KeyState.patterns:type_name -> keyfold.v1.PatternState
-	12, // 10: keyfold.v1.WindowState.aggregates:type_name -> keyfold.v1.AggregateState
-	13, // 11: keyfold.v1.SeenBucket.ids:type_name -> keyfold.v1.SeenID
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	13, // 10: keyfold.v1.WindowState.aggregates:type_name -> keyfold.v1.AggregateState
+	10, // 11: keyfold.v1.WindowState.superseded:type_name -> keyfold.v1.ResultRef
+	14, // 12: keyfold.v1.SeenBucket.ids:type_name -> keyfold.v1.SeenID
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_proto_keyfold_v1_log_proto_init() }
@@ -1303,7 +1401,7 @@ func file_proto_keyfold_v1_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_keyfold_v1_log_proto_rawDesc), len(file_proto_keyfold_v1_log_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
