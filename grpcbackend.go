@@ -46,7 +46,7 @@ func (b grpcBackend) Query(ctx context.Context, pipeline, key string) (grpcapi.K
 func grpcState(st KeyState) grpcapi.KeyState {
 	ks := grpcapi.KeyState{Seq: st.Seq, Duplicates: st.Duplicates, Aggregates: st.Aggregates}
 	if st.Late != nil { // a pipeline with windows or patterns
-		ks.Time = timeState{st.Watermark, st.Late, st.Windows, st.Patterns}
+		ks.Time = timeState{st.Watermark, st.Late, st.Windows, st.Patterns, st.LateWindows}
 	}
 	return ks
 }

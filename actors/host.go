@@ -133,7 +133,7 @@ func New(cfg Config) (*Host, error) {
 	}
 	h.stats.pipelines = make(map[string]*pipelineStats, len(cfg.Pipelines))
 	for name, p := range cfg.Pipelines {
-		h.stats.pipelines[name] = &pipelineStats{}
+		h.stats.pipelines[name] = &pipelineStats{lateIn: make([]atomic.Int64, len(p.WindowNames())), windows: p.WindowNames()}
 		h.timed = h.timed || p.Timed()
 		h.expiring = h.expiring || p.TTL() > 0
 	}
@@ -440,7 +440,7 @@ func (h *Host) sendLocked(id keyID, group uint32, msg any) {
 	if a == nil {
 		epoch := h.groups[group].epoch
 		g := &grain{host: h, id: id, group: group, epoch: epoch, pipeline: h.cfg.Pipelines[id.pipeline],
-			pstats: h.stats.pipelines[id.pipeline]}
+			pstats: h.stats.pipelines[id.pipeline], lateIn: make([]uint64, len(h.stats.pipelines[id.pipeline].windows))}
 		// The grain recovers its own panics (failing the host), so the
 		// supervisor never restarts it with a half-applied state.
 		props := actor.PropsFromProducer(func() actor.Actor { return g })

@@ -212,3 +212,63 @@ func TestRestartKeepsIdleAdvance(t *testing.T) {
 	clock.set(restart + 12_000)
 	eventually(t, "the session's result 12 s after the restart", func() bool { return len(allOutputs(t, hs.host)) == 1 })
 }
+
+// An event too late for one window of its pipeline but taken by another is
+// counted late for the window it missed — in the key's state, kept across
+// a restart, and in the pipeline's counters — while the key's late count
+// (events in no window at all) stays 0.
+func TestLatePerWindow(t *testing.T) {
+	clock := &fakeClock{}
+	clock.set(winBase)
+	cfg := actors.Config{
+		Pipelines: timedPipeline(t, fold.Spec{Windows: map[string]fold.WindowSpec{
+			"short": {Type: "tumbling", Size: time.Second},
+			"long":  {Type: "tumbling", Size: time.Hour},
+		}}),
+		Now: clock.Now, CheckpointInterval: 20 * time.Millisecond, WatermarkInterval: 5 * time.Millisecond,
+	}
+	store := openStore(t, t.TempDir())
+	hs := start(t, store, cfg)
+	hour := winBase - winBase%time.Hour.Milliseconds()
+	hs.ingest2("p", tsEvent("a", hour+5000))
+	hs.ingest2("p", tsEvent("a", hour+100)) // the watermark is at +5 s: too late for [0, 1 s), not for the hour
+	check := func(when string) {
+		t.Helper()
+		v := hs.query("a")
+		if v.Late != 0 || v.LateWindows["short"] != 1 || v.LateWindows["long"] != 0 || len(v.LateWindows) != 2 {
+			t.Errorf("%s: late %d, late by window %v; want 0 and short 1, long 0", when, v.Late, v.LateWindows)
+		}
+	}
+	check("live")
+	if st := hs.host.Stats().Pipelines["p"]; st.Late != 0 || st.LateByWindow["short"] != 1 || st.LateByWindow["long"] != 0 {
+		t.Errorf("stats: late %d, by window %v", st.Late, st.LateByWindow)
+	}
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	hs = start(t, store, cfg)
+	defer hs.shutdown()
+	check("after a restart")
+}
+
+// A batch is judged by the watermark from before it: its events are never
+// late to each other; they move the watermark for the batches after it.
+func TestBatchJudgedByWatermarkBefore(t *testing.T) {
+	clock := &fakeClock{}
+	clock.set(winBase)
+	cfg := actors.Config{
+		Pipelines: timedPipeline(t, fold.Spec{Windows: map[string]fold.WindowSpec{"w": {Type: "tumbling", Size: time.Second}}}),
+		Now:       clock.Now, CheckpointInterval: 20 * time.Millisecond, WatermarkInterval: 5 * time.Millisecond,
+	}
+	hs := start(t, openStore(t, t.TempDir()), cfg)
+	defer hs.shutdown()
+	sec := winBase - winBase%1000
+	hs.ingest2("p", tsEvent("a", sec+5000), tsEvent("a", sec+100)) // out of order, one batch
+	if v := hs.query("a"); v.Late != 0 || len(v.Windows) != 2 {
+		t.Errorf("one batch: late %d, windows %+v; want both events in their windows", v.Late, v.Windows)
+	}
+	hs.ingest2("p", tsEvent("a", sec+200)) // alone, after the watermark reached +5 s
+	if v := hs.query("a"); v.Late != 1 || v.LateWindows["w"] != 1 {
+		t.Errorf("the next batch: late %d (by window %v), want 1", v.Late, v.LateWindows)
+	}
+}

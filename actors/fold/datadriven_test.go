@@ -42,8 +42,8 @@ import (
 //	compare key=K with=J       "equal" when K and J have the same seq,
 //	                           aggregates and marshalled bytes.
 //	advance key=K wm=MS        Advance K's watermark to MS (Unix ms).
-//	windows key=K              K's watermark, late count, next timer and
-//	                           windows.
+//	windows key=K              K's watermark, late count, next timer, late
+//	                           counts per window (non-zero) and windows.
 //	persist key=K              marks K's emitted outputs stored.
 //	observe now=D              one JSON event a line: the pipeline's clock
 //	                           (one per script, reset by pipeline) observes
@@ -56,8 +56,9 @@ import (
 //	expire key=K now=D         applies an expiry check to K at processing
 //	                           time D (a Go duration since the epoch).
 //
-// ingest and advance print each result a key emits ("emit ID …") and each
-// event too late for every window ("late").
+// ingest and advance print each result a key emits ("emit ID …"), each
+// event too late for every window ("late") and for each window that missed
+// it ("late for W").
 func TestDataDriven(t *testing.T) {
 	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
 		h := &harness{states: map[string]*fold.State{}, snaps: map[string][]byte{}}
@@ -279,9 +280,15 @@ func (h *harness) ingest(t *testing.T, td *datadriven.TestData) string {
 		}
 		st := h.get(key)
 		before, late := len(st.Outputs()), st.Late()
+		lateIn := h.p.LateByWindow(st)
 		defer func() {
 			if st.Late() > late {
 				out.WriteString("late\n")
+			}
+			for _, name := range h.p.WindowNames() {
+				if n := h.p.LateByWindow(st)[name]; n > lateIn[name] {
+					fmt.Fprintf(&out, "late for %s\n", name)
+				}
 			}
 			out.WriteString(describeOutputs(st, before))
 		}()
@@ -349,7 +356,13 @@ func describeOutputs(s *fold.State, before int) string {
 func (h *harness) windows(key string) string {
 	s := h.get(key)
 	var out strings.Builder
-	fmt.Fprintf(&out, "wm=%d late=%d next=%d\n", s.Watermark(), s.Late(), h.p.NextTimer(s))
+	fmt.Fprintf(&out, "wm=%d late=%d next=%d", s.Watermark(), s.Late(), h.p.NextTimer(s))
+	for i, name := range h.p.WindowNames() {
+		if n := s.LateIn(i); n > 0 {
+			fmt.Fprintf(&out, " late_in_%s=%d", name, n)
+		}
+	}
+	out.WriteString("\n")
 	for _, w := range h.p.Windows(s) {
 		b, err := json.Marshal(w.Values)
 		if err != nil {

@@ -21,10 +21,13 @@ type State struct {
 	ids  idSet // ids applied within the dedup window
 	wm   int64 // the key's watermark (see window.go)
 	late uint64
-	wins []win               // windows, ordered by spec then start
-	wait []waiting           // events the patterns have not seen yet, by time
-	pats []patState          // per pattern
-	out  []*keyfoldv1.Output // emitted results not yet taken
+	// lateWin counts, per window spec, the events too late for at least
+	// one of its windows they fell in (it grows to the specs on demand).
+	lateWin []uint64
+	wins    []win               // windows, ordered by spec then start
+	wait    []waiting           // events the patterns have not seen yet, by time
+	pats    []patState          // per pattern
+	out     []*keyfoldv1.Output // emitted results not yet taken
 	// version counts the changes of the state in memory (it is not
 	// persisted); snapshots use it to tell what changed since the last one.
 	version uint64

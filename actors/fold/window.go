@@ -18,17 +18,20 @@ import (
 // Windows are aligned to the Unix epoch and end-exclusive: a tumbling window
 // of size S holds the events with start <= time < start+S, start a multiple
 // of S; a sliding window of size S and slide L starts every L and an event
-// joins the S/L windows that contain it; a session holds events less than
-// gap apart and ends gap after its last event (sessions that an event
-// bridges, or that touch, merge).
+// joins the S/L windows that contain it; a session holds events at most gap
+// apart and ends gap after its last event (an event at a session's end
+// extends it; sessions that an event bridges, or that touch, merge).
 //
 // A key's watermark W says that every event time below it is taken as seen.
 // A window whose end is at or below W is complete: it emits its result (an
-// Output) when W passes its end. It is kept until W passes end +
+// Output) when W reaches its end. It is kept while W < end +
 // allowed_lateness; an event for it meanwhile updates it and it emits again
-// at once, with the next revision. An event whose windows are all past that
-// point is late: it joins none and is counted (it still counts in the
-// running aggregates).
+// at once, with the next revision, which supersedes the previous one (and,
+// for a session that grew, the results of the sessions it grew from). Once
+// W >= end + allowed_lateness the window is gone: an event for it is late
+// for its window spec (counted per spec), and an event whose windows are
+// all gone is late for the key: it joins none and is counted (it still
+// counts in the running aggregates).
 //
 // Keys never read a clock: W comes from the log (Advance), so replay emits
 // the same outputs, with the same ids, as the live run did.
@@ -285,18 +288,25 @@ func (x *win) shown() []resultRef {
 }
 
 // assign adds an event of time t to its windows; it reports whether it
-// joined any (if not, it is late).
+// joined any (if not, it is late). For each window spec it missed a window
+// of (gone: the watermark is at or past its end + allowed_lateness), it
+// counts the event late for that spec.
 func (p *Pipeline) assign(s *State, ev *Event, t int64) bool {
 	joined := false
 	for wi := range p.windows {
 		w := &p.windows[wi]
 		if w.kind == session {
-			joined = p.joinSession(s, wi, ev, t) || joined
+			if p.joinSession(s, wi, ev, t) {
+				joined = true
+			} else {
+				s.lateFor(wi, len(p.windows))
+			}
 			continue
 		}
 		for start := t - t%w.slide; start > t-w.size; start -= w.slide {
 			end := start + w.size
 			if end+p.lateness <= s.wm {
+				s.lateFor(wi, len(p.windows))
 				break // this window and the earlier ones are gone
 			}
 			i := s.window(wi, start, end, len(w.aggs))
@@ -308,6 +318,46 @@ func (p *Pipeline) assign(s *State, ev *Event, t int64) bool {
 		}
 	}
 	return joined
+}
+
+// lateFor counts a late event for window spec wi of n.
+func (s *State) lateFor(wi, n int) {
+	if len(s.lateWin) < n {
+		s.lateWin = append(s.lateWin, make([]uint64, n-len(s.lateWin))...)
+	}
+	s.lateWin[wi]++
+}
+
+// WindowNames returns the names of the pipeline's windows, in the order
+// LateIn numbers them.
+func (p *Pipeline) WindowNames() []string {
+	names := make([]string, len(p.windows))
+	for i, w := range p.windows {
+		names[i] = w.name
+	}
+	return names
+}
+
+// LateIn returns the number of events too late for at least one window
+// they fell in of the pipeline's window i (see WindowNames).
+func (s *State) LateIn(i int) uint64 {
+	if i < len(s.lateWin) {
+		return s.lateWin[i]
+	}
+	return 0
+}
+
+// LateByWindow returns LateIn by window name, every window included, nil
+// for a pipeline without windows.
+func (p *Pipeline) LateByWindow(s *State) map[string]uint64 {
+	if len(p.windows) == 0 {
+		return nil
+	}
+	out := make(map[string]uint64, len(p.windows))
+	for i, w := range p.windows {
+		out[w.name] = s.LateIn(i)
+	}
+	return out
 }
 
 // joinSession adds an event to the session it starts, extends or bridges.

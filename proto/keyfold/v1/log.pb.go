@@ -453,7 +453,11 @@ type KeyState struct {
 	// them, in (time, seq) order.
 	Waiting []*WaitingEvent `protobuf:"bytes,10,rep,name=waiting,proto3" json:"waiting,omitempty"`
 	// Each pattern's progress.
-	Patterns      []*PatternState `protobuf:"bytes,11,rep,name=patterns,proto3" json:"patterns,omitempty"`
+	Patterns []*PatternState `protobuf:"bytes,11,rep,name=patterns,proto3" json:"patterns,omitempty"`
+	// Per window (by name, sorted; only those with any): events too late for
+	// at least one window of that name they fell in. Absent in snapshots
+	// written before it existed (counted from zero).
+	LateWindows   []*WindowLate `protobuf:"bytes,12,rep,name=late_windows,json=lateWindows,proto3" json:"late_windows,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -565,6 +569,66 @@ func (x *KeyState) GetPatterns() []*PatternState {
 	return nil
 }
 
+func (x *KeyState) GetLateWindows() []*WindowLate {
+	if x != nil {
+		return x.LateWindows
+	}
+	return nil
+}
+
+// WindowLate counts the late events of one of a key's windows.
+type WindowLate struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Late          uint64                 `protobuf:"varint,2,opt,name=late,proto3" json:"late,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WindowLate) Reset() {
+	*x = WindowLate{}
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WindowLate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WindowLate) ProtoMessage() {}
+
+func (x *WindowLate) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WindowLate.ProtoReflect.Descriptor instead.
+func (*WindowLate) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *WindowLate) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *WindowLate) GetLate() uint64 {
+	if x != nil {
+		return x.Late
+	}
+	return 0
+}
+
 // WaitingEvent is what the patterns need of an event: its time and the
 // pattern filters it matched.
 type WaitingEvent struct {
@@ -580,7 +644,7 @@ type WaitingEvent struct {
 
 func (x *WaitingEvent) Reset() {
 	*x = WaitingEvent{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -592,7 +656,7 @@ func (x *WaitingEvent) String() string {
 func (*WaitingEvent) ProtoMessage() {}
 
 func (x *WaitingEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -605,7 +669,7 @@ func (x *WaitingEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitingEvent.ProtoReflect.Descriptor instead.
 func (*WaitingEvent) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{7}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WaitingEvent) GetTimeMs() int64 {
@@ -649,7 +713,7 @@ type PatternState struct {
 
 func (x *PatternState) Reset() {
 	*x = PatternState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -661,7 +725,7 @@ func (x *PatternState) String() string {
 func (*PatternState) ProtoMessage() {}
 
 func (x *PatternState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -674,7 +738,7 @@ func (x *PatternState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PatternState.ProtoReflect.Descriptor instead.
 func (*PatternState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{8}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PatternState) GetName() string {
@@ -744,7 +808,7 @@ type WindowState struct {
 
 func (x *WindowState) Reset() {
 	*x = WindowState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -756,7 +820,7 @@ func (x *WindowState) String() string {
 func (*WindowState) ProtoMessage() {}
 
 func (x *WindowState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -769,7 +833,7 @@ func (x *WindowState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowState.ProtoReflect.Descriptor instead.
 func (*WindowState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{9}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WindowState) GetName() string {
@@ -841,7 +905,7 @@ type ResultRef struct {
 
 func (x *ResultRef) Reset() {
 	*x = ResultRef{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -853,7 +917,7 @@ func (x *ResultRef) String() string {
 func (*ResultRef) ProtoMessage() {}
 
 func (x *ResultRef) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -866,7 +930,7 @@ func (x *ResultRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResultRef.ProtoReflect.Descriptor instead.
 func (*ResultRef) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{10}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ResultRef) GetStartMs() int64 {
@@ -924,7 +988,7 @@ type Output struct {
 
 func (x *Output) Reset() {
 	*x = Output{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -936,7 +1000,7 @@ func (x *Output) String() string {
 func (*Output) ProtoMessage() {}
 
 func (x *Output) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -949,7 +1013,7 @@ func (x *Output) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Output.ProtoReflect.Descriptor instead.
 func (*Output) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{11}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Output) GetId() string {
@@ -1047,7 +1111,7 @@ type SeenBucket struct {
 
 func (x *SeenBucket) Reset() {
 	*x = SeenBucket{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1059,7 +1123,7 @@ func (x *SeenBucket) String() string {
 func (*SeenBucket) ProtoMessage() {}
 
 func (x *SeenBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1072,7 +1136,7 @@ func (x *SeenBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeenBucket.ProtoReflect.Descriptor instead.
 func (*SeenBucket) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{12}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SeenBucket) GetIds() []*SeenID {
@@ -1104,7 +1168,7 @@ type AggregateState struct {
 
 func (x *AggregateState) Reset() {
 	*x = AggregateState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1116,7 +1180,7 @@ func (x *AggregateState) String() string {
 func (*AggregateState) ProtoMessage() {}
 
 func (x *AggregateState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1129,7 +1193,7 @@ func (x *AggregateState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AggregateState.ProtoReflect.Descriptor instead.
 func (*AggregateState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{13}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AggregateState) GetName() string {
@@ -1185,7 +1249,7 @@ type SeenID struct {
 
 func (x *SeenID) Reset() {
 	*x = SeenID{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[14]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1261,7 @@ func (x *SeenID) String() string {
 func (*SeenID) ProtoMessage() {}
 
 func (x *SeenID) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[14]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1274,7 @@ func (x *SeenID) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeenID.ProtoReflect.Descriptor instead.
 func (*SeenID) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{14}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SeenID) GetId() string {
@@ -1262,7 +1326,7 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
 	"\bposition\x18\x03 \x01(\x04R\bposition\x12*\n" +
-	"\x05state\x18\x04 \x01(\v2\x14.keyfold.v1.KeyStateR\x05state\"\xae\x03\n" +
+	"\x05state\x18\x04 \x01(\v2\x14.keyfold.v1.KeyStateR\x05state\"\xe9\x03\n" +
 	"\bKeyState\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\x12:\n" +
@@ -1279,7 +1343,12 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\awindows\x18\t \x03(\v2\x17.keyfold.v1.WindowStateR\awindows\x122\n" +
 	"\awaiting\x18\n" +
 	" \x03(\v2\x18.keyfold.v1.WaitingEventR\awaiting\x124\n" +
-	"\bpatterns\x18\v \x03(\v2\x18.keyfold.v1.PatternStateR\bpatterns\"O\n" +
+	"\bpatterns\x18\v \x03(\v2\x18.keyfold.v1.PatternStateR\bpatterns\x129\n" +
+	"\flate_windows\x18\f \x03(\v2\x16.keyfold.v1.WindowLateR\vlateWindows\"4\n" +
+	"\n" +
+	"WindowLate\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04late\x18\x02 \x01(\x04R\x04late\"O\n" +
 	"\fWaitingEvent\x12\x17\n" +
 	"\atime_ms\x18\x01 \x01(\x03R\x06timeMs\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x03R\x03seq\x12\x14\n" +
@@ -1351,7 +1420,7 @@ func file_proto_keyfold_v1_log_proto_rawDescGZIP() []byte {
 	return file_proto_keyfold_v1_log_proto_rawDescData
 }
 
-var file_proto_keyfold_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_proto_keyfold_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_proto_keyfold_v1_log_proto_goTypes = []any{
 	(*LogRecord)(nil),      // 0: keyfold.v1.LogRecord
 	(*Watermark)(nil),      // 1: keyfold.v1.Watermark
@@ -1360,14 +1429,15 @@ var file_proto_keyfold_v1_log_proto_goTypes = []any{
 	(*Input)(nil),          // 4: keyfold.v1.Input
 	(*Snapshot)(nil),       // 5: keyfold.v1.Snapshot
 	(*KeyState)(nil),       // 6: keyfold.v1.KeyState
-	(*WaitingEvent)(nil),   // 7: keyfold.v1.WaitingEvent
-	(*PatternState)(nil),   // 8: keyfold.v1.PatternState
-	(*WindowState)(nil),    // 9: keyfold.v1.WindowState
-	(*ResultRef)(nil),      // 10: keyfold.v1.ResultRef
-	(*Output)(nil),         // 11: keyfold.v1.Output
-	(*SeenBucket)(nil),     // 12: keyfold.v1.SeenBucket
-	(*AggregateState)(nil), // 13: keyfold.v1.AggregateState
-	(*SeenID)(nil),         // 14: keyfold.v1.SeenID
+	(*WindowLate)(nil),     // 7: keyfold.v1.WindowLate
+	(*WaitingEvent)(nil),   // 8: keyfold.v1.WaitingEvent
+	(*PatternState)(nil),   // 9: keyfold.v1.PatternState
+	(*WindowState)(nil),    // 10: keyfold.v1.WindowState
+	(*ResultRef)(nil),      // 11: keyfold.v1.ResultRef
+	(*Output)(nil),         // 12: keyfold.v1.Output
+	(*SeenBucket)(nil),     // 13: keyfold.v1.SeenBucket
+	(*AggregateState)(nil), // 14: keyfold.v1.AggregateState
+	(*SeenID)(nil),         // 15: keyfold.v1.SeenID
 }
 var file_proto_keyfold_v1_log_proto_depIdxs = []int32{
 	3,  // 0: keyfold.v1.LogRecord.keys:type_name -> keyfold.v1.KeyInputs
@@ -1375,19 +1445,20 @@ var file_proto_keyfold_v1_log_proto_depIdxs = []int32{
 	1,  // 2: keyfold.v1.GroupClock.pipelines:type_name -> keyfold.v1.Watermark
 	4,  // 3: keyfold.v1.KeyInputs.inputs:type_name -> keyfold.v1.Input
 	6,  // 4: keyfold.v1.Snapshot.state:type_name -> keyfold.v1.KeyState
-	13, // 5: keyfold.v1.KeyState.aggregates:type_name -> keyfold.v1.AggregateState
-	14, // 6: keyfold.v1.KeyState.seen:type_name -> keyfold.v1.SeenID
-	9,  // 7: keyfold.v1.KeyState.windows:type_name -> keyfold.v1.WindowState
-	7,  // 8: keyfold.v1.KeyState.waiting:type_name -> keyfold.v1.WaitingEvent
-	8,  // 9: keyfold.v1.KeyState.patterns:type_name -> keyfold.v1.PatternState
-	13, // 10: keyfold.v1.WindowState.aggregates:type_name -> keyfold.v1.AggregateState
-	10, // 11: keyfold.v1.WindowState.superseded:type_name -> keyfold.v1.ResultRef
-	14, // 12: keyfold.v1.SeenBucket.ids:type_name -> keyfold.v1.SeenID
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	14, // 5: keyfold.v1.KeyState.aggregates:type_name -> keyfold.v1.AggregateState
+	15, // 6: keyfold.v1.KeyState.seen:type_name -> keyfold.v1.SeenID
+	10, // 7: keyfold.v1.KeyState.windows:type_name -> keyfold.v1.WindowState
+	8,  // 8: keyfold.v1.KeyState.waiting:type_name -> keyfold.v1.WaitingEvent
+	9,  // 9: keyfold.v1.KeyState.patterns:type_name -> keyfold.v1.PatternState
+	7,  // 10: keyfold.v1.KeyState.late_windows:type_name -> keyfold.v1.WindowLate
+	14, // 11: keyfold.v1.WindowState.aggregates:type_name -> keyfold.v1.AggregateState
+	11, // 12: keyfold.v1.WindowState.superseded:type_name -> keyfold.v1.ResultRef
+	15, // 13: keyfold.v1.SeenBucket.ids:type_name -> keyfold.v1.SeenID
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_proto_keyfold_v1_log_proto_init() }
@@ -1401,7 +1472,7 @@ func file_proto_keyfold_v1_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_keyfold_v1_log_proto_rawDesc), len(file_proto_keyfold_v1_log_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
