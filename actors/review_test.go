@@ -272,3 +272,42 @@ func TestBatchJudgedByWatermarkBefore(t *testing.T) {
 		t.Errorf("the next batch: late %d (by window %v), want 1", v.Late, v.LateWindows)
 	}
 }
+
+// Sessions whose sums overflowed in opposite directions merge into one whose
+// sum is "overflow" (it was NaN, and emitting it panicked the key's grain,
+// failing the host, at every replay too).
+func TestOverflowedSessionsMerge(t *testing.T) {
+	clock := &fakeClock{}
+	clock.set(winBase)
+	p, err := fold.Compile("p", fold.Spec{Key: "k", Time: "ts", OutOfOrderness: time.Minute, IdleTimeout: time.Second,
+		Aggregates: map[string]fold.AggregateSpec{"sum": {Op: "sum", Field: "v"}},
+		Windows:    map[string]fold.WindowSpec{"s": {Type: "session", Gap: 20 * time.Second}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := actors.Config{
+		Pipelines: map[string]*fold.Pipeline{"p": p},
+		Now:       clock.Now, CheckpointInterval: 20 * time.Millisecond, WatermarkInterval: 5 * time.Millisecond,
+	}
+	hs := start(t, openStore(t, t.TempDir()), cfg)
+	defer hs.shutdown()
+	ev := func(ts int64, v float64) []byte {
+		b, _ := json.Marshal(map[string]any{"k": "a", "ts": ts, "v": v})
+		return b
+	}
+	hs.ingest2("p", ev(winBase, 1e308), ev(winBase, 1e308), ev(winBase+40_000, -1e308), ev(winBase+40_000, -1e308))
+	hs.ingest2("p", ev(winBase+20_000, 0)) // bridges the two
+	if v := hs.query("a"); v.Aggregates["sum"] != "overflow" {
+		t.Errorf("running sum %v, want \"overflow\"", v.Aggregates["sum"])
+	}
+	clock.set(winBase + 120_000)
+	eventually(t, "the merged session's result", func() bool { return len(allOutputs(t, hs.host)) == 1 })
+	for id, desc := range allOutputs(t, hs.host) {
+		if want := `count=5 {"sum":"overflow"}`; desc != want {
+			t.Errorf("%s: %s, want %s", id, desc, want)
+		}
+	}
+	if err := hs.host.Err(); err != nil {
+		t.Fatalf("host failed: %v", err)
+	}
+}

@@ -189,8 +189,9 @@ func (p *Pipeline) bucketWidth() int64 {
 }
 
 // Aggregates returns the current value of every aggregate, by name: count is
-// a uint64; sum a float64 (0 before any value); min and max a float64, or
-// nil before any value; last the value's JSON (json.RawMessage), or nil.
+// a uint64; sum a float64 (0 before any value), or Overflow once its total
+// went beyond float64's range; min and max a float64, or nil before any
+// value; last the value's JSON (json.RawMessage), or nil.
 func (p *Pipeline) Aggregates(s *State) map[string]any {
 	out := make(map[string]any, len(p.aggs))
 	for i, agg := range p.aggs {
@@ -209,12 +210,15 @@ func aggValue(op Op, a *aggState) any {
 	case OpCount:
 		return a.count
 	case OpSum:
-		return jsonNumber(a.num)
+		if math.IsInf(a.num, 0) || math.IsNaN(a.num) {
+			return Overflow
+		}
+		return a.num
 	case OpMin, OpMax:
 		if a.count == 0 {
 			return nil
 		}
-		return jsonNumber(a.num)
+		return a.num // a value of an event: finite
 	case OpLast:
 		if a.last == nil {
 			return nil
@@ -231,14 +235,24 @@ func aggValue(op Op, a *aggState) any {
 	return nil
 }
 
-// jsonNumber keeps values JSON can encode: sums that overflowed to ±Inf are
-// clamped to the largest finite float64.
+// Overflow is the value of a sum whose running total went beyond float64's
+// range (±1.8e308) at some point: the total is no longer known, and later
+// events cannot bring it back (IEEE arithmetic keeps it infinite, or NaN
+// once sessions with opposite overflows merge). It stays so until the key
+// or window is gone. JSON has no infinities, and a clamped number would be
+// a wrong total that looks right.
+const Overflow = "overflow"
+
+// jsonNumber keeps values JSON can encode: ±Inf is clamped to the largest
+// finite float64, NaN becomes 0 (neither comes out of the sketches today).
 func jsonNumber(f float64) float64 {
 	switch {
 	case math.IsInf(f, 1):
 		return math.MaxFloat64
 	case math.IsInf(f, -1):
 		return -math.MaxFloat64
+	case math.IsNaN(f):
+		return 0
 	}
 	return f
 }
