@@ -59,7 +59,8 @@ type Host struct {
 	expiring bool
 	clocks   map[string]*fold.Clock
 	// clockLogged is, by pipeline, the largest watermark a record logged
-	// (or replayed) here carried, under mu: see logIdleAdvance.
+	// (or replayed) here lets a restart resume from (fold.Pipeline.Floor),
+	// under mu: see idleLogStep.
 	clockLogged map[string]int64
 	outq        outputQueue
 	outputs     outputsBroadcast
@@ -103,7 +104,7 @@ type ingestReq struct {
 	events   []*fold.Event
 	fires    []keyID // keys whose timers are due (the timer loop's requests)
 	// ticks log the watermarks of pipelines in groups without listing any
-	// key (the timer loop's idle advance, see logIdleAdvance).
+	// key (the timer loop's idle advance, see idleLogStep).
 	ticks []clockTick
 	w     *waiter
 }

@@ -179,7 +179,7 @@ func (h *Host) fireDue(ctx context.Context) {
 			// Keys wait for a later watermark: log the idle advance in the
 			// first group that has them (the node's clock resumes from the
 			// largest of its groups' clocks).
-			if len(x.due) > 0 && !ticked[pipeline] && wms[pipeline] >= h.clockLogged[pipeline]+idleLogStep {
+			if len(x.due) > 0 && !ticked[pipeline] && wms[pipeline] >= h.clockLogged[pipeline]+idleLogStep && h.cfg.Pipelines[pipeline].IdleAdvances() {
 				ticked[pipeline] = true
 				ticks = append(ticks, clockTick{uint32(g), pipeline})
 			}
@@ -266,7 +266,8 @@ func (h *Host) loggedClockLocked(g uint32, w *keyfoldv1.Watermark) {
 	c.Arrival = max(c.Arrival, w.GetArrivalMs())
 	c.Base = max(c.Base, w.GetBaseMs())
 	c.Watermark = max(c.Watermark, w.GetWatermarkMs())
-	h.clockLogged[w.GetPipeline()] = max(h.clockLogged[w.GetPipeline()], w.GetWatermarkMs())
+	logged := p.Floor(&fold.Clock{MaxEvent: w.GetMaxEventMs(), Base: w.GetBaseMs(), Watermark: w.GetWatermarkMs()})
+	h.clockLogged[w.GetPipeline()] = max(h.clockLogged[w.GetPipeline()], logged)
 }
 
 // parseTimerKey splits a timer entry's key into the key it indexes and

@@ -217,7 +217,7 @@ func (p *Pipeline) Observe(c *Clock, ev *Event, nowMs int64) {
 	p.WatermarkAt(c, nowMs) // where it stands now
 	c.MaxEvent = max(c.MaxEvent, t)
 	c.Arrival = max(c.Arrival, nowMs)
-	c.Base = max(c.Base, c.Watermark, c.MaxEvent-p.ooo)
+	c.Base = p.Floor(c)
 	if p.timeField != "" {
 		c.Watermark = c.Base
 	}
@@ -232,8 +232,19 @@ func (p *Pipeline) Resume(c *Clock, nowMs int64) {
 		return // nothing observed
 	}
 	c.Arrival = max(c.Arrival, nowMs)
-	c.Base = max(c.Base, c.Watermark, c.MaxEvent-p.ooo)
+	c.Base = p.Floor(c)
 }
+
+// Floor returns the watermark c resumes from (see Resume): its last
+// watermark, or more if its largest event or its Base says so.
+func (p *Pipeline) Floor(c *Clock) int64 {
+	return max(c.Watermark, c.Base, c.MaxEvent-p.ooo)
+}
+
+// IdleAdvances reports whether the pipeline's watermark advances with
+// processing time when input is idle: it has a time field (without one,
+// event time is ingest time and the watermark is the clock itself).
+func (p *Pipeline) IdleAdvances() bool { return p.timeField != "" }
 
 // WatermarkAt returns the pipeline's watermark at processing time nowMs and
 // records it: the largest event time observed less out_of_orderness; once
