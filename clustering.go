@@ -1099,7 +1099,7 @@ func decodeState(resp *keyfoldv1.GetStateResponse, spec PipelineConfig) (KeyStat
 		if err := json.Unmarshal(resp.TimeJson, &t); err != nil {
 			return KeyState{}, fmt.Errorf("keyfold: owner's windows: %w", err)
 		}
-		ks.Watermark, ks.Late, ks.Windows, ks.Patterns = t.Watermark, t.Late, t.Windows, t.Patterns
+		ks.Watermark, ks.Late, ks.Windows, ks.Patterns, ks.LateWindows = t.Watermark, t.Late, t.Windows, t.Patterns, t.LateWindows
 		if ks.Windows == nil {
 			ks.Windows = []WindowState{}
 		}
@@ -1135,6 +1135,8 @@ type timeState struct {
 	Late      *uint64        `json:"late"`
 	Windows   []WindowState  `json:"windows"`
 	Patterns  []PatternState `json:"patterns,omitempty"`
+	// LateWindows: see KeyState.
+	LateWindows map[string]uint64 `json:"late_windows,omitempty"`
 }
 
 // ClusterInfo describes the cluster as a node sees it (GET /v1/cluster).

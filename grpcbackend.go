@@ -46,7 +46,7 @@ func (b grpcBackend) Query(ctx context.Context, pipeline, key string) (grpcapi.K
 func grpcState(st KeyState) grpcapi.KeyState {
 	ks := grpcapi.KeyState{Seq: st.Seq, Duplicates: st.Duplicates, Aggregates: st.Aggregates}
 	if st.Late != nil { // a pipeline with windows or patterns
-		ks.Time = timeState{st.Watermark, st.Late, st.Windows, st.Patterns}
+		ks.Time = timeState{st.Watermark, st.Late, st.Windows, st.Patterns, st.LateWindows}
 	}
 	return ks
 }
@@ -99,7 +99,7 @@ func outputEntry(o Output) *keyfoldv1.OutputEntry {
 		Output: &keyfoldv1.Output{
 			Id: o.ID, Pipeline: o.Pipeline, Key: o.Key, Kind: o.Kind, Name: o.Name,
 			StartMs: o.Start.UnixMilli(), EndMs: o.End.UnixMilli(), Revision: o.Revision, Count: o.Count,
-			ValuesJson: o.Values, WatermarkMs: o.Watermark.UnixMilli(),
+			ValuesJson: o.Values, WatermarkMs: o.Watermark.UnixMilli(), Supersedes: o.Supersedes,
 		},
 		StoredMs: o.Stored.UnixMilli(),
 	}

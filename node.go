@@ -71,6 +71,11 @@ type KeyState struct {
 	Watermark *time.Time    `json:"watermark,omitempty"`
 	Late      *uint64       `json:"late,omitempty"`
 	Windows   []WindowState `json:"windows,omitzero"`
+	// LateWindows counts, per window name, the key's events too late for at
+	// least one window of that name they fell in, whether other windows
+	// took them or not (for a sliding window: it missed the oldest of its
+	// windows). Every window of the pipeline is listed.
+	LateWindows map[string]uint64 `json:"late_windows,omitempty"`
 	// For a pipeline with patterns: each pattern's progress and matches.
 	Patterns []PatternState `json:"patterns,omitempty"`
 }
@@ -513,7 +518,7 @@ func (n *Node) queryLocal(ctx context.Context, h *actors.Host, pipeline, key str
 	}
 	ks := KeyState{Pipeline: pipeline, Key: key, Seq: v.Seq, Duplicates: v.Duplicates, Aggregates: v.Aggregates}
 	if n.pipelines[pipeline].Timed() {
-		ks.Late, ks.Windows, ks.Patterns = &v.Late, v.Windows, v.Patterns
+		ks.Late, ks.Windows, ks.Patterns, ks.LateWindows = &v.Late, v.Windows, v.Patterns, v.LateWindows
 		if v.Watermark > 0 { // none yet: null
 			wm := time.UnixMilli(v.Watermark).UTC()
 			ks.Watermark = &wm

@@ -33,6 +33,12 @@ type Output struct {
 	Values json.RawMessage `json:"values"`
 	// Watermark is the key's watermark when it emitted the result.
 	Watermark time.Time `json:"watermark"`
+	// Supersedes are the IDs of the earlier results this one replaces: the
+	// window's previous revision and, for a session that a late event
+	// extended or merged with others, the last results of those sessions
+	// (their IDs differ, as their bounds did). A reader keeping the latest
+	// results drops these.
+	Supersedes []string `json:"supersedes,omitempty"`
 	// Stored is when the output reached the store.
 	Stored time.Time `json:"stored"`
 }
@@ -65,7 +71,7 @@ func (n *Node) Outputs(ctx context.Context, pipeline, after string, limit int) (
 			Kind: o.GetKind(), Name: o.GetName(),
 			Start: time.UnixMilli(o.GetStartMs()).UTC(), End: time.UnixMilli(o.GetEndMs()).UTC(),
 			Revision: o.GetRevision(), Count: o.GetCount(), Values: json.RawMessage(o.GetValuesJson()),
-			Watermark: time.UnixMilli(o.GetWatermarkMs()).UTC(), Stored: o.Time.UTC(),
+			Watermark: time.UnixMilli(o.GetWatermarkMs()).UTC(), Stored: o.Time.UTC(), Supersedes: o.GetSupersedes(),
 		}
 	}
 	return out, nil

@@ -566,3 +566,67 @@ func TestOutputsHTTP(t *testing.T) {
 	t.Logf("%d outputs; window end to stored at most %v; key queries saw the window open %d of 3 times; took %v",
 		len(all), lag.Round(time.Millisecond), open, time.Since(start).Round(time.Millisecond))
 }
+
+// TestOutputsSupersedes: a late event that extends an emitted session emits
+// a result under a new id that names the one it replaces (Node.Outputs, so
+// HTTP, SSE and gRPC, which serve keyfold.Output); the key's state shows
+// its late counts per window.
+func TestOutputsSupersedes(t *testing.T) {
+	cfg := servicetest.Config(t, `
+pipelines:
+  visits:
+    key: user
+    time: ts
+    allowed_lateness: 1m
+    idle_timeout: 100ms
+    aggregates:
+      n: { op: count }
+    windows:
+      s: { type: session, gap: 1s }
+`)
+	n := servicetest.Run(t, cfg)
+	ctx := context.Background()
+	t0 := time.Now().UnixMilli() - 10_000
+	ingest := func(ts int64) {
+		t.Helper()
+		ev, _ := json.Marshal(map[string]any{"user": "u", "ts": ts})
+		if _, err := n.Ingest(ctx, "visits", []json.RawMessage{ev}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	outputs := func(want int) []keyfold.Output {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			outs, err := n.Outputs(ctx, "visits", "", 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(outs) >= want {
+				return outs
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %d outputs; %d stored", want, len(outs))
+			}
+			time.Sleep(20 * time.Millisecond) // polling interval, with a deadline
+		}
+	}
+	ingest(t0)
+	first := outputs(1)[0] // idle: the watermark passes the session's end
+	ingest(t0 + 800)       // late, within allowed_lateness: extends it to t0 + 1800
+	outs := outputs(2)
+	want := fmt.Sprintf("visits/u/s/%d-%d/1", t0, t0+1800)
+	if got := outs[1]; got.ID != want || !slices.Equal(got.Supersedes, []string{first.ID}) || len(first.Supersedes) != 0 {
+		t.Errorf("results %s %v, then %s %v; want the second %s to supersede the first", first.ID, first.Supersedes, got.ID, got.Supersedes, want)
+	}
+	if b, err := json.Marshal(outs[1]); err != nil || !strings.Contains(string(b), `"supersedes":["`+first.ID+`"]`) {
+		t.Errorf("JSON %s (%v) lacks supersedes", b, err)
+	}
+	ks, err := n.Query(ctx, "visits", "u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ks.LateWindows == nil || ks.LateWindows["s"] != 0 || *ks.Late != 0 {
+		t.Errorf("key state: late %v, late_windows %v; want 0 and s: 0", *ks.Late, ks.LateWindows)
+	}
+}

@@ -56,6 +56,7 @@ type groupBatch struct {
 	group      uint32
 	keys       []*keyBatch
 	watermarks []*keyfoldv1.Watermark // of its pipelines with windows
+	ticks      map[string]bool        // pipelines whose watermark it logs without keys
 }
 
 func (h *Host) commit(reqs []*ingestReq) {
@@ -72,15 +73,18 @@ func (h *Host) commit(reqs []*ingestReq) {
 	nowMs := h.cfg.Now().UnixMilli()
 	batches := make(map[uint32]*groupBatch)
 	index := make(map[keyID]*keyBatch) // a key is in one group
+	groupOf := func(g uint32) *groupBatch {
+		gb := batches[g]
+		if gb == nil {
+			gb = &groupBatch{group: g}
+			batches[g] = gb
+		}
+		return gb
+	}
 	batchOf := func(id keyID) *keyBatch {
 		kb := index[id]
 		if kb == nil {
-			g := GroupOf(id.pipeline, id.key, h.cfg.Groups)
-			gb := batches[g]
-			if gb == nil {
-				gb = &groupBatch{group: g}
-				batches[g] = gb
-			}
+			gb := groupOf(GroupOf(id.pipeline, id.key, h.cfg.Groups))
 			kb = &keyBatch{id: id, inputs: &keyfoldv1.KeyInputs{Pipeline: id.pipeline, Key: id.key}}
 			index[id] = kb
 			gb.keys = append(gb.keys, kb)
@@ -96,6 +100,17 @@ func (h *Host) commit(reqs []*ingestReq) {
 				timed = map[string]bool{}
 			}
 			timed[id.pipeline] = true
+		}
+		for _, t := range r.ticks {
+			gb := groupOf(t.group)
+			if gb.ticks == nil {
+				gb.ticks = map[string]bool{}
+			}
+			gb.ticks[t.pipeline] = true
+			if timed == nil {
+				timed = map[string]bool{}
+			}
+			timed[t.pipeline] = true
 		}
 		if p := h.cfg.Pipelines[r.pipeline]; p != nil && p.Timed() && len(r.events) > 0 {
 			if timed == nil {
@@ -265,6 +280,12 @@ func (h *Host) refuseUnserved(reqs []*ingestReq) []*ingestReq {
 func (h *Host) stampLocked(reqs []*ingestReq, groups []*groupBatch, timed map[string]bool, nowMs int64) {
 	for _, gb := range groups {
 		var mine map[string]bool
+		for name := range gb.ticks {
+			if mine == nil {
+				mine = map[string]bool{}
+			}
+			mine[name] = true
+		}
 		for _, kb := range gb.keys {
 			if timed[kb.id.pipeline] {
 				if mine == nil {
@@ -309,7 +330,7 @@ func (h *Host) stampLocked(reqs []*ingestReq, groups []*groupBatch, timed map[st
 			if c == nil {
 				c = h.clockLocked(w.Pipeline)
 			}
-			w.MaxEventMs, w.ArrivalMs = c.MaxEvent, c.Arrival
+			w.MaxEventMs, w.ArrivalMs, w.BaseMs = c.MaxEvent, c.Arrival, c.Base
 		}
 	}
 }

@@ -65,11 +65,13 @@ type KeyView struct {
 	Duplicates uint64
 	Aggregates map[string]any
 	// For a pipeline with windows: the key's watermark (Unix ms), its
-	// events too late for every window, and its windows.
-	Watermark int64
-	Late      uint64
-	Windows   []fold.WindowView
-	Patterns  []fold.PatternView
+	// events too late for every window, its windows, and per window name
+	// its events too late for at least one window of that name.
+	Watermark   int64
+	Late        uint64
+	Windows     []fold.WindowView
+	LateWindows map[string]uint64
+	Patterns    []fold.PatternView
 }
 
 // grain is the actor of one key: it owns the key's fold.State and is the
@@ -81,6 +83,7 @@ type grain struct {
 	epoch    persistence.Epoch // the group incarnation it belongs to
 	pipeline *fold.Pipeline
 	pstats   *pipelineStats // its pipeline's counters
+	lateIn   []uint64       // per window, its late counts before an apply
 	state    fold.State
 	pos      persistence.Position // last log position applied
 	stored   uint64               // state version whose snapshot is stored (0: none)
@@ -169,6 +172,9 @@ func (g *grain) apply(m *applyMsg) {
 		return
 	}
 	late := g.state.Late()
+	for i := range g.lateIn {
+		g.lateIn[i] = g.state.LateIn(i)
+	}
 	if m.wm > 0 {
 		g.pipeline.Advance(&g.state, g.id.key, m.wm)
 	}
@@ -209,6 +215,13 @@ func (g *grain) apply(m *applyMsg) {
 		} else { // erased meanwhile: what came after
 			g.pstats.late.Add(int64(l))
 		}
+		for i, was := range g.lateIn {
+			if l := g.state.LateIn(i); l >= was {
+				g.pstats.lateIn[i].Add(int64(l - was))
+			} else {
+				g.pstats.lateIn[i].Add(int64(l))
+			}
+		}
 		if outs := g.state.TakeOutputs(); len(outs) > 0 {
 			g.pstats.emitted.Add(int64(len(outs)))
 			g.host.queueOutputs(g.id.pipeline, outs)
@@ -244,6 +257,7 @@ func (g *grain) query() queryReply {
 	if g.pipeline.Timed() {
 		v.Watermark, v.Late, v.Windows = g.state.Watermark(), g.state.Late(), g.pipeline.Windows(&g.state)
 		v.Patterns = g.pipeline.Patterns(&g.state)
+		v.LateWindows = g.pipeline.LateByWindow(&g.state)
 	}
 	return queryReply{view: v}
 }

@@ -61,8 +61,12 @@ type Host struct {
 	timed    bool
 	expiring bool
 	clocks   map[string]*fold.Clock
-	outq     outputQueue
-	outputs  outputsBroadcast
+	// clockLogged is, by pipeline, the largest watermark a record logged
+	// (or replayed) here lets a restart resume from (fold.Pipeline.Floor),
+	// under mu: see idleLogStep.
+	clockLogged map[string]int64
+	outq        outputQueue
+	outputs     outputsBroadcast
 }
 
 type activation struct {
@@ -105,7 +109,10 @@ type ingestReq struct {
 	pipeline string
 	events   []*fold.Event
 	fires    []keyID // keys whose timers are due (the timer loop's requests)
-	w        *waiter
+	// ticks log the watermarks of pipelines in groups without listing any
+	// key (the timer loop's idle advance, see idleLogStep).
+	ticks []clockTick
+	w     *waiter
 }
 
 // New returns a host. It does no I/O and starts nothing.
@@ -126,6 +133,7 @@ func New(cfg Config) (*Host, error) {
 		failCh:        make(chan struct{}),
 		clocks:        make(map[string]*fold.Clock),
 		dispatcher:    newWorkerDispatcher(),
+		clockLogged:   make(map[string]int64),
 	}
 	h.outputs.init()
 	for i := range h.groups {
@@ -133,7 +141,7 @@ func New(cfg Config) (*Host, error) {
 	}
 	h.stats.pipelines = make(map[string]*pipelineStats, len(cfg.Pipelines))
 	for name, p := range cfg.Pipelines {
-		h.stats.pipelines[name] = &pipelineStats{}
+		h.stats.pipelines[name] = &pipelineStats{lateIn: make([]atomic.Int64, len(p.WindowNames())), windows: p.WindowNames()}
 		h.timed = h.timed || p.Timed()
 		h.expiring = h.expiring || p.TTL() > 0
 	}
@@ -448,7 +456,8 @@ func (h *Host) sendLoadedLocked(id keyID, group uint32, msg any, l *loaded) {
 	if a == nil {
 		epoch := h.groups[group].epoch
 		g := &grain{host: h, id: id, group: group, epoch: epoch, pipeline: h.cfg.Pipelines[id.pipeline],
-			pstats: h.stats.pipelines[id.pipeline], preloaded: l}
+			pstats: h.stats.pipelines[id.pipeline], preloaded: l,
+			lateIn: make([]uint64, len(h.stats.pipelines[id.pipeline].windows))}
 		// The grain recovers its own panics (failing the host), so the
 		// supervisor never restarts it with a half-applied state.
 		props := actor.PropsFromProducer(func() actor.Actor { return g }, actor.WithDispatcher(h.dispatcher))

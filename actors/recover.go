@@ -240,13 +240,14 @@ func (h *Host) takeOver(ctx context.Context, g uint32) error {
 		return err
 	}
 	gs.ready, gs.lastErr = true, nil
-	// The group's clocks resume, but not their idleness: the time the node
-	// (or the group's previous owner) was down is not time the source was
-	// quiet, or events that producers resend after an outage would be late.
+	// The group's clocks resume from where their watermarks stood, but not
+	// their idleness: the time the node (or the group's previous owner) was
+	// down is not time the source was quiet, or events that producers resend
+	// after an outage would be late.
 	now := h.cfg.Now().UnixMilli()
 	for name := range gs.clocks {
 		if c := h.clocks[name]; c != nil {
-			c.Arrival = max(c.Arrival, now)
+			h.cfg.Pipelines[name].Resume(c, now)
 		}
 	}
 	return nil

@@ -21,6 +21,8 @@ type pipelineStats struct {
 	late       atomic.Int64
 	emitted    atomic.Int64
 	expired    atomic.Int64
+	lateIn     []atomic.Int64 // per window, as fold.Pipeline.WindowNames
+	windows    []string
 }
 
 // PipelineStats are the counters of one pipeline.
@@ -30,6 +32,10 @@ type PipelineStats struct {
 	Late       int64 // events too late for every window they belonged to
 	Emitted    int64 // window results emitted (replays emit theirs again)
 	Expired    int64 // keys deleted by their pipeline's ttl
+	// LateByWindow counts, per window name, the events too late for at
+	// least one window of that name they fell in (taken by other windows
+	// or not); nil without windows.
+	LateByWindow map[string]int64
 }
 
 // Stats are counters of a host, for tests, metrics and the dashboard.
@@ -71,7 +77,14 @@ func (h *Host) Stats() Stats {
 	h.mu.Unlock()
 	per := make(map[string]PipelineStats, len(h.stats.pipelines))
 	for name, ps := range h.stats.pipelines {
-		per[name] = PipelineStats{Events: ps.events.Load(), Duplicates: ps.duplicates.Load(), Late: ps.late.Load(), Emitted: ps.emitted.Load(), Expired: ps.expired.Load()}
+		st := PipelineStats{Events: ps.events.Load(), Duplicates: ps.duplicates.Load(), Late: ps.late.Load(), Emitted: ps.emitted.Load(), Expired: ps.expired.Load()}
+		if len(ps.windows) > 0 {
+			st.LateByWindow = make(map[string]int64, len(ps.windows))
+			for i, w := range ps.windows {
+				st.LateByWindow[w] = ps.lateIn[i].Load()
+			}
+		}
+		per[name] = st
 	}
 	return Stats{
 		Pipelines:   per,

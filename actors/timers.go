@@ -27,6 +27,10 @@ import (
 // keys whose timer is due (without inputs: they only advance), which wakes
 // them even if they were passivated or the node restarted since. Firing is
 // logged like an event, so replay fires the same timers at the same points.
+//
+// A watermark that advances with processing time (idle input) is logged
+// too, about every idleLogStep, while keys wait for it: a restart resumes
+// from where it stood instead of earning that advance again.
 
 // groupClockKey names a group's GroupClock among its snapshots. Snapshot keys
 // are "pipeline\x00key" with a non-empty pipeline, so it cannot collide.
@@ -127,6 +131,17 @@ func (h *Host) setTimer(group uint32, epoch uint64, id keyID, due int64, expiry 
 // contain no NUL, so it cannot be part of a key).
 const expirySuffix = "\x00x"
 
+// idleLogStep is how far a pipeline's watermark may move past the last one
+// logged, while keys of it wait for timers, before the timer loop logs it:
+// what a crash can take back of an idle advance.
+const idleLogStep = 1000 // ms
+
+// clockTick asks for a record of group that logs pipeline's watermark.
+type clockTick struct {
+	group    uint32
+	pipeline string
+}
+
 // timerLoop advances the watermarks and fires due timers until ctx ends.
 func (h *Host) timerLoop(ctx context.Context) {
 	if !h.timed && !h.expiring {
@@ -150,6 +165,8 @@ func (h *Host) fireDue(ctx context.Context) {
 	for name, c := range h.clocks {
 		wms[name] = h.cfg.Pipelines[name].WatermarkAt(c, now)
 	}
+	var ticks []clockTick
+	ticked := map[string]bool{}
 	for g := range h.groups {
 		gs := &h.groups[g]
 		if !gs.ready {
@@ -158,6 +175,13 @@ func (h *Host) fireDue(ctx context.Context) {
 		for pipeline, x := range gs.timers {
 			for _, key := range x.popDue(wms[pipeline]) {
 				fires = append(fires, keyID{pipeline, key})
+			}
+			// Keys wait for a later watermark: log the idle advance in the
+			// first group that has them (the node's clock resumes from the
+			// largest of its groups' clocks).
+			if len(x.due) > 0 && !ticked[pipeline] && wms[pipeline] >= h.clockLogged[pipeline]+idleLogStep && h.cfg.Pipelines[pipeline].IdleAdvances() {
+				ticked[pipeline] = true
+				ticks = append(ticks, clockTick{uint32(g), pipeline})
 			}
 		}
 		for pipeline, x := range gs.expiry {
@@ -171,9 +195,9 @@ func (h *Host) fireDue(ctx context.Context) {
 	}
 	h.mu.Unlock()
 	var reqs []*ingestReq
-	if len(fires) > 0 {
+	if len(fires) > 0 || len(ticks) > 0 {
 		h.stats.timersFired.Add(int64(len(fires)))
-		reqs = append(reqs, &ingestReq{fires: fires, w: newWaiter()})
+		reqs = append(reqs, &ingestReq{fires: fires, ticks: ticks, w: newWaiter()})
 	}
 	for pipeline, checks := range expired {
 		reqs = append(reqs, &ingestReq{pipeline: pipeline, events: checks, w: newWaiter()})
@@ -235,9 +259,15 @@ func (h *Host) loggedClockLocked(g uint32, w *keyfoldv1.Watermark) {
 	}
 	gs.clocks[w.GetPipeline()] = w
 	c := h.clockLocked(w.GetPipeline())
+	// Field by field: merging another node's clock (a take-over) can only
+	// lower the idle advance this gives, never raise it, and the take-over
+	// ends with Resume.
 	c.MaxEvent = max(c.MaxEvent, w.GetMaxEventMs())
 	c.Arrival = max(c.Arrival, w.GetArrivalMs())
+	c.Base = max(c.Base, w.GetBaseMs())
 	c.Watermark = max(c.Watermark, w.GetWatermarkMs())
+	logged := p.Floor(&fold.Clock{MaxEvent: w.GetMaxEventMs(), Base: w.GetBaseMs(), Watermark: w.GetWatermarkMs()})
+	h.clockLogged[w.GetPipeline()] = max(h.clockLogged[w.GetPipeline()], logged)
 }
 
 // parseTimerKey splits a timer entry's key into the key it indexes and

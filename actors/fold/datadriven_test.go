@@ -42,15 +42,23 @@ import (
 //	compare key=K with=J       "equal" when K and J have the same seq,
 //	                           aggregates and marshalled bytes.
 //	advance key=K wm=MS        Advance K's watermark to MS (Unix ms).
-//	windows key=K              K's watermark, late count, next timer and
-//	                           windows.
+//	windows key=K              K's watermark, late count, next timer, late
+//	                           counts per window (non-zero) and windows.
 //	persist key=K              marks K's emitted outputs stored.
+//	observe now=D              one JSON event a line: the pipeline's clock
+//	                           (one per script, reset by pipeline) observes
+//	                           each, logged at processing time D; prints the
+//	                           clock.
+//	watermark now=D            the clock's watermark at processing time D.
+//	resume now=D               restarts the clock's idle countdown at D (a
+//	                           restart, a take-over); prints the clock.
 //	erase key=K                applies a tombstone to K; prints its windows.
 //	expire key=K now=D         applies an expiry check to K at processing
 //	                           time D (a Go duration since the epoch).
 //
-// ingest and advance print each result a key emits ("emit ID …") and each
-// event too late for every window ("late").
+// ingest and advance print each result a key emits ("emit ID …"), each
+// event too late for every window ("late") and for each window that missed
+// it ("late for W").
 func TestDataDriven(t *testing.T) {
 	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
 		h := &harness{states: map[string]*fold.State{}, snaps: map[string][]byte{}}
@@ -64,6 +72,7 @@ type harness struct {
 	p      *fold.Pipeline
 	states map[string]*fold.State
 	snaps  map[string][]byte
+	clock  fold.Clock
 }
 
 func (h *harness) run(t *testing.T, td *datadriven.TestData) string {
@@ -131,6 +140,21 @@ func (h *harness) run(t *testing.T, td *datadriven.TestData) string {
 			return "expired"
 		}
 		return fmt.Sprintf("kept (expires at %v)", time.Duration(h.p.Expiry(s, now.Milliseconds()))*time.Millisecond)
+	case "observe":
+		now := h.now(t, td)
+		for _, line := range lines(td.Input) {
+			ev, err := h.p.Prepare([]byte(line))
+			if err != nil {
+				td.Fatalf(t, "%s: %v", line, err)
+			}
+			h.p.Observe(&h.clock, ev, now)
+		}
+		return describeClock(&h.clock)
+	case "watermark":
+		return fmt.Sprintf("wm=%d", h.p.WatermarkAt(&h.clock, h.now(t, td)))
+	case "resume":
+		h.p.Resume(&h.clock, h.now(t, td))
+		return describeClock(&h.clock)
 	case "persist":
 		return fmt.Sprintf("stored %d outputs", len(h.get(h.arg(t, td, "key")).TakeOutputs()))
 	default:
@@ -143,6 +167,19 @@ func (h *harness) arg(t *testing.T, td *datadriven.TestData, name string) string
 	var v string
 	td.ScanArgs(t, name, &v)
 	return v
+}
+
+// now reads the argument now=D (a Go duration since the epoch) in Unix ms.
+func (h *harness) now(t *testing.T, td *datadriven.TestData) int64 {
+	d, err := time.ParseDuration(h.arg(t, td, "now"))
+	if err != nil {
+		td.Fatalf(t, "now: %v", err)
+	}
+	return d.Milliseconds()
+}
+
+func describeClock(c *fold.Clock) string {
+	return fmt.Sprintf("max=%d arrival=%d base=%d wm=%d", c.MaxEvent, c.Arrival, c.Base, c.Watermark)
 }
 
 func (h *harness) get(key string) *fold.State {
@@ -179,6 +216,7 @@ func (h *harness) pipeline(t *testing.T, td *datadriven.TestData) string {
 	}
 	h.p = p
 	h.states = map[string]*fold.State{}
+	h.clock = fold.Clock{}
 	return "ok"
 }
 
@@ -242,9 +280,15 @@ func (h *harness) ingest(t *testing.T, td *datadriven.TestData) string {
 		}
 		st := h.get(key)
 		before, late := len(st.Outputs()), st.Late()
+		lateIn := h.p.LateByWindow(st)
 		defer func() {
 			if st.Late() > late {
 				out.WriteString("late\n")
+			}
+			for _, name := range h.p.WindowNames() {
+				if n := h.p.LateByWindow(st)[name]; n > lateIn[name] {
+					fmt.Fprintf(&out, "late for %s\n", name)
+				}
 			}
 			out.WriteString(describeOutputs(st, before))
 		}()
@@ -302,6 +346,9 @@ func describeOutputs(s *fold.State, before int) string {
 	var out strings.Builder
 	for _, o := range s.Outputs()[before:] {
 		fmt.Fprintf(&out, "emit %s kind=%s count=%d wm=%d %s\n", o.GetId(), o.GetKind(), o.GetCount(), o.GetWatermarkMs(), o.GetValuesJson())
+		for _, id := range o.GetSupersedes() {
+			fmt.Fprintf(&out, "  supersedes %s\n", id)
+		}
 	}
 	return out.String()
 }
@@ -309,7 +356,13 @@ func describeOutputs(s *fold.State, before int) string {
 func (h *harness) windows(key string) string {
 	s := h.get(key)
 	var out strings.Builder
-	fmt.Fprintf(&out, "wm=%d late=%d next=%d\n", s.Watermark(), s.Late(), h.p.NextTimer(s))
+	fmt.Fprintf(&out, "wm=%d late=%d next=%d", s.Watermark(), s.Late(), h.p.NextTimer(s))
+	for i, name := range h.p.WindowNames() {
+		if n := s.LateIn(i); n > 0 {
+			fmt.Fprintf(&out, " late_in_%s=%d", name, n)
+		}
+	}
+	out.WriteString("\n")
 	for _, w := range h.p.Windows(s) {
 		b, err := json.Marshal(w.Values)
 		if err != nil {

@@ -248,7 +248,7 @@ func outputs(t *testing.T, _ *fold.Pipeline, s *fold.State) []string {
 	t.Helper()
 	var out []string
 	for _, o := range s.TakeOutputs() {
-		out = append(out, fmt.Sprintf("%s count=%d wm=%d %s", o.GetId(), o.GetCount(), o.GetWatermarkMs(), o.GetValuesJson()))
+		out = append(out, fmt.Sprintf("%s count=%d wm=%d %s supersedes=%v", o.GetId(), o.GetCount(), o.GetWatermarkMs(), o.GetValuesJson(), o.GetSupersedes()))
 	}
 	return out
 }

@@ -52,6 +52,11 @@ func (p *Pipeline) coreProto(s *State) (*keyfoldv1.KeyState, error) {
 		return nil, err
 	}
 	ks.Windows = wins
+	for i, w := range p.windows { // sorted by name
+		if n := s.LateIn(i); n > 0 {
+			ks.LateWindows = append(ks.LateWindows, &keyfoldv1.WindowLate{Name: w.name, Late: n})
+		}
+	}
 	p.patternsProto(s, ks)
 	return ks, nil
 }
@@ -122,6 +127,16 @@ func (p *Pipeline) stateFromCore(ks *keyfoldv1.KeyState) (State, error) {
 	}
 	if err := p.restoreWindows(&s, ks.Windows); err != nil {
 		return State{}, err
+	}
+	for _, wl := range ks.LateWindows { // of windows no longer configured: dropped
+		for i, w := range p.windows {
+			if w.name == wl.Name && wl.Late > 0 {
+				if len(s.lateWin) < len(p.windows) {
+					s.lateWin = make([]uint64, len(p.windows))
+				}
+				s.lateWin[i] = wl.Late
+			}
+		}
 	}
 	p.restorePatterns(&s, ks)
 	return s, nil

@@ -21,10 +21,13 @@ type State struct {
 	ids  idSet // ids applied within the dedup window
 	wm   int64 // the key's watermark (see window.go)
 	late uint64
-	wins []win               // windows, ordered by spec then start
-	wait []waiting           // events the patterns have not seen yet, by time
-	pats []patState          // per pattern
-	out  []*keyfoldv1.Output // emitted results not yet taken
+	// lateWin counts, per window spec, the events too late for at least
+	// one of its windows they fell in (it grows to the specs on demand).
+	lateWin []uint64
+	wins    []win               // windows, ordered by spec then start
+	wait    []waiting           // events the patterns have not seen yet, by time
+	pats    []patState          // per pattern
+	out     []*keyfoldv1.Output // emitted results not yet taken
 	// version counts the changes of the state in memory (it is not
 	// persisted); snapshots use it to tell what changed since the last one.
 	version uint64
@@ -186,8 +189,9 @@ func (p *Pipeline) bucketWidth() int64 {
 }
 
 // Aggregates returns the current value of every aggregate, by name: count is
-// a uint64; sum a float64 (0 before any value); min and max a float64, or
-// nil before any value; last the value's JSON (json.RawMessage), or nil.
+// a uint64; sum a float64 (0 before any value), or Overflow once its total
+// went beyond float64's range; min and max a float64, or nil before any
+// value; last the value's JSON (json.RawMessage), or nil.
 func (p *Pipeline) Aggregates(s *State) map[string]any {
 	out := make(map[string]any, len(p.aggs))
 	for i, agg := range p.aggs {
@@ -206,12 +210,15 @@ func aggValue(op Op, a *aggState) any {
 	case OpCount:
 		return a.count
 	case OpSum:
-		return jsonNumber(a.num)
+		if math.IsInf(a.num, 0) || math.IsNaN(a.num) {
+			return Overflow
+		}
+		return a.num
 	case OpMin, OpMax:
 		if a.count == 0 {
 			return nil
 		}
-		return jsonNumber(a.num)
+		return a.num // a value of an event: finite
 	case OpLast:
 		if a.last == nil {
 			return nil
@@ -228,14 +235,24 @@ func aggValue(op Op, a *aggState) any {
 	return nil
 }
 
-// jsonNumber keeps values JSON can encode: sums that overflowed to ±Inf are
-// clamped to the largest finite float64.
+// Overflow is the value of a sum whose running total went beyond float64's
+// range (±1.8e308) at some point: the total is no longer known, and later
+// events cannot bring it back (IEEE arithmetic keeps it infinite, or NaN
+// once sessions with opposite overflows merge). It stays so until the key
+// or window is gone. JSON has no infinities, and a clamped number would be
+// a wrong total that looks right.
+const Overflow = "overflow"
+
+// jsonNumber keeps values JSON can encode: ±Inf is clamped to the largest
+// finite float64, NaN becomes 0 (neither comes out of the sketches today).
 func jsonNumber(f float64) float64 {
 	switch {
 	case math.IsInf(f, 1):
 		return math.MaxFloat64
 	case math.IsInf(f, -1):
 		return -math.MaxFloat64
+	case math.IsNaN(f):
+		return 0
 	}
 	return f
 }
@@ -260,7 +277,7 @@ func Erase(s *State) {
 	var floors []win
 	for _, x := range s.wins {
 		if x.emitted > 0 && x.end <= s.wm {
-			floors = append(floors, win{spec: x.spec, start: x.start, end: x.end, emitted: x.emitted, aggs: make([]aggState, len(x.aggs))})
+			floors = append(floors, win{spec: x.spec, start: x.start, end: x.end, emitted: x.emitted, aggs: make([]aggState, len(x.aggs)), superseded: x.superseded})
 		}
 	}
 	*s = State{version: s.version, now: s.now, wm: s.wm, out: s.out, wins: floors}

@@ -18,17 +18,20 @@ import (
 // Windows are aligned to the Unix epoch and end-exclusive: a tumbling window
 // of size S holds the events with start <= time < start+S, start a multiple
 // of S; a sliding window of size S and slide L starts every L and an event
-// joins the S/L windows that contain it; a session holds events less than
-// gap apart and ends gap after its last event (sessions that an event
-// bridges, or that touch, merge).
+// joins the S/L windows that contain it; a session holds events at most gap
+// apart and ends gap after its last event (an event at a session's end
+// extends it; sessions that an event bridges, or that touch, merge).
 //
 // A key's watermark W says that every event time below it is taken as seen.
 // A window whose end is at or below W is complete: it emits its result (an
-// Output) when W passes its end. It is kept until W passes end +
+// Output) when W reaches its end. It is kept while W < end +
 // allowed_lateness; an event for it meanwhile updates it and it emits again
-// at once, with the next revision. An event whose windows are all past that
-// point is late: it joins none and is counted (it still counts in the
-// running aggregates).
+// at once, with the next revision, which supersedes the previous one (and,
+// for a session that grew, the results of the sessions it grew from). Once
+// W >= end + allowed_lateness the window is gone: an event for it is late
+// for its window spec (counted per spec), and an event whose windows are
+// all gone is late for the key: it joins none and is counted (it still
+// counts in the running aggregates).
 //
 // Keys never read a clock: W comes from the log (Advance), so replay emits
 // the same outputs, with the same ids, as the live run did.
@@ -185,30 +188,77 @@ func (p *Pipeline) EventTime(ev *Event, nowMs int64) int64 {
 
 // Clock is a pipeline's event-time clock where events are logged (a node, a
 // key group's log). The zero value has seen nothing.
+//
+// The watermark is the largest event time observed less out_of_orderness.
+// When no event moves that largest time for idle_timeout, the watermark
+// advances with processing time from where it stood: Base when the idle
+// countdown last restarted (at Arrival), plus the processing time since
+// Arrival + idle_timeout. An event that does not move the largest event time
+// (a duplicate, an old or late one) leaves the countdown alone; Resume
+// restarts it (a restart, a take-over) without taking back any advance.
 type Clock struct {
-	MaxEvent  int64 // the largest event time observed, Unix ms
-	Arrival   int64 // processing time of the last event observed, Unix ms
+	MaxEvent int64 // the largest event time observed, Unix ms
+	// Arrival is the processing time the idle countdown last restarted: of
+	// the last event that moved MaxEvent, or of the last Resume, Unix ms.
+	Arrival int64
+	// Base is the watermark as it stood at Arrival (at least MaxEvent less
+	// out_of_orderness), Unix ms: where an idle advance starts.
+	Base      int64
 	Watermark int64 // the last watermark returned, Unix ms
 }
 
-// Observe records an event logged at processing time nowMs.
+// Observe records an event logged at processing time nowMs. Only an event
+// later than every one observed restarts the idle countdown.
 func (p *Pipeline) Observe(c *Clock, ev *Event, nowMs int64) {
-	c.MaxEvent = max(c.MaxEvent, p.EventTime(ev, nowMs))
+	t := p.EventTime(ev, nowMs)
+	if c.Arrival != 0 && t <= c.MaxEvent {
+		return
+	}
+	p.WatermarkAt(c, nowMs) // where it stands now
+	c.MaxEvent = max(c.MaxEvent, t)
 	c.Arrival = max(c.Arrival, nowMs)
+	c.Base = p.Floor(c)
+	if p.timeField != "" {
+		c.Watermark = c.Base
+	}
 }
 
+// Resume restarts the idle countdown at processing time nowMs from the
+// last watermark returned (a node restarting, a group taken over): the time
+// since is not counted, for the time a node was down is not time the source
+// was quiet, and nothing is taken back.
+func (p *Pipeline) Resume(c *Clock, nowMs int64) {
+	if c.Arrival == 0 {
+		return // nothing observed
+	}
+	c.Arrival = max(c.Arrival, nowMs)
+	c.Base = p.Floor(c)
+}
+
+// Floor returns the watermark c resumes from (see Resume): its last
+// watermark, or more if its largest event or its Base says so.
+func (p *Pipeline) Floor(c *Clock) int64 {
+	return max(c.Watermark, c.Base, c.MaxEvent-p.ooo)
+}
+
+// IdleAdvances reports whether the pipeline's watermark advances with
+// processing time when input is idle: it has a time field (without one,
+// event time is ingest time and the watermark is the clock itself).
+func (p *Pipeline) IdleAdvances() bool { return p.timeField != "" }
+
 // WatermarkAt returns the pipeline's watermark at processing time nowMs and
-// records it: the largest event time observed less out_of_orderness; once no
-// event arrived for idle_timeout it advances with processing time, so quiet
-// keys still close their windows. Without a time field event time is ingest
-// time and the watermark is nowMs. It never goes back.
+// records it: the largest event time observed less out_of_orderness; once
+// that largest time has not moved for idle_timeout, it advances with
+// processing time from where it stood (see Clock), so quiet keys still close
+// their windows. Without a time field event time is ingest time and the
+// watermark is nowMs. It never goes back.
 func (p *Pipeline) WatermarkAt(c *Clock, nowMs int64) int64 {
 	w := nowMs
 	if p.timeField != "" {
 		if c.Arrival == 0 {
 			return c.Watermark // nothing observed
 		}
-		w = c.MaxEvent - p.ooo
+		w = max(c.Base, c.MaxEvent-p.ooo)
 		if idle := nowMs - c.Arrival - p.idle; idle > 0 {
 			w += idle
 		}
@@ -225,21 +275,49 @@ type win struct {
 	count      uint64
 	lastSeq    uint64
 	aggs       []aggState // parallel to the spec's aggs
+	// superseded are the last results of the sessions this one grew from,
+	// when they are not just its own previous revision (see shown).
+	superseded []resultRef
+}
+
+// resultRef names one result of a window of the key.
+type resultRef struct {
+	start, end int64
+	revision   uint32
+}
+
+// shown returns the results the window's next result supersedes: those it
+// grew from, else its own previous revision (none before its first).
+func (x *win) shown() []resultRef {
+	if len(x.superseded) > 0 {
+		return x.superseded
+	}
+	if x.emitted == 0 {
+		return nil
+	}
+	return []resultRef{{x.start, x.end, x.emitted - 1}}
 }
 
 // assign adds an event of time t to its windows; it reports whether it
-// joined any (if not, it is late).
+// joined any (if not, it is late). For each window spec it missed a window
+// of (gone: the watermark is at or past its end + allowed_lateness), it
+// counts the event late for that spec.
 func (p *Pipeline) assign(s *State, ev *Event, t int64) bool {
 	joined := false
 	for wi := range p.windows {
 		w := &p.windows[wi]
 		if w.kind == session {
-			joined = p.joinSession(s, wi, ev, t) || joined
+			if p.joinSession(s, wi, ev, t) {
+				joined = true
+			} else {
+				s.lateFor(wi, len(p.windows))
+			}
 			continue
 		}
 		for start := t - t%w.slide; start > t-w.size; start -= w.slide {
 			end := start + w.size
 			if end+p.lateness <= s.wm {
+				s.lateFor(wi, len(p.windows))
 				break // this window and the earlier ones are gone
 			}
 			i := s.window(wi, start, end, len(w.aggs))
@@ -251,6 +329,46 @@ func (p *Pipeline) assign(s *State, ev *Event, t int64) bool {
 		}
 	}
 	return joined
+}
+
+// lateFor counts a late event for window spec wi of n.
+func (s *State) lateFor(wi, n int) {
+	if len(s.lateWin) < n {
+		s.lateWin = append(s.lateWin, make([]uint64, n-len(s.lateWin))...)
+	}
+	s.lateWin[wi]++
+}
+
+// WindowNames returns the names of the pipeline's windows, in the order
+// LateIn numbers them.
+func (p *Pipeline) WindowNames() []string {
+	names := make([]string, len(p.windows))
+	for i, w := range p.windows {
+		names[i] = w.name
+	}
+	return names
+}
+
+// LateIn returns the number of events too late for at least one window
+// they fell in of the pipeline's window i (see WindowNames).
+func (s *State) LateIn(i int) uint64 {
+	if i < len(s.lateWin) {
+		return s.lateWin[i]
+	}
+	return 0
+}
+
+// LateByWindow returns LateIn by window name, every window included, nil
+// for a pipeline without windows.
+func (p *Pipeline) LateByWindow(s *State) map[string]uint64 {
+	if len(p.windows) == 0 {
+		return nil
+	}
+	out := make(map[string]uint64, len(p.windows))
+	for i, w := range p.windows {
+		out[w.name] = s.LateIn(i)
+	}
+	return out
 }
 
 // joinSession adds an event to the session it starts, extends or bridges.
@@ -274,6 +392,12 @@ func (p *Pipeline) joinSession(s *State, wi int, ev *Event, t int64) bool {
 	if len(merge) == 0 {
 		i = s.window(wi, start, end, len(p.windows[wi].aggs))
 	} else {
+		// The results shown so far of the sessions it grows from: the next
+		// result, under the new bounds' id, supersedes them all.
+		var shown []resultRef
+		for _, j := range merge {
+			shown = append(shown, s.wins[j].shown()...)
+		}
 		i = merge[0]
 		for _, j := range merge[1:] {
 			p.mergeWindows(&s.wins[i], &s.wins[j])
@@ -281,7 +405,12 @@ func (p *Pipeline) joinSession(s *State, wi int, ev *Event, t int64) bool {
 		for k := len(merge) - 1; k > 0; k-- {
 			s.wins = slices.Delete(s.wins, merge[k], merge[k]+1)
 		}
-		s.wins[i].start, s.wins[i].end = start, end
+		x := &s.wins[i]
+		x.start, x.end = start, end
+		x.superseded = nil
+		if len(shown) != 1 || shown[0] != (resultRef{start, end, x.emitted - 1}) {
+			x.superseded = shown // not just its own previous revision
+		}
 	}
 	p.addTo(s, i, ev)
 	if end <= s.wm {
@@ -338,6 +467,10 @@ func (p *Pipeline) emit(s *State, key string, i int) {
 	if err != nil { // cannot happen: the values are numbers and JSON
 		panic(fmt.Sprintf("fold: encode window values: %v", err))
 	}
+	var supersedes []string
+	for _, r := range x.shown() {
+		supersedes = append(supersedes, OutputID(p.name, key, w.name, r.start, r.end, r.revision))
+	}
 	s.out = append(s.out, &keyfoldv1.Output{
 		Id:          OutputID(p.name, key, w.name, x.start, x.end, x.emitted),
 		Pipeline:    p.name,
@@ -350,8 +483,10 @@ func (p *Pipeline) emit(s *State, key string, i int) {
 		Count:       x.count,
 		ValuesJson:  values,
 		WatermarkMs: s.wm,
+		Supersedes:  supersedes,
 	})
 	x.emitted++
+	x.superseded = nil
 }
 
 // OutputID is the stable id of a window result: the same window of the same
@@ -464,6 +599,9 @@ func (p *Pipeline) windowsProto(s *State) ([]*keyfoldv1.WindowState, error) {
 		x := &s.wins[i]
 		w := &p.windows[x.spec]
 		ws := &keyfoldv1.WindowState{Name: w.name, StartMs: x.start, EndMs: x.end, Emitted: x.emitted, Count: x.count, LastSeq: x.lastSeq}
+		for _, r := range x.superseded {
+			ws.Superseded = append(ws.Superseded, &keyfoldv1.ResultRef{StartMs: r.start, EndMs: r.end, Revision: r.revision})
+		}
 		for j, ai := range w.aggs {
 			as, err := aggProto(&p.aggs[ai], &x.aggs[j])
 			if err != nil {
@@ -497,6 +635,9 @@ func (p *Pipeline) restoreWindows(s *State, stored []*keyfoldv1.WindowState) err
 			continue // its size or slide changed: a window of the old shape cannot take events
 		}
 		x := win{spec: wi, start: ws.StartMs, end: ws.EndMs, emitted: ws.Emitted, count: ws.Count, lastSeq: ws.LastSeq, aggs: make([]aggState, len(w.aggs))}
+		for _, r := range ws.Superseded {
+			x.superseded = append(x.superseded, resultRef{r.StartMs, r.EndMs, r.Revision})
+		}
 		for j, ai := range w.aggs {
 			if err := restoreAgg(&p.aggs[ai], ws.Aggregates, &x.aggs[j]); err != nil {
 				return fmt.Errorf("fold: window %q: %w", w.name, err)

@@ -137,6 +137,6 @@ func outputJSON(e *keyfoldv1.OutputEntry) keyfold.Output {
 		Cursor: e.GetCursor(), ID: o.GetId(), Pipeline: o.GetPipeline(), Key: o.GetKey(),
 		Kind: o.GetKind(), Name: o.GetName(), Start: ms(o.GetStartMs()), End: ms(o.GetEndMs()),
 		Revision: o.GetRevision(), Count: o.GetCount(), Values: json.RawMessage(o.GetValuesJson()),
-		Watermark: ms(o.GetWatermarkMs()), Stored: ms(e.GetStoredMs()),
+		Watermark: ms(o.GetWatermarkMs()), Stored: ms(e.GetStoredMs()), Supersedes: o.GetSupersedes(),
 	}
 }

@@ -83,6 +83,8 @@ var (
 		"Events skipped because their id was already applied to the key, by pipeline.", []string{"pipeline"}, nil)
 	pipelineLateDesc = prometheus.NewDesc("keyfold_pipeline_late_events_total",
 		"Events too late for every window they belonged to (dropped from the windows), by pipeline.", []string{"pipeline"}, nil)
+	pipelineWindowLateDesc = prometheus.NewDesc("keyfold_pipeline_window_late_events_total",
+		"Events too late for at least one window of the name they fell in (other windows may have taken them), by pipeline and window.", []string{"pipeline", "window"}, nil)
 	pipelineExpiredDesc = prometheus.NewDesc("keyfold_pipeline_keys_expired_total",
 		"Keys deleted because they received no event for their pipeline's ttl, by pipeline.", []string{"pipeline"}, nil)
 	pipelineEmittedDesc = prometheus.NewDesc("keyfold_pipeline_outputs_emitted_total",
@@ -96,6 +98,7 @@ func (c pipelineCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- pipelineEventsDesc
 	ch <- pipelineDupsDesc
 	ch <- pipelineLateDesc
+	ch <- pipelineWindowLateDesc
 	ch <- pipelineEmittedDesc
 	ch <- pipelineExpiredDesc
 }
@@ -105,6 +108,9 @@ func (c pipelineCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(pipelineEventsDesc, prometheus.CounterValue, float64(ps.Events), name)
 		ch <- prometheus.MustNewConstMetric(pipelineDupsDesc, prometheus.CounterValue, float64(ps.Duplicates), name)
 		ch <- prometheus.MustNewConstMetric(pipelineLateDesc, prometheus.CounterValue, float64(ps.Late), name)
+		for window, n := range ps.LateByWindow {
+			ch <- prometheus.MustNewConstMetric(pipelineWindowLateDesc, prometheus.CounterValue, float64(n), name, window)
+		}
 		ch <- prometheus.MustNewConstMetric(pipelineEmittedDesc, prometheus.CounterValue, float64(ps.Emitted), name)
 		ch <- prometheus.MustNewConstMetric(pipelineExpiredDesc, prometheus.CounterValue, float64(ps.Expired), name)
 	}

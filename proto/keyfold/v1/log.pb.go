@@ -90,11 +90,16 @@ type Watermark struct {
 	// The watermark the record's keys advance to before applying their
 	// inputs: every event time below it is taken as seen. Unix milliseconds.
 	WatermarkMs int64 `protobuf:"varint,2,opt,name=watermark_ms,json=watermarkMs,proto3" json:"watermark_ms,omitempty"`
-	// The pipeline's clock after the record: the largest event time logged
-	// and the processing time of the last logged event, Unix milliseconds.
-	// A new owner of the group resumes the watermark from them.
+	// The pipeline's clock after the record (see fold.Clock), Unix
+	// milliseconds: the largest event time logged; the processing time the
+	// idle countdown last restarted (the last logged event that moved the
+	// largest event time, or a restart); and the watermark as it stood then,
+	// where an idle advance starts (0 in records written before it existed:
+	// max_event_ms less out_of_orderness). A new owner of the group resumes
+	// the watermark from them.
 	MaxEventMs    int64 `protobuf:"varint,3,opt,name=max_event_ms,json=maxEventMs,proto3" json:"max_event_ms,omitempty"`
 	ArrivalMs     int64 `protobuf:"varint,4,opt,name=arrival_ms,json=arrivalMs,proto3" json:"arrival_ms,omitempty"`
+	BaseMs        int64 `protobuf:"varint,5,opt,name=base_ms,json=baseMs,proto3" json:"base_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -153,6 +158,13 @@ func (x *Watermark) GetMaxEventMs() int64 {
 func (x *Watermark) GetArrivalMs() int64 {
 	if x != nil {
 		return x.ArrivalMs
+	}
+	return 0
+}
+
+func (x *Watermark) GetBaseMs() int64 {
+	if x != nil {
+		return x.BaseMs
 	}
 	return 0
 }
@@ -441,7 +453,11 @@ type KeyState struct {
 	// them, in (time, seq) order.
 	Waiting []*WaitingEvent `protobuf:"bytes,10,rep,name=waiting,proto3" json:"waiting,omitempty"`
 	// Each pattern's progress.
-	Patterns      []*PatternState `protobuf:"bytes,11,rep,name=patterns,proto3" json:"patterns,omitempty"`
+	Patterns []*PatternState `protobuf:"bytes,11,rep,name=patterns,proto3" json:"patterns,omitempty"`
+	// Per window (by name, sorted; only those with any): events too late for
+	// at least one window of that name they fell in. Absent in snapshots
+	// written before it existed (counted from zero).
+	LateWindows   []*WindowLate `protobuf:"bytes,12,rep,name=late_windows,json=lateWindows,proto3" json:"late_windows,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -553,6 +569,66 @@ func (x *KeyState) GetPatterns() []*PatternState {
 	return nil
 }
 
+func (x *KeyState) GetLateWindows() []*WindowLate {
+	if x != nil {
+		return x.LateWindows
+	}
+	return nil
+}
+
+// WindowLate counts the late events of one of a key's windows.
+type WindowLate struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Late          uint64                 `protobuf:"varint,2,opt,name=late,proto3" json:"late,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WindowLate) Reset() {
+	*x = WindowLate{}
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WindowLate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WindowLate) ProtoMessage() {}
+
+func (x *WindowLate) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WindowLate.ProtoReflect.Descriptor instead.
+func (*WindowLate) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *WindowLate) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *WindowLate) GetLate() uint64 {
+	if x != nil {
+		return x.Late
+	}
+	return 0
+}
+
 // WaitingEvent is what the patterns need of an event: its time and the
 // pattern filters it matched.
 type WaitingEvent struct {
@@ -568,7 +644,7 @@ type WaitingEvent struct {
 
 func (x *WaitingEvent) Reset() {
 	*x = WaitingEvent{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -580,7 +656,7 @@ func (x *WaitingEvent) String() string {
 func (*WaitingEvent) ProtoMessage() {}
 
 func (x *WaitingEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -593,7 +669,7 @@ func (x *WaitingEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitingEvent.ProtoReflect.Descriptor instead.
 func (*WaitingEvent) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{7}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WaitingEvent) GetTimeMs() int64 {
@@ -637,7 +713,7 @@ type PatternState struct {
 
 func (x *PatternState) Reset() {
 	*x = PatternState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -649,7 +725,7 @@ func (x *PatternState) String() string {
 func (*PatternState) ProtoMessage() {}
 
 func (x *PatternState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -662,7 +738,7 @@ func (x *PatternState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PatternState.ProtoReflect.Descriptor instead.
 func (*PatternState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{8}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PatternState) GetName() string {
@@ -720,14 +796,19 @@ type WindowState struct {
 	Aggregates []*AggregateState `protobuf:"bytes,6,rep,name=aggregates,proto3" json:"aggregates,omitempty"`
 	// The key's seq when an event last joined the window (orders last values
 	// when sessions merge).
-	LastSeq       uint64 `protobuf:"varint,7,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
+	LastSeq uint64 `protobuf:"varint,7,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
+	// The last results of the sessions this one grew from (a late event
+	// extended an emitted session, or merged sessions), when they are not
+	// simply its own previous revision: its next result supersedes them.
+	// Empty in snapshots written before it existed.
+	Superseded    []*ResultRef `protobuf:"bytes,8,rep,name=superseded,proto3" json:"superseded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WindowState) Reset() {
 	*x = WindowState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -739,7 +820,7 @@ func (x *WindowState) String() string {
 func (*WindowState) ProtoMessage() {}
 
 func (x *WindowState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -752,7 +833,7 @@ func (x *WindowState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowState.ProtoReflect.Descriptor instead.
 func (*WindowState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{9}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WindowState) GetName() string {
@@ -804,6 +885,75 @@ func (x *WindowState) GetLastSeq() uint64 {
 	return 0
 }
 
+func (x *WindowState) GetSuperseded() []*ResultRef {
+	if x != nil {
+		return x.Superseded
+	}
+	return nil
+}
+
+// ResultRef names a result of one of a key's windows (its id, given the
+// pipeline, key and window name).
+type ResultRef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	StartMs       int64                  `protobuf:"varint,1,opt,name=start_ms,json=startMs,proto3" json:"start_ms,omitempty"`
+	EndMs         int64                  `protobuf:"varint,2,opt,name=end_ms,json=endMs,proto3" json:"end_ms,omitempty"`
+	Revision      uint32                 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResultRef) Reset() {
+	*x = ResultRef{}
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResultRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResultRef) ProtoMessage() {}
+
+func (x *ResultRef) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResultRef.ProtoReflect.Descriptor instead.
+func (*ResultRef) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ResultRef) GetStartMs() int64 {
+	if x != nil {
+		return x.StartMs
+	}
+	return 0
+}
+
+func (x *ResultRef) GetEndMs() int64 {
+	if x != nil {
+		return x.EndMs
+	}
+	return 0
+}
+
+func (x *ResultRef) GetRevision() uint32 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 // Output is one result a key emitted: a window's (or session's) values once
 // the watermark passed its end, and again, with the next revision, for each
 // late event within allowed lateness. It is a deterministic function of the
@@ -826,14 +976,19 @@ type Output struct {
 	// The window's aggregates as a JSON object, by name.
 	ValuesJson []byte `protobuf:"bytes,10,opt,name=values_json,json=valuesJson,proto3" json:"values_json,omitempty"`
 	// The key's watermark when it emitted the result.
-	WatermarkMs   int64 `protobuf:"varint,11,opt,name=watermark_ms,json=watermarkMs,proto3" json:"watermark_ms,omitempty"`
+	WatermarkMs int64 `protobuf:"varint,11,opt,name=watermark_ms,json=watermarkMs,proto3" json:"watermark_ms,omitempty"`
+	// The ids of the earlier results this one replaces: the window's
+	// previous revision, and for a session that a late event extended or
+	// merged with others, the last results of those sessions (whose ids
+	// differ, as their bounds did). Empty for a window's first result.
+	Supersedes    []string `protobuf:"bytes,12,rep,name=supersedes,proto3" json:"supersedes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Output) Reset() {
 	*x = Output{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -845,7 +1000,7 @@ func (x *Output) String() string {
 func (*Output) ProtoMessage() {}
 
 func (x *Output) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -858,7 +1013,7 @@ func (x *Output) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Output.ProtoReflect.Descriptor instead.
 func (*Output) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{10}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Output) GetId() string {
@@ -938,6 +1093,13 @@ func (x *Output) GetWatermarkMs() int64 {
 	return 0
 }
 
+func (x *Output) GetSupersedes() []string {
+	if x != nil {
+		return x.Supersedes
+	}
+	return nil
+}
+
 // SeenBucket holds the ids a key applied within one slice of the dedup
 // window, oldest first.
 type SeenBucket struct {
@@ -949,7 +1111,7 @@ type SeenBucket struct {
 
 func (x *SeenBucket) Reset() {
 	*x = SeenBucket{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -961,7 +1123,7 @@ func (x *SeenBucket) String() string {
 func (*SeenBucket) ProtoMessage() {}
 
 func (x *SeenBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -974,7 +1136,7 @@ func (x *SeenBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeenBucket.ProtoReflect.Descriptor instead.
 func (*SeenBucket) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{11}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SeenBucket) GetIds() []*SeenID {
@@ -1006,7 +1168,7 @@ type AggregateState struct {
 
 func (x *AggregateState) Reset() {
 	*x = AggregateState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1018,7 +1180,7 @@ func (x *AggregateState) String() string {
 func (*AggregateState) ProtoMessage() {}
 
 func (x *AggregateState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1031,7 +1193,7 @@ func (x *AggregateState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AggregateState.ProtoReflect.Descriptor instead.
 func (*AggregateState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{12}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AggregateState) GetName() string {
@@ -1087,7 +1249,7 @@ type SeenID struct {
 
 func (x *SeenID) Reset() {
 	*x = SeenID{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1099,7 +1261,7 @@ func (x *SeenID) String() string {
 func (*SeenID) ProtoMessage() {}
 
 func (x *SeenID) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1112,7 +1274,7 @@ func (x *SeenID) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeenID.ProtoReflect.Descriptor instead.
 func (*SeenID) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{13}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SeenID) GetId() string {
@@ -1139,14 +1301,15 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\x04keys\x18\x02 \x03(\v2\x15.keyfold.v1.KeyInputsR\x04keys\x125\n" +
 	"\n" +
 	"watermarks\x18\x03 \x03(\v2\x15.keyfold.v1.WatermarkR\n" +
-	"watermarksJ\x04\b\x01\x10\x02\"\x8b\x01\n" +
+	"watermarksJ\x04\b\x01\x10\x02\"\xa4\x01\n" +
 	"\tWatermark\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12!\n" +
 	"\fwatermark_ms\x18\x02 \x01(\x03R\vwatermarkMs\x12 \n" +
 	"\fmax_event_ms\x18\x03 \x01(\x03R\n" +
 	"maxEventMs\x12\x1d\n" +
 	"\n" +
-	"arrival_ms\x18\x04 \x01(\x03R\tarrivalMs\"A\n" +
+	"arrival_ms\x18\x04 \x01(\x03R\tarrivalMs\x12\x17\n" +
+	"\abase_ms\x18\x05 \x01(\x03R\x06baseMs\"A\n" +
 	"\n" +
 	"GroupClock\x123\n" +
 	"\tpipelines\x18\x01 \x03(\v2\x15.keyfold.v1.WatermarkR\tpipelines\"d\n" +
@@ -1163,7 +1326,7 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
 	"\bposition\x18\x03 \x01(\x04R\bposition\x12*\n" +
-	"\x05state\x18\x04 \x01(\v2\x14.keyfold.v1.KeyStateR\x05state\"\xae\x03\n" +
+	"\x05state\x18\x04 \x01(\v2\x14.keyfold.v1.KeyStateR\x05state\"\xe9\x03\n" +
 	"\bKeyState\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\x12:\n" +
@@ -1180,7 +1343,12 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\awindows\x18\t \x03(\v2\x17.keyfold.v1.WindowStateR\awindows\x122\n" +
 	"\awaiting\x18\n" +
 	" \x03(\v2\x18.keyfold.v1.WaitingEventR\awaiting\x124\n" +
-	"\bpatterns\x18\v \x03(\v2\x18.keyfold.v1.PatternStateR\bpatterns\"O\n" +
+	"\bpatterns\x18\v \x03(\v2\x18.keyfold.v1.PatternStateR\bpatterns\x129\n" +
+	"\flate_windows\x18\f \x03(\v2\x16.keyfold.v1.WindowLateR\vlateWindows\"4\n" +
+	"\n" +
+	"WindowLate\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04late\x18\x02 \x01(\x04R\x04late\"O\n" +
 	"\fWaitingEvent\x12\x17\n" +
 	"\atime_ms\x18\x01 \x01(\x03R\x06timeMs\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x03R\x03seq\x12\x14\n" +
@@ -1191,7 +1359,7 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\x05times\x18\x03 \x03(\x03R\x05times\x12\x16\n" +
 	"\x06starts\x18\x04 \x03(\x03R\x06starts\x12\x14\n" +
 	"\x05since\x18\x05 \x01(\x03R\x05since\x12\x18\n" +
-	"\amatches\x18\x06 \x01(\x04R\amatches\"\xda\x01\n" +
+	"\amatches\x18\x06 \x01(\x04R\amatches\"\x91\x02\n" +
 	"\vWindowState\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\bstart_ms\x18\x02 \x01(\x03R\astartMs\x12\x15\n" +
@@ -1201,7 +1369,14 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\n" +
 	"aggregates\x18\x06 \x03(\v2\x1a.keyfold.v1.AggregateStateR\n" +
 	"aggregates\x12\x19\n" +
-	"\blast_seq\x18\a \x01(\x04R\alastSeq\"\x96\x02\n" +
+	"\blast_seq\x18\a \x01(\x04R\alastSeq\x125\n" +
+	"\n" +
+	"superseded\x18\b \x03(\v2\x15.keyfold.v1.ResultRefR\n" +
+	"superseded\"Y\n" +
+	"\tResultRef\x12\x19\n" +
+	"\bstart_ms\x18\x01 \x01(\x03R\astartMs\x12\x15\n" +
+	"\x06end_ms\x18\x02 \x01(\x03R\x05endMs\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\rR\brevision\"\xb6\x02\n" +
 	"\x06Output\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bpipeline\x18\x02 \x01(\tR\bpipeline\x12\x10\n" +
@@ -1215,7 +1390,10 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\vvalues_json\x18\n" +
 	" \x01(\fR\n" +
 	"valuesJson\x12!\n" +
-	"\fwatermark_ms\x18\v \x01(\x03R\vwatermarkMs\"2\n" +
+	"\fwatermark_ms\x18\v \x01(\x03R\vwatermarkMs\x12\x1e\n" +
+	"\n" +
+	"supersedes\x18\f \x03(\tR\n" +
+	"supersedes\"2\n" +
 	"\n" +
 	"SeenBucket\x12$\n" +
 	"\x03ids\x18\x01 \x03(\v2\x12.keyfold.v1.SeenIDR\x03ids\"\x97\x01\n" +
@@ -1242,7 +1420,7 @@ func file_proto_keyfold_v1_log_proto_rawDescGZIP() []byte {
 	return file_proto_keyfold_v1_log_proto_rawDescData
 }
 
-var file_proto_keyfold_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_proto_keyfold_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_proto_keyfold_v1_log_proto_goTypes = []any{
 	(*LogRecord)(nil),      // 0: keyfold.v1.LogRecord
 	(*Watermark)(nil),      // 1: keyfold.v1.Watermark
@@ -1251,13 +1429,15 @@ var file_proto_keyfold_v1_log_proto_goTypes = []any{
 	(*Input)(nil),          // 4: keyfold.v1.Input
 	(*Snapshot)(nil),       // 5: keyfold.v1.Snapshot
 	(*KeyState)(nil),       // 6: keyfold.v1.KeyState
-	(*WaitingEvent)(nil),   // 7: keyfold.v1.WaitingEvent
-	(*PatternState)(nil),   // 8: keyfold.v1.PatternState
-	(*WindowState)(nil),    // 9: keyfold.v1.WindowState
-	(*Output)(nil),         // 10: keyfold.v1.Output
-	(*SeenBucket)(nil),     // 11: keyfold.v1.SeenBucket
-	(*AggregateState)(nil), // 12: keyfold.v1.AggregateState
-	(*SeenID)(nil),         // 13: keyfold.v1.SeenID
+	(*WindowLate)(nil),     // 7: keyfold.v1.WindowLate
+	(*WaitingEvent)(nil),   // 8: keyfold.v1.WaitingEvent
+	(*PatternState)(nil),   // 9: keyfold.v1.PatternState
+	(*WindowState)(nil),    // 10: keyfold.v1.WindowState
+	(*ResultRef)(nil),      // 11: keyfold.v1.ResultRef
+	(*Output)(nil),         // 12: keyfold.v1.Output
+	(*SeenBucket)(nil),     // 13: keyfold.v1.SeenBucket
+	(*AggregateState)(nil), // 14: keyfold.v1.AggregateState
+	(*SeenID)(nil),         // 15: keyfold.v1.SeenID
 }
 var file_proto_keyfold_v1_log_proto_depIdxs = []int32{
 	3,  // 0: keyfold.v1.LogRecord.keys:type_name -> keyfold.v1.KeyInputs
@@ -1265,18 +1445,20 @@ var file_proto_keyfold_v1_log_proto_depIdxs = []int32{
 	1,  // 2: keyfold.v1.GroupClock.pipelines:type_name -> keyfold.v1.Watermark
 	4,  // 3: keyfold.v1.KeyInputs.inputs:type_name -> keyfold.v1.Input
 	6,  // 4: keyfold.v1.Snapshot.state:type_name -> keyfold.v1.KeyState
-	12, // 5: keyfold.v1.KeyState.aggregates:type_name -> keyfold.v1.AggregateState
-	13, // 6: keyfold.v1.KeyState.seen:type_name -> keyfold.v1.SeenID
-	9,  // 7: keyfold.v1.KeyState.windows:type_name -> keyfold.v1.WindowState
-	7,  // 8: keyfold.v1.KeyState.waiting:type_name -> keyfold.v1.WaitingEvent
-	8,  // 9: keyfold.v1.KeyState.patterns:type_name -> keyfold.v1.PatternState
-	12, // 10: keyfold.v1.WindowState.aggregates:type_name -> keyfold.v1.AggregateState
-	13, // 11: keyfold.v1.SeenBucket.ids:type_name -> keyfold.v1.SeenID
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	14, // 5: keyfold.v1.KeyState.aggregates:type_name -> keyfold.v1.AggregateState
+	15, // 6: keyfold.v1.KeyState.seen:type_name -> keyfold.v1.SeenID
+	10, // 7: keyfold.v1.KeyState.windows:type_name -> keyfold.v1.WindowState
+	8,  // 8: keyfold.v1.KeyState.waiting:type_name -> keyfold.v1.WaitingEvent
+	9,  // 9: keyfold.v1.KeyState.patterns:type_name -> keyfold.v1.PatternState
+	7,  // 10: keyfold.v1.KeyState.late_windows:type_name -> keyfold.v1.WindowLate
+	14, // 11: keyfold.v1.WindowState.aggregates:type_name -> keyfold.v1.AggregateState
+	11, // 12: keyfold.v1.WindowState.superseded:type_name -> keyfold.v1.ResultRef
+	15, // 13: keyfold.v1.SeenBucket.ids:type_name -> keyfold.v1.SeenID
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_proto_keyfold_v1_log_proto_init() }
@@ -1290,7 +1472,7 @@ func file_proto_keyfold_v1_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_keyfold_v1_log_proto_rawDesc), len(file_proto_keyfold_v1_log_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

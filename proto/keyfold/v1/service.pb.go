@@ -396,8 +396,8 @@ type GetStateResponse struct {
 	// same as the HTTP API's "aggregates" object.
 	Aggregates map[string][]byte `protobuf:"bytes,4,rep,name=aggregates,proto3" json:"aggregates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// For a pipeline with windows or patterns: a JSON object with the key's
-	// "watermark", "late", "windows" and "patterns", the same as the HTTP
-	// API's fields of those names. Empty otherwise.
+	// "watermark", "late", "late_windows", "windows" and "patterns", the
+	// same as the HTTP API's fields of those names. Empty otherwise.
 	TimeJson      []byte `protobuf:"bytes,6,opt,name=time_json,json=timeJson,proto3" json:"time_json,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
