@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -276,4 +278,75 @@ func TestAbandon(t *testing.T) {
 	if err := a.shutdown(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// levelCounter counts log records by level and message.
+type levelCounter struct {
+	mu sync.Mutex
+	n  map[string]int // "LEVEL message"
+}
+
+func (c *levelCounter) Enabled(context.Context, slog.Level) bool { return true }
+func (c *levelCounter) Handle(_ context.Context, r slog.Record) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n[r.Level.String()+" "+r.Message]++
+	return nil
+}
+func (c *levelCounter) WithAttrs([]slog.Attr) slog.Handler { return c }
+func (c *levelCounter) WithGroup(string) slog.Handler      { return c }
+func (c *levelCounter) count(key string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[key]
+}
+
+// A group whose next owner claims it while this host is still releasing
+// it (a start, a rebalance) is expected to be fenced: that is logged at
+// INFO. A group this host is still to serve that another writer takes is a
+// warning.
+func TestFencedReleaseIsNotAWarning(t *testing.T) {
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	logs := &levelCounter{n: map[string]int{}}
+	a := start(t, fs, actors.Config{Logger: slog.New(logs)})
+	defer a.shutdown()
+	key := "k1"
+	g := actors.GroupOf("p", key, 8)
+	a.ingest(event(key, "1", 1))
+
+	// The release's checkpoint is slow; the next owner claims meanwhile.
+	fs.DelayNext(faultstore.OpCheckpoint, 300*time.Millisecond)
+	var keep []uint32
+	for x := range uint32(8) {
+		if x != g {
+			keep = append(keep, x)
+		}
+	}
+	released := make(chan error, 1)
+	go func() { released <- a.host.SetOwned(context.Background(), keep) }()
+	eventually(t, "the release to start", func() bool { return !slices.Contains(a.host.Owned(), g) })
+	b := start(t, fs.Inner(), actors.Config{Owned: []uint32{g}})
+	defer b.shutdown()
+	if err := <-released; err != nil {
+		t.Logf("release: %v", err) // fenced: the next owner has it
+	}
+	if n := logs.count("WARN key groups lost; taking them over again"); n != 0 {
+		t.Errorf("%d warnings for a group fenced while it was released, want 0 (%v)", n, logs.n)
+	}
+	if v := b.query(key); v.Seq != 1 {
+		t.Errorf("%s on its next owner: %+v", key, v)
+	}
+
+	// A group still to be served here, taken by another writer: a warning.
+	other := uint32((g + 1) % 8)
+	c := start(t, fs.Inner(), actors.Config{Owned: []uint32{other}})
+	defer c.shutdown()
+	var k2 string
+	for i := 0; ; i++ {
+		if k2 = fmt.Sprintf("x%d", i); actors.GroupOf("p", k2, 8) == other {
+			break
+		}
+	}
+	a.host.Ingest(context.Background(), "p", [][]byte{event(k2, "1", 1)}) // fenced
+	eventually(t, "the warning", func() bool { return logs.count("WARN key groups lost; taking them over again") > 0 })
 }

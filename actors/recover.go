@@ -330,7 +330,20 @@ func (h *Host) loseLocked(groups map[uint32]persistence.Epoch, err error) {
 		return
 	}
 	lostList := slices.Sorted(maps.Keys(drop))
-	h.log.Warn("key groups lost; taking them over again", "groups", len(drop), "list", GroupList(lostList), "err", err)
+	var mine []uint32 // the groups this host is still to serve
+	for _, g := range lostList {
+		if h.groups[g].owned {
+			mine = append(mine, g)
+		}
+	}
+	if len(mine) > 0 {
+		h.log.Warn("key groups lost; taking them over again", "groups", len(mine), "list", GroupList(mine), "err", err)
+	}
+	if len(mine) < len(lostList) {
+		// Placement moved them away and their next owner claimed them
+		// before this host had let go (a start or rebalance): expected.
+		h.log.Info("key groups fenced by their next owner", "groups", len(lostList)-len(mine), "err", err)
+	}
 	h.stats.groupsLost.Add(int64(len(drop)))
 	h.dropGroupsLocked(drop)
 	select {
