@@ -35,8 +35,9 @@ type Node struct {
 	cfg       Config
 	pipelines map[string]*fold.Pipeline
 
-	host      atomic.Pointer[actors.Host] // set once recovered
-	clu       atomic.Pointer[clusterNode] // set at start in a cluster
+	host      atomic.Pointer[actors.Host]    // set once recovered
+	clu       atomic.Pointer[clusterNode]    // set at start in a cluster
+	disk      atomic.Pointer[embedded.Store] // the embedded store, if it is the one
 	startedAt time.Time
 	ready     chan struct{}
 	draining  atomic.Bool
@@ -157,6 +158,7 @@ func (n *Node) run(ctx context.Context) (err error) {
 			return fmt.Errorf("keyfold: open store: %w", err)
 		}
 		log.Info("store: embedded", "dir", s.Dir())
+		n.disk.Store(s)
 		store = s
 	}
 	defer func() {
@@ -362,6 +364,11 @@ func (n *Node) httpHandler() (http.Handler, error) {
 	if err := metrics.RegisterCluster(n.cfg.Metrics, n.clusterStats); err != nil {
 		return nil, fmt.Errorf("keyfold: metrics: %w", err)
 	}
+	if n.disk.Load() != nil {
+		if err := metrics.RegisterDisk(n.cfg.Metrics, n.diskStats); err != nil {
+			return nil, fmt.Errorf("keyfold: metrics: %w", err)
+		}
+	}
 	hm, err := metrics.NewHTTP(n.cfg.Metrics)
 	if err != nil {
 		return nil, fmt.Errorf("keyfold: metrics: %w", err)
@@ -532,11 +539,24 @@ func (n *Node) Stats() actors.Stats {
 }
 
 // Serving reports whether the node accepts requests (ready, not draining,
-// not failed).
+// not failed, and its embedded store's disk not full: see the README's
+// Operations section).
 func (n *Node) Serving() bool {
 	h := n.host.Load()
 	if c := n.clu.Load(); c != nil && !isClosed(c.joined) {
 		return false // a member is ready once it serves its share
 	}
-	return h != nil && !n.draining.Load() && h.Err() == nil
+	return h != nil && !n.draining.Load() && h.Err() == nil && !n.diskFull()
+}
+
+// diskFull reports whether the embedded store refuses writes for lack of
+// space.
+func (n *Node) diskFull() bool {
+	s := n.disk.Load()
+	return s != nil && s.Disk().Full
+}
+
+func (n *Node) diskStats() metrics.DiskStats {
+	d := n.disk.Load().Disk()
+	return metrics.DiskStats{Full: d.Full, FreeBytes: d.FreeBytes, ReserveBytes: d.ReserveBytes}
 }

@@ -2,6 +2,7 @@ package actors
 
 import (
 	"errors"
+	"syscall"
 
 	"github.com/keyfold/keyfold/persistence"
 )
@@ -50,6 +51,9 @@ type storeFailure struct {
 func (e *storeFailure) Error() string {
 	if errors.Is(e.err, persistence.ErrFenced) {
 		return e.what + ": another owner took the key group over"
+	}
+	if errors.Is(e.err, persistence.ErrNoSpace) || errors.Is(e.err, syscall.ENOSPC) {
+		return e.what + ": the store's disk is full"
 	}
 	return e.what + ": the store failed or did not answer"
 }
