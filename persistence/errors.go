@@ -23,5 +23,5 @@ var (
 	// ErrNoSpace reports a write the store refused because its disk is
 	// full, or nearly: nothing of it was written, so the caller keeps what
 	// it holds and may retry once space is freed.
-	ErrNoSpace = errors.New("persistence: no space left for the write")
+	ErrNoSpace = errors.New("persistence: disk full")
 )

@@ -95,7 +95,7 @@ func (s *Store) checkSpace(size int) error {
 	if !s.disk.full.Swap(true) {
 		s.log.Error("disk full: refusing writes until space is freed", "dir", s.dir, "free", free, "reserve", s.reserve)
 	}
-	return fmt.Errorf("%w: %s has %d bytes free, the reserve is %d: %w (ENOSPC)",
+	return fmt.Errorf("%w: %s has %d bytes free, below the reserve of %d: %w (ENOSPC)",
 		persistence.ErrNoSpace, s.dir, free, s.reserve, syscall.ENOSPC)
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -268,5 +269,33 @@ func TestOpenNotWritable(t *testing.T) {
 		if err == nil || strings.Contains(err.Error(), "in use") || !strings.Contains(err.Error(), "not writable") || !errors.Is(err, errno) {
 			t.Errorf("open with %v on the lock = %v, want 'not writable'", errno, err)
 		}
+	}
+}
+
+// On a real read-only filesystem (where the test may mount one), Open says
+// the directory is not writable.
+func TestOpenReadOnlyFilesystem(t *testing.T) {
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs here (%v: %s); TestOpenNotWritable injects the error instead", err, bytes.TrimSpace(out))
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v: %s", dir, err, out)
+		}
+	})
+	s, err := embedded.Open(dir, embedded.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-o", "remount,ro", dir).CombinedOutput(); err != nil {
+		t.Fatalf("remount read-only: %v: %s", err, out)
+	}
+	_, err = embedded.Open(dir, embedded.Options{})
+	if err == nil || strings.Contains(err.Error(), "in use") || !strings.Contains(err.Error(), "not writable") || !errors.Is(err, syscall.EROFS) {
+		t.Errorf("open on a read-only filesystem = %v, want 'not writable' and EROFS", err)
 	}
 }

@@ -30,8 +30,9 @@ type Options struct {
 	CacheSize int64
 
 	// MemTableSize is the size of one Pebble memtable in bytes (0 means
-	// 32 MiB); up to two are held in memory. Larger memtables flush less
-	// often. It must be below 4 GiB.
+	// 32 MiB, or a twentieth of a filesystem smaller than 640 MiB, so that
+	// the disk reserve holds a flush); up to two are held in memory. Larger
+	// memtables flush less often. It must be below 4 GiB.
 	MemTableSize uint64
 
 	// DiskReserve is the free space, in bytes, that the store keeps on its
@@ -81,6 +82,12 @@ func (o Options) withDefaults() Options {
 		o.fs = vfs.Default
 	}
 	return o
+}
+
+// memTableSize returns the default memtable size on a filesystem of total
+// bytes: a flush of two memtables must fit in the reserve.
+func memTableSize(total uint64) uint64 {
+	return min(defaultMemTableSize, max(total/20, 1<<20))
 }
 
 // reserve returns the disk reserve for a filesystem of total bytes.

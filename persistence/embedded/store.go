@@ -87,6 +87,7 @@ func Open(dir string, opts Options) (*Store, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
 	}
+	sizeMemTable := opts.MemTableSize == 0
 	opts = opts.withDefaults()
 	// Pebble detects a second lock in this process by path: make it absolute.
 	abs, err := filepath.Abs(dir)
@@ -112,9 +113,12 @@ func Open(dir string, opts Options) (*Store, error) {
 		pipelines: map[string]*pipeline{},
 	}
 	s.idle.L = &s.life
-	if opts.DiskReserve >= 0 {
-		if du, err := opts.fs.GetDiskUsage(abs); err == nil {
-			s.reserve = opts.reserve(du.TotalBytes)
+	if du, err := opts.fs.GetDiskUsage(abs); err == nil {
+		if sizeMemTable {
+			s.opts.MemTableSize = memTableSize(du.TotalBytes)
+		}
+		if opts.DiskReserve >= 0 {
+			s.reserve = s.opts.reserve(du.TotalBytes)
 		}
 	}
 	if err := s.checkSpace(0); err != nil {
@@ -171,16 +175,19 @@ func (s *Store) Close() error {
 	defer close(s.done)
 	s.jobs.Wait() // a reopen
 
-	// No call is active and none can begin: db and parked are settled.
+	// No call is active and none can begin: db is settled.
+	s.life.Lock()
+	parked, broken := s.parked, s.broken
+	s.life.Unlock()
 	var err error
 	switch {
-	case s.parked:
+	case parked:
 		// Closing would wait for the parked goroutine: leave the database
 		// to the end of the process.
-		err = s.broken
+		err = broken
 	case s.db != nil:
 		err = s.db.Close()
-		if err != nil && s.broken != nil {
+		if err != nil && broken != nil {
 			err = nil // the failure the calls were told about
 		}
 	}
