@@ -35,9 +35,8 @@ type Node struct {
 	cfg       Config
 	pipelines map[string]*fold.Pipeline
 
-	host      atomic.Pointer[actors.Host]    // set once recovered
-	clu       atomic.Pointer[clusterNode]    // set at start in a cluster
-	disk      atomic.Pointer[embedded.Store] // the embedded store, if it is the one
+	host      atomic.Pointer[actors.Host] // set once recovered
+	clu       atomic.Pointer[clusterNode] // set at start in a cluster
 	startedAt time.Time
 	ready     chan struct{}
 	draining  atomic.Bool
@@ -51,6 +50,8 @@ type Node struct {
 	started bool
 	closing bool
 	done    chan struct{} // closed when a started Run returns
+
+	disk atomic.Pointer[embedded.Store] // the embedded store, if it is the one
 }
 
 // IngestResult is the outcome of one ingest call.
@@ -549,11 +550,15 @@ func (n *Node) Serving() bool {
 	return h != nil && !n.draining.Load() && h.Err() == nil && !n.diskFull()
 }
 
-// diskFull reports whether the embedded store refuses writes for lack of
-// space.
+// diskFull reports whether the embedded store refuses writes: for lack of
+// space, or until it has reopened after a failed write.
 func (n *Node) diskFull() bool {
 	s := n.disk.Load()
-	return s != nil && s.Disk().Full
+	if s == nil {
+		return false
+	}
+	d := s.Disk()
+	return d.Full || d.Failed != nil
 }
 
 func (n *Node) diskStats() metrics.DiskStats {

@@ -38,12 +38,21 @@ import (
 //     retried by Pebble forever, so Open gives up on the first one, with an
 //     error naming the directory and ENOSPC (the abandoned open finishes,
 //     or not, in the background).
+//  4. What stays fatal. A Fatalf from one of Pebble's own goroutines (a
+//     MANIFEST write of a flush or compaction) cannot be recovered: the
+//     goroutine is parked and the store fails until the process restarts.
+//     Pebble panics outright, with its mutexes held, if it cannot close or
+//     create a WAL when a full memtable rotates: that ends the process.
+//     Both need the disk to fill beyond the reserve, which holds two
+//     memtables (the default memtable is smaller on small filesystems for
+//     that reason), so only another process taking the space leads there.
 
 // diskState is what the last look at the filesystem found.
 type diskState struct {
 	free        atomic.Int64 // bytes available, as of the last check
 	full        atomic.Bool  // the last check refused a write
 	lastNoSpace atomic.Int64 // unix nanoseconds of a background job's last ENOSPC
+	opened      atomic.Bool  // Open is over: log the changes of full
 }
 
 // DiskStats describe the store's filesystem, for health checks and metrics.
@@ -75,7 +84,8 @@ func (s *Store) Disk() DiskStats {
 
 // checkSpace reports, with an error wrapping persistence.ErrNoSpace and
 // syscall.ENOSPC, whether writing size bytes would leave less free space
-// than the reserve.
+// than the reserve. It logs when writes stop or resume being refused, once
+// the store is open.
 func (s *Store) checkSpace(size int) error {
 	if s.reserve < 0 {
 		return nil
@@ -87,12 +97,12 @@ func (s *Store) checkSpace(size int) error {
 	free := int64(min(du.AvailBytes, 1<<62))
 	s.disk.free.Store(free)
 	if free-int64(size) >= s.reserve {
-		if s.disk.full.Swap(false) {
+		if s.disk.full.Swap(false) && s.disk.opened.Load() {
 			s.log.Info("disk space available again: writes resume", "dir", s.dir, "free", free, "reserve", s.reserve)
 		}
 		return nil
 	}
-	if !s.disk.full.Swap(true) {
+	if !s.disk.full.Swap(true) && s.disk.opened.Load() {
 		s.log.Error("disk full: refusing writes until space is freed", "dir", s.dir, "free", free, "reserve", s.reserve)
 	}
 	return fmt.Errorf("%w: %s has %d bytes free, below the reserve of %d: %w (ENOSPC)",

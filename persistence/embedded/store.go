@@ -135,6 +135,7 @@ func Open(dir string, opts Options) (*Store, error) {
 		_ = s.Close()
 		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
 	}
+	s.disk.opened.Store(true)
 	s.log.Debug("store opened", "dir", abs)
 	return s, nil
 }
