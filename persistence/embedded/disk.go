@@ -21,8 +21,9 @@ import (
 //     the free space first (one statfs) and refuse, with
 //     persistence.ErrNoSpace and nothing written, a write that would leave
 //     less than the reserve. The caller keeps its state; writes succeed
-//     again as soon as space is freed. Claims and checkpoints are not
-//     refused: they are small, and checkpoints trim the log.
+//     again as soon as space is freed. Claims and checkpoints may use the
+//     reserve (they are small, and checkpoints trim the log): they are
+//     refused the same way only below an eighth of it.
 //  2. A write that fails all the same (another process took the space
 //     between the check and the write): Pebble cannot continue after a
 //     failed WAL write (its log writer keeps the error, and the batch is
@@ -87,6 +88,17 @@ func (s *Store) Disk() DiskStats {
 // than the reserve. It logs when writes stop or resume being refused, once
 // the store is open.
 func (s *Store) checkSpace(size int) error {
+	return s.checkFree(size, s.reserve, true)
+}
+
+// checkFloor is checkSpace for the writes that may use the reserve (claims,
+// checkpoints): it refuses them only when the disk is all but full, where
+// they would fail and break the store.
+func (s *Store) checkFloor() error {
+	return s.checkFree(0, s.reserve/8, false)
+}
+
+func (s *Store) checkFree(size int, need int64, reserve bool) error {
 	if s.reserve < 0 {
 		return nil
 	}
@@ -96,17 +108,21 @@ func (s *Store) checkSpace(size int) error {
 	}
 	free := int64(min(du.AvailBytes, 1<<62))
 	s.disk.free.Store(free)
-	if free-int64(size) >= s.reserve {
-		if s.disk.full.Swap(false) && s.disk.opened.Load() {
+	if free-int64(size) >= need {
+		if reserve && s.disk.full.Swap(false) && s.disk.opened.Load() {
 			s.log.Info("disk space available again: writes resume", "dir", s.dir, "free", free, "reserve", s.reserve)
 		}
 		return nil
 	}
-	if !s.disk.full.Swap(true) && s.disk.opened.Load() {
+	if reserve && !s.disk.full.Swap(true) && s.disk.opened.Load() {
 		s.log.Error("disk full: refusing writes until space is freed", "dir", s.dir, "free", free, "reserve", s.reserve)
 	}
-	return fmt.Errorf("%w: %s has %d bytes free, below the reserve of %d: %w (ENOSPC)",
-		persistence.ErrNoSpace, s.dir, free, s.reserve, syscall.ENOSPC)
+	what := "the reserve"
+	if !reserve {
+		what = "the floor for claims and checkpoints"
+	}
+	return fmt.Errorf("%w: %s has %d bytes free, below %s of %d: %w (ENOSPC)",
+		persistence.ErrNoSpace, s.dir, free, what, need, syscall.ENOSPC)
 }
 
 // isNoSpace reports whether err is a full disk or an exhausted quota.

@@ -101,6 +101,18 @@ func TestDiskReserveRefusesAppends(t *testing.T) {
 	if p, _ := readAll(t, s, 1); len(p) != 1 {
 		t.Fatalf("log has %d records, want the one acknowledged", len(p))
 	}
+	// All but full: claims and checkpoints are refused too, before they
+	// could fail and break the store.
+	fs.avail.Store(1000)
+	if _, err := s.Claim(ctx, 1); !errors.Is(err, persistence.ErrNoSpace) {
+		t.Fatalf("claim on an all but full disk = %v, want ErrNoSpace", err)
+	}
+	if err := s.Checkpoint(ctx, 1, st.Epoch, persistence.CheckpointData{Through: 1}); !errors.Is(err, persistence.ErrNoSpace) {
+		t.Fatalf("checkpoint on an all but full disk = %v, want ErrNoSpace", err)
+	}
+	if d := s.Disk(); d.Failed != nil {
+		t.Fatalf("Disk() = %+v: the store broke", d)
+	}
 	// A write that would go below the reserve is refused too.
 	fs.avail.Store(1<<20 + 10)
 	if _, err := s.Append(ctx, []persistence.Entry{{Group: 1, Epoch: st.Epoch, Data: make([]byte, 100)}}); !errors.Is(err, persistence.ErrNoSpace) {

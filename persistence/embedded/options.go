@@ -40,7 +40,7 @@ type Options struct {
 	// less (persistence.ErrNoSpace, nothing written), and Open refuses to
 	// start below it. The reserve is what Pebble needs to flush its
 	// memtables, compact, and take claims and checkpoints while ingest is
-	// refused. 0 means twice MemTableSize, but at most a tenth of the
+	// refused (those are refused only below an eighth of it). 0 means twice MemTableSize, but at most a tenth of the
 	// filesystem; a negative value turns the check off.
 	DiskReserve int64
 

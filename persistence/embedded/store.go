@@ -313,6 +313,9 @@ func (s *Store) Claim(ctx context.Context, id uint32) (persistence.GroupState, e
 		return persistence.GroupState{}, fmt.Errorf("embedded: claim group %d: %w", id, err)
 	}
 	defer g.mu.Unlock()
+	if err := s.checkFloor(); err != nil {
+		return persistence.GroupState{}, fmt.Errorf("embedded: claim group %d: %w", id, err)
+	}
 	epoch := g.epoch + 1
 	if err := s.write(func() error { return s.db.Set(epochKey(id), encodeUint64(epoch), pebble.Sync) }); err != nil {
 		return persistence.GroupState{}, fmt.Errorf("embedded: claim group %d: %w", id, err)
@@ -493,6 +496,9 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 	advance := d.Through > checkpoint
 	if len(d.Snapshots) == 0 && len(d.Timers) == 0 && len(d.Outputs) == 0 && !advance {
 		return nil
+	}
+	if err := s.checkFloor(); err != nil {
+		return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
 	}
 	b := s.db.NewBatch()
 	defer b.Close()
