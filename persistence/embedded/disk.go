@@ -75,6 +75,11 @@ func (s *Store) Disk() DiskStats {
 	broken := s.broken
 	s.life.Unlock()
 	full := s.checkSpace(0) != nil
+	if s.reserve < 0 { // checkSpace did not look
+		if du, err := s.opts.fs.GetDiskUsage(s.dir); err == nil {
+			s.disk.free.Store(int64(min(du.AvailBytes, 1<<62)))
+		}
+	}
 	return DiskStats{
 		Full:         full || isNoSpace(broken),
 		Failed:       broken,
