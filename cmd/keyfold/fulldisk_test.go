@@ -96,12 +96,26 @@ func (n *node) status(path string) int {
 // deleted; every event is then counted exactly once. A start on the full
 // disk must fail at once with one clear message, and succeed once space is
 // freed.
+//
+// With the disk reserve (the default) the store refuses ingest before the
+// disk is full; without it (disk_reserve: -1) the disk fills up and a WAL
+// write fails with ENOSPC, which Pebble cannot continue from: the store
+// must reopen itself.
 func TestFullDisk(t *testing.T) {
 	t.Parallel()
+	t.Run("reserve", func(t *testing.T) { t.Parallel(); testFullDisk(t, true) })
+	t.Run("no-reserve", func(t *testing.T) { t.Parallel(); testFullDisk(t, false) })
+}
+
+func testFullDisk(t *testing.T, reserve bool) {
 	mnt := mountTmpfs(t, "20m")
 	data, filler := filepath.Join(mnt, "data"), filepath.Join(mnt, "filler")
 	seed := testSeed(t)
-	cfg := writeConfig(t, "key_groups: 32\ncheckpoint_interval: 50ms\n"+pipelinesYAML)
+	yaml := "key_groups: 32\ncheckpoint_interval: 50ms\n"
+	if !reserve {
+		yaml += "disk_reserve: -1\n"
+	}
+	cfg := writeConfig(t, yaml+pipelinesYAML)
 	n := startNode(t, "node-0", cfg, "--data", data)
 
 	// Writers send logins batches (events with ids, so a batch whose
@@ -187,6 +201,11 @@ func TestFullDisk(t *testing.T) {
 		}
 		return refused.Load() >= 10, nil
 	})
+	if !reserve {
+		waitUntil(t, 30*time.Second, "a failed write, and the store reopening", func() (bool, error) {
+			return len(n.logs.grep(`msg="store failed: reopening"`)) > 0, nil
+		})
+	}
 	waitUntil(t, 10*time.Second, "/readyz 503 and keyfold_store_disk_full 1", func() (bool, error) {
 		v, err := n.scrape("keyfold_store_disk_full")
 		return n.status("/readyz") == http.StatusServiceUnavailable && v == "1", err
