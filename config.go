@@ -32,6 +32,11 @@ type Config struct {
 	// DataDir is where the embedded store keeps its files (default
 	// "keyfold-data"). Ignored when Redis or Store is set.
 	DataDir string `yaml:"data_dir"`
+	// DiskReserve is the free space, in bytes, the embedded store keeps on
+	// DataDir's filesystem: ingest that would leave less is refused (503).
+	// 0 is the default (64 MiB, or a tenth of a filesystem below 640 MiB);
+	// negative turns the check off. See embedded.Options.DiskReserve.
+	DiskReserve int64 `yaml:"disk_reserve"`
 	// Redis, if set, is the URL of the Redis that keeps the node's state
 	// instead of the embedded store: redis://[user:password@]host:port/db,
 	// or rediss:// for TLS. Ignored when Store is set; embedders that need

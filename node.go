@@ -50,6 +50,8 @@ type Node struct {
 	started bool
 	closing bool
 	done    chan struct{} // closed when a started Run returns
+
+	disk atomic.Pointer[embedded.Store] // the embedded store, if it is the one
 }
 
 // IngestResult is the outcome of one ingest call.
@@ -157,11 +159,12 @@ func (n *Node) run(ctx context.Context) (err error) {
 		log.Info("store: redis", "addr", s.Addr(), "cluster", n.cfg.RedisCluster, "prefix", s.Prefix())
 		store = s
 	default:
-		s, err := embedded.Open(n.cfg.DataDir, embedded.Options{Logger: log})
+		s, err := embedded.Open(n.cfg.DataDir, embedded.Options{Logger: log, DiskReserve: n.cfg.DiskReserve})
 		if err != nil {
 			return fmt.Errorf("keyfold: open store: %w", err)
 		}
 		log.Info("store: embedded", "dir", s.Dir())
+		n.disk.Store(s)
 		store = s
 	}
 	defer func() {
@@ -367,6 +370,11 @@ func (n *Node) httpHandler() (http.Handler, error) {
 	if err := metrics.RegisterCluster(n.cfg.Metrics, n.clusterStats); err != nil {
 		return nil, fmt.Errorf("keyfold: metrics: %w", err)
 	}
+	if n.disk.Load() != nil {
+		if err := metrics.RegisterDisk(n.cfg.Metrics, n.diskStats); err != nil {
+			return nil, fmt.Errorf("keyfold: metrics: %w", err)
+		}
+	}
 	hm, err := metrics.NewHTTP(n.cfg.Metrics)
 	if err != nil {
 		return nil, fmt.Errorf("keyfold: metrics: %w", err)
@@ -553,11 +561,28 @@ func (n *Node) Stats() actors.Stats {
 }
 
 // Serving reports whether the node accepts requests (ready, not draining,
-// not failed).
+// not failed, and its embedded store's disk not full: see the README's
+// Operations section).
 func (n *Node) Serving() bool {
 	h := n.host.Load()
 	if c := n.clu.Load(); c != nil && !isClosed(c.joined) {
 		return false // a member is ready once it serves its share
 	}
-	return h != nil && !n.draining.Load() && h.Err() == nil
+	return h != nil && !n.draining.Load() && h.Err() == nil && !n.diskFull()
+}
+
+// diskFull reports whether the embedded store refuses writes: for lack of
+// space, or until it has reopened after a failed write.
+func (n *Node) diskFull() bool {
+	s := n.disk.Load()
+	if s == nil {
+		return false
+	}
+	d := s.Disk()
+	return d.Full || d.Failed != nil
+}
+
+func (n *Node) diskStats() metrics.DiskStats {
+	d := n.disk.Load().Disk()
+	return metrics.DiskStats{Full: d.Full, FreeBytes: d.FreeBytes, ReserveBytes: d.ReserveBytes}
 }

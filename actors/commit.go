@@ -197,6 +197,16 @@ func (h *Host) commit(reqs []*ingestReq) {
 
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if errors.Is(err, persistence.ErrNoSpace) {
+		// Refused before anything was written (a full disk): the groups'
+		// memory still matches their logs, so they stay served.
+		err = fmt.Errorf("%w: %w", ErrUnavailable, hideStore("logging the batch", err))
+		for _, gb := range groups {
+			failGroup(gb, err)
+			h.rearmLocked(gb, nowMs)
+		}
+		return
+	}
 	var lost map[uint32]persistence.Epoch
 	for i, gb := range groups {
 		pos := persistence.Position(0)

@@ -2,6 +2,7 @@ package actors
 
 import (
 	"errors"
+	"syscall"
 
 	"github.com/keyfold/keyfold/persistence"
 )
@@ -53,6 +54,9 @@ func (e *storeFailure) Error() string {
 		return e.what + ": another owner took the key group over"
 	case errors.Is(e.err, persistence.ErrBadCursor):
 		return e.what + ": not a cursor of this pipeline's outputs, or past the newest one"
+	}
+	if errors.Is(e.err, persistence.ErrNoSpace) || errors.Is(e.err, syscall.ENOSPC) {
+		return e.what + ": the store's disk is full"
 	}
 	return e.what + ": the store failed or did not answer"
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -321,6 +322,32 @@ func TestFailedAppendRetakesGroup(t *testing.T) {
 				t.Errorf("after restart a = %+v", v)
 			}
 		})
+	}
+}
+
+// TestRefusedAppendKeepsGroup: an append the store refused before writing
+// anything (persistence.ErrNoSpace: a full disk) fails the call with
+// ErrUnavailable, saying the disk is full, and the group stays served: no
+// take-over, reads go on, and the retry after space is freed is applied once.
+func TestRefusedAppendKeepsGroup(t *testing.T) {
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	hs := start(t, fs, actors.Config{CheckpointInterval: time.Hour})
+	defer hs.shutdown()
+	hs.ingest(event("a", "1", 1))
+	fs.Inject(faultstore.OpAppend, 1, faultstore.Fault{Err: fmt.Errorf("embedded: append: %w: /data has 0 bytes free", persistence.ErrNoSpace)})
+	_, err := hs.host.Ingest(context.Background(), "p", [][]byte{event("a", "2", 10)})
+	if !errors.Is(err, actors.ErrUnavailable) || !strings.Contains(err.Error(), "disk is full") || strings.Contains(err.Error(), "/data") {
+		t.Fatalf("ingest with a refused append: %v, want ErrUnavailable saying the disk is full (and not the store's text)", err)
+	}
+	if v, err := hs.host.Query(context.Background(), "p", "a"); err != nil || v.Seq != 1 {
+		t.Fatalf("query after a refused append = %+v, %v; want seq 1 at once", v, err)
+	}
+	if st := hs.host.Stats(); st.GroupsLost != 0 || st.GroupsUnavailable != 0 {
+		t.Errorf("stats: %d groups lost, %d unavailable; want 0, 0", st.GroupsLost, st.GroupsUnavailable)
+	}
+	hs.ingest(event("a", "2", 10))
+	if v := hs.query("a"); v.Seq != 2 || v.Aggregates["sum"] != float64(11) {
+		t.Errorf("after retry a = %+v", v)
 	}
 }
 

@@ -20,4 +20,8 @@ var (
 	ErrBadCursor = errors.New("persistence: bad output cursor")
 	// ErrClosed reports a call on a closed store.
 	ErrClosed = errors.New("persistence: closed")
+	// ErrNoSpace reports a write the store refused because its disk is
+	// full, or nearly: nothing of it was written, so the caller keeps what
+	// it holds and may retry once space is freed.
+	ErrNoSpace = errors.New("persistence: disk full")
 )

@@ -20,6 +20,7 @@
 // records are the exception: [Store.ReadOutputs] returns a record only once
 // its checkpoint and those of every record before it in its pipeline are
 // durable, so that a reader resuming from a cursor never skips one that was
-// still being committed. A failed WAL write is fatal to Pebble (see
-// [Options.Logger]).
+// still being committed. A failed WAL write is fatal to Pebble; the store
+// keeps a disk reserve so that it does not come to that, and reopens Pebble
+// when it does (see [Options.DiskReserve], [ErrFailed] and disk.go).
 package embedded

@@ -5,28 +5,47 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 // Options configures a Store. The zero value is a sane default.
 type Options struct {
 	// Logger receives the store's log messages and Pebble's: Pebble's
 	// informational messages at debug level, its errors (background errors,
-	// detected corruption) at error level. Nil discards them.
+	// detected corruption) at error level, at most one a second. Nil
+	// discards them.
 	//
 	// Pebble treats some failures as fatal, a failed WAL write among them,
-	// because it cannot continue safely: the store logs those at error level
-	// and panics, where Pebble's own default would exit the process.
+	// because it cannot continue safely; its default would exit the process.
+	// The store never does: the call that hit the failure gets ErrFailed and
+	// the store reopens itself (see ErrFailed).
 	Logger *slog.Logger
 
 	// CacheSize is the size of Pebble's block cache in bytes (0 means 64 MiB).
 	CacheSize int64
 
 	// MemTableSize is the size of one Pebble memtable in bytes (0 means
-	// 32 MiB); up to two are held in memory. Larger memtables flush less
-	// often. It must be below 4 GiB.
+	// 32 MiB, or a twentieth of a filesystem smaller than 640 MiB, so that
+	// the disk reserve holds a flush); up to two are held in memory. Larger
+	// memtables flush less often. It must be below 4 GiB.
 	MemTableSize uint64
+
+	// DiskReserve is the free space, in bytes, that the store keeps on its
+	// filesystem: Append and AppendOutputs refuse a write that would leave
+	// less (persistence.ErrNoSpace, nothing written), and Open refuses to
+	// start below it. The reserve is what Pebble needs to flush its
+	// memtables, compact, and take claims and checkpoints while ingest is
+	// refused (those are refused only below an eighth of it). 0 means twice MemTableSize, but at most a tenth of the
+	// filesystem; a negative value turns the check off.
+	DiskReserve int64
+
+	// fs is the filesystem, vfs.Default unless a test injects faults.
+	fs vfs.FS
 }
 
 const (
@@ -47,7 +66,8 @@ func (o Options) Validate() error {
 	return errors.Join(errs...)
 }
 
-// withDefaults returns the options with every zero field set to its default.
+// withDefaults returns the options with every zero field set to its default
+// (DiskReserve is settled at Open, where the filesystem's size is known).
 func (o Options) withDefaults() Options {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -58,23 +78,40 @@ func (o Options) withDefaults() Options {
 	if o.MemTableSize == 0 {
 		o.MemTableSize = defaultMemTableSize
 	}
+	if o.fs == nil {
+		o.fs = vfs.Default
+	}
 	return o
 }
 
-// pebbleOptions returns the Pebble options for a store.
-func (o Options) pebbleOptions() *pebble.Options {
-	log := pebbleLogger{o.Logger}
+// memTableSize returns the default memtable size on a filesystem of total
+// bytes: a flush of two memtables must fit in the reserve.
+func memTableSize(total uint64) uint64 {
+	return min(defaultMemTableSize, max(total/20, 1<<20))
+}
+
+// reserve returns the disk reserve for a filesystem of total bytes.
+func (o Options) reserve(total uint64) int64 {
+	if o.DiskReserve != 0 {
+		return o.DiskReserve
+	}
+	return min(2*int64(o.MemTableSize), int64(total/10))
+}
+
+// pebbleOptions returns the Pebble options for one opening of the store.
+func (o Options) pebbleOptions(s *Store) *pebble.Options {
 	return &pebble.Options{
-		Logger:       log,
+		FS:           backoffFS{o.fs, &s.disk.lastNoSpace},
+		Logger:       pebbleLogger{l: o.Logger, s: s},
 		CacheSize:    o.CacheSize,
 		MemTableSize: o.MemTableSize,
 		// Pinned rather than FormatNewest, so that upgrading Pebble does not
 		// silently ratchet the on-disk format (which cannot be undone).
 		FormatMajorVersion: pebble.FormatValueSeparation,
 		EventListener: &pebble.EventListener{
-			BackgroundError: func(err error) {
-				o.Logger.Error("pebble background error", "err", err)
-			},
+			// Pebble retries a failed flush at once, without a backoff: on
+			// a full disk that is dozens of errors a second.
+			BackgroundError: s.backgroundError,
 			// The read that found the corruption fails too; Pebble's default
 			// would end the process.
 			DataCorruption: func(info pebble.DataCorruptionInfo) {
@@ -85,7 +122,10 @@ func (o Options) pebbleOptions() *pebble.Options {
 }
 
 // pebbleLogger routes Pebble's logging to a slog.Logger.
-type pebbleLogger struct{ l *slog.Logger }
+type pebbleLogger struct {
+	l *slog.Logger
+	s *Store
+}
 
 func (p pebbleLogger) Infof(format string, args ...any) {
 	if p.l.Enabled(context.Background(), slog.LevelDebug) {
@@ -94,13 +134,66 @@ func (p pebbleLogger) Infof(format string, args ...any) {
 }
 
 func (p pebbleLogger) Errorf(format string, args ...any) {
-	p.l.Error("pebble error", "err", fmt.Sprintf(format, args...))
+	p.s.limitedError("pebble error", errors.New(fmt.Sprintf(format, args...)))
 }
 
-// Fatalf logs and panics: Pebble calls it when it cannot go on and expects
-// it not to return.
+// commitFatal is how Pebble's DB.Apply reports a failed WAL write.
+const commitFatal = "pebble: fatal commit error"
+
+// Fatalf is called by Pebble when it cannot go on, and must not return
+// (Pebble would carry on as if nothing failed). A failed commit is reported
+// on the committing goroutine, which is one of the store's calls: Fatalf
+// panics with a fatalPanic that the call recovers (see Store.write). Any
+// other comes from one of Pebble's goroutines, which nothing can recover:
+// that goroutine is parked for good and the store fails until the process
+// restarts.
 func (p pebbleLogger) Fatalf(format string, args ...any) {
+	err := fatalError(format, args)
+	p.l.Error("pebble fatal error", "err", err.Error())
+	if strings.HasPrefix(format, commitFatal) {
+		panic(fatalPanic{err})
+	}
+	p.s.stuck(err)
+	select {}
+}
+
+// fatalPanic is the panic value of a fatal commit error.
+type fatalPanic struct{ err error }
+
+// fatalError is Fatalf's message as an error that wraps its first error
+// argument, so that errors.Is finds syscall.ENOSPC in it.
+func fatalError(format string, args []any) error {
 	msg := fmt.Sprintf(format, args...)
-	p.l.Error("pebble fatal error", "err", msg)
-	panic("embedded: pebble: " + msg)
+	for _, a := range args {
+		if e, ok := a.(error); ok {
+			return &wrapped{msg, e}
+		}
+	}
+	return errors.New(msg)
+}
+
+type wrapped struct {
+	msg string
+	err error
+}
+
+func (w *wrapped) Error() string { return w.msg }
+func (w *wrapped) Unwrap() error { return w.err }
+
+// logLimit spaces the store's repeated error messages (Pebble's background
+// errors) by at least a second, counting those it drops.
+type logLimit struct {
+	last    atomic.Int64 // unix nanoseconds of the last message
+	dropped atomic.Int64
+}
+
+// allow reports whether a message may be logged now, and how many were
+// dropped since the last one.
+func (l *logLimit) allow() (bool, int64) {
+	now, last := time.Now().UnixNano(), l.last.Load()
+	if now-last < int64(time.Second) || !l.last.CompareAndSwap(last, now) {
+		l.dropped.Add(1)
+		return false, 0
+	}
+	return true, l.dropped.Swap(0)
 }

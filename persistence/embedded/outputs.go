@@ -193,6 +193,13 @@ func (s *Store) AppendOutputs(ctx context.Context, outputs []persistence.Output)
 	if len(outputs) == 0 {
 		return nil
 	}
+	size := 0
+	for _, o := range outputs {
+		size += len(o.Data)
+	}
+	if err := s.checkSpace(size); err != nil {
+		return fmt.Errorf("embedded: append outputs: %w", err)
+	}
 	b := s.db.NewBatch()
 	defer b.Close()
 	ranges, err := s.addOutputs(b, outputs)
@@ -200,7 +207,7 @@ func (s *Store) AppendOutputs(ctx context.Context, outputs []persistence.Output)
 	if err != nil {
 		return fmt.Errorf("embedded: append outputs: %w", err)
 	}
-	if err := b.Commit(pebble.Sync); err != nil {
+	if err := s.write(func() error { return b.Commit(pebble.Sync) }); err != nil {
 		return fmt.Errorf("embedded: append outputs: %w", err)
 	}
 	return nil
@@ -348,7 +355,7 @@ func (s *Store) TrimOutputs(ctx context.Context, name string, before time.Time) 
 	); err != nil {
 		return 0, fmt.Errorf("embedded: trim outputs of %q: %w", name, err)
 	}
-	if err := b.Commit(pebble.Sync); err != nil {
+	if err := s.write(func() error { return b.Commit(pebble.Sync) }); err != nil {
 		return 0, fmt.Errorf("embedded: trim outputs of %q: %w", name, err)
 	}
 	return n, nil

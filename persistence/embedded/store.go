@@ -6,31 +6,42 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
-	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/keyfold/keyfold/persistence"
 )
 
 // Store is the on-disk store. It is safe for concurrent use.
 type Store struct {
-	dir  string
-	db   *pebble.DB
-	lock *pebble.Lock
-	log  *slog.Logger
+	dir     string
+	opts    Options
+	lock    *pebble.Lock
+	log     *slog.Logger
+	reserve int64 // see Options.DiskReserve; negative: no check
 
-	// life guards closed and active: calls in progress hold an active count
-	// so that Close waits for them (Pebble must not be closed under them).
+	// life guards db, closed, broken, parked and active: calls in progress
+	// hold an active count so that Close and a reopen wait for them (Pebble
+	// must not be closed under them). db changes only when no call is
+	// active, so a call reads it without the lock after begin.
 	life   sync.Mutex
-	idle   sync.Cond // signalled when active drops to 0 after Close began
+	idle   sync.Cond // signalled when active drops to 0 after Close began or the store broke
+	db     *pebble.DB
 	closed bool
+	broken error // why calls fail until the reopen (ErrFailed …), or nil
+	parked bool  // a Pebble goroutine is parked (see pebbleLogger.Fatalf): db cannot be closed
 	active int
 	done   chan struct{} // closed when Close is over
+	stop   chan struct{} // closed when Close begins: ends a reopen
+	jobs   sync.WaitGroup
+
+	openFailed chan error // during openDB: a reason to give up on Pebble's Open
+
+	disk   diskState
+	bgLogs logLimit
 
 	groupsMu sync.Mutex
 	groups   map[uint32]*group
@@ -68,45 +79,63 @@ type group struct {
 // Open opens the store in dir, creating it if needed. Pebble locks the
 // directory: a second Open of it, in this process or another, fails until
 // the first store is closed.
+//
+// Open fails, naming the directory, on a filesystem with less free space
+// than the reserve (the error wraps syscall.ENOSPC), and when Pebble's
+// recovery of its log (a flush) runs out of space.
 func Open(dir string, opts Options) (*Store, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
 	}
+	sizeMemTable := opts.MemTableSize == 0
 	opts = opts.withDefaults()
 	// Pebble detects a second lock in this process by path: make it absolute.
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
 	}
-	if err := os.MkdirAll(abs, 0o755); err != nil {
-		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
+	if err := opts.fs.MkdirAll(abs, 0o755); err != nil {
+		return nil, fmt.Errorf("embedded: open %s: %w", dir, describeDirError(err))
 	}
-	lock, err := pebble.LockDirectory(abs, vfs.Default)
+	lock, err := pebble.LockDirectory(abs, opts.fs)
 	if err != nil {
-		return nil, fmt.Errorf("embedded: open %s: directory in use by another store: %w", dir, err)
-	}
-	po := opts.pebbleOptions()
-	po.Lock = lock
-	db, err := pebble.Open(abs, po)
-	if err != nil {
-		_ = lock.Close()
-		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
+		return nil, fmt.Errorf("embedded: open %s: %w", dir, describeLockError(err))
 	}
 	s := &Store{
 		dir:       abs,
-		db:        db,
+		opts:      opts,
 		lock:      lock,
 		log:       opts.Logger,
+		reserve:   -1,
 		done:      make(chan struct{}),
+		stop:      make(chan struct{}),
 		groups:    map[uint32]*group{},
 		pipelines: map[string]*pipeline{},
 	}
 	s.idle.L = &s.life
-	if err := s.checkFormat(); err != nil {
-		_ = db.Close()
+	if du, err := opts.fs.GetDiskUsage(abs); err == nil {
+		if sizeMemTable {
+			s.opts.MemTableSize = memTableSize(du.TotalBytes)
+		}
+		if opts.DiskReserve >= 0 {
+			s.reserve = s.opts.reserve(du.TotalBytes)
+		}
+	}
+	if err := s.checkSpace(0); err != nil {
 		_ = lock.Close()
 		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
 	}
+	db, err := s.openDB()
+	if err != nil {
+		_ = lock.Close()
+		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
+	}
+	s.db = db
+	if err := s.checkFormat(); err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
+	}
+	s.disk.opened.Store(true)
 	s.log.Debug("store opened", "dir", abs)
 	return s, nil
 }
@@ -120,7 +149,7 @@ func (s *Store) checkFormat() error {
 	v, err := s.getUint64(metaFormatKey)
 	switch {
 	case errors.Is(err, pebble.ErrNotFound):
-		return s.db.Set(metaFormatKey, encodeUint64(formatVersion), pebble.Sync)
+		return s.write(func() error { return s.db.Set(metaFormatKey, encodeUint64(formatVersion), pebble.Sync) })
 	case err != nil:
 		return fmt.Errorf("format version: %w", err)
 	case v != formatVersion:
@@ -139,13 +168,30 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.closed = true
+	close(s.stop)
 	for s.active > 0 {
 		s.idle.Wait()
 	}
 	s.life.Unlock()
 	defer close(s.done)
+	s.jobs.Wait() // a reopen
 
-	err := s.db.Close()
+	// No call is active and none can begin: db is settled.
+	s.life.Lock()
+	parked, broken := s.parked, s.broken
+	s.life.Unlock()
+	var err error
+	switch {
+	case parked:
+		// Closing would wait for the parked goroutine: leave the database
+		// to the end of the process.
+		err = broken
+	case s.db != nil:
+		err = s.db.Close()
+		if err != nil && broken != nil {
+			err = nil // the failure the calls were told about
+		}
+	}
 	if lerr := s.lock.Close(); err == nil {
 		err = lerr
 	}
@@ -166,6 +212,9 @@ func (s *Store) begin(ctx context.Context) error {
 	if s.closed {
 		return persistence.ErrClosed
 	}
+	if s.broken != nil {
+		return s.broken
+	}
 	s.active++
 	return nil
 }
@@ -173,7 +222,7 @@ func (s *Store) begin(ctx context.Context) error {
 func (s *Store) end() {
 	s.life.Lock()
 	defer s.life.Unlock()
-	if s.active--; s.active == 0 && s.closed {
+	if s.active--; s.active == 0 && (s.closed || s.broken != nil) {
 		s.idle.Broadcast()
 	}
 }
@@ -264,8 +313,11 @@ func (s *Store) Claim(ctx context.Context, id uint32) (persistence.GroupState, e
 		return persistence.GroupState{}, fmt.Errorf("embedded: claim group %d: %w", id, err)
 	}
 	defer g.mu.Unlock()
+	if err := s.checkFloor(); err != nil {
+		return persistence.GroupState{}, fmt.Errorf("embedded: claim group %d: %w", id, err)
+	}
 	epoch := g.epoch + 1
-	if err := s.db.Set(epochKey(id), encodeUint64(epoch), pebble.Sync); err != nil {
+	if err := s.write(func() error { return s.db.Set(epochKey(id), encodeUint64(epoch), pebble.Sync) }); err != nil {
 		return persistence.GroupState{}, fmt.Errorf("embedded: claim group %d: %w", id, err)
 	}
 	g.epoch = epoch
@@ -283,6 +335,13 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 	defer s.end()
 	if len(entries) == 0 {
 		return pos, nil
+	}
+	size := 0
+	for _, e := range entries {
+		size += len(e.Data)
+	}
+	if err := s.checkSpace(size); err != nil {
+		return pos, fmt.Errorf("embedded: append: %w", err)
 	}
 
 	ids := make([]uint32, len(entries))
@@ -330,7 +389,7 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 		}
 	}
 	if !b.Empty() {
-		if err := b.Commit(pebble.Sync); err != nil {
+		if err := s.write(func() error { return b.Commit(pebble.Sync) }); err != nil {
 			clear(pos)
 			return pos, fmt.Errorf("embedded: append: %w", err)
 		}
@@ -438,6 +497,9 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 	if len(d.Snapshots) == 0 && len(d.Timers) == 0 && len(d.Outputs) == 0 && !advance {
 		return nil
 	}
+	if err := s.checkFloor(); err != nil {
+		return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
+	}
 	b := s.db.NewBatch()
 	defer b.Close()
 	for _, sn := range d.Snapshots {
@@ -479,7 +541,7 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 	if s.testHookCommit != nil {
 		s.testHookCommit(id)
 	}
-	if err := b.Commit(pebble.Sync); err != nil {
+	if err := s.write(func() error { return b.Commit(pebble.Sync) }); err != nil {
 		return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
 	}
 	if advance {
@@ -588,7 +650,7 @@ func (s *Store) CheckGroups(ctx context.Context, groups uint32) error {
 	defer s.metaMu.Unlock()
 	b, closer, err := s.db.Get(metaGroupsKey)
 	if errors.Is(err, pebble.ErrNotFound) {
-		if err := s.db.Set(metaGroupsKey, encodeUint32(groups), pebble.Sync); err != nil {
+		if err := s.write(func() error { return s.db.Set(metaGroupsKey, encodeUint32(groups), pebble.Sync) }); err != nil {
 			return fmt.Errorf("embedded: check groups: %w", err)
 		}
 		return nil

@@ -42,6 +42,40 @@ func RegisterHost(reg prometheus.Registerer, stats func() actors.Stats) error {
 	return nil
 }
 
+// DiskStats are the state of the embedded store's filesystem.
+type DiskStats struct {
+	Full         bool  // writes are refused for lack of space
+	FreeBytes    int64 // space available on the filesystem
+	ReserveBytes int64 // the free space the store keeps (negative: no check)
+}
+
+// RegisterDisk registers the embedded store's disk gauges, read from stats
+// at each scrape, on reg.
+func RegisterDisk(reg prometheus.Registerer, stats func() DiskStats) error {
+	b := func(v bool) float64 {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	for _, c := range []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "keyfold", Subsystem: "store", Name: "disk_full",
+			Help: "1 while the embedded store refuses writes for lack of disk space (ingest answers 503), else 0."},
+			func() float64 { return b(stats().Full) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "keyfold", Subsystem: "store", Name: "disk_free_bytes",
+			Help: "Space available on the embedded store's filesystem."},
+			func() float64 { return float64(stats().FreeBytes) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "keyfold", Subsystem: "store", Name: "disk_reserve_bytes",
+			Help: "Free space the embedded store keeps: ingest is refused below it."},
+			func() float64 { return float64(stats().ReserveBytes) }),
+	} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // ClusterStats are a cluster member's counters.
 type ClusterStats struct {
 	Members         int   // live members this node sees (1 for a node alone)

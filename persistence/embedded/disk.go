@@ -1,0 +1,366 @@
+package embedded
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/keyfold/keyfold/persistence"
+)
+
+// A full disk, and how the store lives through it.
+//
+//  1. The reserve (Options.DiskReserve): Append and AppendOutputs look at
+//     the free space first (one statfs) and refuse, with
+//     persistence.ErrNoSpace and nothing written, a write that would leave
+//     less than the reserve. The caller keeps its state; writes succeed
+//     again as soon as space is freed. Claims and checkpoints may use the
+//     reserve (they are small, and checkpoints trim the log): they are
+//     refused the same way only below an eighth of it.
+//  2. A write that fails all the same (another process took the space
+//     between the check and the write): Pebble cannot continue after a
+//     failed WAL write (its log writer keeps the error, and the batch is
+//     already in the memtable, readable though not durable). Fatalf panics
+//     on the committing goroutine, Store.write recovers it, and the store
+//     breaks: every call fails with ErrFailed (wrapping the cause) until a
+//     background job has closed Pebble and, once the free space is above
+//     the reserve again, reopened it. Reopening replays the WAL, the
+//     truth: the failed write may or may not be in it, so callers must
+//     treat its outcome as unknown (the host takes its groups over again).
+//  3. Open: below the reserve it fails at once; otherwise Pebble replays
+//     and flushes its WAL, and a flush that runs out of space would be
+//     retried by Pebble forever, so Open gives up on the first one, with an
+//     error naming the directory and ENOSPC (the abandoned open finishes,
+//     or not, in the background).
+//  4. What stays fatal. A Fatalf from one of Pebble's own goroutines (a
+//     MANIFEST write of a flush or compaction) cannot be recovered: the
+//     goroutine is parked and the store fails until the process restarts.
+//     Pebble panics outright, with its mutexes held, if it cannot close or
+//     create a WAL when a full memtable rotates: that ends the process.
+//     Both need the disk to fill beyond the reserve, which holds two
+//     memtables (the default memtable is smaller on small filesystems for
+//     that reason), so only another process taking the space leads there.
+
+// diskState is what the last look at the filesystem found.
+type diskState struct {
+	free        atomic.Int64 // bytes available, as of the last check
+	full        atomic.Bool  // the last check refused a write
+	lastNoSpace atomic.Int64 // unix nanoseconds of a background job's last ENOSPC
+	opened      atomic.Bool  // Open is over: log the changes of full
+}
+
+// DiskStats describe the store's filesystem, for health checks and metrics.
+type DiskStats struct {
+	// Full reports that writes are refused now: the free space is below
+	// the reserve, or a write failed for lack of space and the store has
+	// not reopened since.
+	Full bool
+	// Failed is the store's failure (see ErrFailed), or nil.
+	Failed error
+	// FreeBytes is the space available on the filesystem; ReserveBytes the
+	// reserve (negative when the check is off).
+	FreeBytes, ReserveBytes int64
+}
+
+// Disk looks at the store's filesystem and reports its state.
+func (s *Store) Disk() DiskStats {
+	s.life.Lock()
+	broken := s.broken
+	s.life.Unlock()
+	full := s.checkSpace(0) != nil
+	if s.reserve < 0 { // checkSpace did not look
+		if du, err := s.opts.fs.GetDiskUsage(s.dir); err == nil {
+			s.disk.free.Store(int64(min(du.AvailBytes, 1<<62)))
+		}
+	}
+	return DiskStats{
+		Full:         full || isNoSpace(broken),
+		Failed:       broken,
+		FreeBytes:    s.disk.free.Load(),
+		ReserveBytes: s.reserve,
+	}
+}
+
+// checkSpace reports, with an error wrapping persistence.ErrNoSpace and
+// syscall.ENOSPC, whether writing size bytes would leave less free space
+// than the reserve. It logs when writes stop or resume being refused, once
+// the store is open.
+func (s *Store) checkSpace(size int) error {
+	return s.checkFree(size, s.reserve, true)
+}
+
+// checkFloor is checkSpace for the writes that may use the reserve (claims,
+// checkpoints): it refuses them only when the disk is all but full, where
+// they would fail and break the store.
+func (s *Store) checkFloor() error {
+	return s.checkFree(0, s.reserve/8, false)
+}
+
+func (s *Store) checkFree(size int, need int64, reserve bool) error {
+	if s.reserve < 0 {
+		return nil
+	}
+	du, err := s.opts.fs.GetDiskUsage(s.dir)
+	if err != nil {
+		return nil // cannot tell: let the write find out
+	}
+	free := int64(min(du.AvailBytes, 1<<62))
+	s.disk.free.Store(free)
+	if free-int64(size) >= need {
+		if reserve && s.disk.full.Swap(false) && s.disk.opened.Load() {
+			s.log.Info("disk space available again: writes resume", "dir", s.dir, "free", free, "reserve", s.reserve)
+		}
+		return nil
+	}
+	if reserve && !s.disk.full.Swap(true) && s.disk.opened.Load() {
+		s.log.Error("disk full: refusing writes until space is freed", "dir", s.dir, "free", free, "reserve", s.reserve)
+	}
+	what := "the reserve"
+	if !reserve {
+		what = "the floor for claims and checkpoints"
+	}
+	return fmt.Errorf("%w: %s has %d bytes free, below %s of %d: %w (ENOSPC)",
+		persistence.ErrNoSpace, s.dir, free, what, need, syscall.ENOSPC)
+}
+
+// isNoSpace reports whether err is a full disk or an exhausted quota.
+func isNoSpace(err error) bool {
+	return err != nil && (errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT))
+}
+
+// write runs a Pebble commit. A fatal commit error (see pebbleLogger.Fatalf)
+// breaks the store and is returned.
+func (s *Store) write(commit func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			f, ok := r.(fatalPanic)
+			if !ok {
+				panic(r)
+			}
+			err = s.fail(f.err)
+		}
+	}()
+	return commit()
+}
+
+// fail breaks the store after a fatal commit error and starts the reopen.
+// The caller is an active call.
+func (s *Store) fail(cause error) error {
+	s.life.Lock()
+	defer s.life.Unlock()
+	if s.broken == nil {
+		what := "a write failed"
+		if isNoSpace(cause) {
+			what = "disk full (ENOSPC): a write failed"
+		}
+		s.broken = fmt.Errorf("%w: %s %s; reopening once there is space: %w", ErrFailed, s.dir, what, cause)
+		s.log.Error("store failed: reopening", "dir", s.dir, "err", cause.Error())
+		if !s.closed && !s.parked {
+			s.jobs.Add(1)
+			go s.reopen()
+		}
+	}
+	return s.broken
+}
+
+// stuck breaks the store for good: one of Pebble's goroutines met a fatal
+// error and is parked.
+func (s *Store) stuck(cause error) {
+	s.life.Lock()
+	defer s.life.Unlock()
+	s.parked = true
+	s.broken = fmt.Errorf("%w: %s: Pebble cannot continue, restart the process (after freeing space if the disk is full): %w", ErrFailed, s.dir, cause)
+	if s.openFailed != nil {
+		select {
+		case s.openFailed <- s.broken:
+		default:
+		}
+	}
+}
+
+// backgroundError is Pebble's report of a failed flush or compaction, which
+// it retries. The store logs one a second at most, without stack traces.
+func (s *Store) backgroundError(err error) {
+	if isNoSpace(err) {
+		s.disk.lastNoSpace.Store(time.Now().UnixNano())
+		s.life.Lock()
+		if s.openFailed != nil {
+			select {
+			case s.openFailed <- err:
+			default:
+			}
+		}
+		s.life.Unlock()
+	}
+	s.limitedError("pebble background error", err)
+}
+
+// limitedError logs an error of Pebble's, one a second at most.
+func (s *Store) limitedError(msg string, err error) {
+	if ok, dropped := s.bgLogs.allow(); ok {
+		s.log.Error(msg, "dir", s.dir, "err", err.Error(), "dropped", dropped)
+	}
+}
+
+// openDB opens Pebble, giving up when its recovery runs out of space (see
+// the top of this file).
+func (s *Store) openDB() (*pebble.DB, error) {
+	po := s.opts.pebbleOptions(s)
+	po.Lock = s.lock
+	failed := make(chan error, 1)
+	s.life.Lock()
+	s.openFailed = failed
+	s.life.Unlock()
+	defer func() {
+		s.life.Lock()
+		s.openFailed = nil
+		s.life.Unlock()
+	}()
+	type result struct {
+		db  *pebble.DB
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		defer func() {
+			if p := recover(); p != nil {
+				f, ok := p.(fatalPanic)
+				if !ok {
+					panic(p)
+				}
+				r.err = f.err
+			}
+			done <- r
+		}()
+		r.db, r.err = pebble.Open(s.dir, po)
+	}()
+	var err error
+	select {
+	case r := <-done:
+		return r.db, r.err
+	case err = <-failed:
+	case <-s.stop:
+		err = persistence.ErrClosed
+	}
+	go func() { // the abandoned open: close what it opens
+		if r := <-done; r.db != nil {
+			_ = r.db.Close()
+		}
+	}()
+	if isNoSpace(err) {
+		return nil, fmt.Errorf("%w: recovering the log needs more space than is free: %w (ENOSPC)", persistence.ErrNoSpace, err)
+	}
+	return nil, err
+}
+
+// reopen closes the broken Pebble and opens it again, once there is space
+// and until Close.
+func (s *Store) reopen() {
+	defer s.jobs.Done()
+	s.life.Lock()
+	for s.active > 0 && !s.closed {
+		s.idle.Wait()
+	}
+	if s.closed || s.parked {
+		s.life.Unlock()
+		return // Close closes db
+	}
+	db := s.db
+	s.db = nil
+	s.life.Unlock()
+	if err := db.Close(); err != nil {
+		s.log.Debug("closing the failed store", "dir", s.dir, "err", err.Error())
+	}
+
+	backoff := 100 * time.Millisecond
+	for {
+		var err error
+		if err = s.checkSpace(0); err == nil {
+			if db, err = s.openDB(); err == nil {
+				break
+			}
+		}
+		s.limitedError("store reopen failed: retrying", err)
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+
+	// Positions and sequence numbers are read again: the failed write may
+	// be in the log after all.
+	s.groupsMu.Lock()
+	s.groups = map[uint32]*group{}
+	s.groupsMu.Unlock()
+	s.pipelinesMu.Lock()
+	s.pipelines = map[string]*pipeline{}
+	s.pipelinesMu.Unlock()
+	s.life.Lock()
+	defer s.life.Unlock()
+	if s.parked { // the new Pebble's recovery got stuck meanwhile
+		s.db = db
+		return
+	}
+	s.db, s.broken = db, nil
+	s.log.Info("store reopened", "dir", s.dir)
+}
+
+// describeDirError says what is wrong with a data directory that cannot be
+// created.
+func describeDirError(err error) error {
+	if notWritable(err) {
+		return fmt.Errorf("directory not writable: %w", err)
+	}
+	return err
+}
+
+// describeLockError says why the directory's lock was not taken: it is
+// held, or the directory cannot be written.
+func describeLockError(err error) error {
+	switch {
+	case notWritable(err):
+		return fmt.Errorf("directory not writable (cannot create its LOCK file): %w", err)
+	case isNoSpace(err):
+		return fmt.Errorf("cannot create its LOCK file: %w (ENOSPC)", err)
+	case errors.Is(err, syscall.EAGAIN), errors.Is(err, syscall.EWOULDBLOCK),
+		strings.Contains(err.Error(), "held by current process"):
+		return fmt.Errorf("directory in use by another store: %w", err)
+	}
+	return fmt.Errorf("lock: %w", err)
+}
+
+func notWritable(err error) bool {
+	return errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS)
+}
+
+// noSpaceBackoff is how long after a background job ran out of space the
+// next one may create a table: Pebble retries a failed flush at once, and
+// on a full disk would spin writing and deleting tables.
+const noSpaceBackoff = time.Second
+
+// backoffFS delays the creation of tables and blob files for a while after
+// a background job ran out of space (see noSpaceBackoff). Pebble creates
+// them with its DB mutex unlocked; WAL and MANIFEST files are not delayed.
+type backoffFS struct {
+	vfs.FS
+	lastNoSpace *atomic.Int64 // unix nanoseconds
+}
+
+func (f backoffFS) Create(name string, category vfs.DiskWriteCategory) (vfs.File, error) {
+	if strings.HasSuffix(name, ".sst") || strings.HasSuffix(name, ".blob") {
+		if wait := time.Duration(f.lastNoSpace.Load() + int64(noSpaceBackoff) - time.Now().UnixNano()); wait > 0 {
+			time.Sleep(min(wait, noSpaceBackoff))
+		}
+	}
+	return f.FS.Create(name, category)
+}
