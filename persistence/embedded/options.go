@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
@@ -100,7 +101,7 @@ func (o Options) reserve(total uint64) int64 {
 
 // pebbleOptions returns the Pebble options for one opening of the store.
 func (o Options) pebbleOptions(s *Store) *pebble.Options {
-	return &pebble.Options{
+	po := &pebble.Options{
 		FS:           backoffFS{o.fs, &s.disk.lastNoSpace},
 		Logger:       pebbleLogger{l: o.Logger, s: s},
 		CacheSize:    o.CacheSize,
@@ -119,6 +120,15 @@ func (o Options) pebbleOptions(s *Store) *pebble.Options {
 			},
 		},
 	}
+	// Bloom filters (10 bits a key, ~1% false positives) on every level: an
+	// activation reads the snapshot of a key that usually has none yet (a
+	// first-time key) or sits in one table of many, and without filters
+	// each such read searched every level's table index and block (17% of
+	// the CPU at a million keys, BENCHMARKS.md).
+	for i := range po.Levels {
+		po.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+	}
+	return po
 }
 
 // pebbleLogger routes Pebble's logging to a slog.Logger.
