@@ -8,7 +8,9 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/keyfold/keyfold/actors"
 	"github.com/keyfold/keyfold/actors/fold"
@@ -73,6 +75,7 @@ func benchIngestKeys(b *testing.B, keys int) {
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
+	cpu0 := cpuTime()
 	const submitters, batch = 32, 100
 	batches := make(chan int, submitters)
 	var wg sync.WaitGroup
@@ -104,6 +107,7 @@ func benchIngestKeys(b *testing.B, keys int) {
 	close(batches)
 	wg.Wait()
 	b.StopTimer()
+	cpu := cpuTime() - cpu0
 	if firstErr != nil {
 		b.Fatal(firstErr)
 	}
@@ -127,4 +131,16 @@ func benchIngestKeys(b *testing.B, keys int) {
 		}
 	}
 	b.ReportMetric(float64(n*batch)/b.Elapsed().Seconds(), "events/s")
+	// CPU time per event (the process's, user and system): what the work
+	// costs, less swayed than events/s by what else the machine runs.
+	b.ReportMetric(float64(cpu.Microseconds())/float64(n*batch), "cpu_µs/event")
+}
+
+// cpuTime is the CPU time the process has used, user and system.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

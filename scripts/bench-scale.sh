@@ -16,6 +16,8 @@
 #
 # Usage: scripts/bench-scale.sh [KEY COUNTS...]      (default: 10000 100000 1000000)
 #   RUNS=3 DURATION=8s DISTS="uniform zipf" PHASES="first steady" CONFIG=examples/bench.yaml
+#   NODE_BIN=path: run the nodes from another keyfold binary (an older build,
+#   for a before/after comparison under the same load generator)
 # Prints one JSON line per measurement to $OUT (default: a temp file) and a
 # table of medians with the ratios to naive. Everything it starts is stopped
 # by PID when it exits.
@@ -43,6 +45,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 go build -o "$work/keyfold" "$root/cmd/keyfold"
 kf=$work/keyfold
+nodebin=${NODE_BIN:-$kf}
 rport=$(free_port)
 mkdir -p "$work/redis"
 redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly yes --appendfsync always \
@@ -56,7 +59,7 @@ node() {
 	local hport gport
 	hport=$(free_port)
 	gport=$(free_port)
-	"$kf" serve --config "$config" --http "127.0.0.1:$hport" --grpc "127.0.0.1:$gport" "$@" >>"$work/node.log" 2>&1 &
+	"$nodebin" serve --config "$config" --http "127.0.0.1:$hport" --grpc "127.0.0.1:$gport" "$@" >>"$work/node.log" 2>&1 &
 	npid=$!
 	pids+=("$npid")
 	http=http://127.0.0.1:$hport
