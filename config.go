@@ -75,7 +75,7 @@ type Config struct {
 	MaxConcurrentIngests int `yaml:"max_concurrent_ingests"`
 	// MaxIngestBytes bounds the memory of the ingest requests in flight,
 	// HTTP and gRPC together (default 256 MiB): their bodies (messages) as
-	// they are read plus 320 bytes per event. A request that does not fit
+	// they are read plus 384 bytes per event. A request that does not fit
 	// is refused at once with 429 / ResourceExhausted and a retry delay.
 	// It must be at least MaxBodyBytes.
 	MaxIngestBytes int64 `yaml:"max_ingest_bytes"`

@@ -103,7 +103,7 @@ func TestValidate(t *testing.T) {
 		}},
 		{"ingest limits", Config{Pipelines: good, MaxBodyBytes: 1 << 20, MaxBatchEvents: 1000, MaxIngestBytes: 1 << 20,
 			AllowedOrigins: []string{"https://app.example", "*", "localhost:3000", "http://a/"}}, []string{
-			"max_ingest_bytes 1048576 is less than max_body_bytes + max_batch_events × 320 = 1368576",
+			"max_ingest_bytes 1048576 is less than max_body_bytes + max_batch_events × 384 = 1432576",
 			`allowed_origins: "localhost:3000" is not an origin`,
 			`allowed_origins: "http://a/" is not an origin`,
 		}},

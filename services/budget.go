@@ -15,8 +15,8 @@ const (
 // EventCost is what an ingest reserves per event on top of its bytes: the
 // event prepared for its key (fold.Event and its contributions, ~180 B for
 // small events, BenchmarkPrepareBatch), the slices that carry it through the
-// transport, and its record in the group log's write.
-const EventCost = 320
+// transport (~50 B), and its input in the group log's record (~100 B).
+const EventCost = 384
 
 // Budget bounds the memory of the ingest requests in flight on a node: the
 // bytes of their bodies (messages) and EventCost per event. The HTTP and

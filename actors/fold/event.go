@@ -220,7 +220,7 @@ func (a *aggregate) contribution(f *fields, env map[string]any, ref fieldRef) (c
 			return c, &FieldError{Field: a.field, Reason: err.Error()}
 		}
 		b, err := json.Marshal(v) // the value as encoding/json renders it
-		if err != nil { // cannot happen for decoded JSON
+		if err != nil {           // cannot happen for decoded JSON
 			return c, &FieldError{Field: a.field, Reason: err.Error()}
 		}
 		c.last = b

@@ -25,10 +25,10 @@ func TestKeysAndIDsMustBeText(t *testing.T) {
 		{`{"user_id": "\ud800"}`, "user_id", "", ""},
 		{`{"user_id": "\udfff"}`, "user_id", "", ""},
 		{`{"user_id": "a\ud800b"}`, "user_id", "", ""},
-		{`{"user_id": "\ud800\u0041"}`, "user_id", "", ""},  // high, then not a low surrogate
-		{`{"user_id": "\udc00\ud800"}`, "user_id", "", ""},  // low first
-		{`{"user_id": "x\ud800"}`, "user_id", "", ""},       // high at the end
-		{"{\"user_id\": \"\xff\"}", "user_id", "", ""},      // raw invalid byte
+		{`{"user_id": "\ud800\u0041"}`, "user_id", "", ""},     // high, then not a low surrogate
+		{`{"user_id": "\udc00\ud800"}`, "user_id", "", ""},     // low first
+		{`{"user_id": "x\ud800"}`, "user_id", "", ""},          // high at the end
+		{"{\"user_id\": \"\xff\"}", "user_id", "", ""},         // raw invalid byte
 		{"{\"user_id\": \"\xed\xa0\x80\"}", "user_id", "", ""}, // a surrogate encoded as UTF-8
 		{`{"user_id": "a", "event_id": "\ud800"}`, "event_id", "", ""},
 		{"{\"user_id\": \"a\", \"event_id\": \"e\xc3\"}", "event_id", "", ""},
