@@ -86,6 +86,28 @@ func TestPrepareMatchesEncodingJSON(t *testing.T) {
 	}
 }
 
+// TestFiltersSeeUnnamedFields: a filter that reads a field it does not name
+// ($env[expr], "x" in $env) sees every member of the event.
+func TestFiltersSeeUnnamedFields(t *testing.T) {
+	for _, where := range []string{
+		`$env[lower("TYPE")] == "x"`,
+		`"flag" in $env`,
+		`len($env) == 3`,
+		`$env["type"] == "x" && $env.flag == 1`, // named: no need for the others
+	} {
+		p := mustCompile(t, fold.Spec{Key: "k", Aggregates: map[string]fold.AggregateSpec{"n": {Op: "count", Where: where}}})
+		ev, err := p.Prepare([]byte(`{"k": "a", "type": "x", "flag": 1}`))
+		if err != nil {
+			t.Fatalf("%s: %v", where, err)
+		}
+		var s fold.State
+		p.Apply(&s, ev, 1)
+		if n, _ := json.Marshal(p.Aggregates(&s)["n"]); string(n) != "1" {
+			t.Errorf("where %s: count %s, want 1", where, n)
+		}
+	}
+}
+
 // compareWithNormalized checks that ev, prepared from raw, is what the
 // pipeline makes of raw decoded by encoding/json and encoded again (no
 // escapes, no member twice, no space): the same key, id, time, and
