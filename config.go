@@ -15,6 +15,7 @@ import (
 	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/persistence"
 	"github.com/keyfold/keyfold/persistence/redisstore"
+	"github.com/keyfold/keyfold/services"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
@@ -73,9 +74,24 @@ type Config struct {
 	// MaxBodyBytes bounds an HTTP request body (default 8 MiB); larger
 	// bodies get 413.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
-	// MaxConcurrentIngests bounds the HTTP ingest requests processed at once
-	// (default 64), and with MaxBodyBytes the memory they take; more wait.
+	// MaxConcurrentIngests bounds the ingest requests processed at once
+	// (default 64), per API; a request takes a slot once its body is read,
+	// and one that finds none within a second gets 429.
 	MaxConcurrentIngests int `yaml:"max_concurrent_ingests"`
+	// MaxIngestBytes bounds the memory of the ingest requests in flight,
+	// HTTP and gRPC together (default 256 MiB): their bodies (messages) as
+	// they are read plus 384 bytes per event. A request that does not fit
+	// is refused at once with 429 / ResourceExhausted and a retry delay.
+	// It must be at least MaxBodyBytes.
+	MaxIngestBytes int64 `yaml:"max_ingest_bytes"`
+	// MaxBatchEvents bounds the events of one ingest request or stream
+	// batch (default 100000); a larger one gets 413 / InvalidArgument.
+	MaxBatchEvents int `yaml:"max_batch_events"`
+	// AllowedOrigins lists the web origins (scheme://host[:port], or "*")
+	// whose pages may write over HTTP (POST events, DELETE a key). A write
+	// with an Origin header not listed gets 403; clients that are not
+	// browsers send none. Default: none, so no web page can write.
+	AllowedOrigins []string `yaml:"allowed_origins"`
 	// ShutdownTimeout bounds the wait for in-flight requests when draining
 	// (default 10s).
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
@@ -117,6 +133,8 @@ const (
 	DefaultDataDir              = "keyfold-data"
 	DefaultMaxBodyBytes         = 8 << 20
 	DefaultMaxConcurrentIngests = 64
+	DefaultMaxIngestBytes       = services.DefaultMaxIngestBytes
+	DefaultMaxBatchEvents       = services.DefaultMaxBatchEvents
 	DefaultShutdownTimeout      = 10 * time.Second
 	// MaxKeyGroups bounds key_groups: each group costs a little memory and a
 	// claim at start whether or not it holds keys.
@@ -146,6 +164,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxConcurrentIngests == 0 {
 		c.MaxConcurrentIngests = DefaultMaxConcurrentIngests
+	}
+	if c.MaxBatchEvents == 0 {
+		c.MaxBatchEvents = DefaultMaxBatchEvents
+	}
+	if c.MaxIngestBytes == 0 {
+		c.MaxIngestBytes = max(DefaultMaxIngestBytes, c.largestIngest())
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
@@ -213,11 +237,21 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 		{"max_active_keys", int64(c.MaxActiveKeys)},
 		{"max_body_bytes", c.MaxBodyBytes},
 		{"max_concurrent_ingests", int64(c.MaxConcurrentIngests)},
+		{"max_ingest_bytes", c.MaxIngestBytes},
+		{"max_batch_events", int64(c.MaxBatchEvents)},
 		{"shutdown_timeout", int64(c.ShutdownTimeout)},
 		{"cluster_lease", int64(c.ClusterLease)},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("keyfold: config: %s must not be negative", d.name))
+		}
+	}
+	if need := c.largestIngest(); c.MaxIngestBytes > 0 && c.MaxIngestBytes < need {
+		errs = append(errs, fmt.Errorf("keyfold: config: max_ingest_bytes %d is less than max_body_bytes + max_batch_events × %d = %d: the largest requests would never fit", c.MaxIngestBytes, services.EventCost, need))
+	}
+	for _, o := range c.AllowedOrigins {
+		if o != "*" && (!strings.Contains(o, "://") || strings.HasSuffix(o, "/")) {
+			errs = append(errs, fmt.Errorf("keyfold: config: allowed_origins: %q is not an origin (scheme://host[:port], no path) or \"*\"", o))
 		}
 	}
 	pipelines := make(map[string]*fold.Pipeline, len(c.Pipelines))
@@ -233,6 +267,19 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 		return nil, err
 	}
 	return pipelines, nil
+}
+
+// largestIngest is what the largest request admitted reserves of the
+// ingest budget: a body of max_body_bytes with max_batch_events events.
+func (c Config) largestIngest() int64 {
+	body, events := c.MaxBodyBytes, int64(c.MaxBatchEvents)
+	if body <= 0 {
+		body = DefaultMaxBodyBytes
+	}
+	if events <= 0 {
+		events = DefaultMaxBatchEvents
+	}
+	return body + events*services.EventCost
 }
 
 // LoadConfig reads a YAML configuration file (see ParseConfig).

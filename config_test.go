@@ -101,6 +101,15 @@ func TestValidate(t *testing.T) {
 			`peers: address h: missing port`,
 			"cluster_lease 1ms is below 300ms",
 		}},
+		{"ingest limits", Config{Pipelines: good, MaxBodyBytes: 1 << 20, MaxBatchEvents: 1000, MaxIngestBytes: 1 << 20,
+			AllowedOrigins: []string{"https://app.example", "*", "localhost:3000", "http://a/"}}, []string{
+			"max_ingest_bytes 1048576 is less than max_body_bytes + max_batch_events × 384 = 1432576",
+			`allowed_origins: "localhost:3000" is not an origin`,
+			`allowed_origins: "http://a/" is not an origin`,
+		}},
+		{"negative ingest limits", Config{Pipelines: good, MaxIngestBytes: -1, MaxBatchEvents: -1}, []string{
+			"max_ingest_bytes must not be negative", "max_batch_events must not be negative",
+		}},
 		{"cluster without grpc", Config{Pipelines: good, Redis: "redis://127.0.0.1:6379", Cluster: "c", Advertise: "h:1"},
 			[]string{"a cluster member needs a gRPC address"}},
 		{"everything wrong", Config{
@@ -187,6 +196,8 @@ func TestWithDefaults(t *testing.T) {
 		ShutdownTimeout:    DefaultShutdownTimeout,
 
 		MaxConcurrentIngests: DefaultMaxConcurrentIngests,
+		MaxIngestBytes:       DefaultMaxIngestBytes,
+		MaxBatchEvents:       DefaultMaxBatchEvents,
 	}
 	if !configEqual(d, want) {
 		t.Errorf("defaults =\n%+v\nwant\n%+v", d, want)
@@ -194,7 +205,8 @@ func TestWithDefaults(t *testing.T) {
 
 	// Set fields are kept; HTTPAddr stays empty for embedders.
 	set := Config{DataDir: "d", KeyGroups: 8, CheckpointInterval: time.Second, IdleTimeout: time.Minute,
-		MaxActiveKeys: 10, MaxBodyBytes: 1024, ShutdownTimeout: time.Millisecond, MaxConcurrentIngests: 3}
+		MaxActiveKeys: 10, MaxBodyBytes: 1024, ShutdownTimeout: time.Millisecond, MaxConcurrentIngests: 3,
+		MaxIngestBytes: 1 << 20, MaxBatchEvents: 7}
 	got := set.withDefaults()
 	got.Logger, got.Metrics = nil, nil
 	if !configEqual(got, set) {

@@ -25,6 +25,7 @@ import (
 	"github.com/keyfold/keyfold/persistence/embedded"
 	"github.com/keyfold/keyfold/persistence/redisstore"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
+	"github.com/keyfold/keyfold/services"
 	"github.com/keyfold/keyfold/services/grpcapi"
 	"github.com/keyfold/keyfold/services/httpapi"
 	"github.com/keyfold/keyfold/services/metrics"
@@ -34,6 +35,7 @@ import (
 type Node struct {
 	cfg       Config
 	pipelines map[string]*fold.Pipeline
+	budget    *services.Budget // ingest memory, shared by HTTP and gRPC
 
 	host      atomic.Pointer[actors.Host] // set once recovered
 	clu       atomic.Pointer[clusterNode] // set at start in a cluster
@@ -95,7 +97,7 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Node{cfg: cfg, pipelines: pipelines, startedAt: time.Now(), ready: make(chan struct{}), drain: make(chan struct{}), done: make(chan struct{})}, nil
+	return &Node{cfg: cfg, pipelines: pipelines, budget: services.NewBudget(cfg.MaxIngestBytes), startedAt: time.Now(), ready: make(chan struct{}), drain: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
 // Ready is closed once the node has recovered its state and its listeners
@@ -335,6 +337,8 @@ func (n *Node) serveGRPC(fail context.CancelFunc) (stop func(), hs *health.Serve
 	srv := grpc.NewServer(opts...)
 	grpcapi.Register(srv, grpcBackend{n}, grpcapi.Options{
 		MaxConcurrentIngests: n.cfg.MaxConcurrentIngests,
+		MaxBatchEvents:       n.cfg.MaxBatchEvents,
+		Budget:               n.budget,
 		Logger:               n.cfg.Logger,
 	})
 	grpcapi.RegisterCluster(srv, localBackend{n}, n.cfg.Logger)
@@ -384,6 +388,9 @@ func (n *Node) httpHandler() (http.Handler, error) {
 	mux.Handle("/", httpapi.New(httpBackend{n}, httpapi.Options{
 		MaxBodyBytes:         n.cfg.MaxBodyBytes,
 		MaxConcurrentIngests: n.cfg.MaxConcurrentIngests,
+		MaxBatchEvents:       n.cfg.MaxBatchEvents,
+		Budget:               n.budget,
+		AllowedOrigins:       n.cfg.AllowedOrigins,
 		Logger:               n.cfg.Logger,
 	}))
 	return hm.Wrap(mux), nil

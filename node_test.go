@@ -185,6 +185,7 @@ func TestHealthDuringRecovery(t *testing.T) {
 		{"GET", "/v1/pipelines/p/keys/a", 503},
 	} {
 		req, _ := http.NewRequest(c.method, base+c.path, strings.NewReader(`[{"k":"a"}]`))
+		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

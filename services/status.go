@@ -19,6 +19,12 @@ var (
 	// ErrBusy reports a request refused because the node is at its limit
 	// of concurrent work; retry later.
 	ErrBusy = errors.New("too many concurrent requests")
+	// ErrOverBudget reports an ingest refused because the node's budget of
+	// ingest bytes in flight (max_ingest_bytes) is used up; retry later.
+	ErrOverBudget = errors.New("services: ingest memory budget in use")
+	// ErrTooManyEvents reports a batch of more than max_batch_events
+	// events; it must be split.
+	ErrTooManyEvents = errors.New("services: too many events in one batch")
 )
 
 // Status is how the transports report an error: its HTTP status and its
@@ -43,6 +49,10 @@ var statusTable = []struct {
 	{actors.ErrBadArgument, Status{http.StatusBadRequest, codes.InvalidArgument}},
 	{fold.ErrInvalidEvent, Status{http.StatusBadRequest, codes.InvalidArgument}},
 	{ErrBusy, Status{http.StatusTooManyRequests, codes.ResourceExhausted}},
+	{ErrOverBudget, Status{http.StatusTooManyRequests, codes.ResourceExhausted}},
+	// Not ResourceExhausted: that code is retryable, and this batch never
+	// fits however long the client waits.
+	{ErrTooManyEvents, Status{http.StatusRequestEntityTooLarge, codes.InvalidArgument}},
 	{actors.ErrUnknownPipeline, Status{http.StatusNotFound, codes.NotFound}},
 	{actors.ErrNotFound, Status{http.StatusNotFound, codes.NotFound}},
 	{actors.ErrClosed, Status{http.StatusServiceUnavailable, codes.Unavailable}},
@@ -90,4 +100,5 @@ func PublicMessage(err error) string {
 var goPackages = map[string]bool{
 	"actors": true, "fold": true, "httpapi": true, "grpcapi": true, "keyfold": true,
 	"persistence": true, "embedded": true, "redisstore": true, "memstore": true,
+	"services": true,
 }

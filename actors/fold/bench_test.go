@@ -87,6 +87,45 @@ func BenchmarkPrepare(b *testing.B) {
 	}
 }
 
+// BenchmarkPrepareBatch prepares batches of 1024 events and reports the
+// bytes allocated per event and per byte of input: tiny events (a key and
+// nothing else, a count: the 11-byte events of issue 13) and the realistic
+// quickstart events.
+func BenchmarkPrepareBatch(b *testing.B) {
+	tiny := make([][]byte, 1024)
+	for i := range tiny {
+		tiny[i] = fmt.Appendf(nil, `{"k":"%d"}`, i%1000)
+	}
+	for _, c := range []struct {
+		name string
+		p    *fold.Pipeline
+		raws [][]byte
+	}{
+		{"events=tiny", mustCompile(b, fold.Spec{Key: "k", Aggregates: map[string]fold.AggregateSpec{"n": {Op: "count"}}}), tiny},
+		{"events=quickstart", quickstart(b), benchEvents(1024, false)},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			size := 0
+			for _, r := range c.raws {
+				size += len(r)
+			}
+			b.SetBytes(int64(size))
+			b.ReportAllocs()
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			for b.Loop() {
+				if _, err := c.p.PrepareBatch(c.raws); err != nil {
+					b.Fatal(err)
+				}
+			}
+			runtime.ReadMemStats(&after)
+			alloc := float64(after.TotalAlloc - before.TotalAlloc)
+			b.ReportMetric(alloc/float64(b.N)/float64(len(c.raws)), "B/event")
+			b.ReportMetric(alloc/float64(b.N)/float64(size), "B/input-byte")
+		})
+	}
+}
+
 // BenchmarkApply applies prepared events to one key at a steady state of
 // the dedup set: processing time advances so that an id expires before the
 // same event comes round again, and the key remembers ~1024 ids.

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Event is a validated event, reduced to what its key's state needs. It is
@@ -22,8 +23,8 @@ type Event struct {
 	// Time is the event time in Unix milliseconds, or 0 when the pipeline
 	// has no time field (ingest time is used).
 	Time  int64
-	timed bool   // Time was read from the event's time field
 	steps uint64 // the pattern filters it matched
+	timed bool   // Time was read from the event's time field (next to Erase and Expire: 8 bytes less)
 	// Erase makes the event a tombstone: applying it erases the key (see
 	// Erase). Raw is empty.
 	Erase bool
@@ -45,56 +46,79 @@ type contribution struct {
 
 // Prepare decodes and validates one event, a JSON object. It returns a
 // *FieldError (wrapping ErrInvalidEvent) naming the field at fault when the
-// key is missing or not a string or number, when the id is empty or not a
-// string or number, when a numeric aggregate's field is not a number, when
-// the time field has the wrong type, or when a where filter fails on the
-// event. A field that is simply absent leaves its aggregate unchanged.
+// key is missing or not a string or number, when the key or id is not valid
+// UTF-8 text (invalid bytes, an unpaired surrogate escape), when the id is
+// empty or not a string or number, when a numeric aggregate's field is not
+// a number, when the time field has the wrong type, or when a where filter
+// fails on the event. A field that is simply absent leaves its aggregate
+// unchanged. Only the members the pipeline reads are decoded (scan.go).
 func (p *Pipeline) Prepare(raw []byte) (*Event, error) {
-	var fields map[string]any
-	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
-		return nil, &FieldError{Field: "", Reason: describeJSONError(raw, err)}
-	}
-	ev := &Event{Raw: raw}
-
-	kv, ok := lookup(fields, p.keyField, p.key)
-	if !ok || kv == nil {
-		return nil, &FieldError{Field: p.keyField, Reason: "key field is missing"}
-	}
-	key, err := scalarString(kv)
-	if err != nil {
-		return nil, &FieldError{Field: p.keyField, Reason: "key " + err.Error()}
-	}
-	if err := CheckKey(key); err != nil {
-		return nil, &FieldError{Field: p.keyField, Reason: err.(*FieldError).Reason}
-	}
-	ev.Key = key
-	if err := p.prepareRest(ev, fields, true); err != nil {
+	ev := &Event{}
+	if err := p.prepare(ev, raw, nil); err != nil {
 		return nil, err
 	}
 	return ev, nil
+}
+
+// prepare fills ev from raw. contrib, if it has room for one contribution
+// per aggregate, holds ev's (PrepareBatch allocates them for a whole batch).
+func (p *Pipeline) prepare(ev *Event, raw []byte, contrib []contribution) error {
+	obj := bytes.TrimSpace(raw)
+	if len(obj) == 0 || obj[0] != '{' || !json.Valid(obj) {
+		var m map[string]any
+		err := json.Unmarshal(raw, &m) // for its message
+		return &FieldError{Field: "", Reason: describeJSONError(raw, err)}
+	}
+	var buf [maxStackReads][]byte
+	f := p.scanFields(obj, &buf)
+	*ev = Event{Raw: raw}
+
+	kv, ok := f.rawValue(p.keyRef)
+	if !ok || kv[0] == 'n' {
+		return &FieldError{Field: p.keyField, Reason: "key field is missing"}
+	}
+	key, err := scalarText(kv, true)
+	if err != nil {
+		return &FieldError{Field: p.keyField, Reason: "key " + err.Error()}
+	}
+	if err := CheckKey(key); err != nil {
+		return &FieldError{Field: p.keyField, Reason: err.(*FieldError).Reason}
+	}
+	ev.Key = key
+	return p.prepareRest(ev, &f, contrib, true)
 }
 
 // Replay rebuilds an event of key from the log for replay. It never rejects:
 // the event was accepted when it was logged, and the log is the truth. If
 // the pipeline changed since and part of the event no longer validates, that
 // part contributes nothing, but the event still counts and its id is still
-// remembered, so an acknowledged event is never lost on replay.
+// remembered, so an acknowledged event is never lost on replay. (An id
+// logged before ids had to be valid UTF-8 is read as it was then, with
+// U+FFFD for what is not.)
 func (p *Pipeline) Replay(raw []byte, key string) *Event {
 	ev := &Event{Raw: raw, Key: key}
-	var fields map[string]any
-	if json.Unmarshal(raw, &fields) != nil {
-		fields = map[string]any{}
+	var buf [maxStackReads][]byte
+	var f fields
+	if obj := bytes.TrimSpace(raw); len(obj) > 0 && obj[0] == '{' && json.Valid(obj) {
+		f = p.scanFields(obj, &buf)
+	} else {
+		f = fields{p: p, notObject: true}
+		if len(p.reads) <= maxStackReads {
+			f.vals = buf[:len(p.reads)]
+		} else {
+			f.vals = make([][]byte, len(p.reads))
+		}
 	}
-	_ = p.prepareRest(ev, fields, false)
+	_ = p.prepareRest(ev, &f, nil, false)
 	return ev
 }
 
 // prepareRest reads the id, the time and the aggregates' contributions.
 // When strict is false a field at fault is taken as absent instead.
-func (p *Pipeline) prepareRest(ev *Event, fields map[string]any, strict bool) error {
+func (p *Pipeline) prepareRest(ev *Event, f *fields, contrib []contribution, strict bool) error {
 	if p.idField != "" {
-		if v, ok := lookup(fields, p.idField, p.id); ok && v != nil {
-			id, err := scalarString(v)
+		if v, ok := f.rawValue(p.idRef); ok && v[0] != 'n' {
+			id, err := scalarText(v, strict)
 			switch {
 			case err != nil:
 				err = &FieldError{Field: p.idField, Reason: "id " + err.Error()}
@@ -108,24 +132,41 @@ func (p *Pipeline) prepareRest(ev *Event, fields map[string]any, strict bool) er
 		}
 	}
 	if p.timeField != "" {
-		if v, ok := lookup(fields, p.timeField, p.time); ok && v != nil {
-			t, err := eventTime(v)
+		v, ok, err := f.lookup(p.timeRef)
+		if ok && (v != nil || err != nil) {
+			var t int64
+			if err == nil {
+				t, err = eventTime(v)
+			}
 			if err != nil && strict {
 				return &FieldError{Field: p.timeField, Reason: err.Error()}
 			}
 			ev.Time, ev.timed = t, err == nil
 		}
 	}
+	var env map[string]any // what the filters see
+	if p.hasFilters {
+		var err error
+		if env, err = f.filterEnv(ev.Raw); err != nil {
+			if strict {
+				return err
+			}
+			env = map[string]any{}
+		}
+	}
 	if len(p.steps) > 0 {
-		mask, err := p.stepMask(fields)
+		mask, err := p.stepMask(env)
 		if err != nil && strict {
 			return err
 		}
 		ev.steps = mask
 	}
-	ev.contrib = make([]contribution, len(p.aggs))
+	if len(contrib) < len(p.aggs) {
+		contrib = make([]contribution, len(p.aggs))
+	}
+	ev.contrib = contrib[:len(p.aggs):len(p.aggs)]
 	for i := range p.aggs {
-		c, err := p.aggs[i].contribution(fields)
+		c, err := p.aggs[i].contribution(f, env, p.aggRefs[i])
 		if err != nil {
 			if strict {
 				return err
@@ -137,10 +178,10 @@ func (p *Pipeline) prepareRest(ev *Event, fields map[string]any, strict bool) er
 	return nil
 }
 
-func (a *aggregate) contribution(fields map[string]any) (contribution, error) {
+func (a *aggregate) contribution(f *fields, env map[string]any, ref fieldRef) (contribution, error) {
 	var c contribution
 	if a.where != nil {
-		ok, err := a.where.match(fields)
+		ok, err := a.where.match(env)
 		if err != nil {
 			return c, &FieldError{Field: "aggregates." + a.name + ".where", Reason: err.Error()}
 		}
@@ -152,44 +193,40 @@ func (a *aggregate) contribution(fields map[string]any) (contribution, error) {
 		c.ok = true
 		return c, nil
 	}
-	v, ok := lookup(fields, a.field, a.path)
-	if !ok || v == nil {
+	raw, ok := f.rawValue(ref)
+	if !ok || raw[0] == 'n' {
 		return c, nil // absent: no contribution
 	}
 	switch {
 	case a.op.numeric():
-		f, isNum := v.(float64)
+		v, err := decodeValue(raw)
+		if err != nil {
+			return c, &FieldError{Field: a.field, Reason: err.Error()}
+		}
+		num, isNum := v.(float64)
 		if !isNum {
 			return c, &FieldError{Field: a.field, Reason: fmt.Sprintf("%s needs a number, got %s", a.op, describe(v))}
 		}
-		c.num = f
+		c.num = num
 	case a.op == OpDistinct:
-		s, err := scalarString(v)
+		s, err := scalarText(raw, false)
 		if err != nil {
 			return c, &FieldError{Field: a.field, Reason: "distinct value " + err.Error()}
 		}
 		c.str = s
 	case a.op == OpLast:
-		b, err := json.Marshal(v)
-		if err != nil { // cannot happen for decoded JSON
+		v, err := decodeValue(raw)
+		if err != nil {
+			return c, &FieldError{Field: a.field, Reason: err.Error()}
+		}
+		b, err := json.Marshal(v) // the value as encoding/json renders it
+		if err != nil {           // cannot happen for decoded JSON
 			return c, &FieldError{Field: a.field, Reason: err.Error()}
 		}
 		c.last = b
 	}
 	c.ok = true
 	return c, nil
-}
-
-// lookup finds a field by its literal name, else by walking its dotted path
-// through nested objects.
-func lookup(fields map[string]any, name string, path []string) (any, bool) {
-	if v, ok := fields[name]; ok {
-		return v, true
-	}
-	if len(path) < 2 {
-		return nil, false
-	}
-	return walk(fields, path)
 }
 
 // walk follows a path through nested objects.
@@ -211,24 +248,33 @@ func walk(fields map[string]any, path []string) (any, bool) {
 // encoding/json) holds exactly.
 const maxExactInt = 1 << 53
 
-// scalarString renders a key or id: strings as they are, numbers in their
-// shortest decimal form (42, 4.5). Integers at or beyond ±2^53 are refused: as
-// float64 they would round and distinct keys or ids would collide.
-func scalarString(v any) (string, error) {
-	switch x := v.(type) {
-	case string:
-		return x, nil
-	case float64:
-		if math.Abs(x) >= maxExactInt {
-			return "", fmt.Errorf("number %.0f is at or beyond ±2^53 and may have lost precision: send it as a string", x)
+// scalarText renders a key or id from its raw JSON value: strings as they
+// are, numbers in their shortest decimal form (42, 4.5). Integers at or
+// beyond ±2^53 are refused: as float64 they would round and distinct keys
+// or ids would collide. strict refuses strings that are not valid UTF-8
+// text (see strictString); otherwise they are read as encoding/json does.
+func scalarText(raw []byte, strict bool) (string, error) {
+	if raw[0] == '"' {
+		if strict {
+			return strictString(raw)
 		}
-		if x == 0 {
-			x = 0 // -0 and 0 name the same key
-		}
-		return strconv.FormatFloat(x, 'f', -1, 64), nil
-	default:
+		return looseString(raw), nil
+	}
+	v, err := decodeValue(raw)
+	if err != nil {
+		return "", err
+	}
+	x, ok := v.(float64)
+	if !ok {
 		return "", fmt.Errorf("must be a string or a number, got %s", describe(v))
 	}
+	if math.Abs(x) >= maxExactInt {
+		return "", fmt.Errorf("number %.0f is at or beyond ±2^53 and may have lost precision: send it as a string", x)
+	}
+	if x == 0 {
+		x = 0 // -0 and 0 name the same key
+	}
+	return strconv.FormatFloat(x, 'f', -1, 64), nil
 }
 
 // eventTime reads an RFC 3339 string or a number of Unix milliseconds.
@@ -288,26 +334,32 @@ func describeJSONError(raw []byte, err error) string {
 
 // PrepareBatch prepares every event of a batch. If any is invalid it returns
 // a *BatchError for the first one, and the batch must be rejected whole.
+// The batch's events and their contributions are allocated together.
 func (p *Pipeline) PrepareBatch(raws [][]byte) ([]*Event, error) {
+	n := len(p.aggs)
+	slab := make([]Event, len(raws))
+	contribs := make([]contribution, len(raws)*n)
 	events := make([]*Event, len(raws))
 	for i, raw := range raws {
-		ev, err := p.Prepare(raw)
-		if err != nil {
+		if err := p.prepare(&slab[i], raw, contribs[i*n:(i+1)*n:(i+1)*n]); err != nil {
 			return nil, &BatchError{Index: i, Err: err}
 		}
-		events[i] = ev
+		events[i] = &slab[i]
 	}
 	return events, nil
 }
 
 // CheckKey reports, as a *FieldError (wrapping ErrInvalidEvent) without a
-// field, why a string cannot name a key: it is empty or contains NUL.
+// field, why a string cannot name a key: it is empty, contains NUL or is
+// not valid UTF-8.
 func CheckKey(key string) error {
 	switch {
 	case key == "":
 		return &FieldError{Reason: "key must not be empty"}
 	case strings.ContainsRune(key, 0):
 		return &FieldError{Reason: "key must not contain NUL"}
+	case !utf8.ValidString(key):
+		return &FieldError{Reason: "key must be valid UTF-8"}
 	}
 	return nil
 }

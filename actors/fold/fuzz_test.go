@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/keyfold/keyfold/actors/fold"
 )
@@ -78,6 +79,11 @@ func FuzzPrepare(f *testing.F) {
 		`{"user_id": 1e400}`,
 		`{"user_id": "a", "user_id": "b"}`,
 		`{}`, `[]`, `null`, `"x"`, `{`, ``, "\xff\xfe", `{"user_id": "a"} trailing`,
+		// keys and ids must be UTF-8 text; escaped names and nested members
+		`{"user_id": "\ud800"}`, `{"user_id": "a", "event_id": "\udfff"}`, "{\"user_id\": \"\xff\"}",
+		`{"user_id": "\ud83d\ude00", "event_id": "\ud83d"}`, `{"user_id": "\udc00\ud800"}`,
+		`{"\u0075ser_id": "a", "geo": {"country": "x", "country": "y"}, "geo.country": "lit"}`,
+		`{"user_id": "a", "amount": 1, "amount": "x"}`, `{"user_id": "a", "ts": 1e400}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -102,6 +108,10 @@ func FuzzPrepare(f *testing.F) {
 		if ev.Key == "" {
 			t.Fatalf("Prepare(%q) accepted an event with an empty key", raw)
 		}
+		if !utf8.ValidString(ev.Key) || !utf8.ValidString(ev.ID) {
+			t.Fatalf("Prepare(%q) accepted key %q id %q: not UTF-8", raw, ev.Key, ev.ID)
+		}
+		compareWithNormalized(t, p, raw, ev)
 		if !bytes.Equal(ev.Raw, raw) {
 			t.Fatalf("Event.Raw = %q, want %q", ev.Raw, raw)
 		}

@@ -142,6 +142,15 @@ type Pipeline struct {
 	idle        int64       // idle_timeout, ms
 	retention   time.Duration
 	ttl         int64 // ms; 0: none
+
+	// What Prepare reads of an event (scan.go): the top-level members, and
+	// where each field is found among them.
+	reads                  []string
+	keyRef, idRef, timeRef fieldRef
+	aggRefs                []fieldRef // by aggregate
+	envReads               []int      // the members the filters name
+	dynamicEnv             bool       // a filter may read any member
+	hasFilters             bool
 }
 
 type aggregate struct {
@@ -217,6 +226,7 @@ func Compile(name string, spec Spec) (*Pipeline, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	p.indexFields()
 	return p, nil
 }
 

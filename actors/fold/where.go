@@ -15,6 +15,9 @@ import (
 type where struct {
 	prog  *vm.Program
 	paths [][]string // the field paths it reads (user, geo.country, …)
+	// dynamic is set when the filter may read fields it does not name
+	// ($env[expr], "x" in $env): it then sees every field of the event.
+	dynamic bool
 }
 
 // compileWhere compiles a filter. Fields absent from an event are nil. Calls
@@ -39,13 +42,16 @@ func compileWhere(src string) (*where, error) {
 	if v.err != nil {
 		return nil, v.err
 	}
-	return &where{prog: prog, paths: v.paths}, nil
+	return &where{prog: prog, paths: v.paths, dynamic: v.envRefs != v.envNamed}, nil
 }
 
 type whereVisitor struct {
 	seen  map[string]bool
 	paths [][]string
 	err   error
+	// envRefs counts the uses of $env, envNamed those that name a field
+	// ($env["type"], $env.type): any other reads fields unknown here.
+	envRefs, envNamed int
 }
 
 // orderDependent are the builtins whose result depends on Go's random map
@@ -72,8 +78,16 @@ func (v *whereVisitor) Visit(node *ast.Node) {
 			}
 		}
 	case *ast.IdentifierNode:
+		if n.Value == "$env" {
+			v.envRefs++
+		}
 		v.add([]string{n.Value})
 	case *ast.MemberNode:
+		if id, ok := n.Node.(*ast.IdentifierNode); ok && id.Value == "$env" {
+			if _, ok := n.Property.(*ast.StringNode); ok {
+				v.envNamed++
+			}
+		}
 		if p := memberPath(n); p != nil {
 			v.add(p)
 		}

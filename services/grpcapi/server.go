@@ -72,6 +72,14 @@ type Options struct {
 	// StreamWindow bounds the batches a stream may have in flight, read
 	// but not yet acknowledged (default 8).
 	StreamWindow int
+	// MaxBatchEvents bounds the events of one batch (default
+	// services.DefaultMaxBatchEvents); a larger one is InvalidArgument.
+	MaxBatchEvents int
+	// Budget bounds the memory of the batches in flight (their events'
+	// bytes and services.EventCost per event); a batch that does not fit is
+	// ResourceExhausted, with a RetryInfo. The node shares one with the
+	// HTTP API; nil makes one of services.DefaultMaxIngestBytes.
+	Budget *services.Budget
 	// Logger receives internal errors; nil discards.
 	Logger *slog.Logger
 }
@@ -86,6 +94,12 @@ func Register(s grpc.ServiceRegistrar, b Backend, opts Options) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.MaxBatchEvents <= 0 {
+		opts.MaxBatchEvents = services.DefaultMaxBatchEvents
+	}
+	if opts.Budget == nil {
+		opts.Budget = services.NewBudget(services.DefaultMaxIngestBytes)
 	}
 	keyfoldv1.RegisterKeyfoldServer(s, &server{b: b, opts: opts, slots: make(chan struct{}, opts.MaxConcurrentIngests)})
 }
@@ -109,7 +123,28 @@ func (s *server) acquire(ctx context.Context) error {
 
 func (s *server) release() { <-s.slots }
 
+// admit checks a batch's size and reserves its cost in the budget; the
+// caller releases the cost once the batch is done.
+func (s *server) admit(events [][]byte) (cost int64, err error) {
+	if len(events) > s.opts.MaxBatchEvents {
+		return 0, services.BatchTooLarge(len(events), s.opts.MaxBatchEvents)
+	}
+	cost = int64(len(events)) * services.EventCost
+	for _, e := range events {
+		cost += int64(len(e))
+	}
+	if err := s.opts.Budget.Reserve(cost); err != nil {
+		return 0, err
+	}
+	return cost, nil
+}
+
 func (s *server) Ingest(ctx context.Context, req *keyfoldv1.IngestRequest) (*keyfoldv1.IngestResponse, error) {
+	cost, err := s.admit(req.Events)
+	if err != nil {
+		return nil, s.status(err)
+	}
+	defer s.opts.Budget.Release(cost)
 	if err := s.acquire(ctx); err != nil {
 		return nil, s.status(err)
 	}
@@ -129,9 +164,10 @@ func (s *server) Ingest(ctx context.Context, req *keyfoldv1.IngestRequest) (*key
 func (s *server) IngestStream(stream keyfoldv1.Keyfold_IngestStreamServer) error {
 	ctx := stream.Context()
 	type inFlight struct {
-		id  uint64
-		p   Pending
-		err error
+		id   uint64
+		p    Pending
+		err  error
+		cost int64 // reserved in the budget
 	}
 	window := make(chan inFlight, s.opts.StreamWindow)
 	ackerDone := make(chan struct{})
@@ -147,6 +183,7 @@ func (s *server) IngestStream(stream keyfoldv1.Keyfold_IngestStreamServer) error
 				resp.Accepted, resp.Duplicates = uint32(acc), uint32(dups)
 			}
 			s.release()
+			s.opts.Budget.Release(f.cost)
 			if err != nil {
 				resp.Accepted, resp.Duplicates = 0, 0
 				resp.Error = s.batchError(err)
@@ -170,8 +207,13 @@ func (s *server) IngestStream(stream keyfoldv1.Keyfold_IngestStreamServer) error
 			recvErr = err
 			break
 		}
+		cost, err := s.admit(req.Events)
+		if err != nil { // this batch's ack says why; the stream goes on
+			window <- inFlight{id: req.BatchId, err: err}
+			continue
+		}
 		p, err := s.b.Submit(ctx, req.Pipeline, req.Events)
-		window <- inFlight{id: req.BatchId, p: p, err: err}
+		window <- inFlight{id: req.BatchId, p: p, err: err, cost: cost}
 	}
 	close(window)
 	<-ackerDone

@@ -45,7 +45,10 @@ func do(t *testing.T, method, url, contentType, body string) response {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if contentType != "" {
+	switch {
+	case contentType == "" && method == "POST":
+		req.Header.Set("Content-Type", "application/json")
+	case contentType != "" && contentType != "none":
 		req.Header.Set("Content-Type", contentType)
 	}
 	resp, err := http.DefaultClient.Do(req)

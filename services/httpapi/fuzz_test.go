@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"testing"
+
+	"github.com/keyfold/keyfold/services"
 )
 
 // FuzzDecodeJSON differentially checks the array splitter against
@@ -14,11 +16,13 @@ import (
 // batch). It never panics.
 func FuzzDecodeJSON(f *testing.F) {
 	for _, s := range []string{`[]`, `[{"a":1},{"b":[1,2]}]`, `{"a":1}`, ` [ {} ] `, `[{"a":`, `[1,"x",null]`, `"x"`,
-		`[{}]x`, "", `[{"a":"]\"}"}, {"b":"\\"}]`, `[{},]`, `[,{}]`, `[{} {}]`, `[{"a":1}}]`} {
+		`[{}]x`, "", `[{"a":"]\"}"}, {"b":"\\"}]`, `[{},]`, `[,{}]`, `[{} {}]`, `[{"a":1}}]`,
+		`[{"k":"\ud800"},{"k":"\udfff"},{"k":"\ud83d\ude00"}]`, "[{\"k\":\"\xff\"},{\"\xed\xa0\x80\":1}]", `[{}, {}, {}]`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		events, err := DecodeJSON(body)
+		checkLimited(t, body, events, err, decodeJSON)
 		trimmed := bytes.TrimSpace(body)
 		var want []json.RawMessage
 		validArray := len(trimmed) > 0 && trimmed[0] == '[' && json.Unmarshal(trimmed, &want) == nil
@@ -57,11 +61,13 @@ func FuzzDecodeJSON(f *testing.F) {
 // FuzzDecodeNDJSON: every returned line is valid JSON and no non-blank line
 // is lost.
 func FuzzDecodeNDJSON(f *testing.F) {
-	for _, s := range []string{"{}\n{}", "{\"a\":1}\n\n\n", "x\n", "\n", "{}\r\n[1]\r\n"} {
+	for _, s := range []string{"{}\n{}", "{\"a\":1}\n\n\n", "x\n", "\n", "{}\r\n[1]\r\n",
+		"{\"k\":\"\\ud800\"}\n{\"k\":\"\xff\"}\n{}\n"} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		events, err := DecodeNDJSON(body)
+		checkLimited(t, body, events, err, decodeNDJSON)
 		if err != nil {
 			if !errors.Is(err, ErrBadBody) {
 				t.Fatalf("error %v does not wrap ErrBadBody", err)
@@ -83,4 +89,25 @@ func FuzzDecodeNDJSON(f *testing.F) {
 			}
 		}
 	})
+}
+
+// checkLimited checks the splitter with a limit of 2 events against the
+// unlimited result (events, err): the same events when there are at most
+// 2, else an error wrapping services.ErrTooManyEvents (or ErrBadBody, for a
+// body that is invalid anyway).
+func checkLimited(t *testing.T, body []byte, events []json.RawMessage, err error, split func([]byte, int) ([]json.RawMessage, error)) {
+	t.Helper()
+	limited, lerr := split(body, 2)
+	switch {
+	case err != nil:
+		if lerr == nil {
+			t.Fatalf("%q: refused without a limit (%v), accepted with one", body, err)
+		}
+	case len(events) > 2:
+		if !errors.Is(lerr, services.ErrTooManyEvents) {
+			t.Fatalf("%q: %d events with a limit of 2: %v, want ErrTooManyEvents", body, len(events), lerr)
+		}
+	case lerr != nil || len(limited) != len(events):
+		t.Fatalf("%q: %d events, with a limit of 2: %d, %v", body, len(events), len(limited), lerr)
+	}
 }

@@ -36,7 +36,7 @@ func TestIngestConcurrencyBounded(t *testing.T) {
 	first := httptest.NewRecorder()
 	done := make(chan struct{})
 	go func() {
-		h.ServeHTTP(first, httptest.NewRequest("POST", "/v1/pipelines/p/events", strings.NewReader(`[{}]`)))
+		h.ServeHTTP(first, jsonRequest(context.Background(), `[{}]`))
 		close(done)
 	}()
 	<-b.entered // the first holds the only slot
@@ -44,7 +44,7 @@ func TestIngestConcurrencyBounded(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	second := httptest.NewRecorder()
-	h.ServeHTTP(second, httptest.NewRequest("POST", "/v1/pipelines/p/events", strings.NewReader(`[{}]`)).WithContext(ctx))
+	h.ServeHTTP(second, jsonRequest(ctx, `[{}]`))
 	if second.Code != http.StatusTooManyRequests || second.Header().Get("Retry-After") == "" {
 		t.Errorf("second ingest without a slot: %d (Retry-After %q), want 429 with Retry-After", second.Code, second.Header().Get("Retry-After"))
 	}
@@ -58,4 +58,11 @@ func TestIngestConcurrencyBounded(t *testing.T) {
 	if first.Code != http.StatusOK {
 		t.Errorf("first ingest: %d", first.Code)
 	}
+}
+
+// jsonRequest is an ingest of body to pipeline p.
+func jsonRequest(ctx context.Context, body string) *http.Request {
+	r := httptest.NewRequestWithContext(ctx, "POST", "/v1/pipelines/p/events", strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	return r
 }

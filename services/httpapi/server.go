@@ -9,18 +9,29 @@ import (
 	"io"
 	"log/slog"
 	"mime"
+	"net"
 	"net/http"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/keyfold/keyfold/services"
 )
 
 // Timeouts servers of this API should use: a client that trickles its
-// request must not hold a goroutine and a body buffer forever.
+// request must not hold a goroutine and a body buffer forever. An ingest
+// sets its own, shorter deadline for its body (see Options.MinBodyRate).
 const (
 	ReadHeaderTimeout = 10 * time.Second
 	ReadTimeout       = 2 * time.Minute // a whole request, body included
 	IdleTimeout       = 2 * time.Minute // between requests on a kept-alive connection
+)
+
+// Defaults of Options.
+const (
+	DefaultMinBodyRate = 128 << 10 // bytes/s
+	DefaultBodyGrace   = 10 * time.Second
+	DefaultSlotWait    = time.Second
 )
 
 // Backend is what the API serves; the keyfold package adapts its Node to it.
@@ -54,10 +65,35 @@ type Output struct {
 type Options struct {
 	// MaxBodyBytes bounds request bodies; larger ones get 413.
 	MaxBodyBytes int64
-	// MaxConcurrentIngests bounds the ingest requests read and processed at
-	// once (default 64), and so the memory their bodies take: more wait
-	// for a slot, until their context ends (then 503).
+	// MaxConcurrentIngests bounds the ingest requests processed at once
+	// (default 64). A request takes its slot once its body is read, so
+	// clients slow to send do not hold one; it waits for a slot for at
+	// most SlotWait (or until its context ends), then gets 429.
 	MaxConcurrentIngests int
+	// SlotWait bounds the wait for an ingest slot (default 1s).
+	SlotWait time.Duration
+	// MaxBatchEvents bounds the events of one request (default
+	// services.DefaultMaxBatchEvents); more get 413.
+	MaxBatchEvents int
+	// Budget bounds the memory of the ingests in flight (their bodies as
+	// they are read, and services.EventCost per event); a request that does
+	// not fit gets 429. The node shares one with the gRPC API; nil makes
+	// one of services.DefaultMaxIngestBytes for this handler.
+	Budget *services.Budget
+	// MinBodyRate (bytes/s, default 128 KiB/s) and BodyGrace (default 10s)
+	// bound the time to read an ingest body: BodyGrace plus its length
+	// (Content-Length, else MaxBodyBytes) at MinBodyRate. A client slower
+	// than that gets 408 and its connection is closed; however slowly it
+	// sends, it holds no ingest slot and only the buffer it filled.
+	MinBodyRate int64
+	BodyGrace   time.Duration
+	// AllowedOrigins are the origins (scheme://host[:port], or "*" for any)
+	// whose web pages may write: a POST or DELETE carrying an Origin
+	// header not listed is refused with 403. Browsers send Origin with
+	// cross-site requests, so a page on another site cannot write to the
+	// node (even one on localhost); clients that are not browsers send
+	// none and are not affected.
+	AllowedOrigins []string
 	// Logger receives request failures (5xx); nil discards.
 	Logger *slog.Logger
 }
@@ -79,11 +115,26 @@ func New(b Backend, opts Options) http.Handler {
 	if opts.MaxConcurrentIngests <= 0 {
 		opts.MaxConcurrentIngests = 64
 	}
+	if opts.SlotWait <= 0 {
+		opts.SlotWait = DefaultSlotWait
+	}
+	if opts.MaxBatchEvents <= 0 {
+		opts.MaxBatchEvents = services.DefaultMaxBatchEvents
+	}
+	if opts.Budget == nil {
+		opts.Budget = services.NewBudget(services.DefaultMaxIngestBytes)
+	}
+	if opts.MinBodyRate <= 0 {
+		opts.MinBodyRate = DefaultMinBodyRate
+	}
+	if opts.BodyGrace <= 0 {
+		opts.BodyGrace = DefaultBodyGrace
+	}
 	s := &server{b: b, opts: opts, slots: make(chan struct{}, opts.MaxConcurrentIngests)}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/pipelines/{pipeline}/events", s.ingest)
+	mux.HandleFunc("POST /v1/pipelines/{pipeline}/events", s.writes(s.ingest))
 	mux.HandleFunc("GET /v1/pipelines/{pipeline}/keys/{key}", s.query)
-	mux.HandleFunc("DELETE /v1/pipelines/{pipeline}/keys/{key}", s.delete)
+	mux.HandleFunc("DELETE /v1/pipelines/{pipeline}/keys/{key}", s.writes(s.delete))
 	mux.HandleFunc("GET /v1/pipelines/{pipeline}/outputs", s.outputs)
 	mux.HandleFunc("GET /v1/pipelines/{pipeline}/outputs/stream", s.stream)
 	mux.HandleFunc("GET /v1/cluster", func(w http.ResponseWriter, r *http.Request) {
@@ -148,31 +199,99 @@ type ingestResponse struct {
 	Duplicates int `json:"duplicates"`
 }
 
+// writes guards a route that changes state: a request from a web page of
+// an origin not allowed is refused before anything is read.
+func (s *server) writes(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if origin := r.Header.Get("Origin"); origin != "" && !s.originAllowed(origin) {
+			s.fail(w, r, fmt.Errorf("%w: origin %q may not write to this node (allowed_origins: %s)", ErrForbiddenOrigin, origin, s.allowedList()))
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (s *server) originAllowed(origin string) bool {
+	for _, o := range s.opts.AllowedOrigins {
+		if o == "*" || strings.EqualFold(o, origin) {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *server) allowedList() string {
+	if len(s.opts.AllowedOrigins) == 0 {
+		return "none"
+	}
+	return strings.Join(s.opts.AllowedOrigins, ", ")
+}
+
+// Media types an ingest body may have.
+const (
+	typeJSON   = "application/json"
+	typeNDJSON = "application/x-ndjson"
+)
+
+// bodyType returns whether an ingest body of Content-Type ct is NDJSON, or
+// an error wrapping ErrUnsupportedType: only JSON and NDJSON are taken,
+// and a type is required. (A web page can send text/plain, form data or no
+// type at all to any origin without a CORS preflight; JSON needs one.)
+func bodyType(ct string) (ndjson bool, err error) {
+	mt, _, perr := mime.ParseMediaType(ct)
+	switch {
+	case perr == nil && mt == typeJSON:
+		return false, nil
+	case perr == nil && (mt == typeNDJSON || mt == "application/jsonl" || mt == "application/ndjson"):
+		return true, nil
+	case ct == "":
+		return false, fmt.Errorf("%w: no Content-Type: send %s (a JSON array of events, or one object) or %s (NDJSON)", ErrUnsupportedType, typeJSON, typeNDJSON)
+	}
+	return false, fmt.Errorf("%w: Content-Type %q: send %s (a JSON array of events, or one object) or %s (NDJSON)", ErrUnsupportedType, ct, typeJSON, typeNDJSON)
+}
+
+// ingest: check the type, read the body within its budget and deadline,
+// split it, reserve its events' cost, then take a slot and hand it on. The
+// slot is taken last, so it is held only while the backend works.
 func (s *server) ingest(w http.ResponseWriter, r *http.Request) {
-	select {
-	case s.slots <- struct{}{}:
-		defer func() { <-s.slots }()
-	case <-r.Context().Done():
-		s.fail(w, r, ErrBusy)
+	ndjson, err := bodyType(r.Header.Get("Content-Type"))
+	if err != nil {
+		s.fail(w, r, err)
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
+	body, reserved, err := s.readBody(w, r)
+	defer func() { s.opts.Budget.Release(reserved) }()
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if !errors.As(err, &mbe) {
-			err = fmt.Errorf("%w: reading the body: %v", ErrBadBody, err)
-		}
 		s.fail(w, r, err)
 		return
 	}
 	var events []json.RawMessage
-	if isNDJSON(r.Header.Get("Content-Type")) {
-		events, err = DecodeNDJSON(body)
+	if ndjson {
+		events, err = decodeNDJSON(body, s.opts.MaxBatchEvents)
 	} else {
-		events, err = DecodeJSON(body)
+		events, err = decodeJSON(body, s.opts.MaxBatchEvents)
 	}
 	if err != nil {
 		s.fail(w, r, err)
+		return
+	}
+	cost := int64(len(events)) * services.EventCost
+	if err := s.opts.Budget.Reserve(cost); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	reserved += cost
+
+	wait := time.NewTimer(s.opts.SlotWait)
+	defer wait.Stop()
+	select {
+	case s.slots <- struct{}{}:
+		defer func() { <-s.slots }()
+	case <-wait.C:
+		s.fail(w, r, fmt.Errorf("%w: %d ingests in progress (max_concurrent_ingests)", ErrBusy, s.opts.MaxConcurrentIngests))
+		return
+	case <-r.Context().Done():
+		s.fail(w, r, ErrBusy)
 		return
 	}
 	acc, dups, err := s.b.Ingest(r.Context(), r.PathValue("pipeline"), events)
@@ -181,6 +300,76 @@ func (s *server) ingest(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, ingestResponse{Accepted: acc, Duplicates: dups})
+}
+
+// firstBodyBuffer is the buffer a body is first read into; it grows (each
+// growth reserved in the budget) as the body arrives, so a client that
+// announces a large body and sends it slowly holds little.
+const firstBodyBuffer = 64 << 10
+
+// readBody reads the request body, at most MaxBodyBytes, before a deadline
+// that follows its announced length (BodyGrace + length at MinBodyRate),
+// reserving its buffer in the budget as it grows. It returns the bytes
+// reserved, to release once the request is done, also on error.
+func (s *server) readBody(w http.ResponseWriter, r *http.Request) (body []byte, reserved int64, err error) {
+	limit := s.opts.MaxBodyBytes
+	if r.ContentLength > limit {
+		return nil, 0, &http.MaxBytesError{Limit: limit}
+	}
+	expect := r.ContentLength
+	if expect < 0 {
+		expect = limit
+	}
+	rc := http.NewResponseController(w)
+	allowed := s.opts.BodyGrace + time.Duration(float64(expect)/float64(s.opts.MinBodyRate)*float64(time.Second))
+	deadline := time.Now().Add(allowed)
+	if err := rc.SetReadDeadline(deadline); err == nil {
+		// Once read, no deadline: the server's would end the request's
+		// context while the backend works.
+		defer rc.SetReadDeadline(time.Time{})
+	}
+	in := http.MaxBytesReader(w, r.Body, limit)
+	size := min(expect+1, firstBodyBuffer) // +1: room to see the end
+	if err := s.opts.Budget.Reserve(size); err != nil {
+		return nil, 0, err
+	}
+	reserved = size
+	buf := make([]byte, 0, size)
+	for {
+		if len(buf) == cap(buf) {
+			grown := min(2*int64(cap(buf)), limit+1)
+			if r.ContentLength >= 0 {
+				grown = min(grown, r.ContentLength+1)
+			}
+			if grown <= int64(cap(buf)) {
+				grown = int64(cap(buf)) + 1 // a body longer than announced: MaxBytesReader or the transport stops it
+			}
+			if err := s.opts.Budget.Reserve(grown - int64(cap(buf))); err != nil {
+				return nil, reserved, err
+			}
+			reserved += grown - int64(cap(buf))
+			next := make([]byte, len(buf), grown)
+			copy(next, buf)
+			buf = next
+		}
+		n, err := in.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		switch {
+		case err == io.EOF:
+			return buf, reserved, nil
+		case err != nil:
+			var mbe *http.MaxBytesError
+			var ne net.Error
+			switch {
+			case errors.As(err, &mbe):
+			case errors.As(err, &ne) && ne.Timeout() || errors.Is(err, os.ErrDeadlineExceeded):
+				err = fmt.Errorf("%w: %d of %d bytes in %v: send at least %d bytes/s", ErrSlowBody, len(buf), expect, allowed.Round(time.Millisecond), s.opts.MinBodyRate)
+			default:
+				err = fmt.Errorf("%w: reading the body: %v", ErrBadBody, err)
+			}
+			return nil, reserved, err
+		}
+	}
 }
 
 func (s *server) query(w http.ResponseWriter, r *http.Request) {
@@ -206,6 +395,9 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
 		msg = fmt.Sprintf("request body exceeds the limit of %d bytes", mbe.Limit)
+	}
+	if status == http.StatusRequestTimeout {
+		w.Header().Set("Connection", "close") // the rest of its body is not read
 	}
 	if status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests {
 		// Both are temporary: a key group being taken over, a store that
@@ -234,7 +426,11 @@ func isNDJSON(ct string) bool {
 // only finds the elements' boundaries; each element is validated when the
 // pipeline decodes it (an invalid one rejects the batch there), so the body
 // is parsed once, not twice.
-func DecodeJSON(body []byte) ([]json.RawMessage, error) {
+func DecodeJSON(body []byte) ([]json.RawMessage, error) { return decodeJSON(body, 0) }
+
+// decodeJSON is DecodeJSON that stops, with an error wrapping
+// services.ErrTooManyEvents, at more than max events (0: no limit).
+func decodeJSON(body []byte, max int) ([]json.RawMessage, error) {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 {
 		return nil, fmt.Errorf("%w: empty body: want a JSON array of events", ErrBadBody)
@@ -248,12 +444,12 @@ func DecodeJSON(body []byte) ([]json.RawMessage, error) {
 	if trimmed[0] != '[' {
 		return nil, fmt.Errorf("%w: want a JSON array of events (or NDJSON with Content-Type: application/x-ndjson)", ErrBadBody)
 	}
-	return splitArray(trimmed)
+	return splitArray(trimmed, max)
 }
 
 // splitArray returns the elements of a JSON array b (which starts with '['
 // and has no surrounding space) without decoding them.
-func splitArray(b []byte) ([]json.RawMessage, error) {
+func splitArray(b []byte, max int) ([]json.RawMessage, error) {
 	var events []json.RawMessage
 	i := skipSpace(b, 1)
 	if i < len(b) && b[i] == ']' {
@@ -266,6 +462,9 @@ func splitArray(b []byte) ([]json.RawMessage, error) {
 		end, err := skipValue(b, i)
 		if err != nil {
 			return nil, fmt.Errorf("%w: event %d: %v", ErrBadBody, len(events), err)
+		}
+		if max > 0 && len(events) == max {
+			return nil, services.BatchTooLarge(max+1, max)
 		}
 		events = append(events, json.RawMessage(b[i:end]))
 		i = skipSpace(b, end)
@@ -348,8 +547,16 @@ func skipString(b []byte, i int) (int, error) {
 
 // DecodeNDJSON splits a batch of newline-delimited JSON events; blank lines
 // are skipped. Events alias body.
-func DecodeNDJSON(body []byte) ([]json.RawMessage, error) {
-	var events []json.RawMessage
+func DecodeNDJSON(body []byte) ([]json.RawMessage, error) { return decodeNDJSON(body, 0) }
+
+// decodeNDJSON is DecodeNDJSON that stops, with an error wrapping
+// services.ErrTooManyEvents, at more than max events (0: no limit).
+func decodeNDJSON(body []byte, max int) ([]json.RawMessage, error) {
+	lines := bytes.Count(body, []byte{'\n'}) + 1 // at most this many events
+	if max > 0 {
+		lines = min(lines, max)
+	}
+	events := make([]json.RawMessage, 0, lines)
 	for line := 1; len(body) > 0; line++ {
 		var b []byte
 		if i := bytes.IndexByte(body, '\n'); i >= 0 {
@@ -360,6 +567,9 @@ func DecodeNDJSON(body []byte) ([]json.RawMessage, error) {
 		b = bytes.TrimSpace(b)
 		if len(b) == 0 {
 			continue
+		}
+		if max > 0 && len(events) == max {
+			return nil, services.BatchTooLarge(max+1, max)
 		}
 		if !json.Valid(b) {
 			return nil, fmt.Errorf("%w: line %d: invalid JSON", ErrBadBody, line)
