@@ -144,7 +144,7 @@ func (p pebbleLogger) Infof(format string, args ...any) {
 }
 
 func (p pebbleLogger) Errorf(format string, args ...any) {
-	p.s.limitedError("pebble error", errors.New(fmt.Sprintf(format, args...)))
+	p.s.limitedError("pebble error", fmt.Errorf(format, args...))
 }
 
 // commitFatal is how Pebble's DB.Apply reports a failed WAL write.

@@ -416,11 +416,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func isNDJSON(ct string) bool {
-	mt, _, err := mime.ParseMediaType(ct)
-	return err == nil && (mt == "application/x-ndjson" || mt == "application/jsonl" || mt == "application/ndjson")
-}
-
 // DecodeJSON splits a batch: a JSON array of events, or a single event
 // object. Each event is returned as its raw bytes (aliasing body). Splitting
 // only finds the elements' boundaries; each element is validated when the
