@@ -3,10 +3,12 @@ package actors
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/persistence"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -92,6 +94,9 @@ func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string
 	return out, nil
 }
 
+// prefetchParallelism bounds the groups read at once for one commit.
+const prefetchParallelism = 32
+
 // prefetch is the batched read of the keys one commit activates.
 type prefetch struct {
 	done   chan struct{}
@@ -125,15 +130,31 @@ func (h *Host) prefetchLocked(groups []*groupBatch) *prefetch {
 		defer close(p.done)
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 		defer cancel()
-		byKey := map[keyID]*loaded{}
+		// The groups are read at once: a commit of first-time keys touches
+		// most groups, and one after the other their round trips added up
+		// to more than the append they hide behind.
+		var (
+			mu    sync.Mutex
+			byKey = map[keyID]*loaded{}
+			reads errgroup.Group
+		)
+		reads.SetLimit(prefetchParallelism)
 		for g, ids := range want {
-			ls, err := loadKeys(ctx, h.store, h.cfg.Pipelines, g, ids)
-			if err != nil {
-				return // the grains read for themselves (and fail as they would)
-			}
-			for i := range ls {
-				byKey[ids[i]] = &ls[i]
-			}
+			reads.Go(func() error {
+				ls, err := loadKeys(ctx, h.store, h.cfg.Pipelines, g, ids)
+				if err != nil {
+					return err
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				for i := range ls {
+					byKey[ids[i]] = &ls[i]
+				}
+				return nil
+			})
+		}
+		if reads.Wait() != nil {
+			return // the grains read for themselves (and fail as they would)
 		}
 		p.byKey = byKey
 	}()

@@ -268,22 +268,29 @@ func (n *node) post(ctx context.Context, b *batch) (reply ingestReply, status in
 		return reply, 0, err
 	}
 	req.Header.Set("Content-Type", b.contentType)
-	resp, err := n.client.Do(req)
+	status, err = doJSON(n.client, req, &reply)
+	return reply, status, err
+}
+
+// doJSON sends req and decodes a 200's JSON body into v; another status is
+// an error with the body, returned with the status (0: no answer).
+func doJSON(c *http.Client, req *http.Request, v any) (int, error) {
+	resp, err := c.Do(req)
 	if err != nil {
-		return reply, 0, err
+		return 0, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return reply, 0, err
+		return 0, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return reply, resp.StatusCode, fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(body))
+		return resp.StatusCode, fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(body))
 	}
-	if err := json.Unmarshal(body, &reply); err != nil {
-		return reply, resp.StatusCode, fmt.Errorf("decode %q: %w", body, err)
+	if err := json.Unmarshal(body, v); err != nil {
+		return resp.StatusCode, fmt.Errorf("decode %q: %w", body, err)
 	}
-	return reply, resp.StatusCode, nil
+	return resp.StatusCode, nil
 }
 
 // mustPost sends a batch to a node that must accept it.

@@ -67,22 +67,8 @@ func (n *node) queryStatus(ctx context.Context, pipeline, key string) (keyReply,
 	if err != nil {
 		return r, 0, err
 	}
-	resp, err := n.client.Do(req)
-	if err != nil {
-		return r, 0, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return r, 0, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return r, resp.StatusCode, fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(body))
-	}
-	if err := json.Unmarshal(body, &r); err != nil {
-		return r, resp.StatusCode, fmt.Errorf("decode %q: %w", body, err)
-	}
-	return r, resp.StatusCode, nil
+	status, err := doJSON(n.client, req, &r)
+	return r, status, err
 }
 
 // postAcked sends a batch (events with ids) until a node acknowledges it,
