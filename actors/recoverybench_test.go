@@ -1,4 +1,4 @@
-package keyfold_test
+package actors_test
 
 import (
 	"context"

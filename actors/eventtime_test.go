@@ -13,7 +13,9 @@ import (
 	"github.com/keyfold/keyfold/persistence/faultstore"
 )
 
-// Regression tests for what a review of the event-time code found.
+// Event time on the host: the idle advance, timers and expiry across restarts
+// and store outages, late events per window, overflowed sums (regression
+// tests for what reviews of the event-time code found).
 
 func timedPipeline(t *testing.T, spec fold.Spec) map[string]*fold.Pipeline {
 	t.Helper()
