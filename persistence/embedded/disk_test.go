@@ -289,7 +289,7 @@ func TestOpenNotWritable(t *testing.T) {
 func TestOpenReadOnlyFilesystem(t *testing.T) {
 	dir := t.TempDir()
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a tmpfs here (%v: %s); TestOpenNotWritable injects the error instead", err, bytes.TrimSpace(out))
+		t.Fatalf("cannot mount a tmpfs to remount read-only (%v: %s): this test needs root, as .ci/run has (run make test as root)", err, bytes.TrimSpace(out))
 	}
 	t.Cleanup(func() {
 		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
