@@ -25,9 +25,8 @@ import (
 // makes a key dirty, and commits run one at a time, this one waiting for its
 // read. (Checkpoints of the group meanwhile write only dirty, so active,
 // keys.) A take-over of the group meanwhile replays it into new grains, and
-// this commit then does not dispatch to it; the read also records the
-// group's epoch and is dropped if it moved. A key a query activates reads
-// for itself.
+// this commit then does not dispatch to it (its epoch moved). A key a query
+// activates reads for itself.
 
 // loaded is a key's state as read from the store.
 type loaded struct {
@@ -99,33 +98,25 @@ const prefetchParallelism = 32
 
 // prefetch is the batched read of the keys one commit activates.
 type prefetch struct {
-	done   chan struct{}
-	byKey  map[keyID]*loaded            // valid once done is closed; nil if the read failed
-	epochs map[uint32]persistence.Epoch // the groups' when the read began
+	done  chan struct{}
+	byKey map[keyID]*loaded // valid once done is closed; nil if the read failed
 }
 
 // prefetchLocked starts reading the snapshots of the keys of groups that
 // are not active; h.mu must be held. It returns nil if every key is active.
 func (h *Host) prefetchLocked(groups []*groupBatch) *prefetch {
-	var p *prefetch
 	want := map[uint32][]keyID{}
 	for _, gb := range groups {
 		for _, kb := range gb.keys {
-			if h.active[kb.id] != nil {
-				continue
+			if h.active[kb.id] == nil {
+				want[gb.group] = append(want[gb.group], kb.id)
 			}
-			if p == nil {
-				p = &prefetch{done: make(chan struct{}), epochs: map[uint32]persistence.Epoch{}}
-			}
-			want[gb.group] = append(want[gb.group], kb.id)
-		}
-		if p != nil && len(want[gb.group]) > 0 {
-			p.epochs[gb.group] = h.groups[gb.group].epoch
 		}
 	}
-	if p == nil {
+	if len(want) == 0 {
 		return nil
 	}
+	p := &prefetch{done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
@@ -161,13 +152,11 @@ func (h *Host) prefetchLocked(groups []*groupBatch) *prefetch {
 	return p
 }
 
-// takeLocked returns the read of a key of group g, if it is still valid;
-// h.mu must be held, and the read done.
-func (p *prefetch) takeLocked(h *Host, g uint32, id keyID) *loaded {
+// take returns the read of a key, once the read is done (nil if it failed,
+// or the key was not read). The commit dispatches only to groups whose epoch
+// did not move since the read began, so a read it takes is current.
+func (p *prefetch) take(id keyID) *loaded {
 	if p == nil || p.byKey == nil {
-		return nil
-	}
-	if e, ok := p.epochs[g]; !ok || e != h.groups[g].epoch {
 		return nil
 	}
 	return p.byKey[id]

@@ -241,7 +241,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 		}
 		for _, kb := range gb.keys {
 			kb.msg.pos = pos
-			h.sendLoadedLocked(kb.id, gb.group, &kb.msg, pf.takeLocked(h, gb.group, kb.id))
+			h.sendLoadedLocked(kb.id, gb.group, &kb.msg, pf.take(kb.id))
 			gs.dirty[kb.id] = pos
 		}
 		for _, w := range gb.watermarks {
