@@ -151,10 +151,8 @@ func (h *Host) commit(reqs []*ingestReq) {
 	if timed != nil {
 		h.stampLocked(reqs, groups, timed, nowMs)
 	}
-	// The keys to activate are read while the append syncs.
-	pf := h.prefetchLocked(groups)
-	h.mu.Unlock()
 	if len(groups) == 0 {
+		h.mu.Unlock()
 		return
 	}
 	if down, full := h.storeDown.Load(), h.outq.n.Load() > MaxQueuedOutputs; down || full {
@@ -162,14 +160,13 @@ func (h *Host) commit(reqs []*ingestReq) {
 		if full {
 			err = fmt.Errorf("%w: %d results wait to be stored (the output log fails); retrying", ErrUnavailable, h.outq.n.Load())
 		}
-		h.mu.Lock()
-		for _, gb := range groups {
-			failGroup(gb, err)
-			h.rearmLocked(gb, nowMs)
-		}
+		h.refuseLocked(groups, err, nowMs)
 		h.mu.Unlock()
 		return
 	}
+	// The keys to activate are read while the append syncs.
+	pf := h.prefetchLocked(groups)
+	h.mu.Unlock()
 	for i, gb := range groups {
 		rec := &keyfoldv1.LogRecord{Keys: make([]*keyfoldv1.KeyInputs, len(gb.keys)), Watermarks: gb.watermarks}
 		for j, kb := range gb.keys {
@@ -191,22 +188,21 @@ func (h *Host) commit(reqs []*ingestReq) {
 	positions, err := h.store.Append(ctx, entries)
 	cancel()
 	h.stats.commits.Add(1)
+	if errors.Is(err, persistence.ErrNoSpace) {
+		// Refused before anything was written (a full disk): the groups'
+		// memory still matches their logs, so they stay served. (The keys
+		// read for activation are not needed.)
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		h.refuseLocked(groups, fmt.Errorf("%w: %w", ErrUnavailable, hideStore("logging the batch", err)), nowMs)
+		return
+	}
 	if pf != nil {
 		<-pf.done
 	}
 
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if errors.Is(err, persistence.ErrNoSpace) {
-		// Refused before anything was written (a full disk): the groups'
-		// memory still matches their logs, so they stay served.
-		err = fmt.Errorf("%w: %w", ErrUnavailable, hideStore("logging the batch", err))
-		for _, gb := range groups {
-			failGroup(gb, err)
-			h.rearmLocked(gb, nowMs)
-		}
-		return
-	}
 	var lost map[uint32]persistence.Epoch
 	for i, gb := range groups {
 		pos := persistence.Position(0)
@@ -361,6 +357,16 @@ func (h *Host) rearmLocked(gb *groupBatch, nowMs int64) {
 		if kb.expire {
 			indexLocked(&gs.expiry, kb.id.pipeline).set(kb.id.key, nowMs)
 		}
+	}
+}
+
+// refuseLocked fails groups whose record was not written (nothing of them
+// logged: they stay served) and puts back the keys the timer loop took out
+// of their indexes. h.mu must be held.
+func (h *Host) refuseLocked(groups []*groupBatch, err error, nowMs int64) {
+	for _, gb := range groups {
+		failGroup(gb, err)
+		h.rearmLocked(gb, nowMs)
 	}
 }
 
