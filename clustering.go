@@ -264,8 +264,7 @@ func (c *clusterNode) renewLoop(ctx context.Context) {
 	defer t.Stop()
 	var (
 		failing     bool
-		lastOK      = time.Now()
-		lastHeld    time.Time // when the last renewal that kept the lease live was sent
+		lastOK      = time.Now() // when the last renewal that succeeded was sent
 		settleUntil time.Time
 		rejoin      bool // the lease lapsed: act on the next member list as a joining node
 	)
@@ -276,14 +275,13 @@ func (c *clusterNode) renewLoop(ctx context.Context) {
 		cancel()
 		switch {
 		case err == nil:
-			lastOK = began
 			// (A static list has no lease: no one takes a paused member's
-			// groups.)
-			if gap := began.Sub(lastHeld); c.reg != nil && c.view.Load() != nil && !c.left.Load() && (!held || gap > c.lease) {
+			// groups. Before the first view there is nothing to lose.)
+			if gap := began.Sub(lastOK); c.reg != nil && c.view.Load() != nil && !c.left.Load() && (!held || gap > c.lease) {
 				c.lapse(held, gap)
 				rejoin = true
 			}
-			lastHeld = began // live from here on, if it was not before
+			lastOK = began // live from here on, if it was not before
 			// A renewal that hung (a stalled Redis: its clock ran on, so
 			// the others' leases may have run out while they could not
 			// renew either) is treated as a failure that just ended.
