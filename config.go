@@ -75,8 +75,9 @@ type Config struct {
 	// bodies get 413.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// MaxConcurrentIngests bounds the ingest requests processed at once
-	// (default 64), per API; a request takes a slot once its body is read,
-	// and one that finds none within a second gets 429.
+	// (default 64), per API; a request takes a slot once its body is read.
+	// Over HTTP one that finds none within a second gets 429; a gRPC call
+	// waits for one until its deadline (then ResourceExhausted).
 	MaxConcurrentIngests int `yaml:"max_concurrent_ingests"`
 	// MaxIngestBytes bounds the memory of the ingest requests in flight,
 	// HTTP and gRPC together (default 256 MiB): their bodies (messages) as

@@ -23,7 +23,7 @@ const EventCost = 384
 // gRPC APIs share one, so the bound holds whichever way requests arrive. A
 // request that does not fit is refused at once (ErrOverBudget: 429,
 // ResourceExhausted, retry later) rather than queued: its body is already
-// (partly) in memory. A nil *Budget admits everything.
+// (partly) in memory.
 type Budget struct {
 	limit int64
 	used  atomic.Int64
@@ -32,27 +32,11 @@ type Budget struct {
 // NewBudget returns a budget of limit bytes.
 func NewBudget(limit int64) *Budget { return &Budget{limit: limit} }
 
-// Limit returns the budget's size in bytes.
-func (b *Budget) Limit() int64 {
-	if b == nil {
-		return 0
-	}
-	return b.limit
-}
-
-// InUse returns the bytes reserved now.
-func (b *Budget) InUse() int64 {
-	if b == nil {
-		return 0
-	}
-	return b.used.Load()
-}
-
 // Reserve takes n bytes of the budget, or fails with an error wrapping
 // ErrOverBudget, taking nothing, if they do not fit. Each successful
 // Reserve must be matched by Release(n).
 func (b *Budget) Reserve(n int64) error {
-	if b == nil || n <= 0 {
+	if n <= 0 {
 		return nil
 	}
 	for {
@@ -68,7 +52,7 @@ func (b *Budget) Reserve(n int64) error {
 
 // Release returns n bytes taken by Reserve.
 func (b *Budget) Release(n int64) {
-	if b == nil || n <= 0 {
+	if n <= 0 {
 		return
 	}
 	b.used.Add(-n)
