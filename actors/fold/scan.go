@@ -112,9 +112,20 @@ func (p *Pipeline) scanFields(raw []byte, buf *[maxStackReads][]byte) fields {
 		f.vals = make([][]byte, len(p.reads))
 	}
 	eachMember(raw, func(name, val []byte) {
+		// The name is decoded once, not once per field read; p.reads holds
+		// each name once.
+		inner := name[1 : len(name)-1]
+		if bytes.IndexByte(inner, '\\') >= 0 || !utf8.Valid(inner) {
+			d, ok := decodeName(name)
+			if !ok {
+				return
+			}
+			inner = d
+		}
 		for i, r := range p.reads {
-			if memberIs(name, r) {
+			if string(inner) == r {
 				f.vals[i] = val
+				break
 			}
 		}
 	})
@@ -208,6 +219,16 @@ func memberValue(obj []byte, name string) []byte {
 		}
 	})
 	return v
+}
+
+// decodeName decodes a quoted member name that has escapes or invalid
+// bytes (which decode to U+FFFD, as encoding/json does).
+func decodeName(raw []byte) ([]byte, bool) {
+	var name string
+	if json.Unmarshal(raw, &name) != nil {
+		return nil, false
+	}
+	return []byte(name), true
 }
 
 // memberIs reports whether the raw member name (quoted) decodes to s.
