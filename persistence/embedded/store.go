@@ -523,10 +523,9 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 		}
 	}
 	if advance {
-		lower, upper := logBounds(id, checkpoint+1, d.Through)
 		if err := errors.Join(
 			b.Set(checkpointKey(id), encodeUint64(d.Through), nil),
-			b.DeleteRange(lower, upper, nil),
+			trimLog(b, id, checkpoint, d.Through),
 		); err != nil {
 			return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
 		}
@@ -548,6 +547,33 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 		g.mu.Lock()
 		g.checkpoint = max(g.checkpoint, d.Through)
 		g.mu.Unlock()
+	}
+	return nil
+}
+
+// maxPointTrim is the most log records a checkpoint deletes one by one;
+// a longer stretch is deleted with one range deletion.
+const maxPointTrim = 16384
+
+// trimLog adds to b the deletion of the group's records after checkpoint
+// through through. Positions are dense, so it deletes each record's key:
+// a range deletion in the memtable makes every point read of the memtable
+// (a key's snapshot, on activation) rebuild the memtable's fragmented range
+// deletions once one more was added, and with a trim per group and
+// checkpoint that cost grew with the number of groups times the trims
+// since the last flush: half of the node's CPU at 1M keys (BENCHMARKS.md).
+// A point tombstone costs only reads of its own key. Only an unusually long
+// stretch (a checkpoint long held back) is a range deletion.
+func trimLog(b *pebble.Batch, group uint32, checkpoint, through persistence.Position) error {
+	if through-checkpoint > maxPointTrim {
+		lower, upper := logBounds(group, checkpoint+1, through)
+		return b.DeleteRange(lower, upper, nil)
+	}
+	var key [logKeyLen]byte
+	for p := checkpoint + 1; p <= through; p++ {
+		if err := b.Delete(appendLogKey(key[:0], group, p), nil); err != nil {
+			return err
+		}
 	}
 	return nil
 }
