@@ -69,8 +69,16 @@ type Config struct {
 	CheckpointInterval time.Duration `yaml:"checkpoint_interval"`
 	// IdleTimeout passivates keys idle this long (default 5m).
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
-	// MaxActiveKeys bounds the keys held in memory (default 100000).
+	// MaxActiveKeys bounds the keys with an actor (default 100000): the
+	// recently used ones. Passivated keys stay in memory without one, within
+	// MaxMemory.
 	MaxActiveKeys int `yaml:"max_active_keys"`
+	// MaxMemory bounds, in bytes, the memory of the keys held in memory
+	// (default 1 GiB): each active key is charged 3 KiB, each key resident
+	// without an actor its estimated size (a few hundred bytes with a few
+	// aggregates, plus its remembered ids). Keys beyond it are only in the
+	// store and are read back on their next event or query.
+	MaxMemory int64 `yaml:"max_memory"`
 	// MaxBodyBytes bounds an HTTP request body (default 8 MiB); larger
 	// bodies get 413.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
@@ -160,6 +168,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxActiveKeys == 0 {
 		c.MaxActiveKeys = actors.DefaultMaxActive
 	}
+	if c.MaxMemory == 0 {
+		c.MaxMemory = actors.DefaultMaxMemory
+	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
@@ -236,6 +247,7 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 		{"checkpoint_interval", int64(c.CheckpointInterval)},
 		{"idle_timeout", int64(c.IdleTimeout)},
 		{"max_active_keys", int64(c.MaxActiveKeys)},
+		{"max_memory", c.MaxMemory},
 		{"max_body_bytes", c.MaxBodyBytes},
 		{"max_concurrent_ingests", int64(c.MaxConcurrentIngests)},
 		{"max_ingest_bytes", c.MaxIngestBytes},

@@ -244,6 +244,7 @@ func (n *Node) run(ctx context.Context) (err error) {
 		CheckpointInterval: n.cfg.CheckpointInterval,
 		IdleTimeout:        n.cfg.IdleTimeout,
 		MaxActive:          n.cfg.MaxActiveKeys,
+		MaxMemory:          n.cfg.MaxMemory,
 		Logger:             log,
 	})
 	if err != nil {

@@ -93,6 +93,20 @@ func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string
 	return out, nil
 }
 
+// newKey is the load of a key known to have no snapshot (read only).
+var newKey = &loaded{}
+
+// mayBeStoredLocked reports whether activating the key would read its
+// snapshot: it is not in memory, and its group does not know it to be new
+// (groupState.complete). h.mu must be held.
+func (h *Host) mayBeStoredLocked(id keyID, group uint32) bool {
+	if h.active[id] != nil || h.parkedLocked(id, group) != nil {
+		return false
+	}
+	_, stopping := h.stopping[id]
+	return stopping || !h.groups[group].complete
+}
+
 // prefetchParallelism bounds the groups read at once for one commit.
 const prefetchParallelism = 32
 
@@ -108,7 +122,7 @@ func (h *Host) prefetchLocked(groups []*groupBatch) *prefetch {
 	want := map[uint32][]keyID{}
 	for _, gb := range groups {
 		for _, kb := range gb.keys {
-			if h.active[kb.id] == nil {
+			if h.mayBeStoredLocked(kb.id, gb.group) {
 				want[gb.group] = append(want[gb.group], kb.id)
 			}
 		}

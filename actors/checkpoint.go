@@ -149,7 +149,7 @@ func (h *Host) passivate() {
 		if a.lastUsed >= idleBefore && excess <= 0 {
 			return // the rest are newer
 		}
-		prev := a.prev
+		prev := a.order.prev
 		if _, dirty := h.groups[a.group].dirty[a.id]; !dirty {
 			h.stopLocked(a)
 			excess--
@@ -158,11 +158,12 @@ func (h *Host) passivate() {
 	}
 }
 
-// stopLocked passivates a grain. Poison is a user message: it is processed
-// after every message already in the mailbox, and nothing is sent after it
-// because the grain leaves the registry under h.mu.
+// stopLocked passivates a grain into the resident tier. Poison is a user
+// message: it is processed after every message already in the mailbox, and
+// nothing is sent after it because the grain leaves the registry under h.mu.
 func (h *Host) stopLocked(a *activation) {
 	h.deactivateLocked(a)
+	h.stopping[a.id] = a.g // it parks once stopped (resident.go)
 	h.system.Root.Poison(a.pid)
 	h.stats.passivated.Add(1)
 }

@@ -30,9 +30,16 @@ type Config struct {
 	CheckpointRecords int
 	// IdleTimeout passivates keys that received nothing for this long.
 	IdleTimeout time.Duration
-	// MaxActive bounds the number of active keys; beyond it the least
-	// recently used ones are passivated at the next checkpoint.
+	// MaxActive bounds the number of active keys (keys with an actor);
+	// beyond it the least recently used ones are passivated at the next
+	// checkpoint, into the resident tier.
 	MaxActive int
+	// MaxMemory bounds, in bytes, the memory of the keys held in memory: the
+	// active ones (each charged ActiveKeyBytes) and those resident without
+	// an actor (charged their estimated size, see resident.go). Keys beyond
+	// it are only in the store, read back on demand. Negative: no resident
+	// tier (a passivated key leaves memory).
+	MaxMemory int64
 	// MaxCommitEvents bounds the events one group commit collects.
 	MaxCommitEvents int
 	// Logger receives the host's logs; nil discards them.
@@ -55,9 +62,13 @@ const (
 	DefaultCheckpointRecords  = 1000
 	DefaultIdleTimeout        = 5 * time.Minute
 	DefaultMaxActive          = 100_000
-	DefaultMaxCommitEvents    = 50_000
-	DefaultWatermarkInterval  = 200 * time.Millisecond
-	DefaultOutputInterval     = 100 * time.Millisecond
+	DefaultMaxMemory          = 1 << 30
+	// ActiveKeyBytes is what MaxMemory charges an active key: its actor
+	// (~2 KiB measured, BENCHMARKS.md) and state.
+	ActiveKeyBytes           = 3 << 10
+	DefaultMaxCommitEvents   = 50_000
+	DefaultWatermarkInterval = 200 * time.Millisecond
+	DefaultOutputInterval    = 100 * time.Millisecond
 )
 
 // storeTimeout bounds one store call of the write path (an append, a
@@ -82,6 +93,9 @@ func (c *Config) setDefaults() {
 	if c.MaxActive == 0 {
 		c.MaxActive = DefaultMaxActive
 	}
+	if c.MaxMemory == 0 {
+		c.MaxMemory = DefaultMaxMemory
+	}
 	if c.MaxCommitEvents == 0 {
 		c.MaxCommitEvents = DefaultMaxCommitEvents
 	}
@@ -97,6 +111,12 @@ func (c *Config) setDefaults() {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+}
+
+// residentBudget is the memory left for resident keys: MaxMemory less
+// what the active keys may take (none when that leaves nothing).
+func (c *Config) residentBudget() int64 {
+	return max(c.MaxMemory-int64(c.MaxActive)*ActiveKeyBytes, 0)
 }
 
 // Validate reports every problem of c at once.

@@ -94,6 +94,14 @@ type grain struct {
 	// preloaded is the key's snapshot if the commit that activated it read
 	// it already (activate.go); nil: the grain reads it.
 	preloaded *loaded
+	// current is set once the state in memory is the key's: loaded, or
+	// kept while the key was parked (resident.go), so a new actor around
+	// the grain does not read the store.
+	current bool
+	// In the resident tier (resident.go), under h.mu: its place in the
+	// order of parking and its estimated size.
+	order links[*grain]
+	rsize int64
 }
 
 func (g *grain) Receive(c actor.Context) {
@@ -107,6 +115,11 @@ func (g *grain) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		g.activate()
+	case *actor.Stopped:
+		// Passivated (or dropped): the actor is done with the grain.
+		g.host.mu.Lock()
+		g.host.parkLocked(g)
+		g.host.mu.Unlock()
 	case *applyMsg:
 		g.apply(m)
 	case *queryMsg:
@@ -123,6 +136,9 @@ func (g *grain) Receive(c actor.Context) {
 // a current one, so activation is one read, and one more for the ids it
 // remembers (in time buckets) if it has any.
 func (g *grain) activate() {
+	if g.current {
+		return // parked with its state (resident.go)
+	}
 	if err := g.load(); err != nil {
 		// Inputs sent to this key would be lost with it: drop its group and
 		// take it over again (asynchronously: the host's lock may be held
@@ -135,6 +151,7 @@ func (g *grain) activate() {
 func (g *grain) load() error {
 	l := g.preloaded
 	g.preloaded = nil
+	g.current = true
 	if l == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 		defer cancel()

@@ -36,8 +36,12 @@ type Host struct {
 	// passivated between being looked up and being sent to.
 	mu     sync.Mutex
 	active map[keyID]*activation
-	lru    lru // the active grains by last use
+	lru    lru[activation, *activation] // the active grains by last use
 	groups []groupState
+	// The keys held in memory without an actor, and the grains being
+	// passivated that are to join them once stopped (resident.go).
+	resident resident
+	stopping map[keyID]*grain
 
 	// storeDown is set when an append failed with the store unreachable (not
 	// fenced) and cleared by the next successful claim: meanwhile commits
@@ -71,12 +75,13 @@ type Host struct {
 
 type activation struct {
 	id       keyID
+	g        *grain
 	pid      *actor.PID
 	group    uint32
 	epoch    persistence.Epoch // the group incarnation it belongs to
 	lastUsed int64             // unix nanos
 
-	prev, next *activation // in h.lru
+	order links[*activation] // in h.lru
 }
 
 type groupState struct {
@@ -103,6 +108,14 @@ type groupState struct {
 	// expiry indexes the keys of pipelines with a ttl by when they expire
 	// (processing time), by pipeline.
 	expiry map[string]*timerIndex
+	// parked are the group's keys in the resident tier (resident.go).
+	parked map[keyID]*grain
+	// complete is set while every key of the group that may have a
+	// snapshot is in memory (active, parked or being passivated): then a
+	// key found in none of them is new, and needs no store read. It holds
+	// from a take-over of a group that was never checkpointed until a key
+	// of the group leaves memory (resident.go).
+	complete bool
 }
 
 type ingestReq struct {
@@ -127,6 +140,7 @@ func New(cfg Config) (*Host, error) {
 		log:           cfg.Logger,
 		queue:         make(chan *ingestReq, 1024),
 		active:        make(map[keyID]*activation),
+		stopping:      make(map[keyID]*grain),
 		groups:        make([]groupState, cfg.Groups),
 		checkpointNow: make(chan struct{}, 1),
 		lostNow:       make(chan struct{}, 1),
@@ -136,6 +150,7 @@ func New(cfg Config) (*Host, error) {
 		clockLogged:   make(map[string]int64),
 	}
 	h.outputs.init()
+	h.resident.max = cfg.residentBudget()
 	for i := range h.groups {
 		h.groups[i].dirty = make(map[keyID]persistence.Position)
 	}
@@ -241,6 +256,10 @@ func (h *Host) stopAll() {
 	for _, a := range h.active {
 		h.deactivateLocked(a)
 		h.system.Root.Stop(a.pid)
+	}
+	clear(h.stopping)
+	for g := range h.groups {
+		h.dropParkedLocked(uint32(g))
 	}
 	h.mu.Unlock()
 	h.system.Shutdown()
@@ -423,7 +442,12 @@ func (h *Host) Query(ctx context.Context, pipeline, key string) (KeyView, error)
 		h.mu.Unlock()
 		return KeyView{}, err
 	}
-	h.sendLocked(id, g, msg)
+	if pg := h.parkedLocked(id, g); pg != nil && h.active[id] == nil {
+		// A parked key needs no actor to answer: nothing else touches it.
+		msg.reply <- pg.query()
+	} else {
+		h.sendLocked(id, g, msg)
+	}
 	over := len(h.active) > h.cfg.MaxActive
 	h.mu.Unlock()
 	if over { // queries of unseen keys activate grains too
@@ -454,14 +478,26 @@ func (h *Host) sendLocked(id keyID, group uint32, msg any) {
 func (h *Host) sendLoadedLocked(id keyID, group uint32, msg any, l *loaded) {
 	a := h.active[id]
 	if a == nil {
-		epoch := h.groups[group].epoch
-		g := &grain{host: h, id: id, group: group, epoch: epoch, pipeline: h.cfg.Pipelines[id.pipeline],
-			pstats: h.stats.pipelines[id.pipeline], preloaded: l,
-			lateIn: make([]uint64, len(h.stats.pipelines[id.pipeline].windows))}
+		gs := &h.groups[group]
+		epoch := gs.epoch
+		_, stopping := h.stopping[id]
+		delete(h.stopping, id) // a grain still stopping must not park: this one is newer
+		g := h.parkedLocked(id, group)
+		if g != nil && g.epoch == epoch {
+			h.unparkLocked(g)
+			h.stats.unparked.Add(1)
+		} else {
+			if l == nil && gs.complete && !stopping {
+				l = newKey // nothing to read
+			}
+			g = &grain{host: h, id: id, group: group, epoch: epoch, pipeline: h.cfg.Pipelines[id.pipeline],
+				pstats: h.stats.pipelines[id.pipeline], preloaded: l,
+				lateIn: make([]uint64, len(h.stats.pipelines[id.pipeline].windows))}
+		}
 		// The grain recovers its own panics (failing the host), so the
 		// supervisor never restarts it with a half-applied state.
 		props := actor.PropsFromProducer(func() actor.Actor { return g }, actor.WithDispatcher(h.dispatcher))
-		a = &activation{id: id, pid: h.system.Root.Spawn(props), group: group, epoch: epoch}
+		a = &activation{id: id, g: g, pid: h.system.Root.Spawn(props), group: group, epoch: epoch}
 		h.active[id] = a
 		h.lru.pushFront(a)
 		h.stats.activations.Add(1)

@@ -189,16 +189,27 @@ func TestConcurrentIngestPerKeyOrder(t *testing.T) {
 	}
 }
 
-func TestPassivationBoundsActiveKeys(t *testing.T) {
+// tiers runs f with a host whose passivated keys stay in memory without an
+// actor (the resident tier, the default: MaxMemory 0) and with one whose
+// passivated keys leave memory and come back from the store (MaxMemory
+// -1): a passivated key comes back either way.
+func tiers(t *testing.T, f func(t *testing.T, maxMemory int64)) {
+	t.Run("resident", func(t *testing.T) { f(t, 0) })
+	t.Run("store", func(t *testing.T) { f(t, -1) })
+}
+
+func TestPassivationBoundsActiveKeys(t *testing.T) { tiers(t, testPassivationBoundsActiveKeys) }
+
+func testPassivationBoundsActiveKeys(t *testing.T, maxMemory int64) {
 	hs := start(t, openStore(t, t.TempDir()), actors.Config{
-		MaxActive: 10, IdleTimeout: time.Hour, CheckpointInterval: 10 * time.Millisecond,
+		MaxActive: 10, IdleTimeout: time.Hour, CheckpointInterval: 10 * time.Millisecond, MaxMemory: maxMemory,
 	})
 	defer hs.shutdown()
 	for i := range 200 {
 		hs.ingest(event(fmt.Sprintf("k%d", i), "x", i))
 	}
 	eventually(t, "active keys <= 10", func() bool { return hs.host.Stats().ActiveKeys <= 10 })
-	// Passivated keys come back from their snapshots, dedup state included.
+	// Passivated keys come back, dedup state included.
 	for i := range 200 {
 		k := fmt.Sprintf("k%d", i)
 		if r := hs.ingest(event(k, "x", 1000)); r.Duplicates != 1 {
@@ -208,8 +219,12 @@ func TestPassivationBoundsActiveKeys(t *testing.T) {
 			t.Fatalf("%s after reactivation = %+v", k, v)
 		}
 	}
-	if st := hs.host.Stats(); st.Passivated < 190 || st.Activations < 390 {
+	st := hs.host.Stats()
+	if st.Passivated < 190 || st.Activations < 390 {
 		t.Errorf("stats = %+v", st)
+	}
+	if resident := st.Unparked > 0; resident != (maxMemory >= 0) {
+		t.Errorf("%d activations from the resident tier with MaxMemory %d", st.Unparked, maxMemory)
 	}
 }
 
@@ -357,7 +372,9 @@ func TestRefusedAppendKeepsGroup(t *testing.T) {
 // applies them.
 func TestFailedActivationRetakesGroup(t *testing.T) {
 	fs := faultstore.New(openStore(t, t.TempDir()))
-	hs := start(t, fs, actors.Config{Groups: 2, CheckpointInterval: time.Millisecond, IdleTimeout: time.Millisecond})
+	// No resident tier: a passivated key leaves memory, so its next event
+	// reads its snapshot.
+	hs := start(t, fs, actors.Config{Groups: 2, CheckpointInterval: time.Millisecond, IdleTimeout: time.Millisecond, MaxMemory: -1})
 	hs.ingest(event("a", "1", 1))
 	eventually(t, "a to be passivated", func() bool { return hs.host.Stats().ActiveKeys == 0 })
 	// Both reads fail: the commit's batched read of the keys it activates,
@@ -609,8 +626,10 @@ func TestHostDedupUnderFaults(t *testing.T) {
 			var clock atomic.Int64
 			clock.Store(1_000_000)
 			fs := faultstore.New(openStore(t, t.TempDir()))
+			// Odd seeds: passivated keys leave memory (read back from the
+			// store); even seeds: they stay resident.
 			cfg := actors.Config{Pipelines: map[string]*fold.Pipeline{"p": p}, MaxActive: 2, Groups: 4,
-				CheckpointInterval: time.Millisecond, CheckpointRecords: 3, IdleTimeout: time.Millisecond,
+				CheckpointInterval: time.Millisecond, CheckpointRecords: 3, IdleTimeout: time.Millisecond, MaxMemory: -int64(seed % 2),
 				Now: func() time.Time { return time.UnixMilli(clock.Load()) }}
 			oracle := map[string]*fold.State{}
 			hs := start(t, fs, cfg)
@@ -730,7 +749,8 @@ func TestDeleteKey(t *testing.T) {
 // claim would follow to clear that).
 func TestStaleAppendFailureDoesNotStickStoreDown(t *testing.T) {
 	fs := faultstore.New(openStore(t, t.TempDir()))
-	hs := start(t, fs, actors.Config{Groups: 1, CheckpointInterval: time.Millisecond, IdleTimeout: time.Millisecond})
+	// No resident tier: a's next event reads the store (and the read fails).
+	hs := start(t, fs, actors.Config{Groups: 1, CheckpointInterval: time.Millisecond, IdleTimeout: time.Millisecond, MaxMemory: -1})
 	defer hs.shutdown()
 	hs.ingest(event("a", "1", 1))
 	eventually(t, "a to be passivated", func() bool { return hs.host.Stats().ActiveKeys == 0 })

@@ -1,47 +1,66 @@
 package actors
 
-// lru orders the active grains by last use, most recent first, so that
-// passivation takes the least recently used ones in time proportional to
-// what it passivates. (It scanned and sorted every active key at each
-// checkpoint, and ran at every commit once the node held more than
-// MaxActive keys: 14% of the CPU at a million keys, BENCHMARKS.md.) The
-// list is intrusive (the links live in activation) and guarded by h.mu.
-type lru struct {
-	head, tail *activation // most and least recently used
+// lru orders elements by last use, most recent first, so that passivation
+// (of the active grains) and eviction (of the resident ones, resident.go)
+// take the least recently used in time proportional to what they take.
+// (Passivation scanned and sorted every active key at each checkpoint, and
+// ran at every commit once the node held more than MaxActive keys: 14% of
+// the CPU at a million keys, BENCHMARKS.md.) The list is intrusive: the
+// links live in the elements (a links field, reached through P), so that
+// pushing and removing allocate nothing. Guarded by h.mu.
+type lru[T any, P linked[T]] struct {
+	head, tail P // most and least recently used
+	n          int
 }
 
-func (l *lru) pushFront(a *activation) {
-	a.prev, a.next = nil, l.head
+// links are an element's neighbours in its list.
+type links[P any] struct{ prev, next P }
+
+// linked is a pointer to an element with links.
+type linked[T any] interface {
+	*T
+	links() *links[*T]
+}
+
+func (l *lru[T, P]) pushFront(x P) {
+	lx := x.links()
+	lx.prev, lx.next = nil, (*T)(l.head)
 	if l.head != nil {
-		l.head.prev = a
+		l.head.links().prev = x
 	}
-	l.head = a
+	l.head = x
 	if l.tail == nil {
-		l.tail = a
+		l.tail = x
 	}
+	l.n++
 }
 
-func (l *lru) remove(a *activation) {
-	if a.prev != nil {
-		a.prev.next = a.next
-	} else if l.head == a {
-		l.head = a.next
+func (l *lru[T, P]) remove(x P) {
+	lx := x.links()
+	if lx.prev != nil {
+		P(lx.prev).links().next = lx.next
+	} else if l.head == x {
+		l.head = lx.next
 	}
-	if a.next != nil {
-		a.next.prev = a.prev
-	} else if l.tail == a {
-		l.tail = a.prev
+	if lx.next != nil {
+		P(lx.next).links().prev = lx.prev
+	} else if l.tail == x {
+		l.tail = lx.prev
 	}
-	a.prev, a.next = nil, nil
+	lx.prev, lx.next = nil, nil
+	l.n--
 }
 
-func (l *lru) touch(a *activation) {
-	if l.head == a {
+func (l *lru[T, P]) touch(x P) {
+	if l.head == x {
 		return
 	}
-	l.remove(a)
-	l.pushFront(a)
+	l.remove(x)
+	l.pushFront(x)
 }
+
+func (a *activation) links() *links[*activation] { return &a.order }
+func (g *grain) links() *links[*grain]           { return &g.order }
 
 // deactivateLocked takes a grain out of the registry and the LRU order.
 // h.mu must be held.

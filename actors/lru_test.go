@@ -10,7 +10,7 @@ import (
 // activations, uses and removals.
 func TestLRUOrder(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	var l lru
+	var l lru[activation, *activation]
 	var want []*activation // most recent first
 	all := map[int]*activation{}
 	for i := range 5000 {
@@ -37,15 +37,15 @@ func TestLRUOrder(t *testing.T) {
 			}
 		}
 		var got []*activation
-		for a := l.head; a != nil; a = a.next {
+		for a := l.head; a != nil; a = a.order.next {
 			got = append(got, a)
 		}
 		var back []*activation
-		for a := l.tail; a != nil; a = a.prev {
+		for a := l.tail; a != nil; a = a.order.prev {
 			back = append(back, a)
 		}
 		slices.Reverse(back)
-		if !slices.Equal(got, want) || !slices.Equal(back, want) {
+		if !slices.Equal(got, want) || !slices.Equal(back, want) || l.n != len(want) {
 			t.Fatalf("step %d: the list has %d forwards and %d backwards, want %d in order", i, len(got), len(back), len(want))
 		}
 	}

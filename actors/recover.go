@@ -211,6 +211,9 @@ func (h *Host) takeOver(ctx context.Context, g uint32) error {
 		h.mu.Lock()
 		gs := &h.groups[g]
 		gs.epoch, gs.checkpoint, gs.dispatched, gs.spoiled = st.Epoch, st.Checkpoint, st.Checkpoint, nil
+		// Never checkpointed: no key of it has a snapshot (a checkpoint
+		// writes snapshots and advances its position in one write).
+		gs.complete = st.Checkpoint == 0
 		gs.clocks, gs.timers, gs.expiry = nil, nil, nil
 		h.mu.Unlock()
 		if h.timed || h.expiring {
@@ -365,6 +368,8 @@ func (h *Host) dropGroupsLocked(groups map[uint32]bool) {
 	}
 	for g := range groups {
 		gs := &h.groups[g]
+		h.dropParkedLocked(g)
+		gs.complete = false
 		clear(gs.dirty)
 		gs.clocks, gs.timers, gs.expiry = nil, nil, nil // a take-over reads them again
 	}

@@ -9,6 +9,7 @@ type hostStats struct {
 	checkpoints atomic.Int64
 	replayed    atomic.Int64
 	activations atomic.Int64
+	unparked    atomic.Int64
 	passivated  atomic.Int64
 	groupsLost  atomic.Int64
 	timersFired atomic.Int64
@@ -40,17 +41,22 @@ type PipelineStats struct {
 
 // Stats are counters of a host, for tests, metrics and the dashboard.
 type Stats struct {
-	ActiveKeys  int
-	DirtyKeys   int   // keys changed since their last snapshot
-	Events      int64 // events applied (duplicates included) since start
-	Duplicates  int64
-	Commits     int64 // group commits (synced appends)
-	Checkpoints int64 // group checkpoints written
-	Replayed    int64 // log records replayed by take-overs (at start and after a loss)
-	Activations int64
-	Passivated  int64
-	GroupsLost  int64 // key groups lost (failed or fenced write) and taken over again
-	TimersFired int64 // keys woken because a timer was due
+	ActiveKeys int
+	// ResidentKeys are the keys held in memory without an actor, and
+	// ResidentBytes the estimate of what they take (resident.go).
+	ResidentKeys  int
+	ResidentBytes int64
+	DirtyKeys     int   // keys changed since their last snapshot
+	Events        int64 // events applied (duplicates included) since start
+	Duplicates    int64
+	Commits       int64 // group commits (synced appends)
+	Checkpoints   int64 // group checkpoints written
+	Replayed      int64 // log records replayed by take-overs (at start and after a loss)
+	Activations   int64 // actors started: from the resident tier or the store
+	Unparked      int64 // activations from the resident tier (no store read)
+	Passivated    int64
+	GroupsLost    int64 // key groups lost (failed or fenced write) and taken over again
+	TimersFired   int64 // keys woken because a timer was due
 	// GroupsUnavailable is the number of key groups not being served now:
 	// being recovered or taken over again.
 	GroupsUnavailable int
@@ -64,6 +70,7 @@ type Stats struct {
 func (h *Host) Stats() Stats {
 	h.mu.Lock()
 	n, dirty, unavailable, takingOver := len(h.active), 0, 0, 0
+	resident, residentBytes := h.resident.order.n, h.resident.bytes
 	for i := range h.groups {
 		gs := &h.groups[i]
 		dirty += len(gs.dirty)
@@ -87,18 +94,21 @@ func (h *Host) Stats() Stats {
 		per[name] = st
 	}
 	return Stats{
-		Pipelines:   per,
-		ActiveKeys:  n,
-		DirtyKeys:   dirty,
-		Events:      h.stats.events.Load(),
-		Duplicates:  h.stats.duplicates.Load(),
-		Commits:     h.stats.commits.Load(),
-		Checkpoints: h.stats.checkpoints.Load(),
-		Replayed:    h.stats.replayed.Load(),
-		Activations: h.stats.activations.Load(),
-		Passivated:  h.stats.passivated.Load(),
-		GroupsLost:  h.stats.groupsLost.Load(),
-		TimersFired: h.stats.timersFired.Load(),
+		Pipelines:     per,
+		ActiveKeys:    n,
+		ResidentKeys:  resident,
+		ResidentBytes: residentBytes,
+		Unparked:      h.stats.unparked.Load(),
+		DirtyKeys:     dirty,
+		Events:        h.stats.events.Load(),
+		Duplicates:    h.stats.duplicates.Load(),
+		Commits:       h.stats.commits.Load(),
+		Checkpoints:   h.stats.checkpoints.Load(),
+		Replayed:      h.stats.replayed.Load(),
+		Activations:   h.stats.activations.Load(),
+		Passivated:    h.stats.passivated.Load(),
+		GroupsLost:    h.stats.groupsLost.Load(),
+		TimersFired:   h.stats.timersFired.Load(),
 
 		GroupsUnavailable: unavailable,
 		GroupsTakingOver:  takingOver,

@@ -21,7 +21,9 @@ import (
 // in between; keys that kept receiving events stay; an expired key that
 // receives an event again starts fresh.
 func TestTTLEmbedded(t *testing.T) {
-	testTTL(t, openStore(t, t.TempDir()), nil)
+	// Passivated keys stay resident here and leave memory on Redis: both
+	// must expire.
+	testTTL(t, openStore(t, t.TempDir()), 0, nil)
 }
 
 func TestTTLRedis(t *testing.T) {
@@ -31,7 +33,7 @@ func TestTTLRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	testTTL(t, store, func(t *testing.T) []string {
+	testTTL(t, store, -1, func(t *testing.T) []string {
 		// Every key left in Redis besides the store's own bookkeeping.
 		c := srv.Client()
 		defer c.Close()
@@ -61,7 +63,7 @@ func TestTTLRedis(t *testing.T) {
 	})
 }
 
-func testTTL(t *testing.T, store persistence.Store, leftInStore func(t *testing.T) []string) {
+func testTTL(t *testing.T, store persistence.Store, maxMemory int64, leftInStore func(t *testing.T) []string) {
 	p, err := fold.Compile("p", fold.Spec{
 		Key: "k", ID: "id", DedupWindow: time.Hour, TTL: 2 * time.Hour,
 		Aggregates: map[string]fold.AggregateSpec{"n": {Op: "count"}},
@@ -73,7 +75,7 @@ func testTTL(t *testing.T, store persistence.Store, leftInStore func(t *testing.
 	clock.set(winBase)
 	cfg := actors.Config{
 		Pipelines: map[string]*fold.Pipeline{"p": p}, Now: clock.Now,
-		CheckpointInterval: 10 * time.Millisecond, MaxActive: 5, IdleTimeout: time.Hour,
+		CheckpointInterval: 10 * time.Millisecond, MaxActive: 5, IdleTimeout: time.Hour, MaxMemory: maxMemory,
 		WatermarkInterval: 5 * time.Millisecond,
 	}
 	hs := start(t, store, cfg)

@@ -157,7 +157,9 @@ func oracle(events []timedEvent) map[string]string {
 // within out_of_orderness, ingested in random batches across a restart, with
 // keys passivated and keys that go quiet early: the stored results equal a
 // batch computation over the same events, each exactly once, none late.
-func TestWindowOracle(t *testing.T) {
+func TestWindowOracle(t *testing.T) { tiers(t, testWindowOracle) }
+
+func testWindowOracle(t *testing.T, maxMemory int64) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	var events []timedEvent
 	ts := winBase
@@ -187,7 +189,7 @@ func TestWindowOracle(t *testing.T) {
 	dir := t.TempDir()
 	cfg := actors.Config{
 		Pipelines: windowPipelines(t), Now: clock.Now,
-		CheckpointInterval: 20 * time.Millisecond, MaxActive: 40, IdleTimeout: time.Hour,
+		CheckpointInterval: 20 * time.Millisecond, MaxActive: 40, IdleTimeout: time.Hour, MaxMemory: maxMemory,
 		WatermarkInterval: 5 * time.Millisecond, OutputInterval: time.Millisecond,
 	}
 	store := openStore(t, dir)
@@ -247,7 +249,9 @@ func (hs *harness) ingest2(pipeline string, raws ...[]byte) {
 // TestPatternsFireForQuietKeys: absences fire by timer for keys that never
 // get another event, across a restart (the timer index is read back), and
 // threshold matches count events delivered out of order.
-func TestPatternsFireForQuietKeys(t *testing.T) {
+func TestPatternsFireForQuietKeys(t *testing.T) { tiers(t, testPatternsFireForQuietKeys) }
+
+func testPatternsFireForQuietKeys(t *testing.T, maxMemory int64) {
 	p, err := fold.Compile("p", fold.Spec{
 		Key: "k", Time: "ts", OutOfOrderness: time.Second, IdleTimeout: time.Second,
 		Aggregates: map[string]fold.AggregateSpec{"n": {Op: "count"}},
@@ -263,7 +267,7 @@ func TestPatternsFireForQuietKeys(t *testing.T) {
 	clock.set(winBase)
 	cfg := actors.Config{
 		Pipelines: map[string]*fold.Pipeline{"p": p}, Now: clock.Now,
-		CheckpointInterval: 20 * time.Millisecond, MaxActive: 10, IdleTimeout: time.Hour,
+		CheckpointInterval: 20 * time.Millisecond, MaxActive: 10, IdleTimeout: time.Hour, MaxMemory: maxMemory,
 		WatermarkInterval: 5 * time.Millisecond, OutputInterval: time.Millisecond,
 	}
 	store := openStore(t, t.TempDir())

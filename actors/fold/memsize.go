@@ -1,0 +1,62 @@
+package fold
+
+import "unsafe"
+
+// Sizes MemSize charges for what it does not measure one by one: a map
+// entry with its share of the table, and the sketches, whose memory their
+// libraries do not report (a dense HyperLogLog of precision 14 is 16 KiB;
+// a DDSketch of a few hundred bins about 2 KiB).
+const (
+	mapEntryBytes = 48
+	hllBytes      = 16 << 10
+	ddBytes       = 2 << 10
+)
+
+// MemSize estimates the bytes the state holds in memory, for a host that
+// keeps keys in memory within a budget of bytes. It is an estimate (Go does
+// not say what a map or a slice's spare capacity takes), meant to follow
+// the state's real size within a small factor, and cheap: it walks slices,
+// not maps.
+func (s *State) MemSize() int {
+	n := int(unsafe.Sizeof(*s))
+	n += aggsSize(s.aggs)
+	n += cap(s.lateWin) * 8
+	for i := range s.wins {
+		n += int(unsafe.Sizeof(s.wins[i])) + aggsSize(s.wins[i].aggs) + cap(s.wins[i].superseded)*int(unsafe.Sizeof(resultRef{}))
+	}
+	n += cap(s.wait) * int(unsafe.Sizeof(waiting{}))
+	for i := range s.pats {
+		n += int(unsafe.Sizeof(s.pats[i])) + (cap(s.pats[i].times)+cap(s.pats[i].starts))*8
+	}
+	n += len(s.out) * 256 // results not yet taken: only between an apply and its take
+	return n + s.ids.memSize()
+}
+
+func aggsSize(aggs []aggState) int {
+	n := cap(aggs) * int(unsafe.Sizeof(aggState{}))
+	for i := range aggs {
+		n += cap(aggs[i].last)
+		if aggs[i].hll != nil {
+			n += hllBytes
+		}
+		if aggs[i].dd != nil {
+			n += ddBytes
+		}
+	}
+	return n
+}
+
+// memSize estimates the bytes of the remembered ids: per id its bytes (held
+// once, by the map and the order alike), its map entry and its place in
+// the order.
+func (d *idSet) memSize() int {
+	if d.at == nil {
+		return 0
+	}
+	n := len(d.buckets) * (mapEntryBytes + int(unsafe.Sizeof(bucketInfo{})))
+	n += cap(d.order)*int(unsafe.Sizeof(seenID{})) + len(d.at)*mapEntryBytes
+	for _, e := range d.order {
+		n += len(e.id)
+	}
+	return n
+}

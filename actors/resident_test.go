@@ -1,0 +1,149 @@
+package actors_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/persistence/faultstore"
+)
+
+// Passivated keys stay in memory without an actor: their next events and
+// queries read nothing from the store, and find their state, remembered ids
+// included.
+func TestResidentKeysNeedNoStoreRead(t *testing.T) {
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	hs := start(t, fs, actors.Config{Groups: 4, MaxActive: 5, IdleTimeout: time.Hour, CheckpointInterval: 5 * time.Millisecond})
+	defer hs.shutdown()
+	const keys = 100
+	for i := range keys {
+		hs.ingest(event(fmt.Sprintf("k%d", i), "x", i))
+	}
+	eventually(t, "keys to be passivated", func() bool {
+		st := hs.host.Stats()
+		return st.ActiveKeys <= 5 && st.ResidentKeys >= keys-5
+	})
+	reads := fs.Calls(faultstore.OpGet)
+	for i := range keys {
+		k := fmt.Sprintf("k%d", i)
+		if v := hs.query(k); v.Seq != 1 || v.Aggregates["sum"] != float64(i) {
+			t.Fatalf("%s resident = %+v", k, v)
+		}
+		if r := hs.ingest(event(k, "x", 1000)); r.Duplicates != 1 {
+			t.Fatalf("%s: retried id not recognised after passivation: %+v", k, r)
+		}
+		hs.ingest(event(k, "y", 1))
+	}
+	if n := fs.Calls(faultstore.OpGet) - reads; n != 0 {
+		t.Errorf("%d store reads for keys in the resident tier, want 0", n)
+	}
+	st := hs.host.Stats()
+	if st.Unparked < keys-5 || st.ResidentBytes <= 0 {
+		t.Errorf("stats %+v: want about %d activations from the resident tier and its bytes", st, keys)
+	}
+	for i := range keys {
+		if v := hs.query(fmt.Sprintf("k%d", i)); v.Seq != 2 || v.Aggregates["sum"] != float64(i+1) {
+			t.Fatalf("k%d = %+v", i, v)
+		}
+	}
+}
+
+// The resident tier keeps within MaxMemory: the least recently parked keys
+// leave memory, and come back from the store whole.
+func TestResidentKeysStayWithinBudget(t *testing.T) {
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	const budget = 8 << 10 // a few dozen keys
+	hs := start(t, fs, actors.Config{Groups: 4, MaxActive: 5, IdleTimeout: time.Hour, CheckpointInterval: 5 * time.Millisecond,
+		MaxMemory: 5*actors.ActiveKeyBytes + budget})
+	defer hs.shutdown()
+	const keys = 300
+	for i := range keys {
+		hs.ingest(event(fmt.Sprintf("k%d", i), "x", i))
+		if st := hs.host.Stats(); st.ResidentBytes > budget {
+			t.Fatalf("resident tier holds %d bytes, budget %d", st.ResidentBytes, budget)
+		}
+	}
+	eventually(t, "keys to be passivated", func() bool { return hs.host.Stats().ActiveKeys <= 5 })
+	st := hs.host.Stats()
+	if st.ResidentKeys == 0 || st.ResidentKeys >= keys-5 || st.ResidentBytes > budget {
+		t.Fatalf("%d keys resident in %d bytes: want some, not all, within %d bytes", st.ResidentKeys, st.ResidentBytes, budget)
+	}
+	reads := fs.Calls(faultstore.OpGet)
+	for i := range keys {
+		k := fmt.Sprintf("k%d", i)
+		if r := hs.ingest(event(k, "x", 1000)); r.Duplicates != 1 {
+			t.Fatalf("%s: retried id not recognised: %+v", k, r)
+		}
+		if v := hs.query(k); v.Seq != 1 || v.Aggregates["sum"] != float64(i) {
+			t.Fatalf("%s = %+v", k, v)
+		}
+	}
+	if fs.Calls(faultstore.OpGet) == reads {
+		t.Error("no key was read back from the store: none left memory")
+	}
+}
+
+// Keys parked in an incarnation of their group leave with it: a host that
+// abandons its groups and takes them over again serves what its log and
+// snapshots say, not what it held, and holds nothing of the old incarnation.
+func TestResidentKeysLeaveWithTheirGroup(t *testing.T) {
+	hs := start(t, openStore(t, t.TempDir()), actors.Config{Groups: 4, MaxActive: 2, IdleTimeout: time.Hour, CheckpointInterval: 5 * time.Millisecond})
+	defer hs.shutdown()
+	for i := range 20 {
+		hs.ingest(event(fmt.Sprintf("k%d", i), "x", i))
+	}
+	eventually(t, "keys to be parked", func() bool { return hs.host.Stats().ResidentKeys >= 15 })
+	groups := hs.host.Abandon(errors.New("test: lease lapsed"))
+	if st := hs.host.Stats(); st.ResidentKeys != 0 || st.ResidentBytes != 0 {
+		t.Fatalf("after abandoning every group: %d keys resident (%d bytes), want none", st.ResidentKeys, st.ResidentBytes)
+	}
+	if err := hs.host.SetOwned(context.Background(), groups); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the groups to be served again", func() bool { return hs.host.Stats().GroupsUnavailable == 0 })
+	for i := range 20 {
+		if v := hs.query(fmt.Sprintf("k%d", i)); v.Seq != 1 || v.Aggregates["sum"] != float64(i) {
+			t.Fatalf("k%d after the take-over = %+v", i, v)
+		}
+	}
+}
+
+// A group that was never checkpointed has no snapshots, and while none of
+// its keys left memory a key it does not hold is new: activating it reads
+// nothing. Once its groups were checkpointed (here by a restart), keys not
+// in memory are read again, and found.
+func TestNewKeysOfNewGroupsNeedNoRead(t *testing.T) {
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	hs := start(t, fs, actors.Config{Groups: 4})
+	raws := make([][]byte, 400)
+	for i := range raws {
+		raws[i] = event(fmt.Sprintf("k%d", i), fmt.Sprint(i), i)
+	}
+	reads := fs.Calls(faultstore.OpGet)
+	hs.ingest(raws...)
+	if _, err := hs.host.Query(context.Background(), "p", "ghost"); !errors.Is(err, actors.ErrNotFound) {
+		t.Fatalf("query of a key never written: %v", err)
+	}
+	if n := fs.Calls(faultstore.OpGet) - reads; n != 0 {
+		t.Errorf("%d store reads activating 401 keys of groups never checkpointed, want 0", n)
+	}
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+
+	hs = start(t, fs, actors.Config{Groups: 4})
+	defer hs.shutdown()
+	reads = fs.Calls(faultstore.OpGet)
+	if r := hs.ingest(raws[:100]...); r.Duplicates != 100 {
+		t.Errorf("after a restart: %d of 100 resent events recognised as duplicates", r.Duplicates)
+	}
+	if v := hs.query("k7"); v.Seq != 1 || v.Aggregates["sum"] != float64(7) {
+		t.Errorf("k7 after a restart = %+v", v)
+	}
+	if fs.Calls(faultstore.OpGet) == reads {
+		t.Error("no store read for keys of checkpointed groups")
+	}
+}
