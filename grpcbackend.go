@@ -2,8 +2,6 @@ package keyfold
 
 import (
 	"context"
-	"maps"
-	"slices"
 
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"github.com/keyfold/keyfold/services/grpcapi"
@@ -55,23 +53,7 @@ func (b grpcBackend) Delete(ctx context.Context, pipeline, key string) error {
 	return b.n.Delete(ctx, pipeline, key)
 }
 
-func (b grpcBackend) Pipelines() []*keyfoldv1.PipelineInfo {
-	var out []*keyfoldv1.PipelineInfo
-	pipelines := b.n.Pipelines()
-	for _, name := range slices.Sorted(maps.Keys(pipelines)) {
-		p := pipelines[name]
-		info := &keyfoldv1.PipelineInfo{Name: name, KeyField: p.Key, IdField: p.ID, TimeField: p.Time}
-		if p.ID != "" {
-			info.DedupWindowMs = b.n.pipelines[name].DedupWindow().Milliseconds()
-		}
-		for _, an := range slices.Sorted(maps.Keys(p.Aggregates)) {
-			a := p.Aggregates[an]
-			info.Aggregates = append(info.Aggregates, &keyfoldv1.AggregateInfo{Name: an, Op: a.Op, Field: a.Field, Where: a.Where})
-		}
-		out = append(out, info)
-	}
-	return out
-}
+func (b grpcBackend) Pipelines() []*keyfoldv1.PipelineInfo { return b.n.describePipelines() }
 
 func (b grpcBackend) Outputs(ctx context.Context, pipeline, after string, limit int) ([]*keyfoldv1.OutputEntry, error) {
 	outs, err := b.n.Outputs(ctx, pipeline, after, limit)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"github.com/keyfold/keyfold/services/httpapi"
 )
 
@@ -42,6 +43,8 @@ func (b httpBackend) Subscribe(ctx context.Context, pipeline, after string, fn f
 		return fn(httpapi.Output{Cursor: o.Cursor, Value: o})
 	})
 }
+
+func (b httpBackend) Pipelines() []*keyfoldv1.PipelineInfo { return b.n.describePipelines() }
 
 func (b httpBackend) Serving() bool { return b.n.Serving() }
 

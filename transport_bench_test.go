@@ -80,6 +80,7 @@ func (d decodeOnlyHTTP) Ingest(_ context.Context, _ string, events []json.RawMes
 func (d decodeOnlyHTTP) Query(context.Context, string, string) (any, error) { return nil, nil }
 func (d decodeOnlyHTTP) Serving() bool                                      { return true }
 func (d decodeOnlyHTTP) Delete(context.Context, string, string) error       { return nil }
+func (d decodeOnlyHTTP) Pipelines() []*keyfoldv1.PipelineInfo               { return nil }
 
 // endpoints are where each transport listens.
 type endpoints struct{ http, grpc string }

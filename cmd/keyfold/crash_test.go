@@ -55,6 +55,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if filepath.Base(os.Args[0]) == curlName { // readme_test.go runs this binary as its curl
+		os.Exit(curlMain(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	}
 	code := m.Run()
 	if binDir != "" {
 		_ = os.RemoveAll(binDir)
@@ -121,14 +124,20 @@ func startNode(t *testing.T, name, cfg string, storeArgs ...string) *node {
 // which another process can take the port.
 func launchNode(t *testing.T, name, cfg string, storeArgs ...string) *node {
 	t.Helper()
-	bin := keyfoldBinary(t)
+	return launch(t, name, exec.Command(keyfoldBinary(t), append([]string{"serve", "--config", cfg, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, storeArgs...)...))
+}
+
+// launch starts cmd, a `keyfold serve` whose HTTP API listens on port 0,
+// and waits until it listens, as launchNode.
+func launch(t *testing.T, name string, cmd *exec.Cmd) *node {
+	t.Helper()
 	n := &node{
 		t:      t,
 		name:   name,
+		cmd:    cmd,
 		logs:   newLogSink(),
 		exited: make(chan struct{}),
 	}
-	n.cmd = exec.Command(bin, append([]string{"serve", "--config", cfg, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, storeArgs...)...)
 	n.cmd.Stdout = n.logs
 	n.cmd.Stderr = n.logs
 	if err := n.cmd.Start(); err != nil {

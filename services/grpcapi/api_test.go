@@ -18,8 +18,12 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/prototext"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/keyfold/keyfold"
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"github.com/keyfold/keyfold/services/grpcapi/client"
 	"github.com/keyfold/keyfold/services/servicetest"
 )
@@ -146,6 +150,55 @@ func TestUnaryRPCs(t *testing.T) {
 	wantCode(t, "delete in unknown pipeline", c.DeleteKey(ctx, "nope", "a"), codes.NotFound)
 	if r, err := c.Ingest(ctx, "logins", [][]byte{login("alice", "e1", 7, 3)}); err != nil || r.Accepted != 1 {
 		t.Errorf("the deleted key's old id: %+v, %v; want applied afresh", r, err)
+	}
+}
+
+// TestListPipelines: ListPipelines describes every setting of each
+// pipeline, sorted by name, with the defaults filled in (the dedup window,
+// the idle timeout and the retention of results; a window that lists no
+// aggregates computes all of them) and what does not apply left unset.
+func TestListPipelines(t *testing.T) {
+	cfg := servicetest.Config(t, servicetest.DescribedYAML)
+	cfg.GRPCAddr = "127.0.0.1:0"
+	n := servicetest.Run(t, cfg)
+	c := dial(t, n.GRPCAddr(), client.Options{})
+
+	got, err := c.Pipelines(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := durationpb.New
+	want := []*keyfoldv1.PipelineInfo{{
+		Name: "clicks", KeyField: "page",
+		Aggregates: []*keyfoldv1.AggregateInfo{{Name: "hits", Op: "count"}},
+	}, {
+		Name: "logins", KeyField: "user_id", IdField: "event_id", TimeField: "ts",
+		DedupWindow: d(24 * time.Hour), Ttl: d(720 * time.Hour),
+		Aggregates: []*keyfoldv1.AggregateInfo{
+			{Name: "amount", Op: "sum", Field: "amount"},
+			{Name: "failed", Op: "count", Where: "type == 'login_failed'"},
+			{Name: "total", Op: "count"},
+		},
+		OutOfOrderness: d(5 * time.Second), AllowedLateness: d(time.Minute),
+		IdleTimeout: d(30 * time.Second), OutputRetention: d(24 * time.Hour),
+		Windows: []*keyfoldv1.WindowInfo{
+			{Name: "last_hour", Kind: "sliding", Size: d(time.Hour), Slide: d(5 * time.Minute), Aggregates: []string{"total"}},
+			{Name: "per_minute", Kind: "tumbling", Size: d(time.Minute), Aggregates: []string{"total", "amount"}},
+			{Name: "sessions", Kind: "session", Gap: d(30 * time.Minute), Aggregates: []string{"amount", "failed", "total"}},
+		},
+		Patterns: []*keyfoldv1.PatternInfo{
+			{Name: "brute_force", Kind: "threshold", Where: "type == 'login_failed'", Count: 3, Within: d(5 * time.Minute)},
+			{Name: "fail_then_ok", Kind: "sequence", Sequence: []string{"type == 'login_failed'", "type == 'login_ok'"}, Within: d(10 * time.Minute)},
+			{Name: "no_recovery", Kind: "absence", After: "type == 'login_failed'", Absent: "type == 'login_ok'", Within: d(15 * time.Minute)},
+		},
+	}}
+	if len(got) != len(want) {
+		t.Fatalf("%d pipelines, want %d: %v", len(got), len(want), got)
+	}
+	for i := range want {
+		if !proto.Equal(got[i], want[i]) {
+			t.Errorf("pipeline %d:\n got %v\nwant %v", i, prototext.Format(got[i]), prototext.Format(want[i]))
+		}
 	}
 }
 

@@ -9,6 +9,10 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
+	"github.com/keyfold/keyfold/services/grpcapi/client"
+	"github.com/keyfold/keyfold/services/httpapi"
 	"github.com/keyfold/keyfold/services/servicetest"
 )
 
@@ -214,5 +218,68 @@ func TestDeleteKey(t *testing.T) {
 	}
 	if r := do(t, "POST", base+"/v1/pipelines/logins/events", "", `[{"user":{"id":"alice"},"event_id":"e1","amount":4}]`); r.status != 200 || r.body["accepted"] != float64(1) {
 		t.Errorf("the deleted key's old id: %v, want applied afresh", r)
+	}
+}
+
+// TestListPipelines: GET /v1/pipelines describes each pipeline, sorted by
+// name, in the JSON of gRPC's ListPipelinesResponse: the same description
+// over both transports, and through both Go clients.
+func TestListPipelines(t *testing.T) {
+	cfg := servicetest.Config(t, servicetest.DescribedYAML)
+	cfg.HTTPAddr, cfg.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
+	n := servicetest.Run(t, cfg)
+	base := "http://" + n.HTTPAddr()
+
+	resp, err := http.Get(base + "/v1/pipelines")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("GET /v1/pipelines: %s, Content-Type %q: %s", resp.Status, resp.Header.Get("Content-Type"), body)
+	}
+	// The whole answer, as the README documents it: fields that do not
+	// apply are left out, durations are protobuf's JSON strings.
+	want := `{"pipelines":[` +
+		`{"name":"clicks","key_field":"page","aggregates":[{"name":"hits","op":"count"}]},` +
+		`{"name":"logins","key_field":"user_id","id_field":"event_id","time_field":"ts",` +
+		`"aggregates":[{"name":"amount","op":"sum","field":"amount"},{"name":"failed","op":"count","where":"type == 'login_failed'"},{"name":"total","op":"count"}],` +
+		`"dedup_window":"86400s","ttl":"2592000s","out_of_orderness":"5s","allowed_lateness":"60s","idle_timeout":"30s","output_retention":"86400s",` +
+		`"windows":[{"name":"last_hour","kind":"sliding","size":"3600s","slide":"300s","aggregates":["total"]},` +
+		`{"name":"per_minute","kind":"tumbling","size":"60s","aggregates":["total","amount"]},` +
+		`{"name":"sessions","kind":"session","gap":"1800s","aggregates":["amount","failed","total"]}],` +
+		`"patterns":[{"name":"brute_force","kind":"threshold","where":"type == 'login_failed'","count":3,"within":"300s"},` +
+		`{"name":"fail_then_ok","kind":"sequence","sequence":["type == 'login_failed'","type == 'login_ok'"],"within":"600s"},` +
+		`{"name":"no_recovery","kind":"absence","after":"type == 'login_failed'","absent":"type == 'login_ok'","within":"900s"}]}]}`
+	if got := strings.TrimSpace(string(body)); got != want {
+		t.Errorf("GET /v1/pipelines:\n got %s\nwant %s", got, want)
+	}
+
+	// The HTTP client reads what the gRPC client does.
+	hc := &httpapi.Client{Base: base}
+	viaHTTP, err := hc.Pipelines(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gc, err := client.Dial(n.GRPCAddr(), client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gc.Close()
+	viaGRPC, err := gc.Pipelines(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(viaHTTP) != len(viaGRPC) {
+		t.Fatalf("%d pipelines over HTTP, %d over gRPC", len(viaHTTP), len(viaGRPC))
+	}
+	for i := range viaGRPC {
+		if !proto.Equal(viaHTTP[i], viaGRPC[i]) {
+			t.Errorf("pipeline %d:\n HTTP %v\n gRPC %v", i, viaHTTP[i], viaGRPC[i])
+		}
 	}
 }

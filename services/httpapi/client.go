@@ -9,6 +9,10 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 )
 
 // Client talks to a node's HTTP API.
@@ -60,6 +64,22 @@ func (c *Client) Query(ctx context.Context, pipeline, key string) (json.RawMessa
 	var res json.RawMessage
 	err := c.do(ctx, http.MethodGet, "/v1/pipelines/"+url.PathEscape(pipeline)+"/keys/"+url.PathEscape(key), nil, &res)
 	return res, err
+}
+
+// Pipelines describes the node's pipelines, sorted by name (GET
+// /v1/pipelines): the same messages as the gRPC client's Pipelines.
+func (c *Client) Pipelines(ctx context.Context) ([]*keyfoldv1.PipelineInfo, error) {
+	var raw json.RawMessage
+	if err := c.do(ctx, http.MethodGet, "/v1/pipelines", nil, &raw); err != nil {
+		return nil, err
+	}
+	var res keyfoldv1.ListPipelinesResponse
+	// A newer node may describe more: fields this client does not know are
+	// skipped, as a gRPC client skips them.
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(raw, &res); err != nil {
+		return nil, fmt.Errorf("GET /v1/pipelines: %w", err)
+	}
+	return res.Pipelines, nil
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body io.Reader, out any) error {

@@ -15,6 +15,9 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
+
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"github.com/keyfold/keyfold/services"
 )
 
@@ -53,6 +56,9 @@ type Backend interface {
 	// Cluster describes the cluster and, if key is set, the owner of
 	// pipeline's key.
 	Cluster(ctx context.Context, pipeline, key string) (any, error)
+	// Pipelines describes the configured pipelines, sorted by name: the
+	// messages gRPC's ListPipelines returns, served as their JSON.
+	Pipelines() []*keyfoldv1.PipelineInfo
 }
 
 // Output is one output: its cursor and its JSON form.
@@ -132,6 +138,7 @@ func New(b Backend, opts Options) http.Handler {
 	}
 	s := &server{b: b, opts: opts, slots: make(chan struct{}, opts.MaxConcurrentIngests)}
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/pipelines", s.pipelines)
 	mux.HandleFunc("POST /v1/pipelines/{pipeline}/events", s.writes(s.ingest))
 	mux.HandleFunc("GET /v1/pipelines/{pipeline}/keys/{key}", s.query)
 	mux.HandleFunc("DELETE /v1/pipelines/{pipeline}/keys/{key}", s.writes(s.delete))
@@ -379,6 +386,23 @@ func (s *server) query(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, st)
+}
+
+// pipelinesJSON is how GET /v1/pipelines writes its answer: the JSON of
+// gRPC's ListPipelinesResponse, with the .proto's field names (snake_case,
+// as the rest of the API), so both transports describe a pipeline in one
+// shape. Durations are strings ("86400s"); unset fields are left out.
+var pipelinesJSON = protojson.MarshalOptions{UseProtoNames: true}
+
+func (s *server) pipelines(w http.ResponseWriter, r *http.Request) {
+	b, err := pipelinesJSON.Marshal(&keyfoldv1.ListPipelinesResponse{Pipelines: s.b.Pipelines()})
+	if err != nil {
+		s.fail(w, r, fmt.Errorf("encoding the pipelines: %w", err))
+		return
+	}
+	// protojson varies its spacing on purpose; RawMessage is compacted
+	// when encoded, so the answer is byte for byte the same every time.
+	writeJSON(w, http.StatusOK, json.RawMessage(b))
 }
 
 func (s *server) delete(w http.ResponseWriter, r *http.Request) {

@@ -60,3 +60,34 @@ func Run(t testing.TB, cfg keyfold.Config) *keyfold.Node {
 	})
 	return n
 }
+
+// DescribedYAML configures a pipeline that uses every setting a pipeline
+// description (gRPC ListPipelines, GET /v1/pipelines) reports, and one that
+// uses none but its key and an aggregate: the tests of both transports
+// describe these.
+const DescribedYAML = `
+pipelines:
+  logins:
+    key: user_id
+    time: ts
+    id: event_id
+    ttl: 720h
+    out_of_orderness: 5s
+    allowed_lateness: 1m
+    aggregates:
+      total:  { op: count }
+      failed: { op: count, where: "type == 'login_failed'" }
+      amount: { op: sum, field: amount }
+    windows:
+      per_minute: { type: tumbling, size: 1m, aggregates: [total, amount] }
+      last_hour:  { type: sliding, size: 1h, slide: 5m, aggregates: [total] }
+      sessions:   { type: session, gap: 30m }
+    patterns:
+      brute_force:  { where: "type == 'login_failed'", count: 3, within: 5m }
+      fail_then_ok: { sequence: ["type == 'login_failed'", "type == 'login_ok'"], within: 10m }
+      no_recovery:  { after: "type == 'login_failed'", absent: "type == 'login_ok'", within: 15m }
+  clicks:
+    key: page
+    aggregates:
+      hits: { op: count }
+`

@@ -14,6 +14,7 @@ package keyfoldv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -643,14 +644,34 @@ func (x *ListPipelinesResponse) GetPipelines() []*PipelineInfo {
 	return nil
 }
 
+// PipelineInfo describes one pipeline as the node runs it: its
+// configuration with the defaults filled in. Durations are unset where
+// they do not apply (no id field: no dedup window; no ttl; no windows or
+// patterns: no event-time settings).
 type PipelineInfo struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	KeyField      string                 `protobuf:"bytes,2,opt,name=key_field,json=keyField,proto3" json:"key_field,omitempty"`
-	IdField       string                 `protobuf:"bytes,3,opt,name=id_field,json=idField,proto3" json:"id_field,omitempty"`
-	TimeField     string                 `protobuf:"bytes,4,opt,name=time_field,json=timeField,proto3" json:"time_field,omitempty"`
-	DedupWindowMs int64                  `protobuf:"varint,5,opt,name=dedup_window_ms,json=dedupWindowMs,proto3" json:"dedup_window_ms,omitempty"`
-	Aggregates    []*AggregateInfo       `protobuf:"bytes,6,rep,name=aggregates,proto3" json:"aggregates,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	KeyField  string                 `protobuf:"bytes,2,opt,name=key_field,json=keyField,proto3" json:"key_field,omitempty"`    // the field naming each event's key
+	IdField   string                 `protobuf:"bytes,3,opt,name=id_field,json=idField,proto3" json:"id_field,omitempty"`       // the idempotency field; "" for none
+	TimeField string                 `protobuf:"bytes,4,opt,name=time_field,json=timeField,proto3" json:"time_field,omitempty"` // the event-time field; "" means ingest time
+	// The running aggregates, by name.
+	Aggregates []*AggregateInfo `protobuf:"bytes,6,rep,name=aggregates,proto3" json:"aggregates,omitempty"`
+	// How long applied ids are remembered; set when id_field is.
+	DedupWindow *durationpb.Duration `protobuf:"bytes,7,opt,name=dedup_window,json=dedupWindow,proto3" json:"dedup_window,omitempty"`
+	// Keys idle this long (processing time) are deleted; unset: never.
+	Ttl *durationpb.Duration `protobuf:"bytes,8,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// Event-time settings, set when the pipeline has windows or patterns:
+	// how far the watermark trails the largest event time, how long emitted
+	// windows take late events (and emit again), how long without events
+	// before the watermark advances with the clock, and how long results
+	// are kept.
+	OutOfOrderness  *durationpb.Duration `protobuf:"bytes,9,opt,name=out_of_orderness,json=outOfOrderness,proto3" json:"out_of_orderness,omitempty"`
+	AllowedLateness *durationpb.Duration `protobuf:"bytes,10,opt,name=allowed_lateness,json=allowedLateness,proto3" json:"allowed_lateness,omitempty"`
+	IdleTimeout     *durationpb.Duration `protobuf:"bytes,11,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
+	OutputRetention *durationpb.Duration `protobuf:"bytes,12,opt,name=output_retention,json=outputRetention,proto3" json:"output_retention,omitempty"`
+	// The event-time windows and patterns, by name.
+	Windows       []*WindowInfo  `protobuf:"bytes,13,rep,name=windows,proto3" json:"windows,omitempty"`
+	Patterns      []*PatternInfo `protobuf:"bytes,14,rep,name=patterns,proto3" json:"patterns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -713,13 +734,6 @@ func (x *PipelineInfo) GetTimeField() string {
 	return ""
 }
 
-func (x *PipelineInfo) GetDedupWindowMs() int64 {
-	if x != nil {
-		return x.DedupWindowMs
-	}
-	return 0
-}
-
 func (x *PipelineInfo) GetAggregates() []*AggregateInfo {
 	if x != nil {
 		return x.Aggregates
@@ -727,12 +741,68 @@ func (x *PipelineInfo) GetAggregates() []*AggregateInfo {
 	return nil
 }
 
+func (x *PipelineInfo) GetDedupWindow() *durationpb.Duration {
+	if x != nil {
+		return x.DedupWindow
+	}
+	return nil
+}
+
+func (x *PipelineInfo) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *PipelineInfo) GetOutOfOrderness() *durationpb.Duration {
+	if x != nil {
+		return x.OutOfOrderness
+	}
+	return nil
+}
+
+func (x *PipelineInfo) GetAllowedLateness() *durationpb.Duration {
+	if x != nil {
+		return x.AllowedLateness
+	}
+	return nil
+}
+
+func (x *PipelineInfo) GetIdleTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.IdleTimeout
+	}
+	return nil
+}
+
+func (x *PipelineInfo) GetOutputRetention() *durationpb.Duration {
+	if x != nil {
+		return x.OutputRetention
+	}
+	return nil
+}
+
+func (x *PipelineInfo) GetWindows() []*WindowInfo {
+	if x != nil {
+		return x.Windows
+	}
+	return nil
+}
+
+func (x *PipelineInfo) GetPatterns() []*PatternInfo {
+	if x != nil {
+		return x.Patterns
+	}
+	return nil
+}
+
 type AggregateInfo struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Op            string                 `protobuf:"bytes,2,opt,name=op,proto3" json:"op,omitempty"`
-	Field         string                 `protobuf:"bytes,3,opt,name=field,proto3" json:"field,omitempty"`
-	Where         string                 `protobuf:"bytes,4,opt,name=where,proto3" json:"where,omitempty"`
+	Op            string                 `protobuf:"bytes,2,opt,name=op,proto3" json:"op,omitempty"`       // count, sum, min, max, last, distinct, quantiles
+	Field         string                 `protobuf:"bytes,3,opt,name=field,proto3" json:"field,omitempty"` // the (dotted) field it reads; "" for a plain count
+	Where         string                 `protobuf:"bytes,4,opt,name=where,proto3" json:"where,omitempty"` // the filter an event must pass; "" for none
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -795,6 +865,198 @@ func (x *AggregateInfo) GetWhere() string {
 	return ""
 }
 
+// WindowInfo is one event-time window of each key.
+type WindowInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Kind  string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`   // tumbling, sliding or session
+	Size  *durationpb.Duration   `protobuf:"bytes,3,opt,name=size,proto3" json:"size,omitempty"`   // tumbling and sliding
+	Slide *durationpb.Duration   `protobuf:"bytes,4,opt,name=slide,proto3" json:"slide,omitempty"` // sliding
+	Gap   *durationpb.Duration   `protobuf:"bytes,5,opt,name=gap,proto3" json:"gap,omitempty"`     // session
+	// The pipeline's aggregates the window computes (all of them unless
+	// the configuration lists some), in the order they are computed.
+	Aggregates    []string `protobuf:"bytes,6,rep,name=aggregates,proto3" json:"aggregates,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WindowInfo) Reset() {
+	*x = WindowInfo{}
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WindowInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WindowInfo) ProtoMessage() {}
+
+func (x *WindowInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WindowInfo.ProtoReflect.Descriptor instead.
+func (*WindowInfo) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *WindowInfo) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *WindowInfo) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *WindowInfo) GetSize() *durationpb.Duration {
+	if x != nil {
+		return x.Size
+	}
+	return nil
+}
+
+func (x *WindowInfo) GetSlide() *durationpb.Duration {
+	if x != nil {
+		return x.Slide
+	}
+	return nil
+}
+
+func (x *WindowInfo) GetGap() *durationpb.Duration {
+	if x != nil {
+		return x.Gap
+	}
+	return nil
+}
+
+func (x *WindowInfo) GetAggregates() []string {
+	if x != nil {
+		return x.Aggregates
+	}
+	return nil
+}
+
+// PatternInfo is one event-time pattern each key detects.
+type PatternInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Kind  string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"` // threshold, sequence or absence
+	// threshold: at least count events passing where.
+	Where string `protobuf:"bytes,3,opt,name=where,proto3" json:"where,omitempty"`
+	Count uint32 `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
+	// sequence: an event passing each filter in turn.
+	Sequence []string `protobuf:"bytes,5,rep,name=sequence,proto3" json:"sequence,omitempty"`
+	// absence: an event passing after not followed by one passing absent.
+	After  string `protobuf:"bytes,6,opt,name=after,proto3" json:"after,omitempty"`
+	Absent string `protobuf:"bytes,7,opt,name=absent,proto3" json:"absent,omitempty"`
+	// The longest span of a match.
+	Within        *durationpb.Duration `protobuf:"bytes,8,opt,name=within,proto3" json:"within,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PatternInfo) Reset() {
+	*x = PatternInfo{}
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PatternInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PatternInfo) ProtoMessage() {}
+
+func (x *PatternInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PatternInfo.ProtoReflect.Descriptor instead.
+func (*PatternInfo) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *PatternInfo) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PatternInfo) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *PatternInfo) GetWhere() string {
+	if x != nil {
+		return x.Where
+	}
+	return ""
+}
+
+func (x *PatternInfo) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *PatternInfo) GetSequence() []string {
+	if x != nil {
+		return x.Sequence
+	}
+	return nil
+}
+
+func (x *PatternInfo) GetAfter() string {
+	if x != nil {
+		return x.After
+	}
+	return ""
+}
+
+func (x *PatternInfo) GetAbsent() string {
+	if x != nil {
+		return x.Absent
+	}
+	return ""
+}
+
+func (x *PatternInfo) GetWithin() *durationpb.Duration {
+	if x != nil {
+		return x.Within
+	}
+	return nil
+}
+
 type ListOutputsRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Pipeline string                 `protobuf:"bytes,1,opt,name=pipeline,proto3" json:"pipeline,omitempty"`
@@ -809,7 +1071,7 @@ type ListOutputsRequest struct {
 
 func (x *ListOutputsRequest) Reset() {
 	*x = ListOutputsRequest{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[13]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -821,7 +1083,7 @@ func (x *ListOutputsRequest) String() string {
 func (*ListOutputsRequest) ProtoMessage() {}
 
 func (x *ListOutputsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[13]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -834,7 +1096,7 @@ func (x *ListOutputsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOutputsRequest.ProtoReflect.Descriptor instead.
 func (*ListOutputsRequest) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{13}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListOutputsRequest) GetPipeline() string {
@@ -870,7 +1132,7 @@ type ListOutputsResponse struct {
 
 func (x *ListOutputsResponse) Reset() {
 	*x = ListOutputsResponse{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[14]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -882,7 +1144,7 @@ func (x *ListOutputsResponse) String() string {
 func (*ListOutputsResponse) ProtoMessage() {}
 
 func (x *ListOutputsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[14]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -895,7 +1157,7 @@ func (x *ListOutputsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOutputsResponse.ProtoReflect.Descriptor instead.
 func (*ListOutputsResponse) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{14}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListOutputsResponse) GetOutputs() []*OutputEntry {
@@ -923,7 +1185,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[15]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1197,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[15]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1210,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{15}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SubscribeRequest) GetPipeline() string {
@@ -980,7 +1242,7 @@ type OutputEntry struct {
 
 func (x *OutputEntry) Reset() {
 	*x = OutputEntry{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[16]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +1254,7 @@ func (x *OutputEntry) String() string {
 func (*OutputEntry) ProtoMessage() {}
 
 func (x *OutputEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[16]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +1267,7 @@ func (x *OutputEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputEntry.ProtoReflect.Descriptor instead.
 func (*OutputEntry) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{16}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *OutputEntry) GetCursor() string {
@@ -1034,7 +1296,7 @@ var File_proto_keyfold_v1_service_proto protoreflect.FileDescriptor
 const file_proto_keyfold_v1_service_proto_rawDesc = "" +
 	"\n" +
 	"\x1eproto/keyfold/v1/service.proto\x12\n" +
-	"keyfold.v1\x1a\x1aproto/keyfold/v1/log.proto\"C\n" +
+	"keyfold.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1aproto/keyfold/v1/log.proto\"C\n" +
 	"\rIngestRequest\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x16\n" +
 	"\x06events\x18\x02 \x03(\fR\x06events\"L\n" +
@@ -1084,22 +1346,49 @@ const file_proto_keyfold_v1_service_proto_rawDesc = "" +
 	"\x11DeleteKeyResponse\"\x16\n" +
 	"\x14ListPipelinesRequest\"O\n" +
 	"\x15ListPipelinesResponse\x126\n" +
-	"\tpipelines\x18\x01 \x03(\v2\x18.keyfold.v1.PipelineInfoR\tpipelines\"\xdc\x01\n" +
+	"\tpipelines\x18\x01 \x03(\v2\x18.keyfold.v1.PipelineInfoR\tpipelines\"\xac\x05\n" +
 	"\fPipelineInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tkey_field\x18\x02 \x01(\tR\bkeyField\x12\x19\n" +
 	"\bid_field\x18\x03 \x01(\tR\aidField\x12\x1d\n" +
 	"\n" +
-	"time_field\x18\x04 \x01(\tR\ttimeField\x12&\n" +
-	"\x0fdedup_window_ms\x18\x05 \x01(\x03R\rdedupWindowMs\x129\n" +
+	"time_field\x18\x04 \x01(\tR\ttimeField\x129\n" +
 	"\n" +
 	"aggregates\x18\x06 \x03(\v2\x19.keyfold.v1.AggregateInfoR\n" +
-	"aggregates\"_\n" +
+	"aggregates\x12<\n" +
+	"\fdedup_window\x18\a \x01(\v2\x19.google.protobuf.DurationR\vdedupWindow\x12+\n" +
+	"\x03ttl\x18\b \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12C\n" +
+	"\x10out_of_orderness\x18\t \x01(\v2\x19.google.protobuf.DurationR\x0eoutOfOrderness\x12D\n" +
+	"\x10allowed_lateness\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\x0fallowedLateness\x12<\n" +
+	"\fidle_timeout\x18\v \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x12D\n" +
+	"\x10output_retention\x18\f \x01(\v2\x19.google.protobuf.DurationR\x0foutputRetention\x120\n" +
+	"\awindows\x18\r \x03(\v2\x16.keyfold.v1.WindowInfoR\awindows\x123\n" +
+	"\bpatterns\x18\x0e \x03(\v2\x17.keyfold.v1.PatternInfoR\bpatternsJ\x04\b\x05\x10\x06R\x0fdedup_window_ms\"_\n" +
 	"\rAggregateInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02op\x18\x02 \x01(\tR\x02op\x12\x14\n" +
 	"\x05field\x18\x03 \x01(\tR\x05field\x12\x14\n" +
-	"\x05where\x18\x04 \x01(\tR\x05where\"\\\n" +
+	"\x05where\x18\x04 \x01(\tR\x05where\"\xe1\x01\n" +
+	"\n" +
+	"WindowInfo\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12-\n" +
+	"\x04size\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x04size\x12/\n" +
+	"\x05slide\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05slide\x12+\n" +
+	"\x03gap\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x03gap\x12\x1e\n" +
+	"\n" +
+	"aggregates\x18\x06 \x03(\tR\n" +
+	"aggregates\"\xde\x01\n" +
+	"\vPatternInfo\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x14\n" +
+	"\x05where\x18\x03 \x01(\tR\x05where\x12\x14\n" +
+	"\x05count\x18\x04 \x01(\rR\x05count\x12\x1a\n" +
+	"\bsequence\x18\x05 \x03(\tR\bsequence\x12\x14\n" +
+	"\x05after\x18\x06 \x01(\tR\x05after\x12\x16\n" +
+	"\x06absent\x18\a \x01(\tR\x06absent\x121\n" +
+	"\x06within\x18\b \x01(\v2\x19.google.protobuf.DurationR\x06within\"\\\n" +
 	"\x12ListOutputsRequest\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x14\n" +
 	"\x05after\x18\x02 \x01(\tR\x05after\x12\x14\n" +
@@ -1135,7 +1424,7 @@ func file_proto_keyfold_v1_service_proto_rawDescGZIP() []byte {
 	return file_proto_keyfold_v1_service_proto_rawDescData
 }
 
-var file_proto_keyfold_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_proto_keyfold_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_proto_keyfold_v1_service_proto_goTypes = []any{
 	(*IngestRequest)(nil),         // 0: keyfold.v1.IngestRequest
 	(*IngestResponse)(nil),        // 1: keyfold.v1.IngestResponse
@@ -1150,39 +1439,54 @@ var file_proto_keyfold_v1_service_proto_goTypes = []any{
 	(*ListPipelinesResponse)(nil), // 10: keyfold.v1.ListPipelinesResponse
 	(*PipelineInfo)(nil),          // 11: keyfold.v1.PipelineInfo
 	(*AggregateInfo)(nil),         // 12: keyfold.v1.AggregateInfo
-	(*ListOutputsRequest)(nil),    // 13: keyfold.v1.ListOutputsRequest
-	(*ListOutputsResponse)(nil),   // 14: keyfold.v1.ListOutputsResponse
-	(*SubscribeRequest)(nil),      // 15: keyfold.v1.SubscribeRequest
-	(*OutputEntry)(nil),           // 16: keyfold.v1.OutputEntry
-	nil,                           // 17: keyfold.v1.GetStateResponse.AggregatesEntry
-	(*Output)(nil),                // 18: keyfold.v1.Output
+	(*WindowInfo)(nil),            // 13: keyfold.v1.WindowInfo
+	(*PatternInfo)(nil),           // 14: keyfold.v1.PatternInfo
+	(*ListOutputsRequest)(nil),    // 15: keyfold.v1.ListOutputsRequest
+	(*ListOutputsResponse)(nil),   // 16: keyfold.v1.ListOutputsResponse
+	(*SubscribeRequest)(nil),      // 17: keyfold.v1.SubscribeRequest
+	(*OutputEntry)(nil),           // 18: keyfold.v1.OutputEntry
+	nil,                           // 19: keyfold.v1.GetStateResponse.AggregatesEntry
+	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
+	(*Output)(nil),                // 21: keyfold.v1.Output
 }
 var file_proto_keyfold_v1_service_proto_depIdxs = []int32{
 	4,  // 0: keyfold.v1.IngestStreamResponse.error:type_name -> keyfold.v1.BatchError
-	17, // 1: keyfold.v1.GetStateResponse.aggregates:type_name -> keyfold.v1.GetStateResponse.AggregatesEntry
+	19, // 1: keyfold.v1.GetStateResponse.aggregates:type_name -> keyfold.v1.GetStateResponse.AggregatesEntry
 	11, // 2: keyfold.v1.ListPipelinesResponse.pipelines:type_name -> keyfold.v1.PipelineInfo
 	12, // 3: keyfold.v1.PipelineInfo.aggregates:type_name -> keyfold.v1.AggregateInfo
-	16, // 4: keyfold.v1.ListOutputsResponse.outputs:type_name -> keyfold.v1.OutputEntry
-	18, // 5: keyfold.v1.OutputEntry.output:type_name -> keyfold.v1.Output
-	0,  // 6: keyfold.v1.Keyfold.Ingest:input_type -> keyfold.v1.IngestRequest
-	2,  // 7: keyfold.v1.Keyfold.IngestStream:input_type -> keyfold.v1.IngestStreamRequest
-	5,  // 8: keyfold.v1.Keyfold.GetState:input_type -> keyfold.v1.GetStateRequest
-	7,  // 9: keyfold.v1.Keyfold.DeleteKey:input_type -> keyfold.v1.DeleteKeyRequest
-	9,  // 10: keyfold.v1.Keyfold.ListPipelines:input_type -> keyfold.v1.ListPipelinesRequest
-	13, // 11: keyfold.v1.Keyfold.ListOutputs:input_type -> keyfold.v1.ListOutputsRequest
-	15, // 12: keyfold.v1.Keyfold.Subscribe:input_type -> keyfold.v1.SubscribeRequest
-	1,  // 13: keyfold.v1.Keyfold.Ingest:output_type -> keyfold.v1.IngestResponse
-	3,  // 14: keyfold.v1.Keyfold.IngestStream:output_type -> keyfold.v1.IngestStreamResponse
-	6,  // 15: keyfold.v1.Keyfold.GetState:output_type -> keyfold.v1.GetStateResponse
-	8,  // 16: keyfold.v1.Keyfold.DeleteKey:output_type -> keyfold.v1.DeleteKeyResponse
-	10, // 17: keyfold.v1.Keyfold.ListPipelines:output_type -> keyfold.v1.ListPipelinesResponse
-	14, // 18: keyfold.v1.Keyfold.ListOutputs:output_type -> keyfold.v1.ListOutputsResponse
-	16, // 19: keyfold.v1.Keyfold.Subscribe:output_type -> keyfold.v1.OutputEntry
-	13, // [13:20] is the sub-list for method output_type
-	6,  // [6:13] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	20, // 4: keyfold.v1.PipelineInfo.dedup_window:type_name -> google.protobuf.Duration
+	20, // 5: keyfold.v1.PipelineInfo.ttl:type_name -> google.protobuf.Duration
+	20, // 6: keyfold.v1.PipelineInfo.out_of_orderness:type_name -> google.protobuf.Duration
+	20, // 7: keyfold.v1.PipelineInfo.allowed_lateness:type_name -> google.protobuf.Duration
+	20, // 8: keyfold.v1.PipelineInfo.idle_timeout:type_name -> google.protobuf.Duration
+	20, // 9: keyfold.v1.PipelineInfo.output_retention:type_name -> google.protobuf.Duration
+	13, // 10: keyfold.v1.PipelineInfo.windows:type_name -> keyfold.v1.WindowInfo
+	14, // 11: keyfold.v1.PipelineInfo.patterns:type_name -> keyfold.v1.PatternInfo
+	20, // 12: keyfold.v1.WindowInfo.size:type_name -> google.protobuf.Duration
+	20, // 13: keyfold.v1.WindowInfo.slide:type_name -> google.protobuf.Duration
+	20, // 14: keyfold.v1.WindowInfo.gap:type_name -> google.protobuf.Duration
+	20, // 15: keyfold.v1.PatternInfo.within:type_name -> google.protobuf.Duration
+	18, // 16: keyfold.v1.ListOutputsResponse.outputs:type_name -> keyfold.v1.OutputEntry
+	21, // 17: keyfold.v1.OutputEntry.output:type_name -> keyfold.v1.Output
+	0,  // 18: keyfold.v1.Keyfold.Ingest:input_type -> keyfold.v1.IngestRequest
+	2,  // 19: keyfold.v1.Keyfold.IngestStream:input_type -> keyfold.v1.IngestStreamRequest
+	5,  // 20: keyfold.v1.Keyfold.GetState:input_type -> keyfold.v1.GetStateRequest
+	7,  // 21: keyfold.v1.Keyfold.DeleteKey:input_type -> keyfold.v1.DeleteKeyRequest
+	9,  // 22: keyfold.v1.Keyfold.ListPipelines:input_type -> keyfold.v1.ListPipelinesRequest
+	15, // 23: keyfold.v1.Keyfold.ListOutputs:input_type -> keyfold.v1.ListOutputsRequest
+	17, // 24: keyfold.v1.Keyfold.Subscribe:input_type -> keyfold.v1.SubscribeRequest
+	1,  // 25: keyfold.v1.Keyfold.Ingest:output_type -> keyfold.v1.IngestResponse
+	3,  // 26: keyfold.v1.Keyfold.IngestStream:output_type -> keyfold.v1.IngestStreamResponse
+	6,  // 27: keyfold.v1.Keyfold.GetState:output_type -> keyfold.v1.GetStateResponse
+	8,  // 28: keyfold.v1.Keyfold.DeleteKey:output_type -> keyfold.v1.DeleteKeyResponse
+	10, // 29: keyfold.v1.Keyfold.ListPipelines:output_type -> keyfold.v1.ListPipelinesResponse
+	16, // 30: keyfold.v1.Keyfold.ListOutputs:output_type -> keyfold.v1.ListOutputsResponse
+	18, // 31: keyfold.v1.Keyfold.Subscribe:output_type -> keyfold.v1.OutputEntry
+	25, // [25:32] is the sub-list for method output_type
+	18, // [18:25] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_proto_keyfold_v1_service_proto_init() }
@@ -1197,7 +1501,7 @@ func file_proto_keyfold_v1_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_keyfold_v1_service_proto_rawDesc), len(file_proto_keyfold_v1_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -55,7 +55,9 @@ type KeyfoldClient interface {
 	// logging a tombstone so that replay erases it too. Deleting a key that
 	// holds no state succeeds.
 	DeleteKey(ctx context.Context, in *DeleteKeyRequest, opts ...grpc.CallOption) (*DeleteKeyResponse, error)
-	// ListPipelines returns the configured pipelines.
+	// ListPipelines describes the configured pipelines, by name, with every
+	// setting resolved (defaults filled in): what GET /v1/pipelines answers,
+	// in the same shape (its JSON is this message's).
 	ListPipelines(ctx context.Context, in *ListPipelinesRequest, opts ...grpc.CallOption) (*ListPipelinesResponse, error)
 	// ListOutputs returns a page of the results a pipeline's keys emitted
 	// (window results), oldest first, stored after the cursor `after`. An
@@ -183,7 +185,9 @@ type KeyfoldServer interface {
 	// logging a tombstone so that replay erases it too. Deleting a key that
 	// holds no state succeeds.
 	DeleteKey(context.Context, *DeleteKeyRequest) (*DeleteKeyResponse, error)
-	// ListPipelines returns the configured pipelines.
+	// ListPipelines describes the configured pipelines, by name, with every
+	// setting resolved (defaults filled in): what GET /v1/pipelines answers,
+	// in the same shape (its JSON is this message's).
 	ListPipelines(context.Context, *ListPipelinesRequest) (*ListPipelinesResponse, error)
 	// ListOutputs returns a page of the results a pipeline's keys emitted
 	// (window results), oldest first, stored after the cursor `after`. An
