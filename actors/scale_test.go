@@ -146,3 +146,67 @@ func cpuTime() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// BenchmarkResidentKeyMemory measures what a key held in the resident tier
+// costs (README, "Sizing"): b.N keys of the bench pipeline, one event each
+// (so one remembered id each), passivated out of their actors, then the
+// heap they hold per key, after a GC, beside the host's own estimate of it
+// (resident_est_B/key, what max_memory is charged):
+//
+//	go test -run '^$' -bench ResidentKeyMemory -benchtime 200000x ./actors
+func BenchmarkResidentKeyMemory(b *testing.B) {
+	store, err := embedded.Open(b.TempDir(), embedded.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer store.Close()
+	const maxActive = 1000
+	h, err := actors.New(actors.Config{Store: store, Pipelines: benchPipeline(b), MaxActive: maxActive,
+		CheckpointInterval: 50 * time.Millisecond, MaxMemory: 16 << 30})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := h.Recover(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Error(err)
+		}
+	}()
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	b.ResetTimer()
+	raws := make([][]byte, 0, 1000)
+	for i := range b.N {
+		raws = append(raws, fmt.Appendf(nil, `{"user_id":"u%d","event_id":"e%d","type":"login_ok","amount":%d,"geo":{"country":"DE"}}`, i, i, i%100))
+		if len(raws) == cap(raws) || i == b.N-1 {
+			if _, err := h.Ingest(context.Background(), "logins", raws); err != nil {
+				b.Fatal(err)
+			}
+			raws = raws[:0]
+		}
+	}
+	for h.Stats().ActiveKeys > maxActive || h.Stats().DirtyKeys > 0 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond) // the last passivated grains park
+	b.StopTimer()
+	st := h.Stats()
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	held := st.ActiveKeys + st.ResidentKeys
+	heap := float64(int64(after.HeapInuse)-int64(before.HeapInuse)) - float64(st.ActiveKeys)*actors.ActiveKeyBytes
+	b.ReportMetric(float64(st.ResidentKeys), "resident_keys")
+	if st.ResidentKeys > 0 {
+		b.ReportMetric(heap/float64(st.ResidentKeys), "heap_B/resident_key")
+		b.ReportMetric(float64(st.ResidentBytes)/float64(st.ResidentKeys), "resident_est_B/key")
+	}
+	_ = held
+}

@@ -1,5 +1,10 @@
 package fold
 
+import (
+	"cmp"
+	"slices"
+)
+
 // idSet remembers the ids a key applied within its pipeline's dedup window.
 //
 // For snapshots the ids are grouped into buckets by the time they were
@@ -10,15 +15,21 @@ package fold
 // still holds others stay in its stored copy and are dropped again when it
 // is loaded, which gives back exactly the same set.
 type idSet struct {
-	at      map[string]int64 // id → when it was applied (the key's clock)
-	order   []seenID         // the same ids, oldest first
-	buckets map[int64]*bucketInfo
+	// order holds the ids, oldest first. A set of a few ids is searched
+	// there; beyond smallIDs, set indexes them too. (Most keys remember a
+	// few ids, and a Go map costs a few hundred bytes even for one entry:
+	// a key in memory is meant to take less than a KiB, BENCHMARKS.md.)
+	order []seenID
+	set   map[string]struct{}
+	// buckets are the buckets holding ids, by bucket number. There are
+	// about 17 at most (a sixteenth of the window each), so a sorted slice
+	// is smaller and faster than a map.
+	buckets []bucketInfo
 	gone    []goneBucket // emptied buckets whose stored copies must go
-	// The bucket of the last add: ids arrive in time order, so it is
-	// nearly always the next one's too.
-	lastB    int64
-	lastInfo *bucketInfo
 }
+
+// smallIDs is the most ids an idSet searches without an index.
+const smallIDs = 8
 
 type seenID struct {
 	id string
@@ -26,6 +37,7 @@ type seenID struct {
 }
 
 type bucketInfo struct {
+	bucket  int64
 	count   int
 	changed uint64 // State.version of the last id added
 }
@@ -35,31 +47,48 @@ type goneBucket struct {
 	version uint64 // State.version when it emptied
 }
 
-func (d *idSet) len() int { return len(d.at) }
+func (d *idSet) len() int { return len(d.order) }
 
 func (d *idSet) has(id string) bool {
-	_, ok := d.at[id]
-	return ok
+	if d.set != nil {
+		_, ok := d.set[id]
+		return ok
+	}
+	for i := range d.order {
+		if d.order[i].id == id {
+			return true
+		}
+	}
+	return false
+}
+
+// find returns the index of bucket b in d.buckets, or where it would go.
+func (d *idSet) find(b int64) (int, bool) {
+	// Ids arrive in time order: nearly always the last bucket.
+	if n := len(d.buckets); n > 0 && d.buckets[n-1].bucket == b {
+		return n - 1, true
+	}
+	return slices.BinarySearchFunc(d.buckets, b, func(bi bucketInfo, b int64) int { return cmp.Compare(bi.bucket, b) })
 }
 
 func (d *idSet) add(id string, at int64, width int64, version uint64) {
-	if d.at == nil {
-		d.at = make(map[string]int64)
-		d.buckets = make(map[int64]*bucketInfo)
-	}
-	d.at[id] = at
 	d.order = append(d.order, seenID{id: id, at: at})
-	bk := at / width
-	b := d.lastInfo
-	if b == nil || d.lastB != bk {
-		if b = d.buckets[bk]; b == nil {
-			b = &bucketInfo{}
-			d.buckets[bk] = b
+	switch {
+	case d.set != nil:
+		d.set[id] = struct{}{}
+	case len(d.order) > smallIDs:
+		d.set = make(map[string]struct{}, 2*len(d.order))
+		for _, e := range d.order {
+			d.set[e.id] = struct{}{}
 		}
-		d.lastB, d.lastInfo = bk, b
 	}
-	b.count++
-	b.changed = version
+	bk := at / width
+	i, ok := d.find(bk)
+	if !ok {
+		d.buckets = slices.Insert(d.buckets, i, bucketInfo{bucket: bk})
+	}
+	d.buckets[i].count++
+	d.buckets[i].changed = version
 }
 
 // expire forgets the ids applied at or before horizon.
@@ -67,15 +96,13 @@ func (d *idSet) expire(horizon, width int64, version uint64) {
 	n := 0
 	for n < len(d.order) && d.order[n].at <= horizon {
 		e := d.order[n]
-		delete(d.at, e.id)
-		bk := e.at / width
-		if b := d.buckets[bk]; b != nil {
-			if b.count--; b.count == 0 {
-				delete(d.buckets, bk)
-				if d.lastInfo == b {
-					d.lastInfo = nil
-				}
-				d.gone = append(d.gone, goneBucket{bucket: bk, version: version})
+		if d.set != nil {
+			delete(d.set, e.id)
+		}
+		if i, ok := d.find(e.at / width); ok {
+			if d.buckets[i].count--; d.buckets[i].count == 0 {
+				d.gone = append(d.gone, goneBucket{bucket: d.buckets[i].bucket, version: version})
+				d.buckets = slices.Delete(d.buckets, i, i+1)
 			}
 		}
 		n++
@@ -83,7 +110,10 @@ func (d *idSet) expire(horizon, width int64, version uint64) {
 	if n > 0 {
 		d.order = d.order[n:]
 		if len(d.order) == 0 {
-			d.order = nil // let the backing array go
+			d.order, d.buckets = nil, nil // let the backing arrays go
+		}
+		if len(d.order) <= smallIDs/2 {
+			d.set = nil // small again: searched in order
 		}
 	}
 }

@@ -47,14 +47,13 @@ func aggsSize(aggs []aggState) int {
 }
 
 // memSize estimates the bytes of the remembered ids: per id its bytes (held
-// once, by the map and the order alike), its map entry and its place in
-// the order.
+// once, by the index and the order alike), its place in the order and, in a
+// set large enough to have one, its index entry.
 func (d *idSet) memSize() int {
-	if d.at == nil {
-		return 0
+	n := cap(d.buckets)*int(unsafe.Sizeof(bucketInfo{})) + cap(d.order)*int(unsafe.Sizeof(seenID{}))
+	if d.set != nil {
+		n += len(d.set) * mapEntryBytes
 	}
-	n := len(d.buckets) * (mapEntryBytes + int(unsafe.Sizeof(bucketInfo{})))
-	n += cap(d.order)*int(unsafe.Sizeof(seenID{})) + len(d.at)*mapEntryBytes
 	for _, e := range d.order {
 		n += len(e.id)
 	}

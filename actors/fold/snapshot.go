@@ -2,7 +2,6 @@ package fold
 
 import (
 	"fmt"
-	"slices"
 
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"google.golang.org/protobuf/proto"
@@ -193,17 +192,20 @@ func (p *Pipeline) SnapshotParts(s *State, since uint64) (Parts, error) {
 	byBucket := map[int64][]*keyfoldv1.SeenID{}
 	w := p.bucketWidth()
 	first := len(s.ids.order)
-	for first > 0 && s.ids.buckets[s.ids.order[first-1].at/w].changed > since {
+	for first > 0 {
+		i, ok := s.ids.find(s.ids.order[first-1].at / w)
+		if !ok || s.ids.buckets[i].changed <= since {
+			break
+		}
 		first--
 	}
 	for _, e := range s.ids.order[first:] {
 		b := e.at / w
 		byBucket[b] = append(byBucket[b], &keyfoldv1.SeenID{Id: e.id, AtMs: e.at})
 	}
-	for b := range s.ids.buckets {
-		parts.Core.SeenBuckets = append(parts.Core.SeenBuckets, b)
+	for _, bi := range s.ids.buckets { // in bucket order
+		parts.Core.SeenBuckets = append(parts.Core.SeenBuckets, bi.bucket)
 	}
-	slices.Sort(parts.Core.SeenBuckets)
 	for _, b := range parts.Core.SeenBuckets {
 		ids, ok := byBucket[b]
 		if !ok {
@@ -217,7 +219,7 @@ func (p *Pipeline) SnapshotParts(s *State, since uint64) (Parts, error) {
 	}
 	for _, g := range s.ids.gone {
 		if g.version > since {
-			if _, back := s.ids.buckets[g.bucket]; !back {
+			if _, back := s.ids.find(g.bucket); !back {
 				parts.Buckets = append(parts.Buckets, BucketPart{Bucket: g.bucket})
 			}
 		}
@@ -263,8 +265,8 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 		// Nothing of the new layout is stored: mark every bucket changed
 		// after RestoredVersion, and the old ones for deletion.
 		s.version = RestoredVersion + 1
-		for _, bi := range s.ids.buckets {
-			bi.changed = s.version
+		for i := range s.ids.buckets {
+			s.ids.buckets[i].changed = s.version
 		}
 		for _, b := range core.SeenBuckets {
 			s.ids.gone = append(s.ids.gone, goneBucket{bucket: b, version: s.version})

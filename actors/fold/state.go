@@ -268,8 +268,8 @@ func Tombstone(key string) *Event { return &Event{Key: key, Erase: true} }
 func Erase(s *State) {
 	s.version++
 	gone := s.ids.gone
-	for b := range s.ids.buckets {
-		gone = append(gone, goneBucket{bucket: b, version: s.version})
+	for _, bi := range s.ids.buckets {
+		gone = append(gone, goneBucket{bucket: bi.bucket, version: s.version})
 	}
 	// Windows that emitted and are still within allowed lateness stay,
 	// emptied, so that an event for one after the deletion emits the next

@@ -195,22 +195,25 @@ type memoryStats struct {
 	NodeRSS        float64 `json:"node_rss_bytes,omitempty"`
 	NodeHeap       float64 `json:"node_heap_inuse_bytes,omitempty"`
 	NodeActiveKeys float64 `json:"node_active_keys,omitempty"`
-	RSSPerKey      float64 `json:"node_rss_per_key,omitempty"`
-	HeapPerKey     float64 `json:"node_heap_per_key,omitempty"`
-	RedisUsed      float64 `json:"redis_used_memory_bytes,omitempty"`
-	RedisKeys      float64 `json:"redis_keys,omitempty"`
-	RedisPerKey    float64 `json:"redis_used_memory_per_bench_key,omitempty"`
+	// NodeResidentKeys are the keys in memory without an actor; the
+	// figures per key divide by both.
+	NodeResidentKeys float64 `json:"node_resident_keys,omitempty"`
+	RSSPerKey        float64 `json:"node_rss_per_key,omitempty"`
+	HeapPerKey       float64 `json:"node_heap_per_key,omitempty"`
+	RedisUsed        float64 `json:"redis_used_memory_bytes,omitempty"`
+	RedisKeys        float64 `json:"redis_keys,omitempty"`
+	RedisPerKey      float64 `json:"redis_used_memory_per_bench_key,omitempty"`
 }
 
 func (m *memoryStats) collect(ctx context.Context, o benchOptions) error {
 	if o.metrics != "" {
-		v, err := scrapeMetrics(ctx, o.metrics, "process_resident_memory_bytes", "go_memstats_heap_inuse_bytes", "keyfold_active_keys")
+		v, err := scrapeMetrics(ctx, o.metrics, "process_resident_memory_bytes", "go_memstats_heap_inuse_bytes", "keyfold_active_keys", "keyfold_resident_keys")
 		if err != nil {
 			return err
 		}
-		m.NodeRSS, m.NodeHeap, m.NodeActiveKeys = v[0], v[1], v[2]
-		if m.NodeActiveKeys > 0 {
-			m.RSSPerKey, m.HeapPerKey = m.NodeRSS/m.NodeActiveKeys, m.NodeHeap/m.NodeActiveKeys
+		m.NodeRSS, m.NodeHeap, m.NodeActiveKeys, m.NodeResidentKeys = v[0], v[1], v[2], v[3]
+		if held := m.NodeActiveKeys + m.NodeResidentKeys; held > 0 {
+			m.RSSPerKey, m.HeapPerKey = m.NodeRSS/held, m.NodeHeap/held
 		}
 	}
 	if o.redisInfo != "" {
