@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/keyfold/keyfold/cluster"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"github.com/keyfold/keyfold/services/grpcapi"
 )
@@ -46,7 +47,7 @@ func (b grpcBackend) Query(ctx context.Context, pipeline, key string) (grpcapi.K
 func grpcState(st KeyState) grpcapi.KeyState {
 	ks := grpcapi.KeyState{Seq: st.Seq, Duplicates: st.Duplicates, Aggregates: st.Aggregates}
 	if st.Late != nil { // a pipeline with windows or patterns
-		ks.Time = timeState{st.Watermark, st.Late, st.Windows, st.Patterns, st.LateWindows}
+		ks.Time = cluster.TimeState{Watermark: st.Watermark, Late: st.Late, Windows: st.Windows, Patterns: st.Patterns, LateWindows: st.LateWindows}
 	}
 	return ks
 }
