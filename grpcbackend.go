@@ -105,3 +105,26 @@ func outputEntry(o Output) *keyfoldv1.OutputEntry {
 		StoredMs: o.Stored.UnixMilli(),
 	}
 }
+
+func (b grpcBackend) Cluster(ctx context.Context, pipeline, key string) (*keyfoldv1.GetClusterResponse, error) {
+	info, err := b.n.Cluster(ctx, pipeline, key)
+	if err != nil {
+		return nil, err
+	}
+	resp := &keyfoldv1.GetClusterResponse{Cluster: info.Cluster, Self: info.Self, KeyGroups: info.KeyGroups,
+		Membership: info.Membership, FailureDetection: info.FailureDetection, Members: make([]*keyfoldv1.ClusterMember, len(info.Members))}
+	for i, m := range info.Members {
+		resp.Members[i] = &keyfoldv1.ClusterMember{
+			Id: m.ID, State: m.State, Error: m.Error, GroupsAssigned: uint32(m.GroupsAssigned), GroupsOwned: m.GroupsOwned,
+			GroupsServing: m.GroupsServing, ActiveKeys: m.ActiveKeys, Events: m.Events, EventsForwarded: m.EventsForwarded,
+			EventsReceived: m.EventsReceived, HttpAddr: m.HTTPAddr,
+		}
+		if !m.Started.IsZero() {
+			resp.Members[i].StartedMs = m.Started.UnixMilli()
+		}
+	}
+	if k := info.Key; k != nil {
+		resp.Key = &keyfoldv1.KeyOwner{Pipeline: k.Pipeline, Key: k.Key, Group: k.Group, Owner: k.Owner}
+	}
+	return resp, nil
+}
