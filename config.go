@@ -13,6 +13,7 @@ import (
 
 	"github.com/keyfold/keyfold/actors"
 	"github.com/keyfold/keyfold/actors/fold"
+	"github.com/keyfold/keyfold/cluster"
 	"github.com/keyfold/keyfold/persistence"
 	"github.com/keyfold/keyfold/persistence/redisstore"
 	"github.com/keyfold/keyfold/services"
@@ -354,12 +355,12 @@ func (c Config) checkCluster() []error {
 		}
 	}
 	if advertise != "" {
-		if err := validAdvertise(advertise); err != nil && !strings.HasSuffix(advertise, ":0") {
+		if err := cluster.ValidAdvertise(advertise); err != nil && !strings.HasSuffix(advertise, ":0") {
 			errs = append(errs, fmt.Errorf("keyfold: config: %w", err))
 		}
 	}
 	for _, p := range c.Peers {
-		if err := validAdvertise(p); err != nil {
+		if err := cluster.ValidAdvertise(p); err != nil {
 			errs = append(errs, fmt.Errorf("keyfold: config: peers: %w", err))
 		}
 	}

@@ -7,6 +7,11 @@
 // nothing twice.
 //
 // This package is the embedding API; cmd/keyfold is a thin CLI over it.
+// A node alone serves every key with its host (package actors); a member of
+// a cluster (Config.Cluster) sends each call through package cluster, which
+// routes it to the owner of the key's group (see router.go). The transports
+// reach the node through adapters: httpbackend.go and grpcbackend.go for
+// the public APIs, localbackend.go for the node-to-node service.
 //
 //	cfg, err := keyfold.LoadConfig("pipelines.yaml")
 //	node, err := keyfold.New(cfg)

@@ -3,6 +3,7 @@ package keyfold
 import (
 	"context"
 
+	"github.com/keyfold/keyfold/cluster"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"github.com/keyfold/keyfold/services/grpcapi"
 )
@@ -44,7 +45,7 @@ func (b grpcBackend) Query(ctx context.Context, pipeline, key string) (grpcapi.K
 func grpcState(st KeyState) grpcapi.KeyState {
 	ks := grpcapi.KeyState{Seq: st.Seq, Duplicates: st.Duplicates, Aggregates: st.Aggregates}
 	if st.Late != nil { // a pipeline with windows or patterns
-		ks.Time = timeState{st.Watermark, st.Late, st.Windows, st.Patterns, st.LateWindows}
+		ks.Time = cluster.TimeState{Watermark: st.Watermark, Late: st.Late, Windows: st.Windows, Patterns: st.Patterns, LateWindows: st.LateWindows}
 	}
 	return ks
 }
@@ -85,4 +86,27 @@ func outputEntry(o Output) *keyfoldv1.OutputEntry {
 		},
 		StoredMs: o.Stored.UnixMilli(),
 	}
+}
+
+func (b grpcBackend) Cluster(ctx context.Context, pipeline, key string) (*keyfoldv1.GetClusterResponse, error) {
+	info, err := b.n.Cluster(ctx, pipeline, key)
+	if err != nil {
+		return nil, err
+	}
+	resp := &keyfoldv1.GetClusterResponse{Cluster: info.Cluster, Self: info.Self, KeyGroups: info.KeyGroups,
+		Membership: info.Membership, FailureDetection: info.FailureDetection, Members: make([]*keyfoldv1.ClusterMember, len(info.Members))}
+	for i, m := range info.Members {
+		resp.Members[i] = &keyfoldv1.ClusterMember{
+			Id: m.ID, State: m.State, Error: m.Error, GroupsAssigned: uint32(m.GroupsAssigned), GroupsOwned: m.GroupsOwned,
+			GroupsServing: m.GroupsServing, ActiveKeys: m.ActiveKeys, Events: m.Events, EventsForwarded: m.EventsForwarded,
+			EventsReceived: m.EventsReceived, HttpAddr: m.HTTPAddr,
+		}
+		if !m.Started.IsZero() {
+			resp.Members[i].StartedMs = m.Started.UnixMilli()
+		}
+	}
+	if k := info.Key; k != nil {
+		resp.Key = &keyfoldv1.KeyOwner{Pipeline: k.Pipeline, Key: k.Key, Group: k.Group, Owner: k.Owner}
+	}
+	return resp, nil
 }

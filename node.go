@@ -22,6 +22,7 @@ import (
 
 	"github.com/keyfold/keyfold/actors"
 	"github.com/keyfold/keyfold/actors/fold"
+	"github.com/keyfold/keyfold/cluster"
 	"github.com/keyfold/keyfold/persistence/embedded"
 	"github.com/keyfold/keyfold/persistence/redisstore"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
@@ -37,8 +38,8 @@ type Node struct {
 	pipelines map[string]*fold.Pipeline
 	budget    *services.Budget // ingest memory, shared by HTTP and gRPC
 
-	host      atomic.Pointer[actors.Host] // set once recovered
-	clu       atomic.Pointer[clusterNode] // set at start in a cluster
+	host      atomic.Pointer[actors.Host]  // set once recovered
+	clu       atomic.Pointer[cluster.Node] // set at start in a cluster: see router
 	startedAt time.Time
 	ready     chan struct{}
 	draining  atomic.Bool
@@ -228,12 +229,6 @@ func (n *Node) run(ctx context.Context) (err error) {
 
 	var owned []uint32 // nil: all
 	if n.cfg.Cluster != "" {
-		c, err := newClusterNode(n, store)
-		if err != nil {
-			stopServers()
-			return err
-		}
-		n.clu.Store(c)
 		owned = []uint32{} // placement gives the groups
 	}
 	host, err := actors.New(actors.Config{
@@ -251,6 +246,14 @@ func (n *Node) run(ctx context.Context) (err error) {
 		stopServers()
 		return err
 	}
+	var clu *cluster.Node
+	if n.cfg.Cluster != "" {
+		if clu, err = n.newCluster(store, host); err != nil {
+			stopServers()
+			return err
+		}
+		n.clu.Store(clu)
+	}
 	if err := host.Recover(ctx); err != nil {
 		stopServers()
 		if ctx.Err() != nil {
@@ -265,8 +268,7 @@ func (n *Node) run(ctx context.Context) (err error) {
 	hostCtx, stopHost := context.WithCancel(context.Background())
 	defer stopHost()
 	go func() { hostDone <- host.Run(hostCtx) }()
-	c := n.clu.Load()
-	joined := c == nil || c.join(ctx, host) == nil
+	joined := clu == nil || clu.Join(ctx) == nil
 	if joined {
 		close(n.ready)
 		health.Resume() // SERVING
@@ -280,17 +282,17 @@ func (n *Node) run(ctx context.Context) (err error) {
 	n.draining.Store(true)
 	close(n.drain)
 	log.Info("draining")
-	if c != nil {
+	if clu != nil {
 		// Hand the groups over before the listeners close: calls still
 		// arriving are routed to the next owners.
 		health.Shutdown()
 		lctx, lcancel := context.WithTimeout(context.Background(), n.cfg.ShutdownTimeout)
-		c.leave(lctx, host)
+		clu.Leave(lctx)
 		lcancel()
 	}
 	stopServers()
-	if c != nil {
-		c.stop()
+	if clu != nil {
+		clu.Stop()
 	}
 	if hostErr == nil {
 		stopHost()
@@ -372,7 +374,8 @@ func (n *Node) httpHandler() (http.Handler, error) {
 	if err := metrics.RegisterHost(n.cfg.Metrics, n.Stats); err != nil {
 		return nil, fmt.Errorf("keyfold: metrics: %w", err)
 	}
-	if err := metrics.RegisterCluster(n.cfg.Metrics, n.clusterStats); err != nil {
+	// Read through router at each scrape: a member's cluster starts later.
+	if err := metrics.RegisterCluster(n.cfg.Metrics, func() cluster.Stats { return n.router().Stats() }); err != nil {
 		return nil, fmt.Errorf("keyfold: metrics: %w", err)
 	}
 	if n.disk.Load() != nil {
@@ -436,41 +439,23 @@ func (n *Node) Ingest(ctx context.Context, pipeline string, events []json.RawMes
 // outcome with the returned PendingIngest (this is how the gRPC stream
 // keeps a stream's batches in order while several are in flight).
 func (n *Node) SubmitIngest(ctx context.Context, pipeline string, events [][]byte) (*PendingIngest, error) {
-	h, err := n.serving(pipeline)
+	r, err := n.route(pipeline)
 	if err != nil {
 		return nil, err
 	}
-	c := n.clu.Load()
-	if c == nil {
-		p, err := h.Submit(ctx, pipeline, events)
-		if err != nil {
-			return nil, err
-		}
-		return &PendingIngest{p: p}, nil
-	}
-	prepared, err := n.pipelines[pipeline].PrepareBatch(events)
+	p, err := r.Submit(ctx, pipeline, events)
 	if err != nil {
 		return nil, err
 	}
-	r, err := c.submit(ctx, h, pipeline, prepared)
-	if err != nil {
-		return nil, err
-	}
-	return &PendingIngest{r: r}, nil
+	return &PendingIngest{p}, nil
 }
 
 // PendingIngest is a submitted batch.
-type PendingIngest struct {
-	p *actors.Pending
-	r *routedIngest // in a cluster
-}
+type PendingIngest struct{ p cluster.Pending }
 
 // Wait waits until the batch is durable and applied, or ctx ends (it may
 // then still be applied).
 func (p *PendingIngest) Wait(ctx context.Context) (IngestResult, error) {
-	if p.r != nil {
-		return p.r.Wait(ctx)
-	}
 	r, err := p.p.Wait(ctx)
 	return IngestResult{Accepted: r.Accepted, Duplicates: r.Duplicates}, err
 }
@@ -480,17 +465,11 @@ func (p *PendingIngest) Wait(ctx context.Context) (IngestResult, error) {
 // the key's next event starts it afresh. Deleting a key without state
 // succeeds.
 func (n *Node) Delete(ctx context.Context, pipeline, key string) error {
-	h, err := n.serving(pipeline)
+	r, err := n.route(pipeline)
 	if err != nil {
 		return err
 	}
-	if c := n.clu.Load(); c != nil {
-		if err := fold.CheckKey(key); err != nil {
-			return err
-		}
-		return c.delete(ctx, h, pipeline, key)
-	}
-	return h.Delete(ctx, pipeline, key)
+	return r.Delete(ctx, pipeline, key)
 }
 
 // Pipelines returns the configured pipelines by name.
@@ -500,38 +479,19 @@ func (n *Node) Pipelines() map[string]PipelineConfig { return maps.Clone(n.cfg.P
 // ingest acknowledged before the call. A key never seen is ErrNotFound. In
 // a cluster the key's owner answers.
 func (n *Node) Query(ctx context.Context, pipeline, key string) (KeyState, error) {
-	h, err := n.serving(pipeline)
+	r, err := n.route(pipeline)
 	if err != nil {
 		return KeyState{}, err
 	}
-	if c := n.clu.Load(); c != nil {
-		return c.query(ctx, h, pipeline, key)
+	v, err := r.Query(ctx, pipeline, key)
+	if err != nil {
+		return KeyState{}, err
 	}
-	return n.queryLocal(ctx, h, pipeline, key)
+	return n.keyState(pipeline, key, v), nil
 }
 
-// queryLocal reads a key of a group this node serves. In a cluster the
-// node's lease must be confirmed before and after the key answers (see
-// clusterNode.checkRead): after, so that an answer delayed by a pause of
-// the process is still one no other member could have made stale.
-func (n *Node) queryLocal(ctx context.Context, h *actors.Host, pipeline, key string) (KeyState, error) {
-	c := n.clu.Load()
-	var g uint32
-	if c != nil {
-		g = actors.GroupOf(pipeline, key, n.cfg.KeyGroups)
-		if err := c.checkRead(g); err != nil {
-			return KeyState{}, err
-		}
-	}
-	v, err := h.Query(ctx, pipeline, key)
-	if err != nil {
-		return KeyState{}, err
-	}
-	if c != nil {
-		if err := c.checkRead(g); err != nil {
-			return KeyState{}, err
-		}
-	}
+// keyState is the host's view of a key as the embedding API gives it.
+func (n *Node) keyState(pipeline, key string, v actors.KeyView) KeyState {
 	ks := KeyState{Pipeline: pipeline, Key: key, Seq: v.Seq, Duplicates: v.Duplicates, Aggregates: v.Aggregates}
 	if n.pipelines[pipeline].Timed() {
 		ks.Late, ks.Windows, ks.Patterns, ks.LateWindows = &v.Late, v.Windows, v.Patterns, v.LateWindows
@@ -543,9 +503,11 @@ func (n *Node) queryLocal(ctx context.Context, h *actors.Host, pipeline, key str
 			ks.Windows = []WindowState{}
 		}
 	}
-	return ks, nil
+	return ks
 }
 
+// serving returns the host for a call on pipeline, or why the node cannot
+// serve one yet.
 func (n *Node) serving(pipeline string) (*actors.Host, error) {
 	if _, ok := n.pipelines[pipeline]; !ok {
 		return nil, fmt.Errorf("%w %q", ErrUnknownPipeline, pipeline)
@@ -554,10 +516,18 @@ func (n *Node) serving(pipeline string) (*actors.Host, error) {
 	if h == nil {
 		return nil, ErrNotReady
 	}
-	if c := n.clu.Load(); c != nil && c.view.Load() == nil {
+	if !n.router().Routable() {
 		return nil, ErrNotReady // no member list yet: nowhere to route
 	}
 	return h, nil
+}
+
+// route returns the router for a call on pipeline, as serving does.
+func (n *Node) route(pipeline string) (router, error) {
+	if _, err := n.serving(pipeline); err != nil {
+		return nil, err
+	}
+	return n.router(), nil
 }
 
 // Stats returns the node's counters.
@@ -573,10 +543,8 @@ func (n *Node) Stats() actors.Stats {
 // Operations section).
 func (n *Node) Serving() bool {
 	h := n.host.Load()
-	if c := n.clu.Load(); c != nil && !isClosed(c.joined) {
-		return false // a member is ready once it serves its share
-	}
-	return h != nil && !n.draining.Load() && h.Err() == nil && !n.diskFull()
+	// (A member is ready once it serves its share: Joined.)
+	return h != nil && n.router().Joined() && !n.draining.Load() && h.Err() == nil && !n.diskFull()
 }
 
 // diskFull reports whether the embedded store refuses writes: for lack of

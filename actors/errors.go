@@ -37,6 +37,10 @@ var (
 	// ErrBadArgument reports an argument out of range or malformed (an
 	// outputs cursor, a page size).
 	ErrBadArgument = errors.New("actors: bad argument")
+	// ErrBusy reports a request refused because a node is at its limit of
+	// concurrent work; retry later. The transports refuse with it, and a
+	// cluster member passes on an owner's refusal with it.
+	ErrBusy = errors.New("too many concurrent requests")
 )
 
 // storeFailure wraps a store error in what callers of the host see: its

@@ -18,7 +18,7 @@ var (
 	ErrBadRequest = errors.New("bad request")
 	// ErrBusy reports a request refused because the node is at its limit
 	// of concurrent work; retry later.
-	ErrBusy = errors.New("too many concurrent requests")
+	ErrBusy = actors.ErrBusy
 	// ErrOverBudget reports an ingest refused because the node's budget of
 	// ingest bytes in flight (max_ingest_bytes) is used up; retry later.
 	ErrOverBudget = errors.New("services: ingest memory budget in use")

@@ -30,6 +30,6 @@ func newRoot() *cobra.Command {
 		Version:       version(),
 	}
 	root.SetVersionTemplate("keyfold {{.Version}}\n")
-	root.AddCommand(newServe(), newSend(), newGet(), newDelete(), newOutputs(), newBench(), newHealth(), newConfig(), newVersion())
+	root.AddCommand(newServe(), newSend(), newGet(), newDelete(), newCluster(), newOutputs(), newBench(), newHealth(), newConfig(), newVersion())
 	return root
 }

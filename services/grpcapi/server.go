@@ -46,6 +46,9 @@ type Backend interface {
 	// then returns nil), fn fails (it returns fn's error) or the backend
 	// stops serving (a draining node: an error that maps to Unavailable).
 	Subscribe(ctx context.Context, pipeline, after string, fn func(*keyfoldv1.OutputEntry) error) error
+	// Cluster describes the cluster as this node sees it, with the owner of
+	// pipeline's key if key is set.
+	Cluster(ctx context.Context, pipeline, key string) (*keyfoldv1.GetClusterResponse, error)
 }
 
 // KeyState is one key's state.
@@ -262,6 +265,14 @@ func (s *server) DeleteKey(ctx context.Context, req *keyfoldv1.DeleteKeyRequest)
 		return nil, s.status(err)
 	}
 	return &keyfoldv1.DeleteKeyResponse{}, nil
+}
+
+func (s *server) GetCluster(ctx context.Context, req *keyfoldv1.GetClusterRequest) (*keyfoldv1.GetClusterResponse, error) {
+	resp, err := s.b.Cluster(ctx, req.Pipeline, req.Key)
+	if err != nil {
+		return nil, s.status(err)
+	}
+	return resp, nil
 }
 
 func (s *server) ListPipelines(context.Context, *keyfoldv1.ListPipelinesRequest) (*keyfoldv1.ListPipelinesResponse, error) {

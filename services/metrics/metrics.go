@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/cluster"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -79,19 +80,9 @@ func RegisterDisk(reg prometheus.Registerer, stats func() DiskStats) error {
 	return nil
 }
 
-// ClusterStats are a cluster member's counters.
-type ClusterStats struct {
-	Members         int   // live members this node sees (1 for a node alone)
-	GroupsOwned     int   // key groups placement gives this node
-	GroupsMoved     int64 // key groups whose owner changed, over the member lists seen
-	EventsForwarded int64 // events sent to their owner
-	EventsReceived  int64 // events received from other members
-	EventsRerouted  int64 // events routed again: their owner did not serve their group yet
-}
-
 // RegisterCluster registers a member's cluster counters, read from stats at
-// each scrape, on reg.
-func RegisterCluster(reg prometheus.Registerer, stats func() ClusterStats) error {
+// each scrape, on reg (a node alone: one member owning every group).
+func RegisterCluster(reg prometheus.Registerer, stats func() cluster.Stats) error {
 	for _, c := range []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "keyfold", Subsystem: "cluster", Name: "members", Help: "Live cluster members this node sees."},
 			func() float64 { return float64(stats().Members) }),

@@ -1291,6 +1291,370 @@ func (x *OutputEntry) GetStoredMs() int64 {
 	return 0
 }
 
+type GetClusterRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A key whose owner to name (none if empty), of pipeline (which may be
+	// empty when the node has one pipeline).
+	Pipeline      string `protobuf:"bytes,1,opt,name=pipeline,proto3" json:"pipeline,omitempty"`
+	Key           string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetClusterRequest) Reset() {
+	*x = GetClusterRequest{}
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetClusterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetClusterRequest) ProtoMessage() {}
+
+func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetClusterRequest.ProtoReflect.Descriptor instead.
+func (*GetClusterRequest) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *GetClusterRequest) GetPipeline() string {
+	if x != nil {
+		return x.Pipeline
+	}
+	return ""
+}
+
+func (x *GetClusterRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+type GetClusterResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The cluster's name ("" for a node alone).
+	Cluster string `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	// The answering node's member id (its advertised gRPC address).
+	Self      string `protobuf:"bytes,2,opt,name=self,proto3" json:"self,omitempty"`
+	KeyGroups uint32 `protobuf:"varint,3,opt,name=key_groups,json=keyGroups,proto3" json:"key_groups,omitempty"`
+	// "redis" (leases), "static" (a fixed list) or "single".
+	Membership string `protobuf:"bytes,4,opt,name=membership,proto3" json:"membership,omitempty"`
+	// With leases: how long a member that stopped answering stays listed,
+	// as a Go duration ("3s"), as GET /v1/cluster gives it.
+	FailureDetection string `protobuf:"bytes,5,opt,name=failure_detection,json=failureDetection,proto3" json:"failure_detection,omitempty"`
+	// By member id.
+	Members []*ClusterMember `protobuf:"bytes,6,rep,name=members,proto3" json:"members,omitempty"`
+	// The owner of the key named in the request, if any.
+	Key           *KeyOwner `protobuf:"bytes,7,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetClusterResponse) Reset() {
+	*x = GetClusterResponse{}
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetClusterResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetClusterResponse) ProtoMessage() {}
+
+func (x *GetClusterResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetClusterResponse.ProtoReflect.Descriptor instead.
+func (*GetClusterResponse) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *GetClusterResponse) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *GetClusterResponse) GetSelf() string {
+	if x != nil {
+		return x.Self
+	}
+	return ""
+}
+
+func (x *GetClusterResponse) GetKeyGroups() uint32 {
+	if x != nil {
+		return x.KeyGroups
+	}
+	return 0
+}
+
+func (x *GetClusterResponse) GetMembership() string {
+	if x != nil {
+		return x.Membership
+	}
+	return ""
+}
+
+func (x *GetClusterResponse) GetFailureDetection() string {
+	if x != nil {
+		return x.FailureDetection
+	}
+	return ""
+}
+
+func (x *GetClusterResponse) GetMembers() []*ClusterMember {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *GetClusterResponse) GetKey() *KeyOwner {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+// ClusterMember is one member, as it answered the node that asked.
+type ClusterMember struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// "joining" (taking over its key groups), "serving", "draining", or
+	// "unreachable" (it did not answer: see error).
+	State string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	Error string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	// Key groups placement assigns the member (as the answering node
+	// computes it), those the member holds, and those it serves now (held
+	// and taken over).
+	GroupsAssigned uint32 `protobuf:"varint,4,opt,name=groups_assigned,json=groupsAssigned,proto3" json:"groups_assigned,omitempty"`
+	GroupsOwned    uint32 `protobuf:"varint,5,opt,name=groups_owned,json=groupsOwned,proto3" json:"groups_owned,omitempty"`
+	GroupsServing  uint32 `protobuf:"varint,6,opt,name=groups_serving,json=groupsServing,proto3" json:"groups_serving,omitempty"`
+	// Keys (actors) in memory, and events applied since the member started.
+	ActiveKeys uint64 `protobuf:"varint,7,opt,name=active_keys,json=activeKeys,proto3" json:"active_keys,omitempty"`
+	Events     uint64 `protobuf:"varint,8,opt,name=events,proto3" json:"events,omitempty"`
+	// Events the member forwarded to owners, and received from members.
+	EventsForwarded uint64 `protobuf:"varint,9,opt,name=events_forwarded,json=eventsForwarded,proto3" json:"events_forwarded,omitempty"`
+	EventsReceived  uint64 `protobuf:"varint,10,opt,name=events_received,json=eventsReceived,proto3" json:"events_received,omitempty"`
+	// The member's HTTP API address ("" if none).
+	HttpAddr string `protobuf:"bytes,11,opt,name=http_addr,json=httpAddr,proto3" json:"http_addr,omitempty"`
+	// When the member's process started (Unix milliseconds).
+	StartedMs     int64 `protobuf:"varint,12,opt,name=started_ms,json=startedMs,proto3" json:"started_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterMember) Reset() {
+	*x = ClusterMember{}
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterMember) ProtoMessage() {}
+
+func (x *ClusterMember) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterMember.ProtoReflect.Descriptor instead.
+func (*ClusterMember) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ClusterMember) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ClusterMember) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *ClusterMember) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *ClusterMember) GetGroupsAssigned() uint32 {
+	if x != nil {
+		return x.GroupsAssigned
+	}
+	return 0
+}
+
+func (x *ClusterMember) GetGroupsOwned() uint32 {
+	if x != nil {
+		return x.GroupsOwned
+	}
+	return 0
+}
+
+func (x *ClusterMember) GetGroupsServing() uint32 {
+	if x != nil {
+		return x.GroupsServing
+	}
+	return 0
+}
+
+func (x *ClusterMember) GetActiveKeys() uint64 {
+	if x != nil {
+		return x.ActiveKeys
+	}
+	return 0
+}
+
+func (x *ClusterMember) GetEvents() uint64 {
+	if x != nil {
+		return x.Events
+	}
+	return 0
+}
+
+func (x *ClusterMember) GetEventsForwarded() uint64 {
+	if x != nil {
+		return x.EventsForwarded
+	}
+	return 0
+}
+
+func (x *ClusterMember) GetEventsReceived() uint64 {
+	if x != nil {
+		return x.EventsReceived
+	}
+	return 0
+}
+
+func (x *ClusterMember) GetHttpAddr() string {
+	if x != nil {
+		return x.HttpAddr
+	}
+	return ""
+}
+
+func (x *ClusterMember) GetStartedMs() int64 {
+	if x != nil {
+		return x.StartedMs
+	}
+	return 0
+}
+
+// KeyOwner names the member that owns a key's group.
+type KeyOwner struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pipeline      string                 `protobuf:"bytes,1,opt,name=pipeline,proto3" json:"pipeline,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Group         uint32                 `protobuf:"varint,3,opt,name=group,proto3" json:"group,omitempty"`
+	Owner         string                 `protobuf:"bytes,4,opt,name=owner,proto3" json:"owner,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyOwner) Reset() {
+	*x = KeyOwner{}
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyOwner) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyOwner) ProtoMessage() {}
+
+func (x *KeyOwner) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyOwner.ProtoReflect.Descriptor instead.
+func (*KeyOwner) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *KeyOwner) GetPipeline() string {
+	if x != nil {
+		return x.Pipeline
+	}
+	return ""
+}
+
+func (x *KeyOwner) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *KeyOwner) GetGroup() uint32 {
+	if x != nil {
+		return x.Group
+	}
+	return 0
+}
+
+func (x *KeyOwner) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
 var File_proto_keyfold_v1_service_proto protoreflect.FileDescriptor
 
 const file_proto_keyfold_v1_service_proto_rawDesc = "" +
@@ -1402,7 +1766,42 @@ const file_proto_keyfold_v1_service_proto_rawDesc = "" +
 	"\vOutputEntry\x12\x16\n" +
 	"\x06cursor\x18\x01 \x01(\tR\x06cursor\x12*\n" +
 	"\x06output\x18\x02 \x01(\v2\x12.keyfold.v1.OutputR\x06output\x12\x1b\n" +
-	"\tstored_ms\x18\x03 \x01(\x03R\bstoredMs2\x9e\x04\n" +
+	"\tstored_ms\x18\x03 \x01(\x03R\bstoredMs\"A\n" +
+	"\x11GetClusterRequest\x12\x1a\n" +
+	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"\x8b\x02\n" +
+	"\x12GetClusterResponse\x12\x18\n" +
+	"\acluster\x18\x01 \x01(\tR\acluster\x12\x12\n" +
+	"\x04self\x18\x02 \x01(\tR\x04self\x12\x1d\n" +
+	"\n" +
+	"key_groups\x18\x03 \x01(\rR\tkeyGroups\x12\x1e\n" +
+	"\n" +
+	"membership\x18\x04 \x01(\tR\n" +
+	"membership\x12+\n" +
+	"\x11failure_detection\x18\x05 \x01(\tR\x10failureDetection\x123\n" +
+	"\amembers\x18\x06 \x03(\v2\x19.keyfold.v1.ClusterMemberR\amembers\x12&\n" +
+	"\x03key\x18\a \x01(\v2\x14.keyfold.v1.KeyOwnerR\x03key\"\x87\x03\n" +
+	"\rClusterMember\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\x12'\n" +
+	"\x0fgroups_assigned\x18\x04 \x01(\rR\x0egroupsAssigned\x12!\n" +
+	"\fgroups_owned\x18\x05 \x01(\rR\vgroupsOwned\x12%\n" +
+	"\x0egroups_serving\x18\x06 \x01(\rR\rgroupsServing\x12\x1f\n" +
+	"\vactive_keys\x18\a \x01(\x04R\n" +
+	"activeKeys\x12\x16\n" +
+	"\x06events\x18\b \x01(\x04R\x06events\x12)\n" +
+	"\x10events_forwarded\x18\t \x01(\x04R\x0feventsForwarded\x12'\n" +
+	"\x0fevents_received\x18\n" +
+	" \x01(\x04R\x0eeventsReceived\x12\x1b\n" +
+	"\thttp_addr\x18\v \x01(\tR\bhttpAddr\x12\x1d\n" +
+	"\n" +
+	"started_ms\x18\f \x01(\x03R\tstartedMs\"d\n" +
+	"\bKeyOwner\x12\x1a\n" +
+	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
+	"\x05group\x18\x03 \x01(\rR\x05group\x12\x14\n" +
+	"\x05owner\x18\x04 \x01(\tR\x05owner2\xeb\x04\n" +
 	"\aKeyfold\x12?\n" +
 	"\x06Ingest\x12\x19.keyfold.v1.IngestRequest\x1a\x1a.keyfold.v1.IngestResponse\x12U\n" +
 	"\fIngestStream\x12\x1f.keyfold.v1.IngestStreamRequest\x1a .keyfold.v1.IngestStreamResponse(\x010\x01\x12E\n" +
@@ -1410,7 +1809,9 @@ const file_proto_keyfold_v1_service_proto_rawDesc = "" +
 	"\tDeleteKey\x12\x1c.keyfold.v1.DeleteKeyRequest\x1a\x1d.keyfold.v1.DeleteKeyResponse\x12T\n" +
 	"\rListPipelines\x12 .keyfold.v1.ListPipelinesRequest\x1a!.keyfold.v1.ListPipelinesResponse\x12N\n" +
 	"\vListOutputs\x12\x1e.keyfold.v1.ListOutputsRequest\x1a\x1f.keyfold.v1.ListOutputsResponse\x12D\n" +
-	"\tSubscribe\x12\x1c.keyfold.v1.SubscribeRequest\x1a\x17.keyfold.v1.OutputEntry0\x01B7Z5github.com/keyfold/keyfold/proto/keyfold/v1;keyfoldv1b\x06proto3"
+	"\tSubscribe\x12\x1c.keyfold.v1.SubscribeRequest\x1a\x17.keyfold.v1.OutputEntry0\x01\x12K\n" +
+	"\n" +
+	"GetCluster\x12\x1d.keyfold.v1.GetClusterRequest\x1a\x1e.keyfold.v1.GetClusterResponseB7Z5github.com/keyfold/keyfold/proto/keyfold/v1;keyfoldv1b\x06proto3"
 
 var (
 	file_proto_keyfold_v1_service_proto_rawDescOnce sync.Once
@@ -1424,7 +1825,7 @@ func file_proto_keyfold_v1_service_proto_rawDescGZIP() []byte {
 	return file_proto_keyfold_v1_service_proto_rawDescData
 }
 
-var file_proto_keyfold_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_proto_keyfold_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_proto_keyfold_v1_service_proto_goTypes = []any{
 	(*IngestRequest)(nil),         // 0: keyfold.v1.IngestRequest
 	(*IngestResponse)(nil),        // 1: keyfold.v1.IngestResponse
@@ -1445,48 +1846,56 @@ var file_proto_keyfold_v1_service_proto_goTypes = []any{
 	(*ListOutputsResponse)(nil),   // 16: keyfold.v1.ListOutputsResponse
 	(*SubscribeRequest)(nil),      // 17: keyfold.v1.SubscribeRequest
 	(*OutputEntry)(nil),           // 18: keyfold.v1.OutputEntry
-	nil,                           // 19: keyfold.v1.GetStateResponse.AggregatesEntry
-	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
-	(*Output)(nil),                // 21: keyfold.v1.Output
+	(*GetClusterRequest)(nil),     // 19: keyfold.v1.GetClusterRequest
+	(*GetClusterResponse)(nil),    // 20: keyfold.v1.GetClusterResponse
+	(*ClusterMember)(nil),         // 21: keyfold.v1.ClusterMember
+	(*KeyOwner)(nil),              // 22: keyfold.v1.KeyOwner
+	nil,                           // 23: keyfold.v1.GetStateResponse.AggregatesEntry
+	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
+	(*Output)(nil),                // 25: keyfold.v1.Output
 }
 var file_proto_keyfold_v1_service_proto_depIdxs = []int32{
 	4,  // 0: keyfold.v1.IngestStreamResponse.error:type_name -> keyfold.v1.BatchError
-	19, // 1: keyfold.v1.GetStateResponse.aggregates:type_name -> keyfold.v1.GetStateResponse.AggregatesEntry
+	23, // 1: keyfold.v1.GetStateResponse.aggregates:type_name -> keyfold.v1.GetStateResponse.AggregatesEntry
 	11, // 2: keyfold.v1.ListPipelinesResponse.pipelines:type_name -> keyfold.v1.PipelineInfo
 	12, // 3: keyfold.v1.PipelineInfo.aggregates:type_name -> keyfold.v1.AggregateInfo
-	20, // 4: keyfold.v1.PipelineInfo.dedup_window:type_name -> google.protobuf.Duration
-	20, // 5: keyfold.v1.PipelineInfo.ttl:type_name -> google.protobuf.Duration
-	20, // 6: keyfold.v1.PipelineInfo.out_of_orderness:type_name -> google.protobuf.Duration
-	20, // 7: keyfold.v1.PipelineInfo.allowed_lateness:type_name -> google.protobuf.Duration
-	20, // 8: keyfold.v1.PipelineInfo.idle_timeout:type_name -> google.protobuf.Duration
-	20, // 9: keyfold.v1.PipelineInfo.output_retention:type_name -> google.protobuf.Duration
+	24, // 4: keyfold.v1.PipelineInfo.dedup_window:type_name -> google.protobuf.Duration
+	24, // 5: keyfold.v1.PipelineInfo.ttl:type_name -> google.protobuf.Duration
+	24, // 6: keyfold.v1.PipelineInfo.out_of_orderness:type_name -> google.protobuf.Duration
+	24, // 7: keyfold.v1.PipelineInfo.allowed_lateness:type_name -> google.protobuf.Duration
+	24, // 8: keyfold.v1.PipelineInfo.idle_timeout:type_name -> google.protobuf.Duration
+	24, // 9: keyfold.v1.PipelineInfo.output_retention:type_name -> google.protobuf.Duration
 	13, // 10: keyfold.v1.PipelineInfo.windows:type_name -> keyfold.v1.WindowInfo
 	14, // 11: keyfold.v1.PipelineInfo.patterns:type_name -> keyfold.v1.PatternInfo
-	20, // 12: keyfold.v1.WindowInfo.size:type_name -> google.protobuf.Duration
-	20, // 13: keyfold.v1.WindowInfo.slide:type_name -> google.protobuf.Duration
-	20, // 14: keyfold.v1.WindowInfo.gap:type_name -> google.protobuf.Duration
-	20, // 15: keyfold.v1.PatternInfo.within:type_name -> google.protobuf.Duration
+	24, // 12: keyfold.v1.WindowInfo.size:type_name -> google.protobuf.Duration
+	24, // 13: keyfold.v1.WindowInfo.slide:type_name -> google.protobuf.Duration
+	24, // 14: keyfold.v1.WindowInfo.gap:type_name -> google.protobuf.Duration
+	24, // 15: keyfold.v1.PatternInfo.within:type_name -> google.protobuf.Duration
 	18, // 16: keyfold.v1.ListOutputsResponse.outputs:type_name -> keyfold.v1.OutputEntry
-	21, // 17: keyfold.v1.OutputEntry.output:type_name -> keyfold.v1.Output
-	0,  // 18: keyfold.v1.Keyfold.Ingest:input_type -> keyfold.v1.IngestRequest
-	2,  // 19: keyfold.v1.Keyfold.IngestStream:input_type -> keyfold.v1.IngestStreamRequest
-	5,  // 20: keyfold.v1.Keyfold.GetState:input_type -> keyfold.v1.GetStateRequest
-	7,  // 21: keyfold.v1.Keyfold.DeleteKey:input_type -> keyfold.v1.DeleteKeyRequest
-	9,  // 22: keyfold.v1.Keyfold.ListPipelines:input_type -> keyfold.v1.ListPipelinesRequest
-	15, // 23: keyfold.v1.Keyfold.ListOutputs:input_type -> keyfold.v1.ListOutputsRequest
-	17, // 24: keyfold.v1.Keyfold.Subscribe:input_type -> keyfold.v1.SubscribeRequest
-	1,  // 25: keyfold.v1.Keyfold.Ingest:output_type -> keyfold.v1.IngestResponse
-	3,  // 26: keyfold.v1.Keyfold.IngestStream:output_type -> keyfold.v1.IngestStreamResponse
-	6,  // 27: keyfold.v1.Keyfold.GetState:output_type -> keyfold.v1.GetStateResponse
-	8,  // 28: keyfold.v1.Keyfold.DeleteKey:output_type -> keyfold.v1.DeleteKeyResponse
-	10, // 29: keyfold.v1.Keyfold.ListPipelines:output_type -> keyfold.v1.ListPipelinesResponse
-	16, // 30: keyfold.v1.Keyfold.ListOutputs:output_type -> keyfold.v1.ListOutputsResponse
-	18, // 31: keyfold.v1.Keyfold.Subscribe:output_type -> keyfold.v1.OutputEntry
-	25, // [25:32] is the sub-list for method output_type
-	18, // [18:25] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	25, // 17: keyfold.v1.OutputEntry.output:type_name -> keyfold.v1.Output
+	21, // 18: keyfold.v1.GetClusterResponse.members:type_name -> keyfold.v1.ClusterMember
+	22, // 19: keyfold.v1.GetClusterResponse.key:type_name -> keyfold.v1.KeyOwner
+	0,  // 20: keyfold.v1.Keyfold.Ingest:input_type -> keyfold.v1.IngestRequest
+	2,  // 21: keyfold.v1.Keyfold.IngestStream:input_type -> keyfold.v1.IngestStreamRequest
+	5,  // 22: keyfold.v1.Keyfold.GetState:input_type -> keyfold.v1.GetStateRequest
+	7,  // 23: keyfold.v1.Keyfold.DeleteKey:input_type -> keyfold.v1.DeleteKeyRequest
+	9,  // 24: keyfold.v1.Keyfold.ListPipelines:input_type -> keyfold.v1.ListPipelinesRequest
+	15, // 25: keyfold.v1.Keyfold.ListOutputs:input_type -> keyfold.v1.ListOutputsRequest
+	17, // 26: keyfold.v1.Keyfold.Subscribe:input_type -> keyfold.v1.SubscribeRequest
+	19, // 27: keyfold.v1.Keyfold.GetCluster:input_type -> keyfold.v1.GetClusterRequest
+	1,  // 28: keyfold.v1.Keyfold.Ingest:output_type -> keyfold.v1.IngestResponse
+	3,  // 29: keyfold.v1.Keyfold.IngestStream:output_type -> keyfold.v1.IngestStreamResponse
+	6,  // 30: keyfold.v1.Keyfold.GetState:output_type -> keyfold.v1.GetStateResponse
+	8,  // 31: keyfold.v1.Keyfold.DeleteKey:output_type -> keyfold.v1.DeleteKeyResponse
+	10, // 32: keyfold.v1.Keyfold.ListPipelines:output_type -> keyfold.v1.ListPipelinesResponse
+	16, // 33: keyfold.v1.Keyfold.ListOutputs:output_type -> keyfold.v1.ListOutputsResponse
+	18, // 34: keyfold.v1.Keyfold.Subscribe:output_type -> keyfold.v1.OutputEntry
+	20, // 35: keyfold.v1.Keyfold.GetCluster:output_type -> keyfold.v1.GetClusterResponse
+	28, // [28:36] is the sub-list for method output_type
+	20, // [20:28] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_proto_keyfold_v1_service_proto_init() }
@@ -1501,7 +1910,7 @@ func file_proto_keyfold_v1_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_keyfold_v1_service_proto_rawDesc), len(file_proto_keyfold_v1_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,7 @@ const (
 	Keyfold_ListPipelines_FullMethodName = "/keyfold.v1.Keyfold/ListPipelines"
 	Keyfold_ListOutputs_FullMethodName   = "/keyfold.v1.Keyfold/ListOutputs"
 	Keyfold_Subscribe_FullMethodName     = "/keyfold.v1.Keyfold/Subscribe"
+	Keyfold_GetCluster_FullMethodName    = "/keyfold.v1.Keyfold/GetCluster"
 )
 
 // KeyfoldClient is the client API for Keyfold service.
@@ -71,6 +72,12 @@ type KeyfoldClient interface {
 	// client cancels. A client whose stream broke resumes with `after` set to
 	// the cursor of the last entry it handled (the client library does).
 	Subscribe(ctx context.Context, in *SubscribeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OutputEntry], error)
+	// GetCluster describes the cluster as the answering node sees it: its
+	// members, the key groups placement assigns each and those each holds,
+	// and, if a key is named, the member that owns the key's group. A node
+	// alone is a cluster of one. A member that has no member list yet is
+	// UNAVAILABLE; an unknown pipeline NOT_FOUND.
+	GetCluster(ctx context.Context, in *GetClusterRequest, opts ...grpc.CallOption) (*GetClusterResponse, error)
 }
 
 type keyfoldClient struct {
@@ -163,6 +170,16 @@ func (c *keyfoldClient) Subscribe(ctx context.Context, in *SubscribeRequest, opt
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Keyfold_SubscribeClient = grpc.ServerStreamingClient[OutputEntry]
 
+func (c *keyfoldClient) GetCluster(ctx context.Context, in *GetClusterRequest, opts ...grpc.CallOption) (*GetClusterResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetClusterResponse)
+	err := c.cc.Invoke(ctx, Keyfold_GetCluster_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // KeyfoldServer is the server API for Keyfold service.
 // All implementations must embed UnimplementedKeyfoldServer
 // for forward compatibility.
@@ -201,6 +218,12 @@ type KeyfoldServer interface {
 	// client cancels. A client whose stream broke resumes with `after` set to
 	// the cursor of the last entry it handled (the client library does).
 	Subscribe(*SubscribeRequest, grpc.ServerStreamingServer[OutputEntry]) error
+	// GetCluster describes the cluster as the answering node sees it: its
+	// members, the key groups placement assigns each and those each holds,
+	// and, if a key is named, the member that owns the key's group. A node
+	// alone is a cluster of one. A member that has no member list yet is
+	// UNAVAILABLE; an unknown pipeline NOT_FOUND.
+	GetCluster(context.Context, *GetClusterRequest) (*GetClusterResponse, error)
 	mustEmbedUnimplementedKeyfoldServer()
 }
 
@@ -231,6 +254,9 @@ func (UnimplementedKeyfoldServer) ListOutputs(context.Context, *ListOutputsReque
 }
 func (UnimplementedKeyfoldServer) Subscribe(*SubscribeRequest, grpc.ServerStreamingServer[OutputEntry]) error {
 	return status.Error(codes.Unimplemented, "method Subscribe not implemented")
+}
+func (UnimplementedKeyfoldServer) GetCluster(context.Context, *GetClusterRequest) (*GetClusterResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetCluster not implemented")
 }
 func (UnimplementedKeyfoldServer) mustEmbedUnimplementedKeyfoldServer() {}
 func (UnimplementedKeyfoldServer) testEmbeddedByValue()                 {}
@@ -361,6 +387,24 @@ func _Keyfold_Subscribe_Handler(srv interface{}, stream grpc.ServerStream) error
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Keyfold_SubscribeServer = grpc.ServerStreamingServer[OutputEntry]
 
+func _Keyfold_GetCluster_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetClusterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KeyfoldServer).GetCluster(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Keyfold_GetCluster_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KeyfoldServer).GetCluster(ctx, req.(*GetClusterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Keyfold_ServiceDesc is the grpc.ServiceDesc for Keyfold service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -387,6 +431,10 @@ var Keyfold_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListOutputs",
 			Handler:    _Keyfold_ListOutputs_Handler,
+		},
+		{
+			MethodName: "GetCluster",
+			Handler:    _Keyfold_GetCluster_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -300,6 +300,17 @@ func (c *Client) Pipelines(ctx context.Context) ([]*keyfoldv1.PipelineInfo, erro
 	return resp.Pipelines, nil
 }
 
+// Cluster describes the cluster as the node sees it: its members and
+// their key groups, and, if key is set, the member that owns pipeline's
+// key (pipeline may be "" when the node has one).
+func (c *Client) Cluster(ctx context.Context, pipeline, key string) (*keyfoldv1.GetClusterResponse, error) {
+	resp, err := c.api.GetCluster(ctx, &keyfoldv1.GetClusterRequest{Pipeline: pipeline, Key: key})
+	if err != nil {
+		return nil, wrap(err)
+	}
+	return resp, nil
+}
+
 // ErrStreamBroken is the outcome of a batch whose stream ended before its
 // ack: whether it was applied is not known, so send it again (safe with
 // ids).

@@ -1,0 +1,54 @@
+package keyfold
+
+import (
+	"context"
+
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
+	"github.com/keyfold/keyfold/services/grpcapi"
+)
+
+// localBackend adapts a Node to the node-to-node service (keyfold.v1.Cluster):
+// this node's groups only.
+type localBackend struct{ n *Node }
+
+var _ grpcapi.LocalBackend = localBackend{}
+
+func (b localBackend) SubmitLocal(ctx context.Context, from, pipeline string, raws [][]byte) (grpcapi.Pending, error) {
+	r, err := b.n.route(pipeline)
+	if err != nil {
+		return nil, err
+	}
+	p, err := r.SubmitLocal(ctx, pipeline, raws)
+	if err != nil {
+		return nil, err
+	}
+	return grpcPending{&PendingIngest{p}}, nil
+}
+
+func (b localBackend) QueryLocal(ctx context.Context, pipeline, key string) (grpcapi.KeyState, error) {
+	r, err := b.n.route(pipeline)
+	if err != nil {
+		return grpcapi.KeyState{}, err
+	}
+	v, err := r.QueryLocal(ctx, pipeline, key)
+	if err != nil {
+		return grpcapi.KeyState{}, err
+	}
+	return grpcState(b.n.keyState(pipeline, key, v)), nil
+}
+
+func (b localBackend) DeleteLocal(ctx context.Context, pipeline, key string) error {
+	h, err := b.n.serving(pipeline)
+	if err != nil {
+		return err
+	}
+	return h.Delete(ctx, pipeline, key)
+}
+
+func (b localBackend) Status(context.Context) *keyfoldv1.NodeStatus { return b.n.status() }
+
+func (b localBackend) MembersChanged(from string, leaving bool) {
+	b.n.router().MembersChanged(from, leaving)
+}
+
+func (b localBackend) Released(from string, groups []uint32) { b.n.router().Released(from, groups) }
