@@ -192,6 +192,7 @@ func TestWithDefaults(t *testing.T) {
 		CheckpointInterval: actors.DefaultCheckpointInterval,
 		IdleTimeout:        actors.DefaultIdleTimeout,
 		MaxActiveKeys:      actors.DefaultMaxActive,
+		MaxMemory:          actors.DefaultMaxMemory,
 		MaxBodyBytes:       DefaultMaxBodyBytes,
 		ShutdownTimeout:    DefaultShutdownTimeout,
 
@@ -205,7 +206,7 @@ func TestWithDefaults(t *testing.T) {
 
 	// Set fields are kept; HTTPAddr stays empty for embedders.
 	set := Config{DataDir: "d", KeyGroups: 8, CheckpointInterval: time.Second, IdleTimeout: time.Minute,
-		MaxActiveKeys: 10, MaxBodyBytes: 1024, ShutdownTimeout: time.Millisecond, MaxConcurrentIngests: 3,
+		MaxActiveKeys: 10, MaxMemory: 1 << 25, MaxBodyBytes: 1024, ShutdownTimeout: time.Millisecond, MaxConcurrentIngests: 3,
 		MaxIngestBytes: 1 << 20, MaxBatchEvents: 7}
 	got := set.withDefaults()
 	got.Logger, got.Metrics = nil, nil
