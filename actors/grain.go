@@ -8,6 +8,7 @@ import (
 	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/persistence"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -292,7 +293,11 @@ func (g *grain) snapshot() snapshotReply {
 	}
 	r.version = parts.Version
 	core := persistence.Snapshot{Key: g.id.snapshotKey()} // nil Data deletes
-	if !g.state.Empty() {
+	switch {
+	case g.state.Empty():
+	case parts.CoreData != nil:
+		core.Data = appendSnapshot(make([]byte, 0, len(parts.CoreData)+len(g.id.pipeline)+len(g.id.key)+16), g.id, g.pos, parts.CoreData)
+	default:
 		core.Data, r.err = proto.Marshal(&keyfoldv1.Snapshot{
 			Pipeline: g.id.pipeline,
 			Key:      g.id.key,
@@ -311,4 +316,19 @@ func (g *grain) snapshot() snapshotReply {
 		r.timed, r.due = true, parts.NextTimer
 	}
 	return r
+}
+
+// appendSnapshot appends a keyfold.v1.Snapshot of the key at pos whose state
+// is already encoded (fold.Parts.CoreData), as proto.Marshal would.
+func appendSnapshot(b []byte, id keyID, pos persistence.Position, state []byte) []byte {
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendString(b, id.pipeline)
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	b = protowire.AppendString(b, id.key)
+	if pos != 0 {
+		b = protowire.AppendTag(b, 3, protowire.VarintType)
+		b = protowire.AppendVarint(b, pos)
+	}
+	b = protowire.AppendTag(b, 4, protowire.BytesType)
+	return protowire.AppendBytes(b, state)
 }

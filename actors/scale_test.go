@@ -31,7 +31,19 @@ import (
 // KEYFOLD_HEAP_PROFILE=FILE writes a heap profile while they are held.
 func BenchmarkIngestKeys(b *testing.B) {
 	for _, keys := range []int{10_000, 100_000, 1_000_000} {
-		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) { benchIngestKeys(b, keys) })
+		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) { benchIngestKeys(b, keys, false) })
+	}
+}
+
+// BenchmarkIngestKeysSteady is BenchmarkIngestKeys in steady state: before
+// the timer starts, every key gets one event and is checkpointed, so every
+// event meets a stored key, and at a million keys more keys than the node
+// keeps in memory by default (max_memory 1 GiB):
+//
+//	go test -run '^$' -bench IngestKeysSteady -benchtime 400000x -cpuprofile cpu.out ./actors
+func BenchmarkIngestKeysSteady(b *testing.B) {
+	for _, keys := range []int{100_000, 1_000_000} {
+		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) { benchIngestKeys(b, keys, true) })
 	}
 }
 
@@ -49,7 +61,7 @@ func benchPipeline(b *testing.B) map[string]*fold.Pipeline {
 	return map[string]*fold.Pipeline{"logins": p}
 }
 
-func benchIngestKeys(b *testing.B, keys int) {
+func benchIngestKeys(b *testing.B, keys int, preload bool) {
 	store, err := embedded.Open(b.TempDir(), embedded.Options{})
 	if err != nil {
 		b.Fatal(err)
@@ -72,6 +84,21 @@ func benchIngestKeys(b *testing.B, keys int) {
 		}
 	}()
 
+	if preload {
+		raws := make([][]byte, 0, 1000)
+		for i := range keys {
+			raws = append(raws, fmt.Appendf(nil, `{"user_id":"u%d","event_id":"p%d","type":"login_ok","amount":1,"geo":{"country":"DE"}}`, i, i))
+			if len(raws) == cap(raws) || i == keys-1 {
+				if _, err := h.Ingest(context.Background(), "logins", raws); err != nil {
+					b.Fatal(err)
+				}
+				raws = raws[:0]
+			}
+		}
+		for h.Stats().DirtyKeys > 0 {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)

@@ -23,7 +23,11 @@ type partsStore struct {
 }
 
 func (ps *partsStore) store(p fold.Parts) {
-	ps.core = proto.Clone(p.Core).(*keyfoldv1.KeyState)
+	core, err := p.CoreState()
+	if err != nil {
+		panic(err)
+	}
+	ps.core = proto.Clone(core).(*keyfoldv1.KeyState)
 	for _, b := range p.Buckets {
 		ps.written++
 		if b.Data == nil {
@@ -203,7 +207,7 @@ func TestRestoreInlineThenParts(t *testing.T) {
 		t.Fatal(err)
 	}
 	ps.store(parts)
-	t.Logf("core lists %v, buckets written %d", parts.Core.SeenBuckets, len(parts.Buckets))
+	t.Logf("core lists %v, buckets written %d", mustCore(t, parts).SeenBuckets, len(parts.Buckets))
 	if _, err := p.RestoreParts(ps.core, loadFrom(ps)); err != nil {
 		t.Fatalf("restore after upgrade: %v", err)
 	}
@@ -292,8 +296,8 @@ func TestEraseRemovesEverything(t *testing.T) {
 		t.Fatal(err)
 	}
 	ps.store(parts)
-	if len(ps.buckets) != 0 || len(parts.Core.GetSeenBuckets()) != 0 {
-		t.Errorf("after Erase %d id buckets remain stored (core lists %v)", len(ps.buckets), parts.Core.GetSeenBuckets())
+	if len(ps.buckets) != 0 || len(mustCore(t, parts).GetSeenBuckets()) != 0 {
+		t.Errorf("after Erase %d id buckets remain stored (core lists %v)", len(ps.buckets), mustCore(t, parts).GetSeenBuckets())
 	}
 	ev, _ := p.Prepare([]byte(`{"k":"a","id":"e3","v":5}`))
 	if p.Apply(&s, ev, 51*time.Minute.Milliseconds()) {
@@ -372,4 +376,14 @@ func roundTrip(t *testing.T, p *fold.Pipeline, s *fold.State) (fold.State, []byt
 		t.Fatal(err)
 	}
 	return r, b
+}
+
+// mustCore is the core state of parts as a message, whichever its form.
+func mustCore(t testing.TB, parts fold.Parts) *keyfoldv1.KeyState {
+	t.Helper()
+	core, err := parts.CoreState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return core
 }

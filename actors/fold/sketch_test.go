@@ -122,7 +122,7 @@ func TestSketchesSurviveSnapshots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r2, err := p.RestoreParts(parts.Core, nil)
+	r2, err := p.RestoreParts(mustCore(t, parts), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

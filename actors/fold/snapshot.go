@@ -159,7 +159,10 @@ func (p *Pipeline) loadIDs(s *State, ids []*keyfoldv1.SeenID) {
 // Parts is a key's snapshot in the snapshot store's form: the core state,
 // which lists the id buckets, and the buckets that changed.
 type Parts struct {
-	Core *keyfoldv1.KeyState
+	// The core state: encoded (a keyfold.v1.KeyState) for a pipeline
+	// without windows or patterns, else as a message; the other is nil.
+	Core     *keyfoldv1.KeyState
+	CoreData []byte
 	// Buckets are the id buckets changed after the version given to
 	// SnapshotParts; a nil Data deletes the stored bucket.
 	Buckets []BucketPart
@@ -168,6 +171,19 @@ type Parts struct {
 	// Version is the state's version the parts reflect; pass it to
 	// Persisted once they are stored.
 	Version uint64
+}
+
+// CoreState returns the core state as a message, decoding CoreData if that
+// is its form.
+func (parts *Parts) CoreState() (*keyfoldv1.KeyState, error) {
+	if parts.Core != nil || parts.CoreData == nil {
+		return parts.Core, nil
+	}
+	var ks keyfoldv1.KeyState
+	if err := proto.Unmarshal(parts.CoreData, &ks); err != nil {
+		return nil, fmt.Errorf("fold: decode core state: %w", err)
+	}
+	return &ks, nil
 }
 
 // BucketPart is one stored id bucket (an encoded keyfold.v1.SeenBucket).
@@ -181,15 +197,25 @@ type BucketPart struct {
 // nothing is (a new key), RestoredVersion for a key just restored, else the
 // Version of the last Parts stored.
 func (p *Pipeline) SnapshotParts(s *State, since uint64) (Parts, error) {
-	core, err := p.coreProto(s)
-	if err != nil {
+	parts := Parts{Version: s.version, NextTimer: p.NextTimer(s)}
+	buckets := make([]int64, len(s.ids.buckets))
+	for i, bi := range s.ids.buckets { // in bucket order
+		buckets[i] = bi.bucket
+	}
+	var err error
+	if p.Timed() {
+		if parts.Core, err = p.coreProto(s); err != nil {
+			return Parts{}, err
+		}
+		parts.Core.SeenBuckets = buckets
+	} else if parts.CoreData, err = p.appendCore(nil, s, buckets); err != nil {
 		return Parts{}, err
 	}
-	parts := Parts{Core: core, Version: s.version, NextTimer: p.NextTimer(s)}
 	// Ids are added in time order, so the buckets changed since are the
 	// newest ones: walk back from the newest id to the first unchanged
 	// bucket. The cost is that of what changed, not of the whole window.
-	byBucket := map[int64][]*keyfoldv1.SeenID{}
+	// A bucket's ids are contiguous in the order, so the walk stops at a
+	// bucket's edge, and the changed buckets are runs of what follows.
 	w := p.bucketWidth()
 	first := len(s.ids.order)
 	for first > 0 {
@@ -199,23 +225,13 @@ func (p *Pipeline) SnapshotParts(s *State, since uint64) (Parts, error) {
 		}
 		first--
 	}
-	for _, e := range s.ids.order[first:] {
-		b := e.at / w
-		byBucket[b] = append(byBucket[b], &keyfoldv1.SeenID{Id: e.id, AtMs: e.at})
-	}
-	for _, bi := range s.ids.buckets { // in bucket order
-		parts.Core.SeenBuckets = append(parts.Core.SeenBuckets, bi.bucket)
-	}
-	for _, b := range parts.Core.SeenBuckets {
-		ids, ok := byBucket[b]
-		if !ok {
-			continue
+	for i := first; i < len(s.ids.order); {
+		bk := s.ids.order[i].at / w
+		var data []byte
+		for ; i < len(s.ids.order) && s.ids.order[i].at/w == bk; i++ {
+			data = appendSeenID(data, s.ids.order[i])
 		}
-		data, err := proto.Marshal(&keyfoldv1.SeenBucket{Ids: ids})
-		if err != nil {
-			return Parts{}, fmt.Errorf("fold: encode id bucket: %w", err)
-		}
-		parts.Buckets = append(parts.Buckets, BucketPart{Bucket: b, Data: data})
+		parts.Buckets = append(parts.Buckets, BucketPart{Bucket: bk, Data: data})
 	}
 	for _, g := range s.ids.gone {
 		if g.version > since {
