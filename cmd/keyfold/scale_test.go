@@ -577,12 +577,9 @@ func uniq(keys []int32) []int32 {
 // logRecovery logs what a restart replayed and how long it took.
 func logRecovery(t *testing.T, n *scaleNode, sinceCheckpoint string) {
 	t.Helper()
-	line := ""
-	if m := n.logs.find(regexp.MustCompile(`msg=recovered .*`)); m != nil {
-		line = m[0]
-	}
+	records := n.recoveredRecords() // waits for the line
 	t.Logf("%s: ready %v after exec; replayed %d records (%s); %s",
-		n.name, n.startup.Round(time.Millisecond), n.recoveredRecords(), sinceCheckpoint, line)
+		n.name, n.startup.Round(time.Millisecond), records, sinceCheckpoint, n.logs.find(regexp.MustCompile(`msg=recovered .*`))[0])
 }
 
 // ---- the test ------------------------------------------------------------
