@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 
@@ -25,14 +26,7 @@ func newGet() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			// The HTTP API's shape, in its order.
-			out, err := json.MarshalIndent(struct {
-				Pipeline   string         `json:"pipeline"`
-				Key        string         `json:"key"`
-				Seq        uint64         `json:"seq"`
-				Duplicates uint64         `json:"duplicates"`
-				Aggregates map[string]any `json:"aggregates"`
-			}{st.Pipeline, st.Key, st.Seq, st.Duplicates, st.Aggregates}, "", "  ")
+			out, err := stateJSON(st)
 			if err != nil {
 				return err
 			}
@@ -42,4 +36,48 @@ func newGet() *cobra.Command {
 	}
 	nf.add(cmd)
 	return cmd
+}
+
+// stateJSON renders a key's state in the HTTP API's shape
+// (GET /v1/pipelines/{p}/keys/{k}), in its order and indented: for a
+// pipeline with windows or patterns the watermark, late, windows,
+// late_windows and patterns follow the aggregates, left out where the HTTP
+// API leaves them out.
+func stateJSON(st *client.State) ([]byte, error) {
+	// The gRPC API sends the event-time state as one JSON object with the
+	// HTTP API's field names; absent and null fields are left out (except
+	// windows, an empty list when there are none, as over HTTP).
+	var tm struct {
+		Watermark   json.RawMessage `json:"watermark"`
+		Late        json.RawMessage `json:"late"`
+		Windows     json.RawMessage `json:"windows"`
+		LateWindows json.RawMessage `json:"late_windows"`
+		Patterns    json.RawMessage `json:"patterns"`
+	}
+	if len(st.Time) > 0 {
+		if err := json.Unmarshal(st.Time, &tm); err != nil {
+			return nil, fmt.Errorf("the key's event-time state: %w", err)
+		}
+		for _, f := range []*json.RawMessage{&tm.Watermark, &tm.Late, &tm.Windows, &tm.LateWindows, &tm.Patterns} {
+			if bytes.Equal(bytes.TrimSpace(*f), []byte("null")) {
+				*f = nil
+			}
+		}
+		if tm.Windows == nil {
+			tm.Windows = json.RawMessage("[]")
+		}
+	}
+	return json.MarshalIndent(struct {
+		Pipeline    string          `json:"pipeline"`
+		Key         string          `json:"key"`
+		Seq         uint64          `json:"seq"`
+		Duplicates  uint64          `json:"duplicates"`
+		Aggregates  map[string]any  `json:"aggregates"`
+		Watermark   json.RawMessage `json:"watermark,omitempty"`
+		Late        json.RawMessage `json:"late,omitempty"`
+		Windows     json.RawMessage `json:"windows,omitempty"`
+		LateWindows json.RawMessage `json:"late_windows,omitempty"`
+		Patterns    json.RawMessage `json:"patterns,omitempty"`
+	}{st.Pipeline, st.Key, st.Seq, st.Duplicates, st.Aggregates,
+		tm.Watermark, tm.Late, tm.Windows, tm.LateWindows, tm.Patterns}, "", "  ")
 }
