@@ -159,10 +159,12 @@ const commitFatal = "pebble: fatal commit error"
 // restarts.
 func (p pebbleLogger) Fatalf(format string, args ...any) {
 	err := fatalError(format, args)
-	p.l.Error("pebble fatal error", "err", err.Error())
 	if strings.HasPrefix(format, commitFatal) {
+		// Every commit in flight meets it; the first one that fails the
+		// store logs it once (Store.fail), the others return that error.
 		panic(fatalPanic{err})
 	}
+	p.l.Error("pebble fatal error", "err", err.Error())
 	p.s.stuck(err)
 	select {}
 }
