@@ -12,4 +12,8 @@
 // in log order, so a key applies its events in the order of its group's log.
 // Queries and snapshot requests travel through the same mailboxes, so a
 // query sees every event acknowledged before it was sent.
+//
+// Memory: a key has an actor while it is among the MaxActive most recently
+// used; passivated, it stays in memory without one (the resident tier,
+// resident.go) within MaxMemory, and beyond that only in the store.
 package actors

@@ -53,6 +53,9 @@ type diskState struct {
 	free        atomic.Int64 // bytes available, as of the last check
 	full        atomic.Bool  // the last check refused a write
 	lastNoSpace atomic.Int64 // unix nanoseconds of a background job's last ENOSPC
+	// walErr is the first failed write or sync of the current Pebble's WAL
+	// (walFile): commits after it must not enter Pebble (see Store.write).
+	walErr atomic.Pointer[error]
 	opened      atomic.Bool  // Open is over: log the changes of full
 }
 
@@ -137,14 +140,29 @@ func isNoSpace(err error) bool {
 
 // write runs a Pebble commit. A fatal commit error (see pebbleLogger.Fatalf)
 // breaks the store and is returned.
+//
+// Once the WAL failed, Pebble's log writer keeps the error, and a commit
+// that enters Pebble after it panics with it while holding Pebble's commit
+// mutex, which wedges that Pebble for good. So a commit first checks that
+// the WAL has not failed (walFile records it before Pebble sees it), and
+// fails the store instead; one that raced the failure anyway parks the
+// store (fails until the process restarts) rather than crashing the node.
 func (s *Store) write(commit func() error) (err error) {
+	if e := s.disk.walErr.Load(); e != nil {
+		return s.fail(*e)
+	}
 	defer func() {
 		if r := recover(); r != nil {
-			f, ok := r.(fatalPanic)
-			if !ok {
+			switch f := r.(type) {
+			case fatalPanic:
+				err = s.fail(f.err)
+			case error: // from Pebble's WAL write, with its commit mutex held
+				s.log.Error("store failed: Pebble's WAL write failed during a commit", "dir", s.dir, "err", f.Error())
+				s.stuck(f)
+				err = s.broken
+			default:
 				panic(r)
 			}
-			err = s.fail(f.err)
 		}
 	}()
 	return commit()
@@ -279,6 +297,7 @@ func (s *Store) reopen() {
 	if err := db.Close(); err != nil {
 		s.log.Debug("closing the failed store", "dir", s.dir, "err", err.Error())
 	}
+	s.disk.walErr.Store(nil) // what the next Pebble's WAL meets is its own
 
 	backoff := 100 * time.Millisecond
 	for {
@@ -354,6 +373,7 @@ const noSpaceBackoff = time.Second
 type backoffFS struct {
 	vfs.FS
 	lastNoSpace *atomic.Int64 // unix nanoseconds
+	walErr      *atomic.Pointer[error]
 }
 
 func (f backoffFS) Create(name string, category vfs.DiskWriteCategory) (vfs.File, error) {
@@ -362,5 +382,50 @@ func (f backoffFS) Create(name string, category vfs.DiskWriteCategory) (vfs.File
 			time.Sleep(min(wait, noSpaceBackoff))
 		}
 	}
-	return f.FS.Create(name, category)
+	file, err := f.FS.Create(name, category)
+	return f.wal(name, file), err
+}
+
+func (f backoffFS) ReuseForWrite(oldname, newname string, category vfs.DiskWriteCategory) (vfs.File, error) {
+	file, err := f.FS.ReuseForWrite(oldname, newname, category)
+	return f.wal(newname, file), err
+}
+
+// wal wraps a WAL file so that its first failed write or sync is recorded.
+func (f backoffFS) wal(name string, file vfs.File) vfs.File {
+	if file == nil || f.walErr == nil || !strings.HasSuffix(name, ".log") {
+		return file
+	}
+	return walFile{file, f.walErr}
+}
+
+// walFile records the first error of a WAL write or sync before Pebble
+// sees it (see Store.write).
+type walFile struct {
+	vfs.File
+	walErr *atomic.Pointer[error]
+}
+
+func (w walFile) record(err error) error {
+	if err != nil {
+		w.walErr.CompareAndSwap(nil, &err)
+	}
+	return err
+}
+
+func (w walFile) Write(p []byte) (int, error) {
+	n, err := w.File.Write(p)
+	return n, w.record(err)
+}
+
+func (w walFile) WriteAt(p []byte, off int64) (int, error) {
+	n, err := w.File.WriteAt(p, off)
+	return n, w.record(err)
+}
+
+func (w walFile) Sync() error     { return w.record(w.File.Sync()) }
+func (w walFile) SyncData() error { return w.record(w.File.SyncData()) }
+func (w walFile) SyncTo(length int64) (bool, error) {
+	full, err := w.File.SyncTo(length)
+	return full, w.record(err)
 }

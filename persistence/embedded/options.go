@@ -102,7 +102,7 @@ func (o Options) reserve(total uint64) int64 {
 // pebbleOptions returns the Pebble options for one opening of the store.
 func (o Options) pebbleOptions(s *Store) *pebble.Options {
 	po := &pebble.Options{
-		FS:           backoffFS{o.fs, &s.disk.lastNoSpace},
+		FS:           backoffFS{o.fs, &s.disk.lastNoSpace, &s.disk.walErr},
 		Logger:       pebbleLogger{l: o.Logger, s: s},
 		CacheSize:    o.CacheSize,
 		MemTableSize: o.MemTableSize,
