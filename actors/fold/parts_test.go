@@ -59,7 +59,11 @@ func (ps *partsStore) restore(t *testing.T, p *fold.Pipeline) fold.State {
 // continues exactly as the original does.
 func TestSnapshotPartsRestoreExactly(t *testing.T) {
 	p := mustCompile(t, fuzzSpec) // dedup window 3s: 16 buckets of 187ms
-	for seed := range uint64(30) {
+	seeds := uint64(30)
+	if raceDetector {
+		seeds = 6
+	}
+	for seed := range seeds {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 1))
 			var s fold.State

@@ -1,0 +1,5 @@
+//go:build !race
+
+package fold_test
+
+const raceDetector = false
