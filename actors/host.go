@@ -442,7 +442,7 @@ func (h *Host) Query(ctx context.Context, pipeline, key string) (KeyView, error)
 		h.mu.Unlock()
 		return KeyView{}, err
 	}
-	if pg := h.parkedLocked(id, g); pg != nil && h.active[id] == nil {
+	if pg := h.parkedLocked(id, g); pg != nil {
 		// A parked key needs no actor to answer: nothing else touches it.
 		msg.reply <- pg.query()
 	} else {
@@ -478,16 +478,15 @@ func (h *Host) sendLocked(id keyID, group uint32, msg any) {
 func (h *Host) sendLoadedLocked(id keyID, group uint32, msg any, l *loaded) {
 	a := h.active[id]
 	if a == nil {
-		gs := &h.groups[group]
-		epoch := gs.epoch
-		_, stopping := h.stopping[id]
-		delete(h.stopping, id) // a grain still stopping must not park: this one is newer
+		epoch := h.groups[group].epoch
+		// A parked grain is of the group's current incarnation: dropping
+		// a group drops its parked keys (resident.go).
 		g := h.parkedLocked(id, group)
-		if g != nil && g.epoch == epoch {
+		if g != nil {
 			h.unparkLocked(g)
 			h.stats.unparked.Add(1)
 		} else {
-			if l == nil && gs.complete && !stopping {
+			if l == nil && !h.mayBeStoredLocked(id, group) {
 				l = newKey // nothing to read
 			}
 			g = &grain{host: h, id: id, group: group, epoch: epoch, pipeline: h.cfg.Pipelines[id.pipeline],
@@ -497,6 +496,7 @@ func (h *Host) sendLoadedLocked(id keyID, group uint32, msg any, l *loaded) {
 		// The grain recovers its own panics (failing the host), so the
 		// supervisor never restarts it with a half-applied state.
 		props := actor.PropsFromProducer(func() actor.Actor { return g }, actor.WithDispatcher(h.dispatcher))
+		delete(h.stopping, id) // a grain still stopping must not park: this one is newer
 		a = &activation{id: id, g: g, pid: h.system.Root.Spawn(props), group: group, epoch: epoch}
 		h.active[id] = a
 		h.lru.pushFront(a)

@@ -60,12 +60,14 @@ var benchStores = []struct {
 	}},
 }
 
-// hostOn recovers a host on store and runs it; stop drains it and returns
-// Run's error.
+// hostOn recovers a host on store and runs it (with benchPipelines unless
+// cfg names its own); stop drains it and returns Run's error.
 func hostOn(b *testing.B, store persistence.Store, cfg actors.Config) (h *actors.Host, stop func() error) {
 	b.Helper()
 	cfg.Store = store
-	cfg.Pipelines = benchPipelines(b)
+	if cfg.Pipelines == nil {
+		cfg.Pipelines = benchPipelines(b)
+	}
 	h, err := actors.New(cfg)
 	if err != nil {
 		b.Fatal(err)

@@ -62,42 +62,12 @@ func benchPipeline(b *testing.B) map[string]*fold.Pipeline {
 }
 
 func benchIngestKeys(b *testing.B, keys int, preload bool) {
-	store, err := embedded.Open(b.TempDir(), embedded.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer store.Close()
-	h, err := actors.New(actors.Config{Store: store, Pipelines: benchPipeline(b)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := h.Recover(context.Background()); err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			b.Error(err)
-		}
-	}()
-
+	h := runBenchHost(b, actors.Config{Pipelines: benchPipeline(b)})
 	if preload {
-		raws := make([][]byte, 0, 1000)
-		for i := range keys {
-			raws = append(raws, fmt.Appendf(nil, `{"user_id":"u%d","event_id":"p%d","type":"login_ok","amount":1,"geo":{"country":"DE"}}`, i, i))
-			if len(raws) == cap(raws) || i == keys-1 {
-				if _, err := h.Ingest(context.Background(), "logins", raws); err != nil {
-					b.Fatal(err)
-				}
-				raws = raws[:0]
-			}
-		}
-		for h.Stats().DirtyKeys > 0 {
-			time.Sleep(50 * time.Millisecond)
-		}
+		ingestEach(b, h, keys, func(i int) []byte {
+			return fmt.Appendf(nil, `{"user_id":"u%d","event_id":"p%d","type":"login_ok","amount":1,"geo":{"country":"DE"}}`, i, i)
+		})
+		eventuallyWithin(b, 5*time.Minute, "every preloaded key to be checkpointed", func() bool { return h.Stats().DirtyKeys == 0 })
 	}
 	runtime.GC()
 	var before runtime.MemStats
@@ -182,58 +152,62 @@ func cpuTime() time.Duration {
 //
 //	go test -run '^$' -bench ResidentKeyMemory -benchtime 200000x ./actors
 func BenchmarkResidentKeyMemory(b *testing.B) {
-	store, err := embedded.Open(b.TempDir(), embedded.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer store.Close()
 	const maxActive = 1000
-	h, err := actors.New(actors.Config{Store: store, Pipelines: benchPipeline(b), MaxActive: maxActive,
+	h := runBenchHost(b, actors.Config{Pipelines: benchPipeline(b), MaxActive: maxActive,
 		CheckpointInterval: 50 * time.Millisecond, MaxMemory: 16 << 30})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := h.Recover(context.Background()); err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			b.Error(err)
-		}
-	}()
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
 	b.ResetTimer()
-	raws := make([][]byte, 0, 1000)
-	for i := range b.N {
-		raws = append(raws, fmt.Appendf(nil, `{"user_id":"u%d","event_id":"e%d","type":"login_ok","amount":%d,"geo":{"country":"DE"}}`, i, i, i%100))
-		if len(raws) == cap(raws) || i == b.N-1 {
-			if _, err := h.Ingest(context.Background(), "logins", raws); err != nil {
-				b.Fatal(err)
-			}
-			raws = raws[:0]
-		}
-	}
-	for h.Stats().ActiveKeys > maxActive || h.Stats().DirtyKeys > 0 {
-		time.Sleep(20 * time.Millisecond)
-	}
-	time.Sleep(200 * time.Millisecond) // the last passivated grains park
+	ingestEach(b, h, b.N, func(i int) []byte {
+		return fmt.Appendf(nil, `{"user_id":"u%d","event_id":"e%d","type":"login_ok","amount":%d,"geo":{"country":"DE"}}`, i, i, i%100)
+	})
+	// Every key checkpointed, passivated beyond maxActive, and parked.
+	eventuallyWithin(b, 5*time.Minute, "the keys to be parked", func() bool {
+		st := h.Stats()
+		return st.DirtyKeys == 0 && st.ActiveKeys <= maxActive && st.ActiveKeys+st.ResidentKeys == b.N
+	})
 	b.StopTimer()
 	st := h.Stats()
 	runtime.GC()
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
-	held := st.ActiveKeys + st.ResidentKeys
 	heap := float64(int64(after.HeapInuse)-int64(before.HeapInuse)) - float64(st.ActiveKeys)*actors.ActiveKeyBytes
 	b.ReportMetric(float64(st.ResidentKeys), "resident_keys")
 	if st.ResidentKeys > 0 {
 		b.ReportMetric(heap/float64(st.ResidentKeys), "heap_B/resident_key")
 		b.ReportMetric(float64(st.ResidentBytes)/float64(st.ResidentKeys), "resident_est_B/key")
 	}
-	_ = held
+}
+
+// runBenchHost runs a host on a new embedded store until the benchmark ends.
+func runBenchHost(b *testing.B, cfg actors.Config) *actors.Host {
+	b.Helper()
+	store, err := embedded.Open(b.TempDir(), embedded.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	h, stop := hostOn(b, store, cfg)
+	b.Cleanup(func() {
+		if err := stop(); err != nil {
+			b.Error(err)
+		}
+		store.Close()
+	})
+	return h
+}
+
+// ingestEach ingests event(i) for i in [0, n), a thousand to a call.
+func ingestEach(b *testing.B, h *actors.Host, n int, event func(i int) []byte) {
+	b.Helper()
+	raws := make([][]byte, 0, 1000)
+	for i := range n {
+		raws = append(raws, event(i))
+		if len(raws) == cap(raws) || i == n-1 {
+			if _, err := h.Ingest(context.Background(), "logins", raws); err != nil {
+				b.Fatal(err)
+			}
+			raws = raws[:0]
+		}
+	}
 }

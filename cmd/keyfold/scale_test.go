@@ -273,10 +273,10 @@ type scaleRun struct {
 func (r *scaleRun) stream(n *scaleNode, bs []*scaleBatchT, killAfter int, during func()) int {
 	t := r.t
 	t.Helper()
-	var todo []*scaleBatchT
+	var toSend []*scaleBatchT
 	for _, b := range bs {
 		if b.state == scPending {
-			todo = append(todo, b)
+			toSend = append(toSend, b)
 		}
 	}
 	var (
@@ -296,8 +296,8 @@ func (r *scaleRun) stream(n *scaleNode, bs []*scaleBatchT, killAfter int, during
 				return
 			}
 			defer func() { _ = st.Close() }()
-			for i := s; i < len(todo); i += scaleStreams {
-				b := todo[i]
+			for i := s; i < len(toSend); i += scaleStreams {
+				b := toSend[i]
 				gate.RLock() // no batch is sent while during() runs
 				r.mu.Lock()
 				b.state = scInflight
@@ -350,7 +350,7 @@ func (r *scaleRun) stream(n *scaleNode, bs []*scaleBatchT, killAfter int, during
 					gate.Unlock()
 				}
 			}
-			if acked.Load() == int64(len(todo)) {
+			if acked.Load() == int64(len(toSend)) {
 				return false, fmt.Errorf("every batch was acked before the kill")
 			}
 			return acked.Load() >= int64(killAfter) && inflight.Load() > 0, nil

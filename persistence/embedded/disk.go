@@ -56,7 +56,7 @@ type diskState struct {
 	// walErr is the first failed write or sync of the current Pebble's WAL
 	// (walFile): commits after it must not enter Pebble (see Store.write).
 	walErr atomic.Pointer[error]
-	opened      atomic.Bool  // Open is over: log the changes of full
+	opened atomic.Bool // Open is over: log the changes of full
 }
 
 // DiskStats describe the store's filesystem, for health checks and metrics.
