@@ -72,6 +72,17 @@ func benchIngestKeys(b *testing.B, keys int, preload bool) {
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
+	if path := os.Getenv("KEYFOLD_CPU_PROFILE"); path != "" { // the timed part only: -cpuprofile includes the preload
+		f, err := os.Create(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
 	cpu0 := cpuTime()
 	const submitters, batch = 32, 100
 	batches := make(chan int, submitters)

@@ -26,10 +26,22 @@ type idSet struct {
 	// is smaller and faster than a map.
 	buckets []bucketInfo
 	gone    []goneBucket // emptied buckets whose stored copies must go
+	// spilled is set once the key held more than inlineIDs ids: from then
+	// its snapshots keep the ids in buckets, before inline in the core
+	// (see SnapshotParts). It is cleared when no id is left.
+	spilled bool
 }
 
 // smallIDs is the most ids an idSet searches without an index.
 const smallIDs = 8
+
+// inlineIDs is the most ids a key's snapshot holds inline, in its core
+// record: most keys remember a few ids, and one record instead of a core
+// and a bucket halves the reads of a key coming back into memory and the
+// writes of its checkpoints (BENCHMARKS.md). Beyond it a checkpoint
+// rewriting every id would cost what the key's window holds, so the ids go
+// to buckets, of which it rewrites only those that changed.
+const inlineIDs = 8
 
 type seenID struct {
 	id string
@@ -89,6 +101,13 @@ func (d *idSet) add(id string, at int64, width int64, version uint64) {
 	}
 	d.buckets[i].count++
 	d.buckets[i].changed = version
+	if !d.spilled && len(d.order) > inlineIDs {
+		// None of the buckets is stored yet: the next snapshot writes all.
+		d.spilled = true
+		for i := range d.buckets {
+			d.buckets[i].changed = version
+		}
+	}
 }
 
 // expire forgets the ids applied at or before horizon.
@@ -101,7 +120,9 @@ func (d *idSet) expire(horizon, width int64, version uint64) {
 		}
 		if i, ok := d.find(e.at / width); ok {
 			if d.buckets[i].count--; d.buckets[i].count == 0 {
-				d.gone = append(d.gone, goneBucket{bucket: d.buckets[i].bucket, version: version})
+				if d.spilled { // stored: its copy must go
+					d.gone = append(d.gone, goneBucket{bucket: d.buckets[i].bucket, version: version})
+				}
 				d.buckets = slices.Delete(d.buckets, i, i+1)
 			}
 		}
@@ -111,6 +132,7 @@ func (d *idSet) expire(horizon, width int64, version uint64) {
 		d.order = d.order[n:]
 		if len(d.order) == 0 {
 			d.order, d.buckets = nil, nil // let the backing arrays go
+			d.spilled = false             // every stored bucket is gone
 		}
 		if len(d.order) <= smallIDs/2 {
 			d.set = nil // small again: searched in order

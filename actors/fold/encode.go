@@ -20,15 +20,16 @@ import (
 // Field numbers of keyfold.v1.KeyState, AggregateState, SeenBucket and
 // SeenID (proto/keyfold/v1/log.proto).
 const (
-	ksSeq, ksNow, ksAggregates, ksSeenBuckets, ksDuplicates, ksWatermark, ksLate = 1, 2, 3, 5, 6, 7, 8
-	asName, asCount, asNumber, asLast, asOp, asSketch                            = 1, 2, 3, 4, 5, 6
-	sbIDs                                                                        = 1
-	siID, siAt                                                                   = 1, 2
+	ksSeq, ksNow, ksAggregates, ksSeen, ksSeenBuckets, ksDuplicates, ksWatermark, ksLate = 1, 2, 3, 4, 5, 6, 7, 8
+	asName, asCount, asNumber, asLast, asOp, asSketch                                    = 1, 2, 3, 4, 5, 6
+	sbIDs                                                                                = 1
+	siID, siAt                                                                           = 1, 2
 )
 
-// appendCore appends the state's KeyState, ids given as their buckets.
-// The pipeline has no windows or patterns.
-func (p *Pipeline) appendCore(b []byte, s *State, buckets []int64) ([]byte, error) {
+// appendCore appends the state's KeyState, its ids inline or, once they
+// spilled, as the list of their buckets. The pipeline has no windows or
+// patterns.
+func (p *Pipeline) appendCore(b []byte, s *State) ([]byte, error) {
 	b = appendVarintField(b, ksSeq, s.seq)
 	b = appendVarintField(b, ksNow, uint64(s.now))
 	for i := range p.aggs {
@@ -57,12 +58,16 @@ func (p *Pipeline) appendCore(b []byte, s *State, buckets []int64) ([]byte, erro
 		b = appendBytesField(b, asSketch, sk)
 		b = endMessage(b, mark)
 	}
-	if len(buckets) > 0 { // packed
+	if !s.ids.spilled {
+		for _, e := range s.ids.order {
+			b = appendSeenID(b, ksSeen, e)
+		}
+	} else if len(s.ids.buckets) > 0 { // packed
 		b = protowire.AppendTag(b, ksSeenBuckets, protowire.BytesType)
 		var mark int
 		b, mark = beginMessage(b)
-		for _, bk := range buckets {
-			b = protowire.AppendVarint(b, uint64(bk))
+		for _, bi := range s.ids.buckets {
+			b = protowire.AppendVarint(b, uint64(bi.bucket))
 		}
 		b = endMessage(b, mark)
 	}
@@ -72,9 +77,10 @@ func (p *Pipeline) appendCore(b []byte, s *State, buckets []int64) ([]byte, erro
 	return b, nil
 }
 
-// appendSeenID appends one id of a SeenBucket.
-func appendSeenID(b []byte, e seenID) []byte {
-	b = protowire.AppendTag(b, sbIDs, protowire.BytesType)
+// appendSeenID appends one id as field num: of a SeenBucket (sbIDs), or
+// of a KeyState holding its ids inline (ksSeen).
+func appendSeenID(b []byte, num protowire.Number, e seenID) []byte {
+	b = protowire.AppendTag(b, num, protowire.BytesType)
 	b, mark := beginMessage(b)
 	b = appendStringField(b, siID, e.id)
 	b = appendVarintField(b, siAt, uint64(e.at))

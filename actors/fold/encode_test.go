@@ -14,7 +14,8 @@ import (
 // TestDirectEncoding: the snapshot parts encoded field by field are the
 // bytes proto.Marshal writes for the same messages, over random states of
 // every aggregate op (sketches make messages longer than 127 bytes, whose
-// length takes two bytes), with and without remembered ids.
+// length takes two bytes), with and without remembered ids, inline and in
+// buckets.
 func TestDirectEncoding(t *testing.T) {
 	p, err := Compile("p", Spec{Key: "k", ID: "id", DedupWindow: time.Hour, Aggregates: map[string]AggregateSpec{
 		"n":     {Op: "count"},
@@ -32,7 +33,11 @@ func TestDirectEncoding(t *testing.T) {
 	marshal := proto.MarshalOptions{Deterministic: true}
 	for round := range 200 {
 		var s State
-		for i := range rng.IntN(300) {
+		events := rng.IntN(300)
+		if round%2 == 0 {
+			events = rng.IntN(12) // few ids: inline, or just spilled
+		}
+		for i := range events {
 			raw := fmt.Sprintf(`{"k":"a","id":"e%d","v":%d,"s":"%s"}`, rng.IntN(400), rng.IntN(2000)-1000, [3]string{"x", "", "a longer value"}[rng.IntN(3)])
 			if rng.IntN(10) == 0 {
 				raw = fmt.Sprintf(`{"k":"a","v":0.%d}`, i)
@@ -51,8 +56,12 @@ func TestDirectEncoding(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, bi := range s.ids.buckets {
-			want.SeenBuckets = append(want.SeenBuckets, bi.bucket)
+		if s.ids.spilled {
+			for _, bi := range s.ids.buckets {
+				want.SeenBuckets = append(want.SeenBuckets, bi.bucket)
+			}
+		} else {
+			want.Seen = seenProto(s.ids.order)
 		}
 		wantData, err := marshal.Marshal(want)
 		if err != nil {

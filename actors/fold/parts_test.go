@@ -106,11 +106,16 @@ func TestSnapshotPartsRestoreExactly(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if len(parts.Buckets) != 0 {
-					// The 20 extra events changed the newest bucket only.
-					if len(parts.Buckets) > 1 {
-						t.Fatalf("after restore %d buckets changed, want at most 1", len(parts.Buckets))
+				wasInline := len(ps.core.GetSeenBuckets()) == 0
+				if listed := mustCore(t, parts).GetSeenBuckets(); wasInline && len(listed) > 0 {
+					// The 20 extra events spilled the ids out of the
+					// core: every bucket it lists is written.
+					if written := countData(parts); written != len(listed) {
+						t.Fatalf("ids spilled into %d buckets, %d written", len(listed), written)
 					}
+				} else if len(parts.Buckets) > 1 {
+					// They changed the newest bucket only.
+					t.Fatalf("after restore %d buckets changed, want at most 1", len(parts.Buckets))
 				}
 				ps.store(parts)
 				s.Persisted(parts.Version)
@@ -158,6 +163,17 @@ func TestSnapshotPartsWriteOnlyWhatChanged(t *testing.T) {
 		t.Fatal("restored state differs")
 	}
 	t.Logf("%d checkpoints wrote %d buckets; %d ids remembered", checkpoints, ps.written, len(stateProto(p, &s).Seen))
+}
+
+// countData counts the buckets parts write (not delete).
+func countData(parts fold.Parts) int {
+	n := 0
+	for _, b := range parts.Buckets {
+		if b.Data != nil {
+			n++
+		}
+	}
+	return n
 }
 
 func TestRestorePartsMissingBucket(t *testing.T) {
@@ -390,4 +406,87 @@ func mustCore(t testing.TB, parts fold.Parts) *keyfoldv1.KeyState {
 		t.Fatal(err)
 	}
 	return core
+}
+
+// TestFewIDsStayInline: a key remembering a few ids stores them in its core
+// record (one read and one write per snapshot, no buckets); once it holds
+// more than eight, its snapshot moves them all to buckets; when every id
+// expired, its buckets are deleted and its ids go inline again. A store
+// laid out in buckets for a few ids (as before the inline layout) moves
+// to the inline one at the key's next snapshot. Every step restores
+// exactly.
+func TestFewIDsStayInline(t *testing.T) {
+	p := mustCompile(t, fold.Spec{Key: "k", ID: "id", DedupWindow: time.Hour,
+		Aggregates: map[string]fold.AggregateSpec{"n": {Op: "count"}}})
+	ps := &partsStore{buckets: map[int64][]byte{}}
+	var s fold.State
+	stored := uint64(0)
+	now := int64(0)
+	step := func(what string) fold.Parts {
+		t.Helper()
+		parts, err := p.SnapshotParts(&s, stored)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps.store(parts)
+		s.Persisted(parts.Version)
+		stored = parts.Version
+		if r := ps.restore(t, p); !reflect.DeepEqual(stateProto(p, &r), stateProto(p, &s)) {
+			t.Fatalf("%s: restored state differs:\n got %v\nwant %v", what, stateProto(p, &r), stateProto(p, &s))
+		}
+		return parts
+	}
+	apply := func(id string) {
+		now += 5 * time.Minute.Milliseconds() // each id in a bucket of its own
+		p.Apply(&s, prepare(t, p, fmt.Sprintf(`{"k":"a","id":%q}`, id)), now)
+	}
+	for i := range 5 {
+		apply(fmt.Sprint("e", i))
+		if parts := step("few ids"); len(parts.Buckets) != 0 || len(ps.core.Seen) != i+1 || len(ps.core.SeenBuckets) != 0 {
+			t.Fatalf("%d ids: %d buckets written, core holds %d ids and lists %d buckets", i+1, len(parts.Buckets), len(ps.core.Seen), len(ps.core.SeenBuckets))
+		}
+	}
+	for i := 5; i < 9; i++ { // in one checkpoint: the ninth spills
+		apply(fmt.Sprint("e", i))
+	}
+	parts := step("spilled")
+	if len(ps.core.Seen) != 0 || len(ps.core.SeenBuckets) != 9 || countData(parts) != 9 || len(ps.buckets) != 9 {
+		t.Fatalf("9 ids within an hour: core holds %d ids, lists %v; %d buckets written, %d stored", len(ps.core.Seen), ps.core.SeenBuckets, countData(parts), len(ps.buckets))
+	}
+	// Two hours later every id has expired: the buckets go.
+	now += 2 * time.Hour.Milliseconds()
+	p.Apply(&s, prepare(t, p, `{"k":"a"}`), now)
+	step("expired")
+	if len(ps.buckets) != 0 || len(ps.core.SeenBuckets) != 0 {
+		t.Fatalf("after every id expired: %d buckets stored, core lists %v", len(ps.buckets), ps.core.SeenBuckets)
+	}
+	apply("late")
+	if step("inline again"); len(ps.core.Seen) != 1 || len(ps.buckets) != 0 {
+		t.Fatalf("one new id: core holds %d, %d buckets stored", len(ps.core.Seen), len(ps.buckets))
+	}
+
+	// The former layout: two ids in buckets.
+	old := &partsStore{core: &keyfoldv1.KeyState{Seq: 2, NowMs: now}, buckets: map[int64][]byte{}}
+	width := (time.Hour / 16).Milliseconds()
+	for _, e := range []*keyfoldv1.SeenID{{Id: "x", AtMs: now - 5*time.Minute.Milliseconds()}, {Id: "y", AtMs: now - 1000}} {
+		data, err := proto.Marshal(&keyfoldv1.SeenBucket{Ids: []*keyfoldv1.SeenID{e}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		old.buckets[e.AtMs/width] = data
+		old.core.SeenBuckets = append(old.core.SeenBuckets, e.AtMs/width)
+	}
+	r := old.restore(t, p)
+	if p.Apply(&r, prepare(t, p, `{"k":"a","id":"x"}`), now) == false {
+		t.Fatal("an id of the former layout was not remembered")
+	}
+	p.Apply(&r, prepare(t, p, `{"k":"a","id":"z"}`), now)
+	parts, err := p.SnapshotParts(&r, fold.RestoredVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.store(parts)
+	if len(old.buckets) != 0 || len(old.core.SeenBuckets) != 0 || len(old.core.Seen) != 3 {
+		t.Fatalf("former layout after a snapshot: %d buckets stored, core lists %v, holds %d ids", len(old.buckets), old.core.SeenBuckets, len(old.core.Seen))
+	}
 }

@@ -25,10 +25,20 @@ func (p *Pipeline) StateProto(s *State) (*keyfoldv1.KeyState, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, e := range s.ids.order {
-		ks.Seen = append(ks.Seen, &keyfoldv1.SeenID{Id: e.id, AtMs: e.at})
-	}
+	ks.Seen = seenProto(s.ids.order)
 	return ks, nil
+}
+
+// seenProto is the ids in their stored form, oldest first.
+func seenProto(order []seenID) []*keyfoldv1.SeenID {
+	if len(order) == 0 {
+		return nil
+	}
+	seen := make([]*keyfoldv1.SeenID, len(order))
+	for i, e := range order {
+		seen[i] = &keyfoldv1.SeenID{Id: e.id, AtMs: e.at}
+	}
+	return seen
 }
 
 // coreProto is the state without its ids.
@@ -198,18 +208,30 @@ type BucketPart struct {
 // Version of the last Parts stored.
 func (p *Pipeline) SnapshotParts(s *State, since uint64) (Parts, error) {
 	parts := Parts{Version: s.version, NextTimer: p.NextTimer(s)}
-	buckets := make([]int64, len(s.ids.buckets))
-	for i, bi := range s.ids.buckets { // in bucket order
-		buckets[i] = bi.bucket
-	}
 	var err error
 	if p.Timed() {
 		if parts.Core, err = p.coreProto(s); err != nil {
 			return Parts{}, err
 		}
-		parts.Core.SeenBuckets = buckets
-	} else if parts.CoreData, err = p.appendCore(nil, s, buckets); err != nil {
+		if s.ids.spilled {
+			for _, bi := range s.ids.buckets { // in bucket order
+				parts.Core.SeenBuckets = append(parts.Core.SeenBuckets, bi.bucket)
+			}
+		} else {
+			parts.Core.Seen = seenProto(s.ids.order)
+		}
+	} else if parts.CoreData, err = p.appendCore(nil, s); err != nil {
 		return Parts{}, err
+	}
+	for _, g := range s.ids.gone {
+		if g.version > since {
+			if _, back := s.ids.find(g.bucket); !back || !s.ids.spilled {
+				parts.Buckets = append(parts.Buckets, BucketPart{Bucket: g.bucket})
+			}
+		}
+	}
+	if !s.ids.spilled {
+		return parts, nil // the ids are inline
 	}
 	// Ids are added in time order, so the buckets changed since are the
 	// newest ones: walk back from the newest id to the first unchanged
@@ -229,16 +251,9 @@ func (p *Pipeline) SnapshotParts(s *State, since uint64) (Parts, error) {
 		bk := s.ids.order[i].at / w
 		var data []byte
 		for ; i < len(s.ids.order) && s.ids.order[i].at/w == bk; i++ {
-			data = appendSeenID(data, s.ids.order[i])
+			data = appendSeenID(data, sbIDs, s.ids.order[i])
 		}
 		parts.Buckets = append(parts.Buckets, BucketPart{Bucket: bk, Data: data})
-	}
-	for _, g := range s.ids.gone {
-		if g.version > since {
-			if _, back := s.ids.find(g.bucket); !back {
-				parts.Buckets = append(parts.Buckets, BucketPart{Bucket: g.bucket})
-			}
-		}
 	}
 	return parts, nil
 }
@@ -256,11 +271,12 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 	if err != nil {
 		return State{}, err
 	}
-	p.loadIDs(&s, core.Seen) // a snapshot written with ids inline
-	// The stored buckets are usable as they are only if every id sits in
-	// the bucket this pipeline's width puts it in and no id was inline.
-	rewrite := len(core.Seen) > 0
+	p.loadIDs(&s, core.Seen) // ids stored inline
+	// The stored layout is usable as it is only if it is the one this
+	// state would write (inline for a few ids, else buckets; never both)
+	// and every id sits in the bucket this pipeline's width puts it in.
 	w := p.bucketWidth()
+	rewrite := len(core.Seen) > 0 && len(core.SeenBuckets) > 0
 	for _, b := range core.SeenBuckets {
 		data, err := load(b)
 		if err != nil {
@@ -276,6 +292,10 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 			}
 		}
 		p.loadIDs(&s, sb.Ids)
+	}
+	s.ids.spilled = s.ids.len() > inlineIDs
+	if s.ids.spilled == (len(core.SeenBuckets) == 0) {
+		rewrite = true // inline ids too many now, or buckets that can go inline
 	}
 	if rewrite {
 		// Nothing of the new layout is stored: mark every bucket changed

@@ -268,8 +268,10 @@ func Tombstone(key string) *Event { return &Event{Key: key, Erase: true} }
 func Erase(s *State) {
 	s.version++
 	gone := s.ids.gone
-	for _, bi := range s.ids.buckets {
-		gone = append(gone, goneBucket{bucket: bi.bucket, version: s.version})
+	if s.ids.spilled { // inline ids go with the core
+		for _, bi := range s.ids.buckets {
+			gone = append(gone, goneBucket{bucket: bi.bucket, version: s.version})
+		}
 	}
 	// Windows that emitted and are still within allowed lateness stay,
 	// emptied, so that an event for one after the deletion emits the next
