@@ -84,7 +84,6 @@ type grain struct {
 	epoch    persistence.Epoch // the group incarnation it belongs to
 	pipeline *fold.Pipeline
 	pstats   *pipelineStats // its pipeline's counters
-	lateIn   []uint64       // per window, its late counts before an apply
 	state    fold.State
 	pos      persistence.Position // last log position applied
 	stored   uint64               // state version whose snapshot is stored (0: none)
@@ -189,9 +188,18 @@ func (g *grain) apply(m *applyMsg) {
 		}
 		return
 	}
+	// The late counts before the apply, per window (on the stack for up
+	// to 8 windows: a key in memory keeps nothing for them).
 	late := g.state.Late()
-	for i := range g.lateIn {
-		g.lateIn[i] = g.state.LateIn(i)
+	var buf [8]uint64
+	var lateIn []uint64
+	if n := len(g.pstats.lateIn); n <= len(buf) {
+		lateIn = buf[:n]
+	} else {
+		lateIn = make([]uint64, n)
+	}
+	for i := range lateIn {
+		lateIn[i] = g.state.LateIn(i)
 	}
 	if m.wm > 0 {
 		g.pipeline.Advance(&g.state, g.id.key, m.wm)
@@ -233,7 +241,7 @@ func (g *grain) apply(m *applyMsg) {
 		} else { // erased meanwhile: what came after
 			g.pstats.late.Add(int64(l))
 		}
-		for i, was := range g.lateIn {
+		for i, was := range lateIn {
 			if l := g.state.LateIn(i); l >= was {
 				g.pstats.lateIn[i].Add(int64(l - was))
 			} else {

@@ -490,8 +490,7 @@ func (h *Host) sendLoadedLocked(id keyID, group uint32, msg any, l *loaded) {
 				l = newKey // nothing to read
 			}
 			g = &grain{host: h, id: id, group: group, epoch: epoch, pipeline: h.cfg.Pipelines[id.pipeline],
-				pstats: h.stats.pipelines[id.pipeline], preloaded: l,
-				lateIn: make([]uint64, len(h.stats.pipelines[id.pipeline].windows))}
+				pstats: h.stats.pipelines[id.pipeline], preloaded: l}
 		}
 		// The grain recovers its own panics (failing the host), so the
 		// supervisor never restarts it with a half-applied state.

@@ -130,20 +130,28 @@ func benchIngestKeys(b *testing.B, keys int, preload bool) {
 	if held := st.ActiveKeys + st.ResidentKeys; held > 0 {
 		b.ReportMetric(float64(int64(after.HeapInuse)-int64(before.HeapInuse))/float64(held), "heap_B/key")
 	}
-	if path := os.Getenv("KEYFOLD_HEAP_PROFILE"); path != "" { // where that heap is: go tool pprof -sample_index=inuse_space
-		f, err := os.Create(path)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer f.Close()
-		if err := pprof.WriteHeapProfile(f); err != nil {
-			b.Fatal(err)
-		}
-	}
+	writeHeapProfile(b)
 	b.ReportMetric(float64(n*batch)/b.Elapsed().Seconds(), "events/s")
 	// CPU time per event (the process's, user and system): what the work
 	// costs, less swayed than events/s by what else the machine runs.
 	b.ReportMetric(float64(cpu.Microseconds())/float64(n*batch), "cpu_µs/event")
+}
+
+// writeHeapProfile writes a heap profile to $KEYFOLD_HEAP_PROFILE, if set:
+// where the heap is (go tool pprof -sample_index=inuse_space).
+func writeHeapProfile(b *testing.B) {
+	path := os.Getenv("KEYFOLD_HEAP_PROFILE")
+	if path == "" {
+		return
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // cpuTime is the CPU time the process has used, user and system.
@@ -159,7 +167,8 @@ func cpuTime() time.Duration {
 // costs (README, "Sizing"): b.N keys of the bench pipeline, one event each
 // (so one remembered id each), passivated out of their actors, then the
 // heap they hold per key, after a GC, beside the host's own estimate of it
-// (resident_est_B/key, what max_memory is charged):
+// (resident_est_B/key, what max_memory is charged); KEYFOLD_HEAP_PROFILE as
+// in BenchmarkIngestKeys:
 //
 //	go test -run '^$' -bench ResidentKeyMemory -benchtime 200000x ./actors
 func BenchmarkResidentKeyMemory(b *testing.B) {
@@ -184,6 +193,7 @@ func BenchmarkResidentKeyMemory(b *testing.B) {
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
 	heap := float64(int64(after.HeapInuse)-int64(before.HeapInuse)) - float64(st.ActiveKeys)*actors.ActiveKeyBytes
+	writeHeapProfile(b)
 	b.ReportMetric(float64(st.ResidentKeys), "resident_keys")
 	if st.ResidentKeys > 0 {
 		b.ReportMetric(heap/float64(st.ResidentKeys), "heap_B/resident_key")

@@ -21,7 +21,8 @@ type idSet struct {
 	// a key in memory is meant to take less than a KiB, BENCHMARKS.md.)
 	order []seenID
 	set   map[string]struct{}
-	// buckets are the buckets holding ids, by bucket number. There are
+	// buckets are the buckets holding ids, by bucket number, once the ids
+	// spilled out of the core (none while they are inline). There are
 	// about 17 at most (a sixteenth of the window each), so a sorted slice
 	// is smaller and faster than a map.
 	buckets []bucketInfo
@@ -94,20 +95,27 @@ func (d *idSet) add(id string, at int64, width int64, version uint64) {
 			d.set[e.id] = struct{}{}
 		}
 	}
-	bk := at / width
-	i, ok := d.find(bk)
+	switch {
+	case d.spilled:
+		d.count(at/width, version)
+	case len(d.order) > inlineIDs:
+		// Out of the core: none of the buckets is stored yet, so the next
+		// snapshot writes them all.
+		d.spilled = true
+		for _, e := range d.order {
+			d.count(e.at/width, version)
+		}
+	}
+}
+
+// count adds an id to bucket b, changed at version.
+func (d *idSet) count(b int64, version uint64) {
+	i, ok := d.find(b)
 	if !ok {
-		d.buckets = slices.Insert(d.buckets, i, bucketInfo{bucket: bk})
+		d.buckets = slices.Insert(d.buckets, i, bucketInfo{bucket: b})
 	}
 	d.buckets[i].count++
 	d.buckets[i].changed = version
-	if !d.spilled && len(d.order) > inlineIDs {
-		// None of the buckets is stored yet: the next snapshot writes all.
-		d.spilled = true
-		for i := range d.buckets {
-			d.buckets[i].changed = version
-		}
-	}
 }
 
 // expire forgets the ids applied at or before horizon.
@@ -118,11 +126,9 @@ func (d *idSet) expire(horizon, width int64, version uint64) {
 		if d.set != nil {
 			delete(d.set, e.id)
 		}
-		if i, ok := d.find(e.at / width); ok {
-			if d.buckets[i].count--; d.buckets[i].count == 0 {
-				if d.spilled { // stored: its copy must go
-					d.gone = append(d.gone, goneBucket{bucket: d.buckets[i].bucket, version: version})
-				}
+		if i, ok := d.find(e.at / width); ok && d.spilled {
+			if d.buckets[i].count--; d.buckets[i].count == 0 { // its stored copy must go
+				d.gone = append(d.gone, goneBucket{bucket: d.buckets[i].bucket, version: version})
 				d.buckets = slices.Delete(d.buckets, i, i+1)
 			}
 		}

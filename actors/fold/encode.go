@@ -72,8 +72,8 @@ func (p *Pipeline) appendCore(b []byte, s *State) ([]byte, error) {
 		b = endMessage(b, mark)
 	}
 	b = appendVarintField(b, ksDuplicates, s.dups)
-	b = appendVarintField(b, ksWatermark, uint64(s.wm))
-	b = appendVarintField(b, ksLate, s.late)
+	b = appendVarintField(b, ksWatermark, uint64(s.Watermark()))
+	b = appendVarintField(b, ksLate, s.Late())
 	return b, nil
 }
 

@@ -20,6 +20,11 @@ const (
 func (s *State) MemSize() int {
 	n := int(unsafe.Sizeof(*s))
 	n += aggsSize(s.aggs)
+	n += s.ids.memSize()
+	if s.timeState == nil {
+		return n
+	}
+	n += int(unsafe.Sizeof(*s.timeState))
 	n += cap(s.lateWin) * 8
 	for i := range s.wins {
 		n += int(unsafe.Sizeof(s.wins[i])) + aggsSize(s.wins[i].aggs) + cap(s.wins[i].superseded)*int(unsafe.Sizeof(resultRef{}))
@@ -29,17 +34,20 @@ func (s *State) MemSize() int {
 		n += int(unsafe.Sizeof(s.pats[i])) + (cap(s.pats[i].times)+cap(s.pats[i].starts))*8
 	}
 	n += len(s.out) * 256 // results not yet taken: only between an apply and its take
-	return n + s.ids.memSize()
+	return n
 }
 
 func aggsSize(aggs []aggState) int {
 	n := cap(aggs) * int(unsafe.Sizeof(aggState{}))
 	for i := range aggs {
 		n += cap(aggs[i].last)
-		if aggs[i].hll != nil {
+		if aggs[i].sketches != nil {
+			n += int(unsafe.Sizeof(sketches{}))
+		}
+		if aggs[i].hllSketch() != nil {
 			n += hllBytes
 		}
-		if aggs[i].dd != nil {
+		if aggs[i].ddSketch() != nil {
 			n += ddBytes
 		}
 	}

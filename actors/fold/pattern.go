@@ -333,7 +333,11 @@ type PatternView struct {
 
 // Patterns returns each pattern's progress on the key, by name.
 func (p *Pipeline) Patterns(s *State) []PatternView {
-	pats := p.patStates(&State{pats: slices.Clone(s.pats)})
+	var mine []patState
+	if s.timeState != nil {
+		mine = slices.Clone(s.pats)
+	}
+	pats := p.patStates(&State{timeState: &timeState{pats: mine}})
 	views := make([]PatternView, len(p.patterns))
 	at := func(ms int64) *time.Time { t := time.UnixMilli(ms).UTC(); return &t }
 	for i, pt := range p.patterns {
@@ -363,6 +367,9 @@ func (p *Pipeline) Patterns(s *State) []PatternView {
 
 // patternsProto encodes the key's waiting events and pattern progress.
 func (p *Pipeline) patternsProto(s *State, ks *keyfoldv1.KeyState) {
+	if s.timeState == nil {
+		return
+	}
 	for _, w := range s.wait {
 		ks.Waiting = append(ks.Waiting, &keyfoldv1.WaitingEvent{TimeMs: w.t, Seq: w.seq, Steps: p.stepNames(w.mask)})
 	}

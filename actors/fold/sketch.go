@@ -42,14 +42,14 @@ func newDDSketch() *ddsketch.DDSketch {
 // has none.
 func encodeSketch(a *aggState) ([]byte, error) {
 	switch {
-	case a.hll != nil:
+	case a.hllSketch() != nil:
 		// The library's encoding depends on whether the sparse list was
 		// compacted, which Estimate does: compact first, so the same values
 		// always encode to the same bytes (replay equals live, byte for
 		// byte).
 		a.hll.Estimate()
 		return a.hll.MarshalBinary()
-	case a.dd != nil:
+	case a.ddSketch() != nil:
 		// Deterministic: the same sketch always encodes to the same bytes.
 		return proto.MarshalOptions{Deterministic: true}.Marshal(a.dd.ToProto())
 	}
@@ -63,7 +63,7 @@ func decodeSketch(op Op, b []byte, a *aggState) error {
 	}
 	switch op {
 	case OpDistinct:
-		a.hll = hyperloglog.New14()
+		a.sketch().hll = hyperloglog.New14()
 		if err := a.hll.UnmarshalBinary(b); err != nil {
 			return fmt.Errorf("distinct sketch: %w", err)
 		}
@@ -78,14 +78,14 @@ func decodeSketch(op Op, b []byte, a *aggState) error {
 		if err != nil {
 			return fmt.Errorf("quantiles sketch: %w", err)
 		}
-		a.dd = dd
+		a.sketch().dd = dd
 	}
 	return nil
 }
 
 // quantileView is the value of a quantiles aggregate.
 func quantileView(a *aggState) any {
-	if a.dd == nil || a.dd.IsEmpty() {
+	if a.ddSketch() == nil || a.dd.IsEmpty() {
 		return nil
 	}
 	out := make(map[string]any, len(Quantiles))

@@ -43,7 +43,7 @@ func seenProto(order []seenID) []*keyfoldv1.SeenID {
 
 // coreProto is the state without its ids.
 func (p *Pipeline) coreProto(s *State) (*keyfoldv1.KeyState, error) {
-	ks := &keyfoldv1.KeyState{Seq: s.seq, NowMs: s.now, Duplicates: s.dups, WatermarkMs: s.wm, Late: s.late}
+	ks := &keyfoldv1.KeyState{Seq: s.seq, NowMs: s.now, Duplicates: s.dups, WatermarkMs: s.Watermark(), Late: s.Late()}
 	for i := range p.aggs {
 		if i >= len(s.aggs) {
 			break
@@ -127,13 +127,16 @@ func (p *Pipeline) StateFromProto(ks *keyfoldv1.KeyState) (State, error) {
 
 func (p *Pipeline) stateFromCore(ks *keyfoldv1.KeyState) (State, error) {
 	// A restored state is at version 1, all of it stored: see Persisted.
-	s := State{seq: ks.Seq, dups: ks.Duplicates, now: ks.NowMs, wm: ks.WatermarkMs, late: ks.Late,
-		aggs: make([]aggState, len(p.aggs)), version: RestoredVersion}
+	s := State{seq: ks.Seq, dups: ks.Duplicates, now: ks.NowMs, aggs: make([]aggState, len(p.aggs)), version: RestoredVersion}
 	for i := range p.aggs {
 		if err := restoreAgg(&p.aggs[i], ks.Aggregates, &s.aggs[i]); err != nil {
 			return State{}, err
 		}
 	}
+	if !p.Timed() {
+		return s, nil // event-time state of windows and patterns no longer configured: dropped
+	}
+	s.timeState = &timeState{wm: ks.WatermarkMs, late: ks.Late}
 	if err := p.restoreWindows(&s, ks.Windows); err != nil {
 		return State{}, err
 	}

@@ -19,6 +19,19 @@ type State struct {
 	now  int64  // the key's clock: the largest processing time applied
 	aggs []aggState
 	ids  idSet // ids applied within the dedup window
+	// The event-time state, for a pipeline with windows or patterns; nil
+	// for one without (most keys, whose memory it would add a third to).
+	*timeState
+	// version counts the changes of the state in memory (it is not
+	// persisted); snapshots use it to tell what changed since the last one.
+	version uint64
+}
+
+// timeState is the part of a key's state that only windows and patterns
+// use. Read it through the accessors that allow nil (Watermark, Late,
+// LateIn, Outputs); code that changes it runs for a pipeline with windows
+// or patterns, after timed() gave the state one.
+type timeState struct {
 	wm   int64 // the key's watermark (see window.go)
 	late uint64
 	// lateWin counts, per window spec, the events too late for at least
@@ -28,17 +41,51 @@ type State struct {
 	wait    []waiting           // events the patterns have not seen yet, by time
 	pats    []patState          // per pattern
 	out     []*keyfoldv1.Output // emitted results not yet taken
-	// version counts the changes of the state in memory (it is not
-	// persisted); snapshots use it to tell what changed since the last one.
-	version uint64
+}
+
+// timed returns the state's event-time part, creating it if needed.
+func (s *State) timed() *timeState {
+	if s.timeState == nil {
+		s.timeState = new(timeState)
+	}
+	return s.timeState
 }
 
 type aggState struct {
-	count uint64
-	num   float64
-	last  []byte
-	hll   *hyperloglog.Sketch // distinct
-	dd    *ddsketch.DDSketch  // quantiles
+	count     uint64
+	num       float64
+	last      []byte
+	*sketches // of a distinct or quantiles aggregate: nil for the others (most)
+}
+
+// sketches hold the sketch of a distinct or quantiles aggregate; one
+// pointer instead of two in every aggregate of every key in memory.
+type sketches struct {
+	hll *hyperloglog.Sketch // distinct
+	dd  *ddsketch.DDSketch  // quantiles
+}
+
+// hllSketch and ddSketch return the aggregate's sketch, nil if none.
+func (a *aggState) hllSketch() *hyperloglog.Sketch {
+	if a.sketches == nil {
+		return nil
+	}
+	return a.hll
+}
+
+func (a *aggState) ddSketch() *ddsketch.DDSketch {
+	if a.sketches == nil {
+		return nil
+	}
+	return a.dd
+}
+
+// sketch returns the aggregate's sketches, creating them if needed.
+func (a *aggState) sketch() *sketches {
+	if a.sketches == nil {
+		a.sketches = new(sketches)
+	}
+	return a.sketches
 }
 
 // Duplicates returns the number of events skipped because the key had
@@ -50,7 +97,9 @@ func (s *State) Seq() uint64 { return s.seq }
 
 // Empty reports whether the key holds nothing: no event applied (or all
 // erased) and no emptied window kept to number its next results.
-func (s *State) Empty() bool { return s.seq == 0 && s.ids.len() == 0 && len(s.wins) == 0 }
+func (s *State) Empty() bool {
+	return s.seq == 0 && s.ids.len() == 0 && (s.timeState == nil || len(s.wins) == 0)
+}
 
 // Version counts the changes of the state since it was created or restored.
 func (s *State) Version() uint64 { return s.version }
@@ -92,6 +141,7 @@ func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
 	}
 	s.seq++
 	if p.Timed() {
+		s.timed()
 		p.patStates(s) // present from the first event, as in a restored state
 		t := p.EventTime(ev, nowMs)
 		if !ev.timed && t < s.wm {
@@ -127,13 +177,13 @@ func (a *aggState) add(op Op, c *contribution) {
 	case OpLast:
 		a.last = c.last
 	case OpDistinct:
-		if a.hll == nil {
-			a.hll = hyperloglog.New14()
+		if sk := a.sketch(); sk.hll == nil {
+			sk.hll = hyperloglog.New14()
 		}
 		a.hll.Insert([]byte(c.str))
 	case OpQuantiles:
-		if a.dd == nil {
-			a.dd = newDDSketch()
+		if sk := a.sketch(); sk.dd == nil {
+			sk.dd = newDDSketch()
 		}
 		if a.dd.Add(c.num) != nil {
 			return // outside the sketch's range (beyond ±1e300): not counted
@@ -164,13 +214,19 @@ func (a *aggState) merge(op Op, b *aggState, newer bool) {
 			a.last = b.last
 		}
 	case OpDistinct:
-		if a.hll == nil {
-			a.hll = hyperloglog.New14()
+		if b.hllSketch() == nil {
+			break // nothing to merge
+		}
+		if sk := a.sketch(); sk.hll == nil {
+			sk.hll = hyperloglog.New14()
 		}
 		_ = a.hll.Merge(b.hll) // same precision: cannot fail
 	case OpQuantiles:
-		if a.dd == nil {
-			a.dd = newDDSketch()
+		if b.ddSketch() == nil {
+			break // nothing to merge
+		}
+		if sk := a.sketch(); sk.dd == nil {
+			sk.dd = newDDSketch()
 		}
 		_ = a.dd.MergeWith(b.dd) // same mapping: cannot fail
 	}
@@ -225,7 +281,7 @@ func aggValue(op Op, a *aggState) any {
 		}
 		return json.RawMessage(a.last)
 	case OpDistinct:
-		if a.hll == nil {
+		if a.hllSketch() == nil {
 			return uint64(0)
 		}
 		return a.hll.Estimate()
@@ -276,12 +332,15 @@ func Erase(s *State) {
 	// Windows that emitted and are still within allowed lateness stay,
 	// emptied, so that an event for one after the deletion emits the next
 	// revision, not revision 0 again with other values under the same id.
-	var floors []win
-	for _, x := range s.wins {
-		if x.emitted > 0 && x.end <= s.wm {
-			floors = append(floors, win{spec: x.spec, start: x.start, end: x.end, emitted: x.emitted, aggs: make([]aggState, len(x.aggs)), superseded: x.superseded})
+	var ts *timeState
+	if old := s.timeState; old != nil {
+		ts = &timeState{wm: old.wm, out: old.out}
+		for _, x := range old.wins {
+			if x.emitted > 0 && x.end <= old.wm {
+				ts.wins = append(ts.wins, win{spec: x.spec, start: x.start, end: x.end, emitted: x.emitted, aggs: make([]aggState, len(x.aggs)), superseded: x.superseded})
+			}
 		}
 	}
-	*s = State{version: s.version, now: s.now, wm: s.wm, out: s.out, wins: floors}
+	*s = State{version: s.version, now: s.now, timeState: ts}
 	s.ids.gone = gone
 }

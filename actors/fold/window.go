@@ -352,7 +352,7 @@ func (p *Pipeline) WindowNames() []string {
 // LateIn returns the number of events too late for at least one window
 // they fell in of the pipeline's window i (see WindowNames).
 func (s *State) LateIn(i int) uint64 {
-	if i < len(s.lateWin) {
+	if s.timeState != nil && i < len(s.lateWin) {
 		return s.lateWin[i]
 	}
 	return 0
@@ -507,7 +507,7 @@ func (p *Pipeline) windowValues(w *window, x *win) map[string]any {
 // the results of the windows whose end it passes, in end order, and
 // dropping the windows past allowed lateness.
 func (p *Pipeline) Advance(s *State, key string, wm int64) {
-	if wm <= s.wm || !p.Timed() {
+	if !p.Timed() || wm <= s.timed().wm {
 		return
 	}
 	s.version++
@@ -534,6 +534,9 @@ func (p *Pipeline) Advance(s *State, key string, wm int64) {
 // (a window to emit or to drop, waiting events for its patterns, an
 // absence's deadline), 0 if none: Advance to it or beyond.
 func (p *Pipeline) NextTimer(s *State) int64 {
+	if s.timeState == nil {
+		return 0
+	}
 	next := p.patternTimer(s)
 	for i := range s.wins {
 		d := s.wins[i].end
@@ -548,18 +551,36 @@ func (p *Pipeline) NextTimer(s *State) int64 {
 }
 
 // Watermark returns the key's watermark (0 before any).
-func (s *State) Watermark() int64 { return s.wm }
+func (s *State) Watermark() int64 {
+	if s.timeState == nil {
+		return 0
+	}
+	return s.wm
+}
 
 // Late returns the number of events too late for every window they belonged
 // to.
-func (s *State) Late() uint64 { return s.late }
+func (s *State) Late() uint64 {
+	if s.timeState == nil {
+		return 0
+	}
+	return s.late
+}
 
 // Outputs returns the results emitted and not yet taken, oldest first.
-func (s *State) Outputs() []*keyfoldv1.Output { return s.out }
+func (s *State) Outputs() []*keyfoldv1.Output {
+	if s.timeState == nil {
+		return nil
+	}
+	return s.out
+}
 
 // TakeOutputs returns the results emitted and not yet taken, oldest first,
 // and forgets them: the caller stores them.
 func (s *State) TakeOutputs() []*keyfoldv1.Output {
+	if s.timeState == nil {
+		return nil
+	}
 	outs := s.out
 	s.out = nil
 	return outs
@@ -579,6 +600,9 @@ type WindowView struct {
 // Windows returns the key's windows ordered by name then start: the open
 // ones and the emitted ones still kept for allowed lateness.
 func (p *Pipeline) Windows(s *State) []WindowView {
+	if s.timeState == nil {
+		return []WindowView{}
+	}
 	views := make([]WindowView, len(s.wins))
 	for i := range s.wins {
 		x := &s.wins[i]
@@ -594,6 +618,9 @@ func (p *Pipeline) Windows(s *State) []WindowView {
 
 // windowsProto encodes the key's windows.
 func (p *Pipeline) windowsProto(s *State) ([]*keyfoldv1.WindowState, error) {
+	if s.timeState == nil {
+		return nil, nil
+	}
 	out := make([]*keyfoldv1.WindowState, 0, len(s.wins))
 	for i := range s.wins {
 		x := &s.wins[i]
