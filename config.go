@@ -65,9 +65,13 @@ type Config struct {
 	// KeyGroups is the number of key groups (default 256). It is fixed for a
 	// deployment: a store created with another number refuses to open.
 	KeyGroups uint32 `yaml:"key_groups"`
-	// CheckpointInterval bounds the time between checkpoints and so the
-	// replay after a crash (default 5s).
+	// CheckpointInterval bounds the time between checkpoints of a quiet
+	// node (default 30s).
 	CheckpointInterval time.Duration `yaml:"checkpoint_interval"`
+	// CheckpointBytes starts a checkpoint once this many bytes were logged
+	// since the last one (default 64 MiB): it bounds the replay after a
+	// crash by the log's size.
+	CheckpointBytes int64 `yaml:"checkpoint_bytes"`
 	// IdleTimeout passivates keys idle this long (default 5m).
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
 	// MaxActiveKeys bounds the keys with an actor (default 100000): the
@@ -163,6 +167,9 @@ func (c Config) withDefaults() Config {
 	if c.CheckpointInterval == 0 {
 		c.CheckpointInterval = actors.DefaultCheckpointInterval
 	}
+	if c.CheckpointBytes == 0 {
+		c.CheckpointBytes = actors.DefaultCheckpointBytes
+	}
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = actors.DefaultIdleTimeout
 	}
@@ -246,6 +253,7 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 		v    int64
 	}{
 		{"checkpoint_interval", int64(c.CheckpointInterval)},
+		{"checkpoint_bytes", c.CheckpointBytes},
 		{"idle_timeout", int64(c.IdleTimeout)},
 		{"max_active_keys", int64(c.MaxActiveKeys)},
 		{"max_memory", c.MaxMemory},

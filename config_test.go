@@ -190,6 +190,7 @@ func TestWithDefaults(t *testing.T) {
 		DataDir:            DefaultDataDir,
 		KeyGroups:          actors.DefaultGroups,
 		CheckpointInterval: actors.DefaultCheckpointInterval,
+		CheckpointBytes:    actors.DefaultCheckpointBytes,
 		IdleTimeout:        actors.DefaultIdleTimeout,
 		MaxActiveKeys:      actors.DefaultMaxActive,
 		MaxMemory:          actors.DefaultMaxMemory,
@@ -205,7 +206,7 @@ func TestWithDefaults(t *testing.T) {
 	}
 
 	// Set fields are kept; HTTPAddr stays empty for embedders.
-	set := Config{DataDir: "d", KeyGroups: 8, CheckpointInterval: time.Second, IdleTimeout: time.Minute,
+	set := Config{DataDir: "d", KeyGroups: 8, CheckpointInterval: time.Second, CheckpointBytes: 1 << 20, IdleTimeout: time.Minute,
 		MaxActiveKeys: 10, MaxMemory: 1 << 25, MaxBodyBytes: 1024, ShutdownTimeout: time.Millisecond, MaxConcurrentIngests: 3,
 		MaxIngestBytes: 1 << 20, MaxBatchEvents: 7}
 	got := set.withDefaults()

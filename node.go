@@ -237,6 +237,7 @@ func (n *Node) run(ctx context.Context) (err error) {
 		Pipelines:          n.pipelines,
 		Groups:             n.cfg.KeyGroups,
 		CheckpointInterval: n.cfg.CheckpointInterval,
+		CheckpointBytes:    n.cfg.CheckpointBytes,
 		IdleTimeout:        n.cfg.IdleTimeout,
 		MaxActive:          n.cfg.MaxActiveKeys,
 		MaxMemory:          n.cfg.MaxMemory,

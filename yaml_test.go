@@ -126,11 +126,12 @@ func TestParseConfigRejects(t *testing.T) {
 		},
 		{
 			name: "negative numbers and bad addresses",
-			yaml: "http: localhost\ngrpc: \":x:y\"\ncheckpoint_interval: -1s\nidle_timeout: -1m\nmax_active_keys: -1\nmax_memory: -1\nmax_body_bytes: -1\nshutdown_timeout: -5s\npipelines:" + okPipeline,
+			yaml: "http: localhost\ngrpc: \":x:y\"\ncheckpoint_interval: -1s\ncheckpoint_bytes: -1\nidle_timeout: -1m\nmax_active_keys: -1\nmax_memory: -1\nmax_body_bytes: -1\nshutdown_timeout: -5s\npipelines:" + okPipeline,
 			want: [][]string{
 				{`http address "localhost"`},
 				{`grpc address ":x:y"`},
 				{"checkpoint_interval must not be negative"},
+				{"checkpoint_bytes must not be negative"},
 				{"idle_timeout must not be negative"},
 				{"max_active_keys must not be negative"},
 				{"max_memory must not be negative"},

@@ -22,6 +22,7 @@ const checkpointParallelism = 16
 // those keys and then advances the group's checkpoint position (trimming its
 // log), so replay after a crash starts there.
 func (h *Host) checkpoint(ctx context.Context) error {
+	h.logged.Store(0)         // what is logged from here on is the next one's
 	var groups errgroup.Group // every group is tried; the first error is returned
 	groups.SetLimit(checkpointParallelism)
 	for g := range h.cfg.Groups {

@@ -184,6 +184,10 @@ func (h *Host) commit(reqs []*ingestReq) {
 		entries[i].Data = data
 	}
 
+	bytes := 0
+	for _, e := range entries {
+		bytes += len(e.Data)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	positions, err := h.store.Append(ctx, entries)
 	cancel()
@@ -248,7 +252,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 			h.nudgeCheckpoint()
 		}
 	}
-	if len(h.active) > h.cfg.MaxActive {
+	if len(h.active) > h.cfg.MaxActive || h.logged.Add(int64(bytes)) >= h.cfg.CheckpointBytes {
 		h.nudgeCheckpoint()
 	}
 	if lost != nil {

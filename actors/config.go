@@ -22,9 +22,15 @@ type Config struct {
 	// Owned lists the key groups Recover takes over; nil means all of them
 	// (one node). SetOwned changes them later.
 	Owned []uint32
-	// CheckpointInterval bounds the time between checkpoints, and so the
-	// replay after a crash.
+	// CheckpointInterval bounds the time between checkpoints on a quiet
+	// node; under load CheckpointBytes and CheckpointRecords come first.
 	CheckpointInterval time.Duration
+	// CheckpointBytes triggers a checkpoint once this many bytes were logged
+	// since the last one began: it bounds the replay after a crash by the
+	// log's size, while a key changed many times between checkpoints is
+	// written once (a checkpoint's cost follows the keys that changed, not
+	// the events).
+	CheckpointBytes int64
 	// CheckpointRecords triggers a checkpoint early once any group's log has
 	// this many records above its checkpoint.
 	CheckpointRecords int
@@ -58,7 +64,8 @@ type Config struct {
 // Defaults.
 const (
 	DefaultGroups             = 256
-	DefaultCheckpointInterval = 5 * time.Second
+	DefaultCheckpointInterval = 30 * time.Second
+	DefaultCheckpointBytes    = 64 << 20
 	DefaultCheckpointRecords  = 1000
 	DefaultIdleTimeout        = 5 * time.Minute
 	DefaultMaxActive          = 100_000
@@ -83,6 +90,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.CheckpointInterval == 0 {
 		c.CheckpointInterval = DefaultCheckpointInterval
+	}
+	if c.CheckpointBytes == 0 {
+		c.CheckpointBytes = DefaultCheckpointBytes
 	}
 	if c.CheckpointRecords == 0 {
 		c.CheckpointRecords = DefaultCheckpointRecords
@@ -133,6 +143,7 @@ func (c *Config) Validate() error {
 		bad  bool
 	}{
 		{"CheckpointInterval", c.CheckpointInterval < 0},
+		{"CheckpointBytes", c.CheckpointBytes < 0},
 		{"CheckpointRecords", c.CheckpointRecords < 0},
 		{"IdleTimeout", c.IdleTimeout < 0},
 		{"MaxActive", c.MaxActive < 0},

@@ -49,7 +49,10 @@ type Host struct {
 	storeDown atomic.Bool
 
 	checkpointNow chan struct{} // nudges the checkpoint loop
-	lostNow       chan struct{} // wakes the take-over loop
+	// logged counts the bytes appended since the last checkpoint began
+	// (see CheckpointBytes).
+	logged  atomic.Int64
+	lostNow chan struct{} // wakes the take-over loop
 
 	failed   atomic.Pointer[error]
 	failOnce sync.Once

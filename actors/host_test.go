@@ -572,6 +572,33 @@ func TestReplayBoundedByCheckpoint(t *testing.T) {
 	}
 }
 
+// TestCheckpointFollowsLogBytes: under load a checkpoint starts once
+// CheckpointBytes were logged since the last one, not on a timer: with the
+// interval an hour away, a host that logged less than its bound writes no
+// checkpoint, and one that logged more does.
+func TestCheckpointFollowsLogBytes(t *testing.T) {
+	for _, c := range []struct {
+		bytes int64
+		want  bool
+	}{{1 << 30, false}, {4 << 10, true}} {
+		t.Run(fmt.Sprint(c.bytes), func(t *testing.T) {
+			hs := start(t, openStore(t, t.TempDir()), actors.Config{Groups: 4, CheckpointInterval: time.Hour,
+				CheckpointRecords: 1 << 30, CheckpointBytes: c.bytes})
+			defer hs.shutdown()
+			for i := range 200 { // ≈ 60 bytes of log each: ≈ 12 KiB
+				hs.ingest(event(fmt.Sprintf("k%d", i%20), fmt.Sprint(i), 1))
+			}
+			if !c.want {
+				if st := hs.host.Stats(); st.Checkpoints != 0 || st.DirtyKeys != 20 {
+					t.Fatalf("below the bound: %d group checkpoints, %d dirty keys; want none and 20", st.Checkpoints, st.DirtyKeys)
+				}
+				return
+			}
+			eventually(t, "a checkpoint after 4 KiB of log", func() bool { return hs.host.Stats().Checkpoints > 0 })
+		})
+	}
+}
+
 // TestDedupAcrossBucketsAndRestarts: ids spread over many snapshot buckets
 // survive passivation, checkpoints and a restart, and expire on time.
 func TestDedupAcrossBucketsAndRestarts(t *testing.T) {

@@ -83,6 +83,7 @@ func benchIngestKeys(b *testing.B, keys int, preload bool) {
 		defer f.Close()
 		defer pprof.StopCPUProfile()
 	}
+	st0 := h.Stats()
 	cpu0 := cpuTime()
 	const submitters, batch = 32, 100
 	batches := make(chan int, submitters)
@@ -122,6 +123,12 @@ func benchIngestKeys(b *testing.B, keys int, preload bool) {
 	st := h.Stats()
 	b.ReportMetric(float64(st.ActiveKeys), "active_keys")
 	b.ReportMetric(float64(st.ResidentKeys), "resident_keys")
+	// What an event costs the machinery: commits and group checkpoints
+	// per thousand events, actors started per event.
+	events := float64(n * batch)
+	b.ReportMetric(float64(st.Commits-st0.Commits)*1000/events, "commits/1k_events")
+	b.ReportMetric(float64(st.Checkpoints-st0.Checkpoints)*1000/events, "group_checkpoints/1k_events")
+	b.ReportMetric(float64(st.Activations-st0.Activations)/events, "activations/event")
 	// The heap the keys in memory hold, while they are held: the active
 	// ones (with an actor) and the resident ones.
 	runtime.GC()
