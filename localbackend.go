@@ -13,12 +13,12 @@ type localBackend struct{ n *Node }
 
 var _ grpcapi.LocalBackend = localBackend{}
 
-func (b localBackend) SubmitLocal(ctx context.Context, from, pipeline string, raws [][]byte) (grpcapi.Pending, error) {
-	r, err := b.n.route(pipeline)
+func (b localBackend) SubmitLocal(ctx context.Context, from string, batch *keyfoldv1.ForwardBatch) (grpcapi.Pending, error) {
+	r, err := b.n.route(batch.Pipeline)
 	if err != nil {
 		return nil, err
 	}
-	p, err := r.SubmitLocal(ctx, pipeline, raws)
+	p, err := r.SubmitLocal(ctx, from, batch)
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"github.com/keyfold/keyfold/actors"
 	"github.com/keyfold/keyfold/cluster"
 	"github.com/keyfold/keyfold/persistence"
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 )
 
 // router is where the façade (Node and its transports) sends every call
@@ -27,7 +28,7 @@ type router interface {
 
 	// The node-to-node service's calls (localBackend): on this node's
 	// groups only, never forwarded further; and the other members' notices.
-	SubmitLocal(ctx context.Context, pipeline string, events [][]byte) (cluster.Pending, error)
+	SubmitLocal(ctx context.Context, from string, batch *keyfoldv1.ForwardBatch) (cluster.Pending, error)
 	QueryLocal(ctx context.Context, pipeline, key string) (actors.KeyView, error)
 	MembersChanged(from string, leaving bool)
 	Released(from string, groups []uint32)
@@ -104,8 +105,9 @@ func (l localRouter) Delete(ctx context.Context, pipeline, key string) error {
 	return l.n.host.Load().Delete(ctx, pipeline, key)
 }
 
-func (l localRouter) SubmitLocal(ctx context.Context, pipeline string, events [][]byte) (cluster.Pending, error) {
-	return l.Submit(ctx, pipeline, events)
+// SubmitLocal: a node alone has no members to take at their word.
+func (l localRouter) SubmitLocal(ctx context.Context, _ string, batch *keyfoldv1.ForwardBatch) (cluster.Pending, error) {
+	return l.Submit(ctx, batch.Pipeline, batch.Events)
 }
 
 func (l localRouter) QueryLocal(ctx context.Context, pipeline, key string) (actors.KeyView, error) {

@@ -23,7 +23,11 @@
 //     the next renewal brings about anyway.
 //   - routing (route.go): a batch is validated whole, split by owner, its
 //     own share queued with the host and each other share forwarded to its
-//     owner ([Peers]: one Forward call in flight per owner, in order). A
+//     owner ([Peers]: one Forward call in flight per owner, in order),
+//     with what this node read of each event (fold's prepared encoding),
+//     which the owner applies without parsing the events again when the
+//     sender is a current member with the same pipeline, and validates
+//     otherwise ([Node.SubmitLocal]). A
 //     share refused because its owner does not serve the group yet (nothing
 //     of it was logged) is routed again with the next member list. Queries
 //     and deletions go to the key's owner; an owner's answer is decoded to

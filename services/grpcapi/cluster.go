@@ -18,10 +18,11 @@ import (
 // groups, never forwarding further (so that two nodes that disagree about
 // placement cannot bounce a request between them).
 type LocalBackend interface {
-	// SubmitLocal validates a batch and queues it on this node. A batch with
-	// an event of a key group not served here fails, before anything of it
-	// is logged, with an error wrapping actors.ErrNotServed.
-	SubmitLocal(ctx context.Context, from, pipeline string, events [][]byte) (Pending, error)
+	// SubmitLocal queues a batch member from validated (its share for this
+	// node) on this node. A batch with an event of a key group not served
+	// here fails, before anything of it is logged, with an error wrapping
+	// actors.ErrNotServed.
+	SubmitLocal(ctx context.Context, from string, batch *keyfoldv1.ForwardBatch) (Pending, error)
 	// QueryLocal and DeleteLocal act on a key of a group served here; for
 	// another group they fail with an error wrapping actors.ErrNotOwner or
 	// actors.ErrUnavailable.
@@ -56,7 +57,7 @@ func (c *clusterServer) Forward(ctx context.Context, req *keyfoldv1.ForwardReque
 	results := make([]*keyfoldv1.ForwardResult, len(req.Batches))
 	pending := make([]Pending, len(req.Batches))
 	for i, b := range req.Batches {
-		p, err := c.b.SubmitLocal(ctx, req.From, b.Pipeline, b.Events)
+		p, err := c.b.SubmitLocal(ctx, req.From, b)
 		if err != nil {
 			results[i] = c.failed(err)
 			continue
