@@ -145,7 +145,7 @@ func TestClusterRouting(t *testing.T) {
 			remote = k
 		}
 	}
-	var pending []*keyfold.PendingIngest
+	var pending []keyfold.PendingIngest
 	for i := range 100 {
 		p, err := a.SubmitIngest(ctx, "p", [][]byte{ev(remote, fmt.Sprintf("o%d", i), i)})
 		if err != nil {

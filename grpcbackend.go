@@ -13,27 +13,16 @@ type grpcBackend struct{ n *Node }
 
 var _ grpcapi.Backend = grpcBackend{}
 
-func (b grpcBackend) Ingest(ctx context.Context, pipeline string, events [][]byte) (int, int, error) {
+func (b grpcBackend) Ingest(ctx context.Context, pipeline string, events [][]byte) (IngestResult, error) {
 	p, err := b.Submit(ctx, pipeline, events)
 	if err != nil {
-		return 0, 0, err
+		return IngestResult{}, err
 	}
 	return p.Wait(ctx)
 }
 
-func (b grpcBackend) Submit(ctx context.Context, pipeline string, events [][]byte) (grpcapi.Pending, error) {
-	p, err := b.n.SubmitIngest(ctx, pipeline, events)
-	if err != nil {
-		return nil, err
-	}
-	return grpcPending{p}, nil
-}
-
-type grpcPending struct{ p *PendingIngest }
-
-func (p grpcPending) Wait(ctx context.Context) (int, int, error) {
-	r, err := p.p.Wait(ctx)
-	return r.Accepted, r.Duplicates, err
+func (b grpcBackend) Submit(ctx context.Context, pipeline string, events [][]byte) (PendingIngest, error) {
+	return b.n.SubmitIngest(ctx, pipeline, events)
 }
 
 func (b grpcBackend) Query(ctx context.Context, pipeline, key string) (grpcapi.KeyState, error) {

@@ -13,16 +13,12 @@ type localBackend struct{ n *Node }
 
 var _ grpcapi.LocalBackend = localBackend{}
 
-func (b localBackend) SubmitLocal(ctx context.Context, from string, batch *keyfoldv1.ForwardBatch) (grpcapi.Pending, error) {
+func (b localBackend) SubmitLocal(ctx context.Context, from string, batch *keyfoldv1.ForwardBatch) (PendingIngest, error) {
 	r, err := b.n.route(batch.Pipeline)
 	if err != nil {
 		return nil, err
 	}
-	p, err := r.SubmitLocal(ctx, from, batch)
-	if err != nil {
-		return nil, err
-	}
-	return grpcPending{&PendingIngest{p}}, nil
+	return r.SubmitLocal(ctx, from, batch)
 }
 
 func (b localBackend) QueryLocal(ctx context.Context, pipeline, key string) (grpcapi.KeyState, error) {

@@ -23,13 +23,6 @@ import (
 // routed again with the next member list. Queries and deletions go to the
 // key's owner, and are routed again while the owner refuses them.
 
-// Pending is a submitted batch, here or routed.
-type Pending interface {
-	// Wait waits until the batch is durable and applied, or ctx ends (it
-	// may then still be applied).
-	Wait(ctx context.Context) (actors.Result, error)
-}
-
 // A refused call is routed again when the member list changes, or after a
 // backoff: the new owner may still be taking the group over (its take-over
 // ends without notice here), so the backoff stays short.
@@ -60,7 +53,7 @@ func (c *Node) ownerOf(pipeline, key string) (string, *view) {
 // Batches submitted one after the other are logged in that order for each
 // key, but a share routed again while its group moves may come after a
 // later batch.
-func (c *Node) Submit(ctx context.Context, pipeline string, raws [][]byte) (Pending, error) {
+func (c *Node) Submit(ctx context.Context, pipeline string, raws [][]byte) (actors.Pending, error) {
 	p, ok := c.pipelines[pipeline]
 	if !ok {
 		return nil, fmt.Errorf("%w %q", actors.ErrUnknownPipeline, pipeline)
@@ -87,7 +80,7 @@ func (c *Node) Submit(ctx context.Context, pipeline string, raws [][]byte) (Pend
 // fingerprint. Otherwise they are validated here as a public ingest's: a
 // node that is not a member (it left, or never was one), or one configured
 // differently, is not taken at its word.
-func (c *Node) SubmitLocal(ctx context.Context, from string, b *keyfoldv1.ForwardBatch) (Pending, error) {
+func (c *Node) SubmitLocal(ctx context.Context, from string, b *keyfoldv1.ForwardBatch) (actors.Pending, error) {
 	p, ok := c.pipelines[b.Pipeline]
 	if !ok {
 		return nil, fmt.Errorf("%w %q", actors.ErrUnknownPipeline, b.Pipeline)
@@ -126,7 +119,7 @@ type part struct {
 	events []*fold.Event
 	bytes  int                     // of the events as forwarded
 	batch  *keyfoldv1.ForwardBatch // a remote owner's: the events as sent
-	local  *actors.Pending
+	local  actors.Pending
 	remote *Share
 	err    error // refused or failed before it was sent
 }

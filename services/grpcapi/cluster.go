@@ -22,7 +22,7 @@ type LocalBackend interface {
 	// node) on this node. A batch with an event of a key group not served
 	// here fails, before anything of it is logged, with an error wrapping
 	// actors.ErrNotServed.
-	SubmitLocal(ctx context.Context, from string, batch *keyfoldv1.ForwardBatch) (Pending, error)
+	SubmitLocal(ctx context.Context, from string, batch *keyfoldv1.ForwardBatch) (actors.Pending, error)
 	// QueryLocal and DeleteLocal act on a key of a group served here; for
 	// another group they fail with an error wrapping actors.ErrNotOwner or
 	// actors.ErrUnavailable.
@@ -55,7 +55,7 @@ type clusterServer struct {
 // Forward submits every batch in order, then waits for each.
 func (c *clusterServer) Forward(ctx context.Context, req *keyfoldv1.ForwardRequest) (*keyfoldv1.ForwardResponse, error) {
 	results := make([]*keyfoldv1.ForwardResult, len(req.Batches))
-	pending := make([]Pending, len(req.Batches))
+	pending := make([]actors.Pending, len(req.Batches))
 	for i, b := range req.Batches {
 		p, err := c.b.SubmitLocal(ctx, req.From, b)
 		if err != nil {
@@ -68,12 +68,12 @@ func (c *clusterServer) Forward(ctx context.Context, req *keyfoldv1.ForwardReque
 		if p == nil {
 			continue
 		}
-		acc, dups, err := p.Wait(ctx)
+		r, err := p.Wait(ctx)
 		if err != nil {
 			results[i] = c.failed(err)
 			continue
 		}
-		results[i] = &keyfoldv1.ForwardResult{Accepted: uint32(acc), Duplicates: uint32(dups)}
+		results[i] = &keyfoldv1.ForwardResult{Accepted: uint32(r.Accepted), Duplicates: uint32(r.Duplicates)}
 	}
 	return &keyfoldv1.ForwardResponse{Results: results}, nil
 }

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/keyfold/keyfold/actors"
 	"github.com/keyfold/keyfold/actors/fold"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"github.com/keyfold/keyfold/services"
@@ -28,10 +29,10 @@ import (
 // Backend is what the API serves.
 type Backend interface {
 	// Ingest validates, logs and applies a batch of events of one pipeline.
-	Ingest(ctx context.Context, pipeline string, events [][]byte) (accepted, duplicates int, err error)
+	Ingest(ctx context.Context, pipeline string, events [][]byte) (actors.Result, error)
 	// Submit validates a batch and queues it for logging without waiting:
 	// batches submitted one after the other are applied in that order.
-	Submit(ctx context.Context, pipeline string, events [][]byte) (Pending, error)
+	Submit(ctx context.Context, pipeline string, events [][]byte) (actors.Pending, error)
 	// Query returns one key's state.
 	Query(ctx context.Context, pipeline, key string) (KeyState, error)
 	// Delete erases one key.
@@ -59,11 +60,6 @@ type KeyState struct {
 	// Time, if not nil, is the key's event-time state (watermark, late,
 	// windows, patterns), encodable as JSON.
 	Time any
-}
-
-// Pending is a submitted batch.
-type Pending interface {
-	Wait(ctx context.Context) (accepted, duplicates int, err error)
 }
 
 // Options configures the service.
@@ -152,11 +148,11 @@ func (s *server) Ingest(ctx context.Context, req *keyfoldv1.IngestRequest) (*key
 		return nil, s.status(err)
 	}
 	defer s.release()
-	acc, dups, err := s.b.Ingest(ctx, req.Pipeline, req.Events)
+	r, err := s.b.Ingest(ctx, req.Pipeline, req.Events)
 	if err != nil {
 		return nil, s.status(err)
 	}
-	return &keyfoldv1.IngestResponse{Accepted: uint32(acc), Duplicates: uint32(dups)}, nil
+	return &keyfoldv1.IngestResponse{Accepted: uint32(r.Accepted), Duplicates: uint32(r.Duplicates)}, nil
 }
 
 // IngestStream reads batches, submits each in order and acknowledges each
@@ -168,7 +164,7 @@ func (s *server) IngestStream(stream keyfoldv1.Keyfold_IngestStreamServer) error
 	ctx := stream.Context()
 	type inFlight struct {
 		id   uint64
-		p    Pending
+		p    actors.Pending
 		err  error
 		cost int64 // reserved in the budget
 	}
@@ -181,9 +177,9 @@ func (s *server) IngestStream(stream keyfoldv1.Keyfold_IngestStreamServer) error
 			resp := &keyfoldv1.IngestStreamResponse{BatchId: f.id}
 			err := f.err
 			if err == nil {
-				var acc, dups int
-				acc, dups, err = f.p.Wait(ctx)
-				resp.Accepted, resp.Duplicates = uint32(acc), uint32(dups)
+				var r actors.Result
+				r, err = f.p.Wait(ctx)
+				resp.Accepted, resp.Duplicates = uint32(r.Accepted), uint32(r.Duplicates)
 			}
 			s.release()
 			s.opts.Budget.Release(f.cost)
