@@ -3,6 +3,7 @@ package keyfold
 import (
 	"context"
 
+	"github.com/keyfold/keyfold/actors"
 	"github.com/keyfold/keyfold/cluster"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"github.com/keyfold/keyfold/services/grpcapi"
@@ -46,7 +47,7 @@ func (b grpcBackend) Delete(ctx context.Context, pipeline, key string) error {
 func (b grpcBackend) Pipelines() []*keyfoldv1.PipelineInfo { return b.n.describePipelines() }
 
 func (b grpcBackend) Outputs(ctx context.Context, pipeline, after string, limit int) ([]*keyfoldv1.OutputEntry, error) {
-	outs, err := b.n.Outputs(ctx, pipeline, after, limit)
+	outs, err := b.n.storedOutputs(ctx, pipeline, after, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -61,20 +62,12 @@ func (b grpcBackend) Outputs(ctx context.Context, pipeline, after string, limit 
 // ErrClosed (Unavailable: clients resume elsewhere or after the restart)
 // instead of holding its shutdown.
 func (b grpcBackend) Subscribe(ctx context.Context, pipeline, after string, fn func(*keyfoldv1.OutputEntry) error) error {
-	return b.n.Subscribe(ctx, pipeline, after, func(o Output) error { return fn(outputEntry(o)) })
+	return b.n.subscribe(ctx, pipeline, after, func(o actors.Output) error { return fn(outputEntry(o)) })
 }
 
-// outputEntry is the API's form of an output.
-func outputEntry(o Output) *keyfoldv1.OutputEntry {
-	return &keyfoldv1.OutputEntry{
-		Cursor: o.Cursor,
-		Output: &keyfoldv1.Output{
-			Id: o.ID, Pipeline: o.Pipeline, Key: o.Key, Kind: o.Kind, Name: o.Name,
-			StartMs: o.Start.UnixMilli(), EndMs: o.End.UnixMilli(), Revision: o.Revision, Count: o.Count,
-			ValuesJson: o.Values, WatermarkMs: o.Watermark.UnixMilli(), Supersedes: o.Supersedes,
-		},
-		StoredMs: o.Stored.UnixMilli(),
-	}
+// outputEntry is the API's form of an output: the stored message itself.
+func outputEntry(o actors.Output) *keyfoldv1.OutputEntry {
+	return &keyfoldv1.OutputEntry{Cursor: o.Cursor, Output: o.Output, StoredMs: o.Time.UnixMilli()}
 }
 
 func (b grpcBackend) Cluster(ctx context.Context, pipeline, key string) (*keyfoldv1.GetClusterResponse, error) {
