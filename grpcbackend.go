@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/keyfold/keyfold/actors"
-	"github.com/keyfold/keyfold/cluster"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"github.com/keyfold/keyfold/services/grpcapi"
 )
@@ -26,18 +25,12 @@ func (b grpcBackend) Submit(ctx context.Context, pipeline string, events [][]byt
 	return b.n.SubmitIngest(ctx, pipeline, events)
 }
 
-func (b grpcBackend) Query(ctx context.Context, pipeline, key string) (grpcapi.KeyState, error) {
-	st, err := b.n.Query(ctx, pipeline, key)
-	return grpcState(st), err
-}
-
-// grpcState is a key's state as the gRPC API takes it.
-func grpcState(st KeyState) grpcapi.KeyState {
-	ks := grpcapi.KeyState{Seq: st.Seq, Duplicates: st.Duplicates, Aggregates: st.Aggregates}
-	if st.Late != nil { // a pipeline with windows or patterns
-		ks.Time = cluster.TimeState{Watermark: st.Watermark, Late: st.Late, Windows: st.Windows, Patterns: st.Patterns, LateWindows: st.LateWindows}
+func (b grpcBackend) Query(ctx context.Context, pipeline, key string) (*keyfoldv1.GetStateResponse, error) {
+	v, err := b.n.query(ctx, pipeline, key)
+	if err != nil {
+		return nil, err
 	}
-	return ks
+	return b.n.stateResponse(pipeline, key, v)
 }
 
 func (b grpcBackend) Delete(ctx context.Context, pipeline, key string) error {

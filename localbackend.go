@@ -21,16 +21,16 @@ func (b localBackend) SubmitLocal(ctx context.Context, from string, batch *keyfo
 	return r.SubmitLocal(ctx, from, batch)
 }
 
-func (b localBackend) QueryLocal(ctx context.Context, pipeline, key string) (grpcapi.KeyState, error) {
+func (b localBackend) QueryLocal(ctx context.Context, pipeline, key string) (*keyfoldv1.GetStateResponse, error) {
 	r, err := b.n.route(pipeline)
 	if err != nil {
-		return grpcapi.KeyState{}, err
+		return nil, err
 	}
 	v, err := r.QueryLocal(ctx, pipeline, key)
 	if err != nil {
-		return grpcapi.KeyState{}, err
+		return nil, err
 	}
-	return grpcState(b.n.keyState(pipeline, key, v)), nil
+	return b.n.stateResponse(pipeline, key, v)
 }
 
 func (b localBackend) DeleteLocal(ctx context.Context, pipeline, key string) error {

@@ -469,15 +469,26 @@ func (n *Node) Pipelines() map[string]PipelineConfig { return maps.Clone(n.cfg.P
 // ingest acknowledged before the call. A key never seen is ErrNotFound. In
 // a cluster the key's owner answers.
 func (n *Node) Query(ctx context.Context, pipeline, key string) (KeyState, error) {
-	r, err := n.route(pipeline)
-	if err != nil {
-		return KeyState{}, err
-	}
-	v, err := r.Query(ctx, pipeline, key)
+	v, err := n.query(ctx, pipeline, key)
 	if err != nil {
 		return KeyState{}, err
 	}
 	return n.keyState(pipeline, key, v), nil
+}
+
+// query reads a key's state as the host gives it (in a cluster: its
+// owner's host), the one form Query and the gRPC API make theirs from.
+func (n *Node) query(ctx context.Context, pipeline, key string) (actors.KeyView, error) {
+	r, err := n.route(pipeline)
+	if err != nil {
+		return actors.KeyView{}, err
+	}
+	return r.Query(ctx, pipeline, key)
+}
+
+// stateResponse is the host's view of a key as the gRPC APIs give it.
+func (n *Node) stateResponse(pipeline, key string, v actors.KeyView) (*keyfoldv1.GetStateResponse, error) {
+	return cluster.StateResponse(pipeline, key, v, n.pipelines[pipeline].Timed())
 }
 
 // keyState is the host's view of a key as the embedding API gives it.

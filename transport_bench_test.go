@@ -55,8 +55,8 @@ func (d decodeOnly) Submit(_ context.Context, _ string, events [][]byte) (keyfol
 	r, err := d.ingest(events)
 	return donePending(r), err
 }
-func (d decodeOnly) Query(context.Context, string, string) (grpcapi.KeyState, error) {
-	return grpcapi.KeyState{}, nil
+func (d decodeOnly) Query(context.Context, string, string) (*keyfoldv1.GetStateResponse, error) {
+	return &keyfoldv1.GetStateResponse{}, nil
 }
 func (d decodeOnly) Delete(context.Context, string, string) error { return nil }
 func (d decodeOnly) Pipelines() []*keyfoldv1.PipelineInfo         { return nil }

@@ -26,7 +26,7 @@ type LocalBackend interface {
 	// QueryLocal and DeleteLocal act on a key of a group served here; for
 	// another group they fail with an error wrapping actors.ErrNotOwner or
 	// actors.ErrUnavailable.
-	QueryLocal(ctx context.Context, pipeline, key string) (KeyState, error)
+	QueryLocal(ctx context.Context, pipeline, key string) (*keyfoldv1.GetStateResponse, error)
 	DeleteLocal(ctx context.Context, pipeline, key string) error
 	// Status describes the node.
 	Status(ctx context.Context) *keyfoldv1.NodeStatus
@@ -83,11 +83,11 @@ func (c *clusterServer) failed(err error) *keyfoldv1.ForwardResult {
 }
 
 func (c *clusterServer) GetState(ctx context.Context, req *keyfoldv1.GetStateRequest) (*keyfoldv1.GetStateResponse, error) {
-	st, err := c.b.QueryLocal(ctx, req.Pipeline, req.Key)
+	resp, err := c.b.QueryLocal(ctx, req.Pipeline, req.Key)
 	if err != nil {
 		return nil, c.status(err)
 	}
-	return c.api.stateResponse(req, st)
+	return resp, nil
 }
 
 func (c *clusterServer) DeleteKey(ctx context.Context, req *keyfoldv1.DeleteKeyRequest) (*keyfoldv1.DeleteKeyResponse, error) {

@@ -39,8 +39,8 @@ func (b *stalledBackend) Submit(_ context.Context, _ string, ev [][]byte) (actor
 	return stalledPending{b, len(ev)}, nil
 }
 
-func (b *stalledBackend) Query(context.Context, string, string) (grpcapi.KeyState, error) {
-	return grpcapi.KeyState{}, nil
+func (b *stalledBackend) Query(context.Context, string, string) (*keyfoldv1.GetStateResponse, error) {
+	return &keyfoldv1.GetStateResponse{}, nil
 }
 func (b *stalledBackend) Delete(context.Context, string, string) error { return nil }
 func (b *stalledBackend) Pipelines() []*keyfoldv1.PipelineInfo         { return nil }

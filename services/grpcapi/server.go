@@ -7,7 +7,6 @@ package grpcapi
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -33,8 +32,8 @@ type Backend interface {
 	// Submit validates a batch and queues it for logging without waiting:
 	// batches submitted one after the other are applied in that order.
 	Submit(ctx context.Context, pipeline string, events [][]byte) (actors.Pending, error)
-	// Query returns one key's state.
-	Query(ctx context.Context, pipeline, key string) (KeyState, error)
+	// Query returns one key's state, encoded (cluster.StateResponse).
+	Query(ctx context.Context, pipeline, key string) (*keyfoldv1.GetStateResponse, error)
 	// Delete erases one key.
 	Delete(ctx context.Context, pipeline, key string) error
 	// Pipelines describes the configured pipelines.
@@ -50,16 +49,6 @@ type Backend interface {
 	// Cluster describes the cluster as this node sees it, with the owner of
 	// pipeline's key if key is set.
 	Cluster(ctx context.Context, pipeline, key string) (*keyfoldv1.GetClusterResponse, error)
-}
-
-// KeyState is one key's state.
-type KeyState struct {
-	Seq        uint64         // events applied
-	Duplicates uint64         // events skipped: their id was already applied
-	Aggregates map[string]any // values encodable as JSON
-	// Time, if not nil, is the key's event-time state (watermark, late,
-	// windows, patterns), encodable as JSON.
-	Time any
 }
 
 // Options configures the service.
@@ -229,29 +218,9 @@ func (s *server) IngestStream(stream keyfoldv1.Keyfold_IngestStreamServer) error
 }
 
 func (s *server) GetState(ctx context.Context, req *keyfoldv1.GetStateRequest) (*keyfoldv1.GetStateResponse, error) {
-	st, err := s.b.Query(ctx, req.Pipeline, req.Key)
+	resp, err := s.b.Query(ctx, req.Pipeline, req.Key)
 	if err != nil {
 		return nil, s.status(err)
-	}
-	return s.stateResponse(req, st)
-}
-
-// stateResponse encodes a key's state.
-func (s *server) stateResponse(req *keyfoldv1.GetStateRequest, st KeyState) (*keyfoldv1.GetStateResponse, error) {
-	resp := &keyfoldv1.GetStateResponse{Pipeline: req.Pipeline, Key: req.Key, Seq: st.Seq, Duplicates: st.Duplicates,
-		Aggregates: make(map[string][]byte, len(st.Aggregates))}
-	for name, v := range st.Aggregates {
-		b, err := json.Marshal(v)
-		if err != nil {
-			return nil, s.status(fmt.Errorf("encode aggregate %q: %w", name, err))
-		}
-		resp.Aggregates[name] = b
-	}
-	if st.Time != nil {
-		var err error
-		if resp.TimeJson, err = json.Marshal(st.Time); err != nil {
-			return nil, s.status(fmt.Errorf("encode the key's windows: %w", err))
-		}
 	}
 	return resp, nil
 }
