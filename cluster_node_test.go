@@ -15,8 +15,14 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/keyfold/keyfold"
+	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/persistence/redisstore/redistest"
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"github.com/keyfold/keyfold/services/servicetest"
 )
 
@@ -139,7 +145,7 @@ func TestClusterRouting(t *testing.T) {
 			remote = k
 		}
 	}
-	var pending []*keyfold.PendingIngest
+	var pending []keyfold.PendingIngest
 	for i := range 100 {
 		p, err := a.SubmitIngest(ctx, "p", [][]byte{ev(remote, fmt.Sprintf("o%d", i), i)})
 		if err != nil {
@@ -430,5 +436,93 @@ func TestClusterReadsNeedAConfirmedLease(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("queries still refused 20s after Redis resumed: %v", err)
 		}
+	}
+}
+
+// TestClusterForwardTakesOnlyMembersAtTheirWord: an owner applies a
+// forwarded share as its sender read it (what the sender says of each
+// event, not parsed again) only from a current member whose pipeline is
+// the owner's; anyone else's share is validated as a public ingest. The
+// shares here say their events hold v=1000 where they hold v=1.
+func TestClusterForwardTakesOnlyMembersAtTheirWord(t *testing.T) {
+	srv := redistest.Start(t)
+	cfg := clusterConfig(t, srv.URL())
+	a := servicetest.Run(t, cfg)
+	b := servicetest.Run(t, clusterConfig(t, srv.URL()))
+	waitStable(t, a, 2)
+	ctx := context.Background()
+	key := ""
+	for i := 0; key == ""; i++ {
+		if info, err := a.Cluster(ctx, "p", fmt.Sprintf("t%d", i)); err == nil && info.Key.Owner == a.GRPCAddr() {
+			key = info.Key.Key
+		}
+	}
+	p, err := fold.Compile("p", cfg.Pipelines["p"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(a.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	cl := keyfoldv1.NewClusterClient(conn)
+	// forward sends a's Cluster service one event holding v=1, with the
+	// prepared fields of one holding v=1000 (or prepared as given).
+	forward := func(from, id string, fingerprint uint64, raw []byte, prepared []byte) *keyfoldv1.ForwardResult {
+		t.Helper()
+		if raw == nil {
+			raw = ev(key, id, 1)
+			lie, err := p.Prepare(ev(key, id, 1000))
+			if err != nil {
+				t.Fatal(err)
+			}
+			prepared = p.AppendPrepared(nil, lie)
+		}
+		resp, err := cl.Forward(ctx, &keyfoldv1.ForwardRequest{From: from, Batches: []*keyfoldv1.ForwardBatch{{
+			Pipeline: "p", PipelineFingerprint: fingerprint, Events: [][]byte{raw}, Keys: []string{key}, Prepared: prepared}}})
+		if err != nil || len(resp.Results) != 1 {
+			t.Fatalf("Forward from %s: %v, %v", from, resp, err)
+		}
+		return resp.Results[0]
+	}
+	sum := func() any {
+		t.Helper()
+		st, err := a.Query(ctx, "p", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Aggregates["sum"]
+	}
+	stranger := freeAddr(t)
+	steps := []struct {
+		what        string
+		from        string
+		fingerprint uint64
+		sum         float64
+	}{
+		{"a node that is not a member: validated", stranger, p.Fingerprint(), 1},
+		{"a member: applied as it read it", b.GRPCAddr(), p.Fingerprint(), 1001},
+		{"a member configured differently: validated", b.GRPCAddr(), p.Fingerprint() + 1, 1002},
+		{"a itself: validated", a.GRPCAddr(), p.Fingerprint(), 1003},
+	}
+	for i, s := range steps {
+		if r := forward(s.from, fmt.Sprintf("f%d", i), s.fingerprint, nil, nil); r.Error != nil || r.Accepted != 1 {
+			t.Fatalf("%s: %v", s.what, r)
+		}
+		if got := sum(); got != s.sum {
+			t.Fatalf("%s: sum %v, want %v", s.what, got, s.sum)
+		}
+	}
+	// What is refused changes nothing: a stranger's invalid event, and a
+	// member's share whose prepared fields are not well formed.
+	if r := forward(stranger, "", p.Fingerprint(), []byte(`{"k":"`+key+`","v":"ten"}`), []byte{0}); r.Error == nil || codes.Code(r.Error.Code) != codes.InvalidArgument {
+		t.Errorf("a stranger's invalid event: %v, want InvalidArgument", r)
+	}
+	if r := forward(b.GRPCAddr(), "", p.Fingerprint(), ev(key, "f9", 1), []byte{3, 0, 0}); r.Error == nil || codes.Code(r.Error.Code) != codes.InvalidArgument {
+		t.Errorf("a member's malformed share: %v, want InvalidArgument", r)
+	}
+	if got := sum(); got != float64(1003) {
+		t.Errorf("sum %v after refused shares, want 1003", got)
 	}
 }

@@ -3,7 +3,7 @@ package keyfold
 import (
 	"context"
 
-	"github.com/keyfold/keyfold/cluster"
+	"github.com/keyfold/keyfold/actors"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"github.com/keyfold/keyfold/services/grpcapi"
 )
@@ -13,41 +13,24 @@ type grpcBackend struct{ n *Node }
 
 var _ grpcapi.Backend = grpcBackend{}
 
-func (b grpcBackend) Ingest(ctx context.Context, pipeline string, events [][]byte) (int, int, error) {
+func (b grpcBackend) Ingest(ctx context.Context, pipeline string, events [][]byte) (IngestResult, error) {
 	p, err := b.Submit(ctx, pipeline, events)
 	if err != nil {
-		return 0, 0, err
+		return IngestResult{}, err
 	}
 	return p.Wait(ctx)
 }
 
-func (b grpcBackend) Submit(ctx context.Context, pipeline string, events [][]byte) (grpcapi.Pending, error) {
-	p, err := b.n.SubmitIngest(ctx, pipeline, events)
+func (b grpcBackend) Submit(ctx context.Context, pipeline string, events [][]byte) (PendingIngest, error) {
+	return b.n.SubmitIngest(ctx, pipeline, events)
+}
+
+func (b grpcBackend) Query(ctx context.Context, pipeline, key string) (*keyfoldv1.GetStateResponse, error) {
+	v, err := b.n.query(ctx, pipeline, key)
 	if err != nil {
 		return nil, err
 	}
-	return grpcPending{p}, nil
-}
-
-type grpcPending struct{ p *PendingIngest }
-
-func (p grpcPending) Wait(ctx context.Context) (int, int, error) {
-	r, err := p.p.Wait(ctx)
-	return r.Accepted, r.Duplicates, err
-}
-
-func (b grpcBackend) Query(ctx context.Context, pipeline, key string) (grpcapi.KeyState, error) {
-	st, err := b.n.Query(ctx, pipeline, key)
-	return grpcState(st), err
-}
-
-// grpcState is a key's state as the gRPC API takes it.
-func grpcState(st KeyState) grpcapi.KeyState {
-	ks := grpcapi.KeyState{Seq: st.Seq, Duplicates: st.Duplicates, Aggregates: st.Aggregates}
-	if st.Late != nil { // a pipeline with windows or patterns
-		ks.Time = cluster.TimeState{Watermark: st.Watermark, Late: st.Late, Windows: st.Windows, Patterns: st.Patterns, LateWindows: st.LateWindows}
-	}
-	return ks
+	return b.n.stateResponse(pipeline, key, v)
 }
 
 func (b grpcBackend) Delete(ctx context.Context, pipeline, key string) error {
@@ -57,7 +40,7 @@ func (b grpcBackend) Delete(ctx context.Context, pipeline, key string) error {
 func (b grpcBackend) Pipelines() []*keyfoldv1.PipelineInfo { return b.n.describePipelines() }
 
 func (b grpcBackend) Outputs(ctx context.Context, pipeline, after string, limit int) ([]*keyfoldv1.OutputEntry, error) {
-	outs, err := b.n.Outputs(ctx, pipeline, after, limit)
+	outs, err := b.n.storedOutputs(ctx, pipeline, after, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -72,20 +55,12 @@ func (b grpcBackend) Outputs(ctx context.Context, pipeline, after string, limit 
 // ErrClosed (Unavailable: clients resume elsewhere or after the restart)
 // instead of holding its shutdown.
 func (b grpcBackend) Subscribe(ctx context.Context, pipeline, after string, fn func(*keyfoldv1.OutputEntry) error) error {
-	return b.n.Subscribe(ctx, pipeline, after, func(o Output) error { return fn(outputEntry(o)) })
+	return b.n.subscribe(ctx, pipeline, after, func(o actors.Output) error { return fn(outputEntry(o)) })
 }
 
-// outputEntry is the API's form of an output.
-func outputEntry(o Output) *keyfoldv1.OutputEntry {
-	return &keyfoldv1.OutputEntry{
-		Cursor: o.Cursor,
-		Output: &keyfoldv1.Output{
-			Id: o.ID, Pipeline: o.Pipeline, Key: o.Key, Kind: o.Kind, Name: o.Name,
-			StartMs: o.Start.UnixMilli(), EndMs: o.End.UnixMilli(), Revision: o.Revision, Count: o.Count,
-			ValuesJson: o.Values, WatermarkMs: o.Watermark.UnixMilli(), Supersedes: o.Supersedes,
-		},
-		StoredMs: o.Stored.UnixMilli(),
-	}
+// outputEntry is the API's form of an output: the stored message itself.
+func outputEntry(o actors.Output) *keyfoldv1.OutputEntry {
+	return &keyfoldv1.OutputEntry{Cursor: o.Cursor, Output: o.Output, StoredMs: o.Time.UnixMilli()}
 }
 
 func (b grpcBackend) Cluster(ctx context.Context, pipeline, key string) (*keyfoldv1.GetClusterResponse, error) {

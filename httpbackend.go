@@ -13,9 +13,8 @@ type httpBackend struct{ n *Node }
 
 var _ httpapi.Backend = httpBackend{}
 
-func (b httpBackend) Ingest(ctx context.Context, pipeline string, events []json.RawMessage) (int, int, error) {
-	r, err := b.n.Ingest(ctx, pipeline, events)
-	return r.Accepted, r.Duplicates, err
+func (b httpBackend) Ingest(ctx context.Context, pipeline string, events []json.RawMessage) (IngestResult, error) {
+	return b.n.Ingest(ctx, pipeline, events)
 }
 
 func (b httpBackend) Query(ctx context.Context, pipeline, key string) (any, error) {

@@ -13,28 +13,24 @@ type localBackend struct{ n *Node }
 
 var _ grpcapi.LocalBackend = localBackend{}
 
-func (b localBackend) SubmitLocal(ctx context.Context, from, pipeline string, raws [][]byte) (grpcapi.Pending, error) {
-	r, err := b.n.route(pipeline)
+func (b localBackend) SubmitLocal(ctx context.Context, from string, batch *keyfoldv1.ForwardBatch) (PendingIngest, error) {
+	r, err := b.n.route(batch.Pipeline)
 	if err != nil {
 		return nil, err
 	}
-	p, err := r.SubmitLocal(ctx, pipeline, raws)
-	if err != nil {
-		return nil, err
-	}
-	return grpcPending{&PendingIngest{p}}, nil
+	return r.SubmitLocal(ctx, from, batch)
 }
 
-func (b localBackend) QueryLocal(ctx context.Context, pipeline, key string) (grpcapi.KeyState, error) {
+func (b localBackend) QueryLocal(ctx context.Context, pipeline, key string) (*keyfoldv1.GetStateResponse, error) {
 	r, err := b.n.route(pipeline)
 	if err != nil {
-		return grpcapi.KeyState{}, err
+		return nil, err
 	}
 	v, err := r.QueryLocal(ctx, pipeline, key)
 	if err != nil {
-		return grpcapi.KeyState{}, err
+		return nil, err
 	}
-	return grpcState(b.n.keyState(pipeline, key, v)), nil
+	return b.n.stateResponse(pipeline, key, v)
 }
 
 func (b localBackend) DeleteLocal(ctx context.Context, pipeline, key string) error {

@@ -57,11 +57,10 @@ type Node struct {
 	disk atomic.Pointer[embedded.Store] // the embedded store, if it is the one
 }
 
-// IngestResult is the outcome of one ingest call.
-type IngestResult struct {
-	Accepted   int `json:"accepted"`   // events applied
-	Duplicates int `json:"duplicates"` // events skipped: their id was already applied
-}
+// IngestResult is the outcome of one ingest call: Accepted counts the
+// events applied, Duplicates those skipped because their id was already
+// applied.
+type IngestResult = actors.Result
 
 // KeyState is one key's state.
 type KeyState struct {
@@ -439,27 +438,18 @@ func (n *Node) Ingest(ctx context.Context, pipeline string, events []json.RawMes
 // again while its group moves may come after a later batch). Wait for the
 // outcome with the returned PendingIngest (this is how the gRPC stream
 // keeps a stream's batches in order while several are in flight).
-func (n *Node) SubmitIngest(ctx context.Context, pipeline string, events [][]byte) (*PendingIngest, error) {
+func (n *Node) SubmitIngest(ctx context.Context, pipeline string, events [][]byte) (PendingIngest, error) {
 	r, err := n.route(pipeline)
 	if err != nil {
 		return nil, err
 	}
-	p, err := r.Submit(ctx, pipeline, events)
-	if err != nil {
-		return nil, err
-	}
-	return &PendingIngest{p}, nil
+	return r.Submit(ctx, pipeline, events)
 }
 
-// PendingIngest is a submitted batch.
-type PendingIngest struct{ p cluster.Pending }
-
-// Wait waits until the batch is durable and applied, or ctx ends (it may
-// then still be applied).
-func (p *PendingIngest) Wait(ctx context.Context) (IngestResult, error) {
-	r, err := p.p.Wait(ctx)
-	return IngestResult{Accepted: r.Accepted, Duplicates: r.Duplicates}, err
-}
+// PendingIngest is a submitted batch: its Wait waits until the batch is
+// durable and applied, or ctx ends (it may then still be applied). It is
+// the host's, or in a cluster the router's, passed on as it is.
+type PendingIngest = actors.Pending
 
 // Delete erases one key: its state, the ids it remembers and its snapshot.
 // The deletion is logged before Delete returns (it survives a crash), and
@@ -480,15 +470,26 @@ func (n *Node) Pipelines() map[string]PipelineConfig { return maps.Clone(n.cfg.P
 // ingest acknowledged before the call. A key never seen is ErrNotFound. In
 // a cluster the key's owner answers.
 func (n *Node) Query(ctx context.Context, pipeline, key string) (KeyState, error) {
-	r, err := n.route(pipeline)
-	if err != nil {
-		return KeyState{}, err
-	}
-	v, err := r.Query(ctx, pipeline, key)
+	v, err := n.query(ctx, pipeline, key)
 	if err != nil {
 		return KeyState{}, err
 	}
 	return n.keyState(pipeline, key, v), nil
+}
+
+// query reads a key's state as the host gives it (in a cluster: its
+// owner's host), the one form Query and the gRPC API make theirs from.
+func (n *Node) query(ctx context.Context, pipeline, key string) (actors.KeyView, error) {
+	r, err := n.route(pipeline)
+	if err != nil {
+		return actors.KeyView{}, err
+	}
+	return r.Query(ctx, pipeline, key)
+}
+
+// stateResponse is the host's view of a key as the gRPC APIs give it.
+func (n *Node) stateResponse(pipeline, key string, v actors.KeyView) (*keyfoldv1.GetStateResponse, error) {
+	return cluster.StateResponse(pipeline, key, v, n.pipelines[pipeline].Timed())
 }
 
 // keyState is the host's view of a key as the embedding API gives it.

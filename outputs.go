@@ -56,25 +56,36 @@ var ErrBadArgument = actors.ErrBadArgument
 // whose Cursor is after ("" reads from the oldest kept), oldest first. An
 // empty page means there is nothing newer yet.
 func (n *Node) Outputs(ctx context.Context, pipeline, after string, limit int) ([]Output, error) {
-	h, err := n.serving(pipeline)
-	if err != nil {
-		return nil, err
-	}
-	page, err := h.Outputs(ctx, pipeline, after, limit)
+	page, err := n.storedOutputs(ctx, pipeline, after, limit)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Output, len(page))
 	for i, o := range page {
-		out[i] = Output{
-			Cursor: o.Cursor, ID: o.GetId(), Pipeline: o.GetPipeline(), Key: o.GetKey(),
-			Kind: o.GetKind(), Name: o.GetName(),
-			Start: time.UnixMilli(o.GetStartMs()).UTC(), End: time.UnixMilli(o.GetEndMs()).UTC(),
-			Revision: o.GetRevision(), Count: o.GetCount(), Values: json.RawMessage(o.GetValuesJson()),
-			Watermark: time.UnixMilli(o.GetWatermarkMs()).UTC(), Stored: o.Time.UTC(), Supersedes: o.GetSupersedes(),
-		}
+		out[i] = outputOf(o)
 	}
 	return out, nil
+}
+
+// storedOutputs reads a page of outputs as the store holds them: the form
+// the gRPC API passes through, and the one Output is made from.
+func (n *Node) storedOutputs(ctx context.Context, pipeline, after string, limit int) ([]actors.Output, error) {
+	h, err := n.serving(pipeline)
+	if err != nil {
+		return nil, err
+	}
+	return h.Outputs(ctx, pipeline, after, limit)
+}
+
+// outputOf is a stored output in the embedding API's (and HTTP's) form.
+func outputOf(o actors.Output) Output {
+	return Output{
+		Cursor: o.Cursor, ID: o.GetId(), Pipeline: o.GetPipeline(), Key: o.GetKey(),
+		Kind: o.GetKind(), Name: o.GetName(),
+		Start: time.UnixMilli(o.GetStartMs()).UTC(), End: time.UnixMilli(o.GetEndMs()).UTC(),
+		Revision: o.GetRevision(), Count: o.GetCount(), Values: json.RawMessage(o.GetValuesJson()),
+		Watermark: time.UnixMilli(o.GetWatermarkMs()).UTC(), Stored: o.Time.UTC(), Supersedes: o.GetSupersedes(),
+	}
 }
 
 // subscribePoll is how often a subscriber that has read everything looks
@@ -87,6 +98,11 @@ const subscribePoll = time.Second
 // returns), the node drains (ErrClosed), or reading fails. Resume a broken
 // subscription from the Cursor of the last output handled.
 func (n *Node) Subscribe(ctx context.Context, pipeline, after string, fn func(Output) error) error {
+	return n.subscribe(ctx, pipeline, after, func(o actors.Output) error { return fn(outputOf(o)) })
+}
+
+// subscribe is Subscribe with the outputs as the store holds them.
+func (n *Node) subscribe(ctx context.Context, pipeline, after string, fn func(actors.Output) error) error {
 	const page = 1000
 	for {
 		h, err := n.serving(pipeline)
@@ -97,7 +113,7 @@ func (n *Node) Subscribe(ctx context.Context, pipeline, after string, fn func(Ou
 			return ErrClosed
 		}
 		stored := h.OutputsStored() // before reading: nothing is missed
-		outs, err := n.Outputs(ctx, pipeline, after, page)
+		outs, err := n.storedOutputs(ctx, pipeline, after, page)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil

@@ -6,6 +6,7 @@ import (
 	"github.com/keyfold/keyfold/actors"
 	"github.com/keyfold/keyfold/cluster"
 	"github.com/keyfold/keyfold/persistence"
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 )
 
 // router is where the façade (Node and its transports) sends every call
@@ -21,13 +22,13 @@ type router interface {
 	// Submit validates a batch and queues it for logging (its shares with
 	// their owners); Query reads a key's state and Delete erases a key, at
 	// its owner.
-	Submit(ctx context.Context, pipeline string, events [][]byte) (cluster.Pending, error)
+	Submit(ctx context.Context, pipeline string, events [][]byte) (actors.Pending, error)
 	Query(ctx context.Context, pipeline, key string) (actors.KeyView, error)
 	Delete(ctx context.Context, pipeline, key string) error
 
 	// The node-to-node service's calls (localBackend): on this node's
 	// groups only, never forwarded further; and the other members' notices.
-	SubmitLocal(ctx context.Context, pipeline string, events [][]byte) (cluster.Pending, error)
+	SubmitLocal(ctx context.Context, from string, batch *keyfoldv1.ForwardBatch) (actors.Pending, error)
 	QueryLocal(ctx context.Context, pipeline, key string) (actors.KeyView, error)
 	MembersChanged(from string, leaving bool)
 	Released(from string, groups []uint32)
@@ -88,12 +89,8 @@ type localRouter struct{ n *Node }
 
 func (l localRouter) Routable() bool { return true }
 
-func (l localRouter) Submit(ctx context.Context, pipeline string, events [][]byte) (cluster.Pending, error) {
-	p, err := l.n.host.Load().Submit(ctx, pipeline, events)
-	if err != nil {
-		return nil, err
-	}
-	return p, nil
+func (l localRouter) Submit(ctx context.Context, pipeline string, events [][]byte) (actors.Pending, error) {
+	return l.n.host.Load().Submit(ctx, pipeline, events)
 }
 
 func (l localRouter) Query(ctx context.Context, pipeline, key string) (actors.KeyView, error) {
@@ -104,8 +101,9 @@ func (l localRouter) Delete(ctx context.Context, pipeline, key string) error {
 	return l.n.host.Load().Delete(ctx, pipeline, key)
 }
 
-func (l localRouter) SubmitLocal(ctx context.Context, pipeline string, events [][]byte) (cluster.Pending, error) {
-	return l.Submit(ctx, pipeline, events)
+// SubmitLocal: a node alone has no members to take at their word.
+func (l localRouter) SubmitLocal(ctx context.Context, _ string, batch *keyfoldv1.ForwardBatch) (actors.Pending, error) {
+	return l.Submit(ctx, batch.Pipeline, batch.Events)
 }
 
 func (l localRouter) QueryLocal(ctx context.Context, pipeline, key string) (actors.KeyView, error) {

@@ -44,33 +44,35 @@ type decodeOnly struct {
 	p               *fold.Pipeline
 }
 
-func (d decodeOnly) ingest(events [][]byte) (int, int, error) {
+func (d decodeOnly) ingest(events [][]byte) (keyfold.IngestResult, error) {
 	evs, err := d.p.PrepareBatch(events)
-	return len(evs), 0, err
+	return keyfold.IngestResult{Accepted: len(evs)}, err
 }
-func (d decodeOnly) Ingest(_ context.Context, _ string, events [][]byte) (int, int, error) {
+func (d decodeOnly) Ingest(_ context.Context, _ string, events [][]byte) (keyfold.IngestResult, error) {
 	return d.ingest(events)
 }
-func (d decodeOnly) Submit(_ context.Context, _ string, events [][]byte) (grpcapi.Pending, error) {
-	a, _, err := d.ingest(events)
-	return donePending(a), err
+func (d decodeOnly) Submit(_ context.Context, _ string, events [][]byte) (keyfold.PendingIngest, error) {
+	r, err := d.ingest(events)
+	return donePending(r), err
 }
-func (d decodeOnly) Query(context.Context, string, string) (grpcapi.KeyState, error) {
-	return grpcapi.KeyState{}, nil
+func (d decodeOnly) Query(context.Context, string, string) (*keyfoldv1.GetStateResponse, error) {
+	return &keyfoldv1.GetStateResponse{}, nil
 }
 func (d decodeOnly) Delete(context.Context, string, string) error { return nil }
 func (d decodeOnly) Pipelines() []*keyfoldv1.PipelineInfo         { return nil }
 
-type donePending int
+type donePending keyfold.IngestResult
 
-func (p donePending) Wait(context.Context) (int, int, error) { return int(p), 0, nil }
+func (p donePending) Wait(context.Context) (keyfold.IngestResult, error) {
+	return keyfold.IngestResult(p), nil
+}
 
 type decodeOnlyHTTP struct {
 	decodeOnly
 	httpapi.Backend // the methods not defined below are never called
 }
 
-func (d decodeOnlyHTTP) Ingest(_ context.Context, _ string, events []json.RawMessage) (int, int, error) {
+func (d decodeOnlyHTTP) Ingest(_ context.Context, _ string, events []json.RawMessage) (keyfold.IngestResult, error) {
 	raws := make([][]byte, len(events))
 	for i, e := range events {
 		raws[i] = e

@@ -289,10 +289,11 @@ func (h *Host) Err() error {
 	return nil
 }
 
-// Result is the outcome of one ingest call.
+// Result is the outcome of one ingest, as every layer gives it (the
+// embedding API's keyfold.IngestResult, the transports' answers).
 type Result struct {
-	Accepted   int // events applied
-	Duplicates int // events skipped as already applied
+	Accepted   int `json:"accepted"`   // events applied
+	Duplicates int `json:"duplicates"` // events skipped: their id was already applied
 }
 
 // Ingest validates a batch of events of one pipeline (each a JSON object),
@@ -309,8 +310,17 @@ func (h *Host) Ingest(ctx context.Context, pipeline string, raws [][]byte) (Resu
 	return p.Wait(ctx)
 }
 
-// Pending is an ingest that was validated and queued for logging.
-type Pending struct {
+// Pending is an ingest that was validated and queued for logging: with
+// this host (Submit), or in a cluster with the owners of its keys. Every
+// layer above passes it on as it is (keyfold.PendingIngest).
+type Pending interface {
+	// Wait waits until the batch is logged and applied, or ctx ends (the
+	// batch may then still be applied).
+	Wait(ctx context.Context) (Result, error)
+}
+
+// queued is an ingest queued with this host.
+type queued struct {
 	h *Host
 	w *waiter // nil for an empty batch
 	n int
@@ -320,7 +330,7 @@ type Pending struct {
 // returns without waiting: batches submitted one after the other are logged
 // and applied in that order (what a stream of batches needs). Wait for the
 // outcome with Pending.Wait.
-func (h *Host) Submit(ctx context.Context, pipeline string, raws [][]byte) (*Pending, error) {
+func (h *Host) Submit(ctx context.Context, pipeline string, raws [][]byte) (Pending, error) {
 	p, ok := h.cfg.Pipelines[pipeline]
 	if !ok {
 		return nil, fmt.Errorf("%w %q", ErrUnknownPipeline, pipeline)
@@ -338,14 +348,18 @@ func (h *Host) Submit(ctx context.Context, pipeline string, raws [][]byte) (*Pen
 // taken over) is refused whole: its Wait fails with an error wrapping
 // ErrNotServed, and nothing of it is logged. (A group lost between that
 // check and the write still fails alone.)
-func (h *Host) SubmitEvents(ctx context.Context, pipeline string, events []*fold.Event) (*Pending, error) {
+func (h *Host) SubmitEvents(ctx context.Context, pipeline string, events []*fold.Event) (Pending, error) {
 	if _, ok := h.cfg.Pipelines[pipeline]; !ok {
 		return nil, fmt.Errorf("%w %q", ErrUnknownPipeline, pipeline)
 	}
 	if len(events) == 0 {
-		return &Pending{}, nil
+		return &queued{}, nil
 	}
-	return h.enqueue(ctx, pipeline, events)
+	q, err := h.enqueue(ctx, pipeline, events)
+	if err != nil {
+		return nil, err // not a nil *queued in a Pending
+	}
+	return q, nil
 }
 
 // checkServedLocked fails with ErrNotServed if an event's group is not
@@ -361,7 +375,7 @@ func (h *Host) checkServedLocked(pipeline string, events []*fold.Event) error {
 }
 
 // enqueue hands events to the commit loop.
-func (h *Host) enqueue(ctx context.Context, pipeline string, events []*fold.Event) (*Pending, error) {
+func (h *Host) enqueue(ctx context.Context, pipeline string, events []*fold.Event) (*queued, error) {
 	req := &ingestReq{pipeline: pipeline, events: events, w: newWaiter()}
 	h.gate.RLock()
 	defer h.gate.RUnlock()
@@ -370,15 +384,13 @@ func (h *Host) enqueue(ctx context.Context, pipeline string, events []*fold.Even
 	}
 	select {
 	case h.queue <- req:
-		return &Pending{h: h, w: req.w, n: len(events)}, nil
+		return &queued{h: h, w: req.w, n: len(events)}, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
 }
 
-// Wait waits until the batch is logged and applied, or ctx ends (the batch
-// may then still be applied).
-func (p *Pending) Wait(ctx context.Context) (Result, error) {
+func (p *queued) Wait(ctx context.Context) (Result, error) {
 	if p.w == nil {
 		return Result{}, nil
 	}

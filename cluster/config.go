@@ -68,8 +68,7 @@ type Host interface {
 	Abandon(reason error) []uint32
 	// Err is the error that failed the host, if any.
 	Err() error
-	Submit(ctx context.Context, pipeline string, raws [][]byte) (*actors.Pending, error)
-	SubmitEvents(ctx context.Context, pipeline string, events []*fold.Event) (*actors.Pending, error)
+	SubmitEvents(ctx context.Context, pipeline string, events []*fold.Event) (actors.Pending, error)
 	Query(ctx context.Context, pipeline, key string) (actors.KeyView, error)
 	Delete(ctx context.Context, pipeline, key string) error
 }

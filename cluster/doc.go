@@ -23,11 +23,16 @@
 //     the next renewal brings about anyway.
 //   - routing (route.go): a batch is validated whole, split by owner, its
 //     own share queued with the host and each other share forwarded to its
-//     owner ([Peers]: one Forward call in flight per owner, in order). A
-//     share refused because its owner does not serve the group yet (nothing
-//     of it was logged) is routed again with the next member list. Queries
-//     and deletions go to the key's owner; an owner's answer is decoded to
-//     the host's form of a key's state (state.go).
+//     owner ([Peers]: one Forward call in flight per owner, in order),
+//     with what this node read of each event (fold's prepared encoding),
+//     which the owner applies without parsing the events again when the
+//     sender is a current member with the same pipeline, and validates
+//     otherwise ([Node.SubmitLocal]). A share refused because its owner
+//     does not serve the group yet (nothing of it was logged) is routed
+//     again with the next member list. Queries and deletions go to the
+//     key's owner; a key's state travels as the gRPC APIs'
+//     GetStateResponse, encoded from the host's form of it
+//     (actors.KeyView) and decoded back to it in one place (state.go).
 //   - the cluster view (info.go): [Node.Info] asks every member for its
 //     status (GET /v1/cluster), and [Node.Stats] counts what moved.
 //

@@ -74,11 +74,11 @@ var ErrNotSent = errors.New("cluster: batch not sent")
 
 // Share is a batch on its way to its owner.
 type Share struct {
-	Pipeline string
-	Events   [][]byte
-	done     chan struct{}
-	result   *keyfoldv1.ForwardResult
-	err      error // the call failed: the outcome is unknown (or ErrNotSent)
+	Batch  *keyfoldv1.ForwardBatch
+	bytes  int // of its events as forwarded, for the limit of one call
+	done   chan struct{}
+	result *keyfoldv1.ForwardResult
+	err    error // the call failed: the outcome is unknown (or ErrNotSent)
 }
 
 // Wait waits for the owner's answer: the result (its Error and Refused
@@ -94,24 +94,17 @@ func (s *Share) Wait(ctx context.Context) (*keyfoldv1.ForwardResult, error) {
 	}
 }
 
-func (s *Share) size() int {
-	n := 0
-	for _, e := range s.Events {
-		n += len(e)
-	}
-	return n
-}
-
 // Forward queues a batch for member addr and returns at once (waiting only
-// while that peer's queue is full). Batches queued one after the other for
-// one peer are logged in that order. An address that is not a member (it
-// left) gets ErrNotSent.
-func (p *Peers) Forward(ctx context.Context, addr, pipeline string, events [][]byte) (*Share, error) {
+// while that peer's queue is full); bytes is its size, counted against
+// the bound of one call. Batches queued one after the other for one peer
+// are logged in that order. An address that is not a member (it left)
+// gets ErrNotSent.
+func (p *Peers) Forward(ctx context.Context, addr string, batch *keyfoldv1.ForwardBatch, bytes int) (*Share, error) {
 	pr, err := p.peer(addr)
 	if err != nil {
 		return nil, err
 	}
-	s := &Share{Pipeline: pipeline, Events: events, done: make(chan struct{})}
+	s := &Share{Batch: batch, bytes: bytes, done: make(chan struct{})}
 	for {
 		pr.mu.Lock()
 		if pr.closed {
@@ -186,24 +179,24 @@ func (p *Peers) send(pr *peer) {
 				return
 			}
 		}
-		batch, bytes := []*Share{first}, first.size()
+		batch, bytes := []*Share{first}, first.bytes
 	more:
 		for len(batch) < maxForwardBatches {
 			select {
 			case s := <-pr.queue:
-				if bytes+s.size() > p.maxBytes {
+				if bytes+s.bytes > p.maxBytes {
 					pr.next = s // the next call's first
 					break more
 				}
 				batch = append(batch, s)
-				bytes += s.size()
+				bytes += s.bytes
 			default:
 				break more
 			}
 		}
-		req := &keyfoldv1.ForwardRequest{From: p.self, Batches: make([]*keyfoldv1.IngestRequest, len(batch))}
+		req := &keyfoldv1.ForwardRequest{From: p.self, Batches: make([]*keyfoldv1.ForwardBatch, len(batch))}
 		for i, s := range batch {
-			req.Batches[i] = &keyfoldv1.IngestRequest{Pipeline: s.Pipeline, Events: s.Events}
+			req.Batches[i] = s.Batch
 		}
 		ctx, cancel := context.WithTimeout(pr.ctx, ForwardTimeout)
 		resp, err := pr.client.Forward(ctx, req, grpc.WaitForReady(p.wait))

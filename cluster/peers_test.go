@@ -35,7 +35,7 @@ func TestForwardRacingRetain(t *testing.T) {
 	for range 32 {
 		wg.Go(func() {
 			for !stop.Load() {
-				if s, err := p.Forward(context.Background(), addr, "p", [][]byte{[]byte(`{}`)}); err == nil {
+				if s, err := p.Forward(context.Background(), addr, &keyfoldv1.ForwardBatch{Pipeline: "p", Events: [][]byte{[]byte(`{}`)}}, 2); err == nil {
 					mu.Lock()
 					shares = append(shares, s)
 					mu.Unlock()
@@ -105,7 +105,7 @@ func TestRetainLetsAnsweringPeerFinish(t *testing.T) {
 	addr := ln.Addr().String()
 	p := newTestPeers()
 	defer p.Close()
-	s, err := p.Forward(context.Background(), addr, "p", [][]byte{[]byte(`{}`)})
+	s, err := p.Forward(context.Background(), addr, &keyfoldv1.ForwardBatch{Pipeline: "p", Events: [][]byte{[]byte(`{}`)}}, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestRetainLetsAnsweringPeerFinish(t *testing.T) {
 	if err != nil || !fr.Refused {
 		t.Fatalf("the departed member's answer: %v, %v; want its refusal", fr, err)
 	}
-	if _, err := p.Forward(context.Background(), addr, "p", [][]byte{[]byte(`{}`)}); !errors.Is(err, ErrNotSent) {
+	if _, err := p.Forward(context.Background(), addr, &keyfoldv1.ForwardBatch{Pipeline: "p", Events: [][]byte{[]byte(`{}`)}}, 2); !errors.Is(err, ErrNotSent) {
 		t.Fatalf("Forward to a departed member: %v, want ErrNotSent", err)
 	}
 }

@@ -23,13 +23,6 @@ import (
 // routed again with the next member list. Queries and deletions go to the
 // key's owner, and are routed again while the owner refuses them.
 
-// Pending is a submitted batch, here or routed.
-type Pending interface {
-	// Wait waits until the batch is durable and applied, or ctx ends (it
-	// may then still be applied).
-	Wait(ctx context.Context) (actors.Result, error)
-}
-
 // A refused call is routed again when the member list changes, or after a
 // backoff: the new owner may still be taking the group over (its take-over
 // ends without notice here), so the backoff stays short.
@@ -60,7 +53,7 @@ func (c *Node) ownerOf(pipeline, key string) (string, *view) {
 // Batches submitted one after the other are logged in that order for each
 // key, but a share routed again while its group moves may come after a
 // later batch.
-func (c *Node) Submit(ctx context.Context, pipeline string, raws [][]byte) (Pending, error) {
+func (c *Node) Submit(ctx context.Context, pipeline string, raws [][]byte) (actors.Pending, error) {
 	p, ok := c.pipelines[pipeline]
 	if !ok {
 		return nil, fmt.Errorf("%w %q", actors.ErrUnknownPipeline, pipeline)
@@ -76,26 +69,70 @@ func (c *Node) Submit(ctx context.Context, pipeline string, raws [][]byte) (Pend
 	return r, nil
 }
 
-// SubmitLocal queues a batch another member forwarded (the Cluster
-// service's Forward) with the host, never forwarding it further: a batch
-// with an event of a group not served here is refused whole (ErrNotServed).
-func (c *Node) SubmitLocal(ctx context.Context, pipeline string, raws [][]byte) (Pending, error) {
-	p, err := c.host.Submit(ctx, pipeline, raws)
+// SubmitLocal queues a batch another node forwarded (the Cluster service's
+// Forward) with the host, never forwarding it further: a batch with an
+// event of a group not served here is refused whole (ErrNotServed).
+//
+// The events are applied as the sender read them (fold.Pipeline.Forwarded:
+// the encoding is checked to be well formed and within bounds, and every
+// key to be one, but the events are not parsed again) when from is a
+// member in this node's member list and its pipeline has this one's
+// fingerprint. Otherwise they are validated here as a public ingest's: a
+// node that is not a member (it left, or never was one), or one configured
+// differently, is not taken at its word.
+func (c *Node) SubmitLocal(ctx context.Context, from string, b *keyfoldv1.ForwardBatch) (actors.Pending, error) {
+	p, ok := c.pipelines[b.Pipeline]
+	if !ok {
+		return nil, fmt.Errorf("%w %q", actors.ErrUnknownPipeline, b.Pipeline)
+	}
+	var events []*fold.Event
+	var err error
+	if c.isMember(from) && b.PipelineFingerprint == p.Fingerprint() && p.Fingerprint() != 0 {
+		events, err = p.Forwarded(b.Events, b.Keys, b.Prepared)
+	} else {
+		events, err = p.PrepareBatch(b.Events)
+	}
 	if err != nil {
 		return nil, err
 	}
-	c.received.Add(int64(len(raws)))
-	return p, nil
+	pend, err := c.host.SubmitEvents(ctx, b.Pipeline, events)
+	if err != nil {
+		return nil, err
+	}
+	c.received.Add(int64(len(events)))
+	return pend, nil
+}
+
+// isMember reports whether id is another member in the current member list.
+func (c *Node) isMember(id string) bool {
+	v := c.view.Load()
+	if v == nil || id == c.self {
+		return false
+	}
+	_, ok := slices.BinarySearch(v.a.Members, id)
+	return ok
 }
 
 // part is the share of a routed batch that one owner logs.
 type part struct {
 	owner  string
 	events []*fold.Event
-	bytes  int // of the events
-	local  *actors.Pending
+	bytes  int                     // of the events as forwarded
+	batch  *keyfoldv1.ForwardBatch // a remote owner's: the events as sent
+	local  actors.Pending
 	remote *Share
 	err    error // refused or failed before it was sent
+}
+
+// add adds an event (with its prepared encoding, for a remote owner).
+func (p *part) add(ev *fold.Event, prepared []byte, size int) {
+	p.events = append(p.events, ev)
+	p.bytes += size
+	if p.batch != nil {
+		p.batch.Events = append(p.batch.Events, ev.Raw)
+		p.batch.Keys = append(p.batch.Keys, ev.Key)
+		p.batch.Prepared = append(p.batch.Prepared, prepared...)
+	}
 }
 
 // routedIngest is a batch split among owners.
@@ -108,17 +145,23 @@ type routedIngest struct {
 
 // route queues the shares of events. With first, an error of this node's
 // own share (other than a refusal) fails the whole batch before anything
-// is forwarded.
+// is forwarded. A remote share carries what this node read of each event
+// (fold's prepared encoding), so that its owner does not parse it again.
 func (c *Node) route(ctx context.Context, pipeline string, events []*fold.Event, first bool) ([]*part, error) {
 	v := c.view.Load()
-	// Each owner's events, by key group, in batch order.
+	pl := c.pipelines[pipeline]
+	// Each owner's events, by key group, in batch order; a remote owner's
+	// with their encodings (subslices of one buffer per owner).
 	type groupEvents struct {
-		events []*fold.Event
-		bytes  int
+		events   []*fold.Event
+		prepared [][]byte
+		sizes    []int
+		bytes    int
 	}
 	var owners []string
 	byGroup := map[string]map[uint32]*groupEvents{}
 	groupOrder := map[string][]uint32{}
+	encoded := map[string][]byte{}
 	for _, ev := range events {
 		g := actors.GroupOf(pipeline, ev.Key, c.groups)
 		o := v.a.Owner(g)
@@ -132,8 +175,19 @@ func (c *Node) route(ctx context.Context, pipeline string, events []*fold.Event,
 			byGroup[o][g] = ge
 			groupOrder[o] = append(groupOrder[o], g)
 		}
+		size := len(ev.Raw)
+		var prep []byte
+		if o != c.self {
+			buf := encoded[o]
+			start := len(buf)
+			buf = pl.AppendPrepared(buf, ev)
+			encoded[o], prep = buf, buf[start:]
+			size += len(ev.Key) + len(prep)
+		}
 		ge.events = append(ge.events, ev)
-		ge.bytes += len(ev.Raw)
+		ge.prepared = append(ge.prepared, prep)
+		ge.sizes = append(ge.sizes, size)
+		ge.bytes += size
 	}
 	// A remote share goes in messages the owner accepts (they frame events
 	// less tightly than a JSON body), each refused or logged whole: a piece
@@ -145,22 +199,26 @@ func (c *Node) route(ctx context.Context, pipeline string, events []*fold.Event,
 		owners[0], owners[i] = owners[i], owners[0]
 	}
 	var parts []*part
-	for _, o := range owners {
+	newPart := func(o string) *part {
 		p := &part{owner: o}
+		if o != c.self {
+			p.batch = &keyfoldv1.ForwardBatch{Pipeline: pipeline, PipelineFingerprint: pl.Fingerprint()}
+		}
 		parts = append(parts, p)
+		return p
+	}
+	for _, o := range owners {
+		p := newPart(o)
 		for _, g := range groupOrder[o] {
 			ge := byGroup[o][g]
 			if o != c.self && len(p.events) > 0 && p.bytes+ge.bytes > c.maxForward {
-				p = &part{owner: o}
-				parts = append(parts, p)
+				p = newPart(o)
 			}
-			for _, ev := range ge.events {
-				if o != c.self && len(p.events) > 0 && p.bytes+len(ev.Raw) > c.maxForward {
-					p = &part{owner: o} // one group above the limit: split it
-					parts = append(parts, p)
+			for i, ev := range ge.events {
+				if o != c.self && len(p.events) > 0 && p.bytes+ge.sizes[i] > c.maxForward {
+					p = newPart(o) // one group above the limit: split it
 				}
-				p.events = append(p.events, ev)
-				p.bytes += len(ev.Raw)
+				p.add(ev, ge.prepared[i], ge.sizes[i])
 			}
 		}
 	}
@@ -175,11 +233,7 @@ func (c *Node) route(ctx context.Context, pipeline string, events []*fold.Event,
 			}
 			p.local, p.err = pend, err
 		default:
-			raws := make([][]byte, len(p.events))
-			for i, ev := range p.events {
-				raws[i] = ev.Raw
-			}
-			s, err := c.peers.Forward(ctx, p.owner, pipeline, raws)
+			s, err := c.peers.Forward(ctx, p.owner, p.batch, p.bytes)
 			switch {
 			case errors.Is(err, ErrNotSent):
 				err = notServed(err)
@@ -187,7 +241,7 @@ func (c *Node) route(ctx context.Context, pipeline string, events []*fold.Event,
 				err = fmt.Errorf("%w: %w", actors.ErrUnavailable, err)
 			}
 			p.remote, p.err = s, err
-			c.forwarded.Add(int64(len(raws)))
+			c.forwarded.Add(int64(len(p.events)))
 		}
 		first = false
 	}

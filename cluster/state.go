@@ -12,10 +12,14 @@ import (
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 )
 
-// TimeState is a key's event-time state as the gRPC API encodes it
-// (GetStateResponse.time_json): the owner encodes it, a member that asked
-// decodes it.
-type TimeState struct {
+// A key's state travels as a GetStateResponse (the public gRPC API's
+// GetState and the node-to-node service's): the host's view of the key
+// (actors.KeyView) is encoded once, by StateResponse, and read back into
+// the same view by decodeState, here, on the member that asked its owner.
+
+// timeState is a key's event-time state as GetStateResponse.time_json
+// holds it.
+type timeState struct {
 	Watermark *time.Time         `json:"watermark,omitempty"`
 	Late      *uint64            `json:"late"`
 	Windows   []fold.WindowView  `json:"windows"`
@@ -23,6 +27,36 @@ type TimeState struct {
 	// LateWindows counts, per window name, the events too late for at
 	// least one window of that name.
 	LateWindows map[string]uint64 `json:"late_windows,omitempty"`
+}
+
+// StateResponse encodes a key's state; timed says its pipeline has windows
+// or patterns (then time_json is set). Each aggregate is the JSON of its
+// value.
+func StateResponse(pipeline, key string, kv actors.KeyView, timed bool) (*keyfoldv1.GetStateResponse, error) {
+	resp := &keyfoldv1.GetStateResponse{Pipeline: pipeline, Key: key, Seq: kv.Seq, Duplicates: kv.Duplicates,
+		Aggregates: make(map[string][]byte, len(kv.Aggregates))}
+	for name, v := range kv.Aggregates {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, fmt.Errorf("encode aggregate %q: %w", name, err)
+		}
+		resp.Aggregates[name] = b
+	}
+	if timed {
+		t := timeState{Late: &kv.Late, Windows: kv.Windows, Patterns: kv.Patterns, LateWindows: kv.LateWindows}
+		if kv.Watermark > 0 { // none yet: absent
+			wm := time.UnixMilli(kv.Watermark).UTC()
+			t.Watermark = &wm
+		}
+		if t.Windows == nil {
+			t.Windows = []fold.WindowView{}
+		}
+		var err error
+		if resp.TimeJson, err = json.Marshal(t); err != nil {
+			return nil, fmt.Errorf("encode the key's windows: %w", err)
+		}
+	}
+	return resp, nil
 }
 
 // decodeState is the owner's answer as the host's view of the key, with
@@ -38,7 +72,7 @@ func decodeState(resp *keyfoldv1.GetStateResponse, spec fold.Spec) (actors.KeyVi
 		kv.Aggregates[name] = v
 	}
 	if len(resp.TimeJson) > 0 {
-		var t TimeState
+		var t timeState
 		if err := json.Unmarshal(resp.TimeJson, &t); err != nil {
 			return actors.KeyView{}, fmt.Errorf("keyfold: owner's windows: %w", err)
 		}

@@ -151,6 +151,8 @@ type Pipeline struct {
 	envReads               []int      // the members the filters name
 	dynamicEnv             bool       // a filter may read any member
 	hasFilters             bool
+
+	fingerprint uint64 // see Fingerprint
 }
 
 type aggregate struct {
@@ -227,6 +229,7 @@ func Compile(name string, spec Spec) (*Pipeline, error) {
 		return nil, err
 	}
 	p.indexFields()
+	p.fingerprint = fingerprintOf(name, spec)
 	return p, nil
 }
 

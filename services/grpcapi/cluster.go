@@ -18,14 +18,15 @@ import (
 // groups, never forwarding further (so that two nodes that disagree about
 // placement cannot bounce a request between them).
 type LocalBackend interface {
-	// SubmitLocal validates a batch and queues it on this node. A batch with
-	// an event of a key group not served here fails, before anything of it
-	// is logged, with an error wrapping actors.ErrNotServed.
-	SubmitLocal(ctx context.Context, from, pipeline string, events [][]byte) (Pending, error)
+	// SubmitLocal queues a batch member from validated (its share for this
+	// node) on this node. A batch with an event of a key group not served
+	// here fails, before anything of it is logged, with an error wrapping
+	// actors.ErrNotServed.
+	SubmitLocal(ctx context.Context, from string, batch *keyfoldv1.ForwardBatch) (actors.Pending, error)
 	// QueryLocal and DeleteLocal act on a key of a group served here; for
 	// another group they fail with an error wrapping actors.ErrNotOwner or
 	// actors.ErrUnavailable.
-	QueryLocal(ctx context.Context, pipeline, key string) (KeyState, error)
+	QueryLocal(ctx context.Context, pipeline, key string) (*keyfoldv1.GetStateResponse, error)
 	DeleteLocal(ctx context.Context, pipeline, key string) error
 	// Status describes the node.
 	Status(ctx context.Context) *keyfoldv1.NodeStatus
@@ -54,9 +55,9 @@ type clusterServer struct {
 // Forward submits every batch in order, then waits for each.
 func (c *clusterServer) Forward(ctx context.Context, req *keyfoldv1.ForwardRequest) (*keyfoldv1.ForwardResponse, error) {
 	results := make([]*keyfoldv1.ForwardResult, len(req.Batches))
-	pending := make([]Pending, len(req.Batches))
+	pending := make([]actors.Pending, len(req.Batches))
 	for i, b := range req.Batches {
-		p, err := c.b.SubmitLocal(ctx, req.From, b.Pipeline, b.Events)
+		p, err := c.b.SubmitLocal(ctx, req.From, b)
 		if err != nil {
 			results[i] = c.failed(err)
 			continue
@@ -67,12 +68,12 @@ func (c *clusterServer) Forward(ctx context.Context, req *keyfoldv1.ForwardReque
 		if p == nil {
 			continue
 		}
-		acc, dups, err := p.Wait(ctx)
+		r, err := p.Wait(ctx)
 		if err != nil {
 			results[i] = c.failed(err)
 			continue
 		}
-		results[i] = &keyfoldv1.ForwardResult{Accepted: uint32(acc), Duplicates: uint32(dups)}
+		results[i] = &keyfoldv1.ForwardResult{Accepted: uint32(r.Accepted), Duplicates: uint32(r.Duplicates)}
 	}
 	return &keyfoldv1.ForwardResponse{Results: results}, nil
 }
@@ -82,11 +83,11 @@ func (c *clusterServer) failed(err error) *keyfoldv1.ForwardResult {
 }
 
 func (c *clusterServer) GetState(ctx context.Context, req *keyfoldv1.GetStateRequest) (*keyfoldv1.GetStateResponse, error) {
-	st, err := c.b.QueryLocal(ctx, req.Pipeline, req.Key)
+	resp, err := c.b.QueryLocal(ctx, req.Pipeline, req.Key)
 	if err != nil {
 		return nil, c.status(err)
 	}
-	return c.api.stateResponse(req, st)
+	return resp, nil
 }
 
 func (c *clusterServer) DeleteKey(ctx context.Context, req *keyfoldv1.DeleteKeyRequest) (*keyfoldv1.DeleteKeyResponse, error) {

@@ -29,18 +29,18 @@ type stalledBackend struct {
 	release         chan struct{}
 }
 
-func (b *stalledBackend) Ingest(ctx context.Context, p string, ev [][]byte) (int, int, error) {
+func (b *stalledBackend) Ingest(ctx context.Context, p string, ev [][]byte) (actors.Result, error) {
 	pe, _ := b.Submit(ctx, p, ev)
 	return pe.Wait(ctx)
 }
 
-func (b *stalledBackend) Submit(_ context.Context, _ string, ev [][]byte) (grpcapi.Pending, error) {
+func (b *stalledBackend) Submit(_ context.Context, _ string, ev [][]byte) (actors.Pending, error) {
 	b.submitted.Add(1)
 	return stalledPending{b, len(ev)}, nil
 }
 
-func (b *stalledBackend) Query(context.Context, string, string) (grpcapi.KeyState, error) {
-	return grpcapi.KeyState{}, nil
+func (b *stalledBackend) Query(context.Context, string, string) (*keyfoldv1.GetStateResponse, error) {
+	return &keyfoldv1.GetStateResponse{}, nil
 }
 func (b *stalledBackend) Delete(context.Context, string, string) error { return nil }
 func (b *stalledBackend) Pipelines() []*keyfoldv1.PipelineInfo         { return nil }
@@ -50,12 +50,12 @@ type stalledPending struct {
 	n int
 }
 
-func (p stalledPending) Wait(ctx context.Context) (int, int, error) {
+func (p stalledPending) Wait(ctx context.Context) (actors.Result, error) {
 	select {
 	case <-p.b.release:
-		return p.n, 0, nil
+		return actors.Result{Accepted: p.n}, nil
 	case <-ctx.Done():
-		return 0, 0, ctx.Err()
+		return actors.Result{}, ctx.Err()
 	}
 }
 
@@ -180,13 +180,13 @@ func TestIngestSlots(t *testing.T) {
 // downBackend fails every batch as a node whose store is down does.
 type downBackend struct{ stalledBackend }
 
-func (*downBackend) Submit(context.Context, string, [][]byte) (grpcapi.Pending, error) {
+func (*downBackend) Submit(context.Context, string, [][]byte) (actors.Pending, error) {
 	return nil, fmt.Errorf("%w: the store is unreachable", actors.ErrUnavailable)
 }
 
-func (b *downBackend) Ingest(ctx context.Context, p string, ev [][]byte) (int, int, error) {
+func (b *downBackend) Ingest(ctx context.Context, p string, ev [][]byte) (actors.Result, error) {
 	_, err := b.Submit(ctx, p, ev)
-	return 0, 0, err
+	return actors.Result{}, err
 }
 
 // TestSendGivesUp: against a node that keeps failing, Send returns when

@@ -7,7 +7,6 @@ package grpcapi
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/keyfold/keyfold/actors"
 	"github.com/keyfold/keyfold/actors/fold"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"github.com/keyfold/keyfold/services"
@@ -28,12 +28,12 @@ import (
 // Backend is what the API serves.
 type Backend interface {
 	// Ingest validates, logs and applies a batch of events of one pipeline.
-	Ingest(ctx context.Context, pipeline string, events [][]byte) (accepted, duplicates int, err error)
+	Ingest(ctx context.Context, pipeline string, events [][]byte) (actors.Result, error)
 	// Submit validates a batch and queues it for logging without waiting:
 	// batches submitted one after the other are applied in that order.
-	Submit(ctx context.Context, pipeline string, events [][]byte) (Pending, error)
-	// Query returns one key's state.
-	Query(ctx context.Context, pipeline, key string) (KeyState, error)
+	Submit(ctx context.Context, pipeline string, events [][]byte) (actors.Pending, error)
+	// Query returns one key's state, encoded (cluster.StateResponse).
+	Query(ctx context.Context, pipeline, key string) (*keyfoldv1.GetStateResponse, error)
 	// Delete erases one key.
 	Delete(ctx context.Context, pipeline, key string) error
 	// Pipelines describes the configured pipelines.
@@ -49,21 +49,6 @@ type Backend interface {
 	// Cluster describes the cluster as this node sees it, with the owner of
 	// pipeline's key if key is set.
 	Cluster(ctx context.Context, pipeline, key string) (*keyfoldv1.GetClusterResponse, error)
-}
-
-// KeyState is one key's state.
-type KeyState struct {
-	Seq        uint64         // events applied
-	Duplicates uint64         // events skipped: their id was already applied
-	Aggregates map[string]any // values encodable as JSON
-	// Time, if not nil, is the key's event-time state (watermark, late,
-	// windows, patterns), encodable as JSON.
-	Time any
-}
-
-// Pending is a submitted batch.
-type Pending interface {
-	Wait(ctx context.Context) (accepted, duplicates int, err error)
 }
 
 // Options configures the service.
@@ -152,11 +137,11 @@ func (s *server) Ingest(ctx context.Context, req *keyfoldv1.IngestRequest) (*key
 		return nil, s.status(err)
 	}
 	defer s.release()
-	acc, dups, err := s.b.Ingest(ctx, req.Pipeline, req.Events)
+	r, err := s.b.Ingest(ctx, req.Pipeline, req.Events)
 	if err != nil {
 		return nil, s.status(err)
 	}
-	return &keyfoldv1.IngestResponse{Accepted: uint32(acc), Duplicates: uint32(dups)}, nil
+	return &keyfoldv1.IngestResponse{Accepted: uint32(r.Accepted), Duplicates: uint32(r.Duplicates)}, nil
 }
 
 // IngestStream reads batches, submits each in order and acknowledges each
@@ -168,7 +153,7 @@ func (s *server) IngestStream(stream keyfoldv1.Keyfold_IngestStreamServer) error
 	ctx := stream.Context()
 	type inFlight struct {
 		id   uint64
-		p    Pending
+		p    actors.Pending
 		err  error
 		cost int64 // reserved in the budget
 	}
@@ -181,9 +166,9 @@ func (s *server) IngestStream(stream keyfoldv1.Keyfold_IngestStreamServer) error
 			resp := &keyfoldv1.IngestStreamResponse{BatchId: f.id}
 			err := f.err
 			if err == nil {
-				var acc, dups int
-				acc, dups, err = f.p.Wait(ctx)
-				resp.Accepted, resp.Duplicates = uint32(acc), uint32(dups)
+				var r actors.Result
+				r, err = f.p.Wait(ctx)
+				resp.Accepted, resp.Duplicates = uint32(r.Accepted), uint32(r.Duplicates)
 			}
 			s.release()
 			s.opts.Budget.Release(f.cost)
@@ -233,29 +218,9 @@ func (s *server) IngestStream(stream keyfoldv1.Keyfold_IngestStreamServer) error
 }
 
 func (s *server) GetState(ctx context.Context, req *keyfoldv1.GetStateRequest) (*keyfoldv1.GetStateResponse, error) {
-	st, err := s.b.Query(ctx, req.Pipeline, req.Key)
+	resp, err := s.b.Query(ctx, req.Pipeline, req.Key)
 	if err != nil {
 		return nil, s.status(err)
-	}
-	return s.stateResponse(req, st)
-}
-
-// stateResponse encodes a key's state.
-func (s *server) stateResponse(req *keyfoldv1.GetStateRequest, st KeyState) (*keyfoldv1.GetStateResponse, error) {
-	resp := &keyfoldv1.GetStateResponse{Pipeline: req.Pipeline, Key: req.Key, Seq: st.Seq, Duplicates: st.Duplicates,
-		Aggregates: make(map[string][]byte, len(st.Aggregates))}
-	for name, v := range st.Aggregates {
-		b, err := json.Marshal(v)
-		if err != nil {
-			return nil, s.status(fmt.Errorf("encode aggregate %q: %w", name, err))
-		}
-		resp.Aggregates[name] = b
-	}
-	if st.Time != nil {
-		var err error
-		if resp.TimeJson, err = json.Marshal(st.Time); err != nil {
-			return nil, s.status(fmt.Errorf("encode the key's windows: %w", err))
-		}
 	}
 	return resp, nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/keyfold/keyfold/actors"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 )
 
@@ -52,7 +53,7 @@ func (c *Client) Ingest(ctx context.Context, pipeline string, events []json.RawM
 		body.Write(ev)
 	}
 	body.WriteByte(']')
-	var res ingestResponse
+	var res actors.Result
 	if err := c.do(ctx, http.MethodPost, "/v1/pipelines/"+url.PathEscape(pipeline)+"/events", &body, &res); err != nil {
 		return 0, 0, err
 	}

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyfold/keyfold/actors"
 	"github.com/keyfold/keyfold/services/httpapi"
 	"github.com/keyfold/keyfold/services/servicetest"
 )
@@ -187,8 +188,8 @@ func TestSlowClientsDoNotHoldSlots(t *testing.T) {
 // nopBackend takes every ingest; the test below never gets that far.
 type nopBackend struct{ httpapi.Backend }
 
-func (nopBackend) Ingest(_ context.Context, _ string, events []json.RawMessage) (int, int, error) {
-	return len(events), 0, nil
+func (nopBackend) Ingest(_ context.Context, _ string, events []json.RawMessage) (actors.Result, error) {
+	return actors.Result{Accepted: len(events)}, nil
 }
 
 // TestSlowBodyCutOff: a body that arrives slower than MinBodyRate (after

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/keyfold/keyfold/actors"
 )
 
 // blockingBackend holds every ingest until released.
@@ -17,10 +19,10 @@ type blockingBackend struct {
 	release chan struct{}
 }
 
-func (b *blockingBackend) Ingest(ctx context.Context, _ string, events []json.RawMessage) (int, int, error) {
+func (b *blockingBackend) Ingest(ctx context.Context, _ string, events []json.RawMessage) (actors.Result, error) {
 	b.entered <- struct{}{}
 	<-b.release
-	return len(events), 0, nil
+	return actors.Result{Accepted: len(events)}, nil
 }
 
 func (b *blockingBackend) Query(context.Context, string, string) (any, error) { return nil, nil }

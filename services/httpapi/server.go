@@ -17,6 +17,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/keyfold/keyfold/actors"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"github.com/keyfold/keyfold/services"
 )
@@ -40,7 +41,7 @@ const (
 // Backend is what the API serves; the keyfold package adapts its Node to it.
 type Backend interface {
 	// Ingest validates, logs and applies a batch of events of one pipeline.
-	Ingest(ctx context.Context, pipeline string, events []json.RawMessage) (accepted, duplicates int, err error)
+	Ingest(ctx context.Context, pipeline string, events []json.RawMessage) (actors.Result, error)
 	// Query returns one key's state, encoded as JSON as it is.
 	Query(ctx context.Context, pipeline, key string) (any, error)
 	// Delete erases one key.
@@ -201,11 +202,6 @@ func (c *statusCapture) Header() http.Header         { return c.header }
 func (c *statusCapture) Write(b []byte) (int, error) { return len(b), nil }
 func (c *statusCapture) WriteHeader(status int)      { c.status = status }
 
-type ingestResponse struct {
-	Accepted   int `json:"accepted"`
-	Duplicates int `json:"duplicates"`
-}
-
 // writes guards a route that changes state: a request from a web page of
 // an origin not allowed is refused before anything is read.
 func (s *server) writes(h http.HandlerFunc) http.HandlerFunc {
@@ -301,12 +297,12 @@ func (s *server) ingest(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, ErrBusy)
 		return
 	}
-	acc, dups, err := s.b.Ingest(r.Context(), r.PathValue("pipeline"), events)
+	res, err := s.b.Ingest(r.Context(), r.PathValue("pipeline"), events)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, ingestResponse{Accepted: acc, Duplicates: dups})
+	writeJSON(w, http.StatusOK, res)
 }
 
 // firstBodyBuffer is the buffer a body is first read into; it grows (each

@@ -207,9 +207,10 @@ func (*ReleasedResponse) Descriptor() ([]byte, []int) {
 
 type ForwardRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The sender's member id, for the receiver's logs and metrics.
-	From          string           `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
-	Batches       []*IngestRequest `protobuf:"bytes,2,rep,name=batches,proto3" json:"batches,omitempty"`
+	// The sender's member id. The receiver takes what a batch says it read
+	// of its events (ForwardBatch.prepared) only from a current member.
+	From          string          `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	Batches       []*ForwardBatch `protobuf:"bytes,3,rep,name=batches,proto3" json:"batches,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -251,9 +252,96 @@ func (x *ForwardRequest) GetFrom() string {
 	return ""
 }
 
-func (x *ForwardRequest) GetBatches() []*IngestRequest {
+func (x *ForwardRequest) GetBatches() []*ForwardBatch {
 	if x != nil {
 		return x.Batches
+	}
+	return nil
+}
+
+// ForwardBatch is an owner's share of a batch the sender validated: its
+// events in the log's form (each as received, and its key), and what the
+// sender read of each, so that the owner applies them without parsing them
+// again.
+type ForwardBatch struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Pipeline string                 `protobuf:"bytes,1,opt,name=pipeline,proto3" json:"pipeline,omitempty"`
+	// The sender's fingerprint of the pipeline (fold.Pipeline.Fingerprint):
+	// an owner whose pipeline differs prepares the events itself.
+	PipelineFingerprint uint64 `protobuf:"fixed64,2,opt,name=pipeline_fingerprint,json=pipelineFingerprint,proto3" json:"pipeline_fingerprint,omitempty"`
+	// The events exactly as received; the owner logs them so (Input.event).
+	Events [][]byte `protobuf:"bytes,3,rep,name=events,proto3" json:"events,omitempty"`
+	// Each event's key (KeyInputs.key), in order.
+	Keys []string `protobuf:"bytes,4,rep,name=keys,proto3" json:"keys,omitempty"`
+	// What the sender read of each event besides its key, one after the
+	// other, each length-prefixed (fold.Pipeline.AppendPrepared); an empty
+	// one is an event the owner prepares itself.
+	Prepared      []byte `protobuf:"bytes,5,opt,name=prepared,proto3" json:"prepared,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardBatch) Reset() {
+	*x = ForwardBatch{}
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardBatch) ProtoMessage() {}
+
+func (x *ForwardBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardBatch.ProtoReflect.Descriptor instead.
+func (*ForwardBatch) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ForwardBatch) GetPipeline() string {
+	if x != nil {
+		return x.Pipeline
+	}
+	return ""
+}
+
+func (x *ForwardBatch) GetPipelineFingerprint() uint64 {
+	if x != nil {
+		return x.PipelineFingerprint
+	}
+	return 0
+}
+
+func (x *ForwardBatch) GetEvents() [][]byte {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *ForwardBatch) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *ForwardBatch) GetPrepared() []byte {
+	if x != nil {
+		return x.Prepared
 	}
 	return nil
 }
@@ -268,7 +356,7 @@ type ForwardResponse struct {
 
 func (x *ForwardResponse) Reset() {
 	*x = ForwardResponse{}
-	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[5]
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -280,7 +368,7 @@ func (x *ForwardResponse) String() string {
 func (*ForwardResponse) ProtoMessage() {}
 
 func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[5]
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -293,7 +381,7 @@ func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardResponse) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{5}
+	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ForwardResponse) GetResults() []*ForwardResult {
@@ -319,7 +407,7 @@ type ForwardResult struct {
 
 func (x *ForwardResult) Reset() {
 	*x = ForwardResult{}
-	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[6]
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -331,7 +419,7 @@ func (x *ForwardResult) String() string {
 func (*ForwardResult) ProtoMessage() {}
 
 func (x *ForwardResult) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[6]
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -344,7 +432,7 @@ func (x *ForwardResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResult.ProtoReflect.Descriptor instead.
 func (*ForwardResult) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{6}
+	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ForwardResult) GetAccepted() uint32 {
@@ -383,7 +471,7 @@ type NodeStatusRequest struct {
 
 func (x *NodeStatusRequest) Reset() {
 	*x = NodeStatusRequest{}
-	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[7]
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -395,7 +483,7 @@ func (x *NodeStatusRequest) String() string {
 func (*NodeStatusRequest) ProtoMessage() {}
 
 func (x *NodeStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[7]
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -408,7 +496,7 @@ func (x *NodeStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatusRequest.ProtoReflect.Descriptor instead.
 func (*NodeStatusRequest) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{7}
+	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{8}
 }
 
 type NodeStatus struct {
@@ -438,7 +526,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[8]
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -450,7 +538,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[8]
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -463,7 +551,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{8}
+	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *NodeStatus) GetId() string {
@@ -549,10 +637,16 @@ const file_proto_keyfold_v1_cluster_proto_rawDesc = "" +
 	"\x0fReleasedRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x16\n" +
 	"\x06groups\x18\x02 \x03(\rR\x06groups\"\x12\n" +
-	"\x10ReleasedResponse\"Y\n" +
+	"\x10ReleasedResponse\"^\n" +
 	"\x0eForwardRequest\x12\x12\n" +
-	"\x04from\x18\x01 \x01(\tR\x04from\x123\n" +
-	"\abatches\x18\x02 \x03(\v2\x19.keyfold.v1.IngestRequestR\abatches\"F\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x122\n" +
+	"\abatches\x18\x03 \x03(\v2\x18.keyfold.v1.ForwardBatchR\abatchesJ\x04\b\x02\x10\x03\"\xa5\x01\n" +
+	"\fForwardBatch\x12\x1a\n" +
+	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x121\n" +
+	"\x14pipeline_fingerprint\x18\x02 \x01(\x06R\x13pipelineFingerprint\x12\x16\n" +
+	"\x06events\x18\x03 \x03(\fR\x06events\x12\x12\n" +
+	"\x04keys\x18\x04 \x03(\tR\x04keys\x12\x1a\n" +
+	"\bprepared\x18\x05 \x01(\fR\bprepared\"F\n" +
 	"\x0fForwardResponse\x123\n" +
 	"\aresults\x18\x01 \x03(\v2\x19.keyfold.v1.ForwardResultR\aresults\"\x93\x01\n" +
 	"\rForwardResult\x12\x1a\n" +
@@ -598,18 +692,18 @@ func file_proto_keyfold_v1_cluster_proto_rawDescGZIP() []byte {
 	return file_proto_keyfold_v1_cluster_proto_rawDescData
 }
 
-var file_proto_keyfold_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_proto_keyfold_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_proto_keyfold_v1_cluster_proto_goTypes = []any{
 	(*MembersChangedRequest)(nil),  // 0: keyfold.v1.MembersChangedRequest
 	(*MembersChangedResponse)(nil), // 1: keyfold.v1.MembersChangedResponse
 	(*ReleasedRequest)(nil),        // 2: keyfold.v1.ReleasedRequest
 	(*ReleasedResponse)(nil),       // 3: keyfold.v1.ReleasedResponse
 	(*ForwardRequest)(nil),         // 4: keyfold.v1.ForwardRequest
-	(*ForwardResponse)(nil),        // 5: keyfold.v1.ForwardResponse
-	(*ForwardResult)(nil),          // 6: keyfold.v1.ForwardResult
-	(*NodeStatusRequest)(nil),      // 7: keyfold.v1.NodeStatusRequest
-	(*NodeStatus)(nil),             // 8: keyfold.v1.NodeStatus
-	(*IngestRequest)(nil),          // 9: keyfold.v1.IngestRequest
+	(*ForwardBatch)(nil),           // 5: keyfold.v1.ForwardBatch
+	(*ForwardResponse)(nil),        // 6: keyfold.v1.ForwardResponse
+	(*ForwardResult)(nil),          // 7: keyfold.v1.ForwardResult
+	(*NodeStatusRequest)(nil),      // 8: keyfold.v1.NodeStatusRequest
+	(*NodeStatus)(nil),             // 9: keyfold.v1.NodeStatus
 	(*BatchError)(nil),             // 10: keyfold.v1.BatchError
 	(*GetStateRequest)(nil),        // 11: keyfold.v1.GetStateRequest
 	(*DeleteKeyRequest)(nil),       // 12: keyfold.v1.DeleteKeyRequest
@@ -617,19 +711,19 @@ var file_proto_keyfold_v1_cluster_proto_goTypes = []any{
 	(*DeleteKeyResponse)(nil),      // 14: keyfold.v1.DeleteKeyResponse
 }
 var file_proto_keyfold_v1_cluster_proto_depIdxs = []int32{
-	9,  // 0: keyfold.v1.ForwardRequest.batches:type_name -> keyfold.v1.IngestRequest
-	6,  // 1: keyfold.v1.ForwardResponse.results:type_name -> keyfold.v1.ForwardResult
+	5,  // 0: keyfold.v1.ForwardRequest.batches:type_name -> keyfold.v1.ForwardBatch
+	7,  // 1: keyfold.v1.ForwardResponse.results:type_name -> keyfold.v1.ForwardResult
 	10, // 2: keyfold.v1.ForwardResult.error:type_name -> keyfold.v1.BatchError
 	4,  // 3: keyfold.v1.Cluster.Forward:input_type -> keyfold.v1.ForwardRequest
 	11, // 4: keyfold.v1.Cluster.GetState:input_type -> keyfold.v1.GetStateRequest
 	12, // 5: keyfold.v1.Cluster.DeleteKey:input_type -> keyfold.v1.DeleteKeyRequest
-	7,  // 6: keyfold.v1.Cluster.Status:input_type -> keyfold.v1.NodeStatusRequest
+	8,  // 6: keyfold.v1.Cluster.Status:input_type -> keyfold.v1.NodeStatusRequest
 	0,  // 7: keyfold.v1.Cluster.MembersChanged:input_type -> keyfold.v1.MembersChangedRequest
 	2,  // 8: keyfold.v1.Cluster.Released:input_type -> keyfold.v1.ReleasedRequest
-	5,  // 9: keyfold.v1.Cluster.Forward:output_type -> keyfold.v1.ForwardResponse
+	6,  // 9: keyfold.v1.Cluster.Forward:output_type -> keyfold.v1.ForwardResponse
 	13, // 10: keyfold.v1.Cluster.GetState:output_type -> keyfold.v1.GetStateResponse
 	14, // 11: keyfold.v1.Cluster.DeleteKey:output_type -> keyfold.v1.DeleteKeyResponse
-	8,  // 12: keyfold.v1.Cluster.Status:output_type -> keyfold.v1.NodeStatus
+	9,  // 12: keyfold.v1.Cluster.Status:output_type -> keyfold.v1.NodeStatus
 	1,  // 13: keyfold.v1.Cluster.MembersChanged:output_type -> keyfold.v1.MembersChangedResponse
 	3,  // 14: keyfold.v1.Cluster.Released:output_type -> keyfold.v1.ReleasedResponse
 	9,  // [9:15] is the sub-list for method output_type
@@ -651,7 +745,7 @@ func file_proto_keyfold_v1_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_keyfold_v1_cluster_proto_rawDesc), len(file_proto_keyfold_v1_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
