@@ -43,7 +43,10 @@ func (b grpcBackend) Query(ctx context.Context, pipeline, key string) (grpcapi.K
 
 // grpcState is a key's state as the gRPC API takes it.
 func grpcState(st KeyState) grpcapi.KeyState {
-	ks := grpcapi.KeyState{Seq: st.Seq, Duplicates: st.Duplicates, Aggregates: st.Aggregates}
+	ks := grpcapi.KeyState{Seq: st.Seq, Duplicates: st.Duplicates, Aggregates: st.Aggregates, State: st.State}
+	if st.HandlerFailures != nil {
+		ks.HandlerFailures = *st.HandlerFailures
+	}
 	if st.Late != nil { // a pipeline with windows or patterns
 		ks.Time = cluster.TimeState{Watermark: st.Watermark, Late: st.Late, Windows: st.Windows, Patterns: st.Patterns, LateWindows: st.LateWindows}
 	}

@@ -50,6 +50,10 @@ func decodeState(resp *keyfoldv1.GetStateResponse, spec fold.Spec) (actors.KeyVi
 		}
 		kv.Windows, kv.Patterns, kv.LateWindows = t.Windows, t.Patterns, t.LateWindows
 	}
+	if len(resp.StateJson) > 0 { // a Go handler's
+		kv.State = json.RawMessage(slices.Clone(resp.StateJson))
+	}
+	kv.HandlerFailures = resp.HandlerFailures
 	return kv, nil
 }
 

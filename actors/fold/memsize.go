@@ -29,7 +29,7 @@ func (s *State) MemSize() int {
 		n += int(unsafe.Sizeof(s.pats[i])) + (cap(s.pats[i].times)+cap(s.pats[i].starts))*8
 	}
 	n += len(s.out) * 256 // results not yet taken: only between an apply and its take
-	return n + s.ids.memSize()
+	return n + s.ids.memSize() + s.h.memSize()
 }
 
 func aggsSize(aggs []aggState) int {

@@ -28,6 +28,7 @@ type State struct {
 	wait    []waiting           // events the patterns have not seen yet, by time
 	pats    []patState          // per pattern
 	out     []*keyfoldv1.Output // emitted results not yet taken
+	h       *handlerState       // the Go handler's part, if the pipeline has one (handler.go)
 	// version counts the changes of the state in memory (it is not
 	// persisted); snapshots use it to tell what changed since the last one.
 	version uint64
@@ -103,6 +104,9 @@ func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
 		}
 		if late {
 			s.late++
+		}
+		if p.handler != nil {
+			p.handleEvent(s, ev, t, nowMs) // after the built-in operators
 		}
 	}
 	return false
@@ -280,6 +284,6 @@ func Erase(s *State) {
 			floors = append(floors, win{spec: x.spec, start: x.start, end: x.end, emitted: x.emitted, aggs: make([]aggState, len(x.aggs)), superseded: x.superseded})
 		}
 	}
-	*s = State{version: s.version, now: s.now, wm: s.wm, out: s.out, wins: floors}
+	*s = State{version: s.version, now: s.now, wm: s.wm, out: s.out, wins: floors, h: s.h.erased()}
 	s.ids.gone = gone
 }

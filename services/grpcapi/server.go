@@ -59,6 +59,10 @@ type KeyState struct {
 	// Time, if not nil, is the key's event-time state (watermark, late,
 	// windows, patterns), encodable as JSON.
 	Time any
+	// State is a Go handler's state of the key as JSON (nil: none), and
+	// HandlerFailures its calls that failed.
+	State           []byte
+	HandlerFailures uint64
 }
 
 // Pending is a submitted batch.
@@ -243,7 +247,7 @@ func (s *server) GetState(ctx context.Context, req *keyfoldv1.GetStateRequest) (
 // stateResponse encodes a key's state.
 func (s *server) stateResponse(req *keyfoldv1.GetStateRequest, st KeyState) (*keyfoldv1.GetStateResponse, error) {
 	resp := &keyfoldv1.GetStateResponse{Pipeline: req.Pipeline, Key: req.Key, Seq: st.Seq, Duplicates: st.Duplicates,
-		Aggregates: make(map[string][]byte, len(st.Aggregates))}
+		Aggregates: make(map[string][]byte, len(st.Aggregates)), StateJson: st.State, HandlerFailures: st.HandlerFailures}
 	for name, v := range st.Aggregates {
 		b, err := json.Marshal(v)
 		if err != nil {

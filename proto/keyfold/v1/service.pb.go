@@ -399,9 +399,15 @@ type GetStateResponse struct {
 	// For a pipeline with windows or patterns: a JSON object with the key's
 	// "watermark", "late", "late_windows", "windows" and "patterns", the
 	// same as the HTTP API's fields of those names. Empty otherwise.
-	TimeJson      []byte `protobuf:"bytes,6,opt,name=time_json,json=timeJson,proto3" json:"time_json,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TimeJson []byte `protobuf:"bytes,6,opt,name=time_json,json=timeJson,proto3" json:"time_json,omitempty"`
+	// For a pipeline with a Go handler: the key's handler state as JSON,
+	// the same as the HTTP API's "state". Empty while it has none.
+	StateJson []byte `protobuf:"bytes,7,opt,name=state_json,json=stateJson,proto3" json:"state_json,omitempty"`
+	// For a pipeline with a Go handler: its calls on the key that failed
+	// (each emitted a dead letter).
+	HandlerFailures uint64 `protobuf:"varint,8,opt,name=handler_failures,json=handlerFailures,proto3" json:"handler_failures,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *GetStateResponse) Reset() {
@@ -474,6 +480,20 @@ func (x *GetStateResponse) GetTimeJson() []byte {
 		return x.TimeJson
 	}
 	return nil
+}
+
+func (x *GetStateResponse) GetStateJson() []byte {
+	if x != nil {
+		return x.StateJson
+	}
+	return nil
+}
+
+func (x *GetStateResponse) GetHandlerFailures() uint64 {
+	if x != nil {
+		return x.HandlerFailures
+	}
+	return 0
 }
 
 type DeleteKeyRequest struct {
@@ -1689,7 +1709,7 @@ const file_proto_keyfold_v1_service_proto_rawDesc = "" +
 	"\x05field\x18\x04 \x01(\tR\x05field\"?\n" +
 	"\x0fGetStateRequest\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\tR\x03key\"\x9c\x02\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"\xe6\x02\n" +
 	"\x10GetStateResponse\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x10\n" +
@@ -1700,7 +1720,10 @@ const file_proto_keyfold_v1_service_proto_rawDesc = "" +
 	"\n" +
 	"aggregates\x18\x04 \x03(\v2,.keyfold.v1.GetStateResponse.AggregatesEntryR\n" +
 	"aggregates\x12\x1b\n" +
-	"\ttime_json\x18\x06 \x01(\fR\btimeJson\x1a=\n" +
+	"\ttime_json\x18\x06 \x01(\fR\btimeJson\x12\x1d\n" +
+	"\n" +
+	"state_json\x18\a \x01(\fR\tstateJson\x12)\n" +
+	"\x10handler_failures\x18\b \x01(\x04R\x0fhandlerFailures\x1a=\n" +
 	"\x0fAggregatesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"@\n" +
