@@ -103,7 +103,8 @@ type Call struct {
 	now           int64 // the logged processing time of the input, Unix ms
 	at            int64 // the event's time, or the timer's
 	wm            int64
-	seed          uint64
+	seq           uint64 // the key's, for the seed
+	input         []byte // the event, or the timer's name, for the seed
 	value         any
 	set           bool // value was set (or deleted)
 	timers        []Timer
@@ -142,7 +143,7 @@ func (c *Call) Watermark() int64 { return c.wm }
 
 // Seed returns a pseudo-random number fixed by the input: the same call
 // replayed gets the same one.
-func (c *Call) Seed() uint64 { return c.seed }
+func (c *Call) Seed() uint64 { return seedOf(c.key, c.seq, c.at, c.now, c.input) }
 
 // SetTimer sets the timer name to fire at (Unix ms), replacing one of that
 // name. The name must be non-empty, valid text without control characters.
@@ -238,7 +239,7 @@ func (p *Pipeline) handleEvent(s *State, ev *Event, t, nowMs int64) {
 	if s.h == nil {
 		s.h = &handlerState{born: nowMs}
 	}
-	c := p.newCall(s, ev.Key, nowMs, t, seedOf(ev.Key, s.seq, nowMs, ev.Raw))
+	c := p.newCall(s, ev.Key, nowMs, t, ev.Raw)
 	err := callSafely(func() error { return p.handler.OnEvent(c, ev) })
 	p.finish(s, c, err, func() any {
 		var event any = json.RawMessage(ev.Raw)
@@ -260,7 +261,7 @@ func (p *Pipeline) fireTimers(s *State, key string) {
 		t := h.timers[0]
 		h.timers = slices.Delete(slices.Clone(h.timers), 0, 1) // a Call may share the old slice
 		s.version++
-		c := p.newCall(s, key, s.now, t.At, seedOf(key, s.seq, t.At, []byte(t.Name)))
+		c := p.newCall(s, key, s.now, t.At, []byte(t.Name))
 		err := callSafely(func() error { return p.handler.OnTimer(c, t) })
 		p.finish(s, c, err, func() any {
 			return map[string]any{"timer": map[string]any{"name": t.Name, "time": time.UnixMilli(t.At).UTC()}}
@@ -268,8 +269,8 @@ func (p *Pipeline) fireTimers(s *State, key string) {
 	}
 }
 
-func (p *Pipeline) newCall(s *State, key string, now, at int64, seed uint64) *Call {
-	return &Call{pipeline: p.name, key: key, now: now, at: at, wm: s.wm, seed: seed, value: s.h.value, timers: s.h.timers}
+func (p *Pipeline) newCall(s *State, key string, now, at int64, input []byte) *Call {
+	return &Call{pipeline: p.name, key: key, now: now, at: at, wm: s.wm, seq: s.seq, input: input, value: s.h.value, timers: s.h.timers}
 }
 
 // callSafely runs a handler's call, turning a panic into an error.
@@ -330,13 +331,13 @@ func (p *Pipeline) emitHandler(s *State, key, kind, name string, at int64, value
 }
 
 // seedOf derives a call's seed from its input (FNV-1a, then a mix).
-func seedOf(key string, seq uint64, t int64, input []byte) uint64 {
+func seedOf(key string, seq uint64, t, now int64, input []byte) uint64 {
 	const prime = 1099511628211
 	h := uint64(14695981039346656037)
 	for i := 0; i < len(key); i++ {
 		h = (h ^ uint64(key[i])) * prime
 	}
-	for _, x := range [2]uint64{seq, uint64(t)} {
+	for _, x := range [3]uint64{seq, uint64(t), uint64(now)} {
 		for range 8 {
 			h = (h ^ (x & 0xff)) * prime
 			x >>= 8

@@ -1128,9 +1128,11 @@ type Output struct {
 	Id       string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	Pipeline string `protobuf:"bytes,2,opt,name=pipeline,proto3" json:"pipeline,omitempty"`
 	Key      string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
-	// The window type: tumbling, sliding or session.
+	// The window type: tumbling, sliding or session; the pattern type; or
+	// for a Go handler's output "handler" or "dead_letter".
 	Kind string `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`
-	// The window's name in the pipeline.
+	// The window's (pattern's) name in the pipeline, or the name a handler
+	// emitted.
 	Name     string `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
 	StartMs  int64  `protobuf:"varint,6,opt,name=start_ms,json=startMs,proto3" json:"start_ms,omitempty"`
 	EndMs    int64  `protobuf:"varint,7,opt,name=end_ms,json=endMs,proto3" json:"end_ms,omitempty"`
