@@ -680,7 +680,8 @@ type PipelineInfo struct {
 	DedupWindow *durationpb.Duration `protobuf:"bytes,7,opt,name=dedup_window,json=dedupWindow,proto3" json:"dedup_window,omitempty"`
 	// Keys idle this long (processing time) are deleted; unset: never.
 	Ttl *durationpb.Duration `protobuf:"bytes,8,opt,name=ttl,proto3" json:"ttl,omitempty"`
-	// Event-time settings, set when the pipeline has windows or patterns:
+	// Event-time settings, set when the pipeline has windows, patterns or a
+	// Go handler (whose timers are event-time timers):
 	// how far the watermark trails the largest event time, how long emitted
 	// windows take late events (and emit again), how long without events
 	// before the watermark advances with the clock, and how long results
@@ -690,8 +691,12 @@ type PipelineInfo struct {
 	IdleTimeout     *durationpb.Duration `protobuf:"bytes,11,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
 	OutputRetention *durationpb.Duration `protobuf:"bytes,12,opt,name=output_retention,json=outputRetention,proto3" json:"output_retention,omitempty"`
 	// The event-time windows and patterns, by name.
-	Windows       []*WindowInfo  `protobuf:"bytes,13,rep,name=windows,proto3" json:"windows,omitempty"`
-	Patterns      []*PatternInfo `protobuf:"bytes,14,rep,name=patterns,proto3" json:"patterns,omitempty"`
+	Windows  []*WindowInfo  `protobuf:"bytes,13,rep,name=windows,proto3" json:"windows,omitempty"`
+	Patterns []*PatternInfo `protobuf:"bytes,14,rep,name=patterns,proto3" json:"patterns,omitempty"`
+	// The pipeline has a Go handler (registered by an embedder with
+	// keyfold.Handle): its keys' state queries show its state, and its
+	// outputs include the handler's.
+	Handler       bool `protobuf:"varint,15,opt,name=handler,proto3" json:"handler,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -815,6 +820,13 @@ func (x *PipelineInfo) GetPatterns() []*PatternInfo {
 		return x.Patterns
 	}
 	return nil
+}
+
+func (x *PipelineInfo) GetHandler() bool {
+	if x != nil {
+		return x.Handler
+	}
+	return false
 }
 
 type AggregateInfo struct {
@@ -1733,7 +1745,7 @@ const file_proto_keyfold_v1_service_proto_rawDesc = "" +
 	"\x11DeleteKeyResponse\"\x16\n" +
 	"\x14ListPipelinesRequest\"O\n" +
 	"\x15ListPipelinesResponse\x126\n" +
-	"\tpipelines\x18\x01 \x03(\v2\x18.keyfold.v1.PipelineInfoR\tpipelines\"\xac\x05\n" +
+	"\tpipelines\x18\x01 \x03(\v2\x18.keyfold.v1.PipelineInfoR\tpipelines\"\xc6\x05\n" +
 	"\fPipelineInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tkey_field\x18\x02 \x01(\tR\bkeyField\x12\x19\n" +
@@ -1751,7 +1763,8 @@ const file_proto_keyfold_v1_service_proto_rawDesc = "" +
 	"\fidle_timeout\x18\v \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x12D\n" +
 	"\x10output_retention\x18\f \x01(\v2\x19.google.protobuf.DurationR\x0foutputRetention\x120\n" +
 	"\awindows\x18\r \x03(\v2\x16.keyfold.v1.WindowInfoR\awindows\x123\n" +
-	"\bpatterns\x18\x0e \x03(\v2\x17.keyfold.v1.PatternInfoR\bpatternsJ\x04\b\x05\x10\x06R\x0fdedup_window_ms\"_\n" +
+	"\bpatterns\x18\x0e \x03(\v2\x17.keyfold.v1.PatternInfoR\bpatterns\x12\x18\n" +
+	"\ahandler\x18\x0f \x01(\bR\ahandlerJ\x04\b\x05\x10\x06R\x0fdedup_window_ms\"_\n" +
 	"\rAggregateInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02op\x18\x02 \x01(\tR\x02op\x12\x14\n" +
