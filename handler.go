@@ -227,12 +227,13 @@ func (protoCodec[S]) Decode(data []byte) (S, error) {
 	return s, proto.Unmarshal(data, s)
 }
 
-// HandlerOption configures a handler's state encoding (Handle).
-type HandlerOption[S any] func(*handlerAdapter[S])
+// HandlerOption configures a handler's state encoding (Handle): see
+// WithCodec and WithStateVersion.
+type HandlerOption[S any] struct{ apply func(*handlerAdapter[S]) }
 
 // WithCodec encodes the handler's states with c (default: JSONCodec).
 func WithCodec[S any](c Codec[S]) HandlerOption[S] {
-	return func(a *handlerAdapter[S]) { a.codec = c }
+	return HandlerOption[S]{func(a *handlerAdapter[S]) { a.codec = c }}
 }
 
 // WithStateVersion marks the states the handler encodes with version
@@ -243,7 +244,7 @@ func WithCodec[S any](c Codec[S]) HandlerOption[S] {
 // get ErrUnavailable, and the error is logged) until a handler that reads
 // it runs, so that a state is never misread.
 func WithStateVersion[S any](version uint32, upgrade func(from uint32, data []byte) (S, error)) HandlerOption[S] {
-	return func(a *handlerAdapter[S]) { a.version, a.upgrade = version, upgrade }
+	return HandlerOption[S]{func(a *handlerAdapter[S]) { a.version, a.upgrade = version, upgrade }}
 }
 
 // Handle registers h as the handler of the pipeline of that name in cfg,
@@ -264,7 +265,9 @@ func Handle[S any](cfg *Config, pipeline string, h Handler[S], opts ...HandlerOp
 	}
 	a := &handlerAdapter[S]{h: h, codec: JSONCodec[S](), version: 1}
 	for _, o := range opts {
-		o(a)
+		if o.apply != nil {
+			o.apply(a)
+		}
 	}
 	if a.codec == nil || a.version == 0 {
 		return fmt.Errorf("keyfold: Handle: pipeline %q: a codec and a state version of at least 1 are required", pipeline)
