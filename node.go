@@ -82,6 +82,11 @@ type KeyState struct {
 	LateWindows map[string]uint64 `json:"late_windows,omitempty"`
 	// For a pipeline with patterns: each pattern's progress and matches.
 	Patterns []PatternState `json:"patterns,omitempty"`
+	// For a pipeline with a Go handler (Handle): the key's handler state
+	// as JSON (absent while it has none; protobuf states as protojson
+	// renders them), and the handler's calls on the key that failed.
+	State           json.RawMessage `json:"state,omitempty"`
+	HandlerFailures *uint64         `json:"handler_failures,omitempty"`
 }
 
 // PatternState is one pattern's progress on a key.
@@ -504,6 +509,9 @@ func (n *Node) keyState(pipeline, key string, v actors.KeyView) KeyState {
 		if ks.Windows == nil {
 			ks.Windows = []WindowState{}
 		}
+	}
+	if n.pipelines[pipeline].HasHandler() {
+		ks.State, ks.HandlerFailures = v.State, &v.HandlerFailures
 	}
 	return ks
 }

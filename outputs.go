@@ -20,9 +20,10 @@ type Output struct {
 	ID       string `json:"id"`
 	Pipeline string `json:"pipeline"`
 	Key      string `json:"key"`
-	// Kind is the window type (tumbling, sliding, session) or the pattern
-	// type (threshold, sequence, absence); Name the window's or pattern's
-	// name in the pipeline.
+	// Kind is the window type (tumbling, sliding, session), the pattern
+	// type (threshold, sequence, absence), or, for a Go handler's output,
+	// "handler" (Key.Emit) or "dead_letter" (a call that failed); Name the
+	// window's or pattern's name in the pipeline, or the name emitted.
 	Kind     string    `json:"kind"`
 	Name     string    `json:"name"`
 	Start    time.Time `json:"start"`

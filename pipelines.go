@@ -27,7 +27,7 @@ func (n *Node) describePipelines() []*keyfoldv1.PipelineInfo {
 // the defaults its compiled form p applies filled in. Settings that do
 // not apply stay unset (see keyfoldv1.PipelineInfo).
 func describePipeline(name string, spec PipelineConfig, p *fold.Pipeline) *keyfoldv1.PipelineInfo {
-	info := &keyfoldv1.PipelineInfo{Name: name, KeyField: spec.Key, IdField: spec.ID, TimeField: spec.Time}
+	info := &keyfoldv1.PipelineInfo{Name: name, KeyField: spec.Key, IdField: spec.ID, TimeField: spec.Time, Handler: p.HasHandler()}
 	if spec.ID != "" {
 		info.DedupWindow = durationpb.New(p.DedupWindow())
 	}

@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -73,6 +74,10 @@ type KeyView struct {
 	Windows     []fold.WindowView
 	LateWindows map[string]uint64
 	Patterns    []fold.PatternView
+	// For a pipeline with a Go handler: the key's handler state as JSON
+	// (nil while it has none) and the handler's calls that failed.
+	State           json.RawMessage
+	HandlerFailures uint64
 }
 
 // grain is the actor of one key: it owns the key's fold.State and is the
@@ -249,7 +254,7 @@ func (g *grain) apply(m *applyMsg) {
 			}
 		}
 		if outs := g.state.TakeOutputs(); len(outs) > 0 {
-			g.pstats.emitted.Add(int64(len(outs)))
+			g.countOutputs(outs) // handlers.go
 			g.host.queueOutputs(g.id.pipeline, outs)
 		}
 		// A key listed without inputs had a timer due: its index entry was
@@ -284,6 +289,9 @@ func (g *grain) query() queryReply {
 		v.Watermark, v.Late, v.Windows = g.state.Watermark(), g.state.Late(), g.pipeline.Windows(&g.state)
 		v.Patterns = g.pipeline.Patterns(&g.state)
 		v.LateWindows = g.pipeline.LateByWindow(&g.state)
+	}
+	if err := g.queryHandler(&v); err != nil { // handlers.go
+		return queryReply{err: err}
 	}
 	return queryReply{view: v}
 }

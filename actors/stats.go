@@ -22,6 +22,7 @@ type pipelineStats struct {
 	late       atomic.Int64
 	emitted    atomic.Int64
 	expired    atomic.Int64
+	failures   atomic.Int64   // Go handler calls that failed (dead letters)
 	lateIn     []atomic.Int64 // per window, as fold.Pipeline.WindowNames
 	windows    []string
 }
@@ -33,6 +34,9 @@ type PipelineStats struct {
 	Late       int64 // events too late for every window they belonged to
 	Emitted    int64 // window results emitted (replays emit theirs again)
 	Expired    int64 // keys deleted by their pipeline's ttl
+	// HandlerFailures counts the calls of the pipeline's Go handler that
+	// failed (each emitted a dead letter; replays count theirs again).
+	HandlerFailures int64
 	// LateByWindow counts, per window name, the events too late for at
 	// least one window of that name they fell in (taken by other windows
 	// or not); nil without windows.
@@ -84,7 +88,7 @@ func (h *Host) Stats() Stats {
 	h.mu.Unlock()
 	per := make(map[string]PipelineStats, len(h.stats.pipelines))
 	for name, ps := range h.stats.pipelines {
-		st := PipelineStats{Events: ps.events.Load(), Duplicates: ps.duplicates.Load(), Late: ps.late.Load(), Emitted: ps.emitted.Load(), Expired: ps.expired.Load()}
+		st := PipelineStats{Events: ps.events.Load(), Duplicates: ps.duplicates.Load(), Late: ps.late.Load(), Emitted: ps.emitted.Load(), Expired: ps.expired.Load(), HandlerFailures: ps.failures.Load()}
 		if len(ps.windows) > 0 {
 			st.LateByWindow = make(map[string]int64, len(ps.windows))
 			for i, w := range ps.windows {

@@ -29,12 +29,12 @@ type timeState struct {
 	LateWindows map[string]uint64 `json:"late_windows,omitempty"`
 }
 
-// StateResponse encodes a key's state; timed says its pipeline has windows
-// or patterns (then time_json is set). Each aggregate is the JSON of its
-// value.
+// StateResponse encodes a key's state; timed says its pipeline has windows,
+// patterns or a Go handler (then time_json is set). Each aggregate is the
+// JSON of its value; a Go handler's state is state_json.
 func StateResponse(pipeline, key string, kv actors.KeyView, timed bool) (*keyfoldv1.GetStateResponse, error) {
 	resp := &keyfoldv1.GetStateResponse{Pipeline: pipeline, Key: key, Seq: kv.Seq, Duplicates: kv.Duplicates,
-		Aggregates: make(map[string][]byte, len(kv.Aggregates))}
+		Aggregates: make(map[string][]byte, len(kv.Aggregates)), StateJson: kv.State, HandlerFailures: kv.HandlerFailures}
 	for name, v := range kv.Aggregates {
 		b, err := json.Marshal(v)
 		if err != nil {
@@ -84,6 +84,10 @@ func decodeState(resp *keyfoldv1.GetStateResponse, spec fold.Spec) (actors.KeyVi
 		}
 		kv.Windows, kv.Patterns, kv.LateWindows = t.Windows, t.Patterns, t.LateWindows
 	}
+	if len(resp.StateJson) > 0 { // a Go handler's
+		kv.State = json.RawMessage(slices.Clone(resp.StateJson))
+	}
+	kv.HandlerFailures = resp.HandlerFailures
 	return kv, nil
 }
 

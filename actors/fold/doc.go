@@ -7,4 +7,8 @@
 // are first prepared ([Pipeline.Prepare]): decoded, validated and reduced to
 // what the aggregates need, so a bad event is rejected before it is logged.
 // Prepared events are then applied to a key's [State].
+//
+// A pipeline may also have a Go [Handler] (handler.go): Apply calls it
+// after the built-in operators, Advance fires its timers, and its state is
+// part of the key's snapshot, so it replays exactly as they do.
 package fold

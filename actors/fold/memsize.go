@@ -20,7 +20,7 @@ const (
 func (s *State) MemSize() int {
 	n := int(unsafe.Sizeof(*s))
 	n += aggsSize(s.aggs)
-	n += s.ids.memSize()
+	n += s.ids.memSize() + s.h.memSize()
 	if s.timeState == nil {
 		return n
 	}

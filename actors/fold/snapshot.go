@@ -67,6 +67,9 @@ func (p *Pipeline) coreProto(s *State) (*keyfoldv1.KeyState, error) {
 		}
 	}
 	p.patternsProto(s, ks)
+	if err := p.handlerProto(s, ks); err != nil { // handler.go
+		return nil, err
+	}
 	return ks, nil
 }
 
@@ -151,6 +154,9 @@ func (p *Pipeline) stateFromCore(ks *keyfoldv1.KeyState) (State, error) {
 		}
 	}
 	p.restorePatterns(&s, ks)
+	if err := p.restoreHandler(&s, ks.Handler); err != nil { // handler.go
+		return State{}, err
+	}
 	return s, nil
 }
 

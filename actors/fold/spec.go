@@ -63,6 +63,9 @@ type Spec struct {
 	// TTL deletes the state of keys that received no event for this long,
 	// by processing time (0: keep keys forever).
 	TTL time.Duration `yaml:"ttl"`
+	// Handler, if set, is the pipeline's Go handler (see handler.go;
+	// package keyfold's Handle sets it). It is not configured in YAML.
+	Handler Handler `yaml:"-"`
 }
 
 // WindowSpec is one event-time window of each key.
@@ -142,6 +145,7 @@ type Pipeline struct {
 	idle        int64       // idle_timeout, ms
 	retention   time.Duration
 	ttl         int64 // ms; 0: none
+	handler     Handler
 
 	// What Prepare reads of an event (scan.go): the top-level members, and
 	// where each field is found among them.
@@ -191,6 +195,7 @@ func Compile(name string, spec Spec) (*Pipeline, error) {
 		idField:     spec.ID,
 		id:          splitPath(spec.ID),
 		dedupWindow: spec.DedupWindow,
+		handler:     spec.Handler,
 	}
 	names := make([]string, 0, len(spec.Aggregates))
 	for n := range spec.Aggregates {

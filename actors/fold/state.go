@@ -22,6 +22,7 @@ type State struct {
 	// The event-time state, for a pipeline with windows or patterns; nil
 	// for one without (most keys, whose memory it would add a third to).
 	*timeState
+	h *handlerState // the Go handler's part, if the pipeline has one (handler.go)
 	// version counts the changes of the state in memory (it is not
 	// persisted); snapshots use it to tell what changed since the last one.
 	version uint64
@@ -153,6 +154,9 @@ func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
 		}
 		if late {
 			s.late++
+		}
+		if p.handler != nil {
+			p.handleEvent(s, ev, t, nowMs) // after the built-in operators
 		}
 	}
 	return false
@@ -341,6 +345,6 @@ func Erase(s *State) {
 			}
 		}
 	}
-	*s = State{version: s.version, now: s.now, timeState: ts}
+	*s = State{version: s.version, now: s.now, timeState: ts, h: s.h.erased()}
 	s.ids.gone = gone
 }

@@ -170,9 +170,9 @@ func checkOutputName(name, entry string, bad func(entry, format string, args ...
 	}
 }
 
-// Timed reports whether the pipeline has windows or patterns, and so needs a
-// watermark.
-func (p *Pipeline) Timed() bool { return len(p.windows) > 0 || len(p.patterns) > 0 }
+// Timed reports whether the pipeline has windows, patterns or a Go handler
+// (whose timers are event-time timers), and so needs a watermark.
+func (p *Pipeline) Timed() bool { return len(p.windows) > 0 || len(p.patterns) > 0 || p.handler != nil }
 
 // OutputRetention returns how long the pipeline's outputs are kept.
 func (p *Pipeline) OutputRetention() time.Duration { return p.retention }
@@ -505,8 +505,12 @@ func (p *Pipeline) windowValues(w *window, x *win) map[string]any {
 
 // Advance moves the key's watermark to wm (if later than its own), emitting
 // the results of the windows whose end it passes, in end order, and
-// dropping the windows past allowed lateness.
+// dropping the windows past allowed lateness; then it fires the Go
+// handler's timers due (handler.go), even if wm is not later.
 func (p *Pipeline) Advance(s *State, key string, wm int64) {
+	if p.handler != nil {
+		defer p.fireTimers(s, key)
+	}
 	if !p.Timed() || wm <= s.timed().wm {
 		return
 	}
@@ -538,6 +542,9 @@ func (p *Pipeline) NextTimer(s *State) int64 {
 		return 0
 	}
 	next := p.patternTimer(s)
+	if t := s.h.nextTimer(); t != 0 && (next == 0 || t < next) {
+		next = t // the Go handler's (handler.go)
+	}
 	for i := range s.wins {
 		d := s.wins[i].end
 		if d <= s.wm {

@@ -117,6 +117,8 @@ var (
 		"Keys deleted because they received no event for their pipeline's ttl, by pipeline.", []string{"pipeline"}, nil)
 	pipelineEmittedDesc = prometheus.NewDesc("keyfold_pipeline_outputs_emitted_total",
 		"Window results emitted by keys (a replay emits its results again, with the same ids), by pipeline.", []string{"pipeline"}, nil)
+	pipelineHandlerFailuresDesc = prometheus.NewDesc("keyfold_pipeline_handler_failures_total",
+		"Calls of the pipeline's Go handler that returned an error or panicked (each emitted a dead letter; a replay counts its own again), by pipeline.", []string{"pipeline"}, nil)
 )
 
 // pipelineCollector reports the per-pipeline counters, read at each scrape.
@@ -129,6 +131,7 @@ func (c pipelineCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- pipelineWindowLateDesc
 	ch <- pipelineEmittedDesc
 	ch <- pipelineExpiredDesc
+	ch <- pipelineHandlerFailuresDesc
 }
 
 func (c pipelineCollector) Collect(ch chan<- prometheus.Metric) {
@@ -141,6 +144,7 @@ func (c pipelineCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(pipelineEmittedDesc, prometheus.CounterValue, float64(ps.Emitted), name)
 		ch <- prometheus.MustNewConstMetric(pipelineExpiredDesc, prometheus.CounterValue, float64(ps.Expired), name)
+		ch <- prometheus.MustNewConstMetric(pipelineHandlerFailuresDesc, prometheus.CounterValue, float64(ps.HandlerFailures), name)
 	}
 }
 

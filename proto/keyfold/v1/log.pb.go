@@ -457,7 +457,10 @@ type KeyState struct {
 	// Per window (by name, sorted; only those with any): events too late for
 	// at least one window of that name they fell in. Absent in snapshots
 	// written before it existed (counted from zero).
-	LateWindows   []*WindowLate `protobuf:"bytes,12,rep,name=late_windows,json=lateWindows,proto3" json:"late_windows,omitempty"`
+	LateWindows []*WindowLate `protobuf:"bytes,12,rep,name=late_windows,json=lateWindows,proto3" json:"late_windows,omitempty"`
+	// The state of the pipeline's Go handler (keyfold.Handle), if it has one
+	// and the key holds any.
+	Handler       *HandlerState `protobuf:"bytes,13,opt,name=handler,proto3" json:"handler,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -576,6 +579,167 @@ func (x *KeyState) GetLateWindows() []*WindowLate {
 	return nil
 }
 
+func (x *KeyState) GetHandler() *HandlerState {
+	if x != nil {
+		return x.Handler
+	}
+	return nil
+}
+
+// HandlerState is a Go handler's part of a key's state.
+type HandlerState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The handler's state as its codec encoded it, at the codec's version
+	// (a later handler upgrades older versions). present is false while the
+	// key has no state (the handler never set one, or deleted it).
+	Data    []byte `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	Version uint32 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	Present bool   `protobuf:"varint,3,opt,name=present,proto3" json:"present,omitempty"`
+	// The key's pending timers, in (at_ms, name) order.
+	Timers []*HandlerTimer `protobuf:"bytes,4,rep,name=timers,proto3" json:"timers,omitempty"`
+	// Outputs are numbered born_ms.n: born_ms is the processing time of the
+	// key's first event, emitted the number of outputs emitted since.
+	BornMs  int64  `protobuf:"varint,5,opt,name=born_ms,json=bornMs,proto3" json:"born_ms,omitempty"`
+	Emitted uint64 `protobuf:"varint,6,opt,name=emitted,proto3" json:"emitted,omitempty"`
+	// Calls that failed (returned an error or panicked).
+	Failed        uint64 `protobuf:"varint,7,opt,name=failed,proto3" json:"failed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HandlerState) Reset() {
+	*x = HandlerState{}
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HandlerState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HandlerState) ProtoMessage() {}
+
+func (x *HandlerState) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HandlerState.ProtoReflect.Descriptor instead.
+func (*HandlerState) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *HandlerState) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *HandlerState) GetVersion() uint32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *HandlerState) GetPresent() bool {
+	if x != nil {
+		return x.Present
+	}
+	return false
+}
+
+func (x *HandlerState) GetTimers() []*HandlerTimer {
+	if x != nil {
+		return x.Timers
+	}
+	return nil
+}
+
+func (x *HandlerState) GetBornMs() int64 {
+	if x != nil {
+		return x.BornMs
+	}
+	return 0
+}
+
+func (x *HandlerState) GetEmitted() uint64 {
+	if x != nil {
+		return x.Emitted
+	}
+	return 0
+}
+
+func (x *HandlerState) GetFailed() uint64 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
+// HandlerTimer is one timer a Go handler set: it fires once the key's
+// watermark reaches at_ms.
+type HandlerTimer struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	AtMs          int64                  `protobuf:"varint,2,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HandlerTimer) Reset() {
+	*x = HandlerTimer{}
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HandlerTimer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HandlerTimer) ProtoMessage() {}
+
+func (x *HandlerTimer) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HandlerTimer.ProtoReflect.Descriptor instead.
+func (*HandlerTimer) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *HandlerTimer) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *HandlerTimer) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
 // WindowLate counts the late events of one of a key's windows.
 type WindowLate struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -587,7 +751,7 @@ type WindowLate struct {
 
 func (x *WindowLate) Reset() {
 	*x = WindowLate{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -599,7 +763,7 @@ func (x *WindowLate) String() string {
 func (*WindowLate) ProtoMessage() {}
 
 func (x *WindowLate) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -612,7 +776,7 @@ func (x *WindowLate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowLate.ProtoReflect.Descriptor instead.
 func (*WindowLate) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{7}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *WindowLate) GetName() string {
@@ -644,7 +808,7 @@ type WaitingEvent struct {
 
 func (x *WaitingEvent) Reset() {
 	*x = WaitingEvent{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -656,7 +820,7 @@ func (x *WaitingEvent) String() string {
 func (*WaitingEvent) ProtoMessage() {}
 
 func (x *WaitingEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -669,7 +833,7 @@ func (x *WaitingEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitingEvent.ProtoReflect.Descriptor instead.
 func (*WaitingEvent) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{8}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WaitingEvent) GetTimeMs() int64 {
@@ -713,7 +877,7 @@ type PatternState struct {
 
 func (x *PatternState) Reset() {
 	*x = PatternState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -725,7 +889,7 @@ func (x *PatternState) String() string {
 func (*PatternState) ProtoMessage() {}
 
 func (x *PatternState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -738,7 +902,7 @@ func (x *PatternState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PatternState.ProtoReflect.Descriptor instead.
 func (*PatternState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{9}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PatternState) GetName() string {
@@ -808,7 +972,7 @@ type WindowState struct {
 
 func (x *WindowState) Reset() {
 	*x = WindowState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -820,7 +984,7 @@ func (x *WindowState) String() string {
 func (*WindowState) ProtoMessage() {}
 
 func (x *WindowState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -833,7 +997,7 @@ func (x *WindowState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowState.ProtoReflect.Descriptor instead.
 func (*WindowState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{10}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WindowState) GetName() string {
@@ -905,7 +1069,7 @@ type ResultRef struct {
 
 func (x *ResultRef) Reset() {
 	*x = ResultRef{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -917,7 +1081,7 @@ func (x *ResultRef) String() string {
 func (*ResultRef) ProtoMessage() {}
 
 func (x *ResultRef) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -930,7 +1094,7 @@ func (x *ResultRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResultRef.ProtoReflect.Descriptor instead.
 func (*ResultRef) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{11}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ResultRef) GetStartMs() int64 {
@@ -964,9 +1128,11 @@ type Output struct {
 	Id       string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	Pipeline string `protobuf:"bytes,2,opt,name=pipeline,proto3" json:"pipeline,omitempty"`
 	Key      string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
-	// The window type: tumbling, sliding or session.
+	// The window type: tumbling, sliding or session; the pattern type; or
+	// for a Go handler's output "handler" or "dead_letter".
 	Kind string `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`
-	// The window's name in the pipeline.
+	// The window's (pattern's) name in the pipeline, or the name a handler
+	// emitted.
 	Name     string `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
 	StartMs  int64  `protobuf:"varint,6,opt,name=start_ms,json=startMs,proto3" json:"start_ms,omitempty"`
 	EndMs    int64  `protobuf:"varint,7,opt,name=end_ms,json=endMs,proto3" json:"end_ms,omitempty"`
@@ -988,7 +1154,7 @@ type Output struct {
 
 func (x *Output) Reset() {
 	*x = Output{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1000,7 +1166,7 @@ func (x *Output) String() string {
 func (*Output) ProtoMessage() {}
 
 func (x *Output) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1013,7 +1179,7 @@ func (x *Output) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Output.ProtoReflect.Descriptor instead.
 func (*Output) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{12}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Output) GetId() string {
@@ -1111,7 +1277,7 @@ type SeenBucket struct {
 
 func (x *SeenBucket) Reset() {
 	*x = SeenBucket{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1123,7 +1289,7 @@ func (x *SeenBucket) String() string {
 func (*SeenBucket) ProtoMessage() {}
 
 func (x *SeenBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1136,7 +1302,7 @@ func (x *SeenBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeenBucket.ProtoReflect.Descriptor instead.
 func (*SeenBucket) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{13}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SeenBucket) GetIds() []*SeenID {
@@ -1168,7 +1334,7 @@ type AggregateState struct {
 
 func (x *AggregateState) Reset() {
 	*x = AggregateState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[14]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1180,7 +1346,7 @@ func (x *AggregateState) String() string {
 func (*AggregateState) ProtoMessage() {}
 
 func (x *AggregateState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[14]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1193,7 +1359,7 @@ func (x *AggregateState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AggregateState.ProtoReflect.Descriptor instead.
 func (*AggregateState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{14}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AggregateState) GetName() string {
@@ -1249,7 +1415,7 @@ type SeenID struct {
 
 func (x *SeenID) Reset() {
 	*x = SeenID{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[15]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1261,7 +1427,7 @@ func (x *SeenID) String() string {
 func (*SeenID) ProtoMessage() {}
 
 func (x *SeenID) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[15]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1274,7 +1440,7 @@ func (x *SeenID) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeenID.ProtoReflect.Descriptor instead.
 func (*SeenID) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{15}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SeenID) GetId() string {
@@ -1326,7 +1492,7 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
 	"\bposition\x18\x03 \x01(\x04R\bposition\x12*\n" +
-	"\x05state\x18\x04 \x01(\v2\x14.keyfold.v1.KeyStateR\x05state\"\xe9\x03\n" +
+	"\x05state\x18\x04 \x01(\v2\x14.keyfold.v1.KeyStateR\x05state\"\x9d\x04\n" +
 	"\bKeyState\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\x12:\n" +
@@ -1344,7 +1510,19 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\awaiting\x18\n" +
 	" \x03(\v2\x18.keyfold.v1.WaitingEventR\awaiting\x124\n" +
 	"\bpatterns\x18\v \x03(\v2\x18.keyfold.v1.PatternStateR\bpatterns\x129\n" +
-	"\flate_windows\x18\f \x03(\v2\x16.keyfold.v1.WindowLateR\vlateWindows\"4\n" +
+	"\flate_windows\x18\f \x03(\v2\x16.keyfold.v1.WindowLateR\vlateWindows\x122\n" +
+	"\ahandler\x18\r \x01(\v2\x18.keyfold.v1.HandlerStateR\ahandler\"\xd3\x01\n" +
+	"\fHandlerState\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\rR\aversion\x12\x18\n" +
+	"\apresent\x18\x03 \x01(\bR\apresent\x120\n" +
+	"\x06timers\x18\x04 \x03(\v2\x18.keyfold.v1.HandlerTimerR\x06timers\x12\x17\n" +
+	"\aborn_ms\x18\x05 \x01(\x03R\x06bornMs\x12\x18\n" +
+	"\aemitted\x18\x06 \x01(\x04R\aemitted\x12\x16\n" +
+	"\x06failed\x18\a \x01(\x04R\x06failed\"7\n" +
+	"\fHandlerTimer\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x13\n" +
+	"\x05at_ms\x18\x02 \x01(\x03R\x04atMs\"4\n" +
 	"\n" +
 	"WindowLate\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
@@ -1420,7 +1598,7 @@ func file_proto_keyfold_v1_log_proto_rawDescGZIP() []byte {
 	return file_proto_keyfold_v1_log_proto_rawDescData
 }
 
-var file_proto_keyfold_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_proto_keyfold_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_proto_keyfold_v1_log_proto_goTypes = []any{
 	(*LogRecord)(nil),      // 0: keyfold.v1.LogRecord
 	(*Watermark)(nil),      // 1: keyfold.v1.Watermark
@@ -1429,15 +1607,17 @@ var file_proto_keyfold_v1_log_proto_goTypes = []any{
 	(*Input)(nil),          // 4: keyfold.v1.Input
 	(*Snapshot)(nil),       // 5: keyfold.v1.Snapshot
 	(*KeyState)(nil),       // 6: keyfold.v1.KeyState
-	(*WindowLate)(nil),     // 7: keyfold.v1.WindowLate
-	(*WaitingEvent)(nil),   // 8: keyfold.v1.WaitingEvent
-	(*PatternState)(nil),   // 9: keyfold.v1.PatternState
-	(*WindowState)(nil),    // 10: keyfold.v1.WindowState
-	(*ResultRef)(nil),      // 11: keyfold.v1.ResultRef
-	(*Output)(nil),         // 12: keyfold.v1.Output
-	(*SeenBucket)(nil),     // 13: keyfold.v1.SeenBucket
-	(*AggregateState)(nil), // 14: keyfold.v1.AggregateState
-	(*SeenID)(nil),         // 15: keyfold.v1.SeenID
+	(*HandlerState)(nil),   // 7: keyfold.v1.HandlerState
+	(*HandlerTimer)(nil),   // 8: keyfold.v1.HandlerTimer
+	(*WindowLate)(nil),     // 9: keyfold.v1.WindowLate
+	(*WaitingEvent)(nil),   // 10: keyfold.v1.WaitingEvent
+	(*PatternState)(nil),   // 11: keyfold.v1.PatternState
+	(*WindowState)(nil),    // 12: keyfold.v1.WindowState
+	(*ResultRef)(nil),      // 13: keyfold.v1.ResultRef
+	(*Output)(nil),         // 14: keyfold.v1.Output
+	(*SeenBucket)(nil),     // 15: keyfold.v1.SeenBucket
+	(*AggregateState)(nil), // 16: keyfold.v1.AggregateState
+	(*SeenID)(nil),         // 17: keyfold.v1.SeenID
 }
 var file_proto_keyfold_v1_log_proto_depIdxs = []int32{
 	3,  // 0: keyfold.v1.LogRecord.keys:type_name -> keyfold.v1.KeyInputs
@@ -1445,20 +1625,22 @@ var file_proto_keyfold_v1_log_proto_depIdxs = []int32{
 	1,  // 2: keyfold.v1.GroupClock.pipelines:type_name -> keyfold.v1.Watermark
 	4,  // 3: keyfold.v1.KeyInputs.inputs:type_name -> keyfold.v1.Input
 	6,  // 4: keyfold.v1.Snapshot.state:type_name -> keyfold.v1.KeyState
-	14, // 5: keyfold.v1.KeyState.aggregates:type_name -> keyfold.v1.AggregateState
-	15, // 6: keyfold.v1.KeyState.seen:type_name -> keyfold.v1.SeenID
-	10, // 7: keyfold.v1.KeyState.windows:type_name -> keyfold.v1.WindowState
-	8,  // 8: keyfold.v1.KeyState.waiting:type_name -> keyfold.v1.WaitingEvent
-	9,  // 9: keyfold.v1.KeyState.patterns:type_name -> keyfold.v1.PatternState
-	7,  // 10: keyfold.v1.KeyState.late_windows:type_name -> keyfold.v1.WindowLate
-	14, // 11: keyfold.v1.WindowState.aggregates:type_name -> keyfold.v1.AggregateState
-	11, // 12: keyfold.v1.WindowState.superseded:type_name -> keyfold.v1.ResultRef
-	15, // 13: keyfold.v1.SeenBucket.ids:type_name -> keyfold.v1.SeenID
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	16, // 5: keyfold.v1.KeyState.aggregates:type_name -> keyfold.v1.AggregateState
+	17, // 6: keyfold.v1.KeyState.seen:type_name -> keyfold.v1.SeenID
+	12, // 7: keyfold.v1.KeyState.windows:type_name -> keyfold.v1.WindowState
+	10, // 8: keyfold.v1.KeyState.waiting:type_name -> keyfold.v1.WaitingEvent
+	11, // 9: keyfold.v1.KeyState.patterns:type_name -> keyfold.v1.PatternState
+	9,  // 10: keyfold.v1.KeyState.late_windows:type_name -> keyfold.v1.WindowLate
+	7,  // 11: keyfold.v1.KeyState.handler:type_name -> keyfold.v1.HandlerState
+	8,  // 12: keyfold.v1.HandlerState.timers:type_name -> keyfold.v1.HandlerTimer
+	16, // 13: keyfold.v1.WindowState.aggregates:type_name -> keyfold.v1.AggregateState
+	13, // 14: keyfold.v1.WindowState.superseded:type_name -> keyfold.v1.ResultRef
+	17, // 15: keyfold.v1.SeenBucket.ids:type_name -> keyfold.v1.SeenID
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_proto_keyfold_v1_log_proto_init() }
@@ -1472,7 +1654,7 @@ func file_proto_keyfold_v1_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_keyfold_v1_log_proto_rawDesc), len(file_proto_keyfold_v1_log_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

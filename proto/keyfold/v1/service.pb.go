@@ -399,9 +399,15 @@ type GetStateResponse struct {
 	// For a pipeline with windows or patterns: a JSON object with the key's
 	// "watermark", "late", "late_windows", "windows" and "patterns", the
 	// same as the HTTP API's fields of those names. Empty otherwise.
-	TimeJson      []byte `protobuf:"bytes,6,opt,name=time_json,json=timeJson,proto3" json:"time_json,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TimeJson []byte `protobuf:"bytes,6,opt,name=time_json,json=timeJson,proto3" json:"time_json,omitempty"`
+	// For a pipeline with a Go handler: the key's handler state as JSON,
+	// the same as the HTTP API's "state". Empty while it has none.
+	StateJson []byte `protobuf:"bytes,7,opt,name=state_json,json=stateJson,proto3" json:"state_json,omitempty"`
+	// For a pipeline with a Go handler: its calls on the key that failed
+	// (each emitted a dead letter).
+	HandlerFailures uint64 `protobuf:"varint,8,opt,name=handler_failures,json=handlerFailures,proto3" json:"handler_failures,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *GetStateResponse) Reset() {
@@ -474,6 +480,20 @@ func (x *GetStateResponse) GetTimeJson() []byte {
 		return x.TimeJson
 	}
 	return nil
+}
+
+func (x *GetStateResponse) GetStateJson() []byte {
+	if x != nil {
+		return x.StateJson
+	}
+	return nil
+}
+
+func (x *GetStateResponse) GetHandlerFailures() uint64 {
+	if x != nil {
+		return x.HandlerFailures
+	}
+	return 0
 }
 
 type DeleteKeyRequest struct {
@@ -660,7 +680,8 @@ type PipelineInfo struct {
 	DedupWindow *durationpb.Duration `protobuf:"bytes,7,opt,name=dedup_window,json=dedupWindow,proto3" json:"dedup_window,omitempty"`
 	// Keys idle this long (processing time) are deleted; unset: never.
 	Ttl *durationpb.Duration `protobuf:"bytes,8,opt,name=ttl,proto3" json:"ttl,omitempty"`
-	// Event-time settings, set when the pipeline has windows or patterns:
+	// Event-time settings, set when the pipeline has windows, patterns or a
+	// Go handler (whose timers are event-time timers):
 	// how far the watermark trails the largest event time, how long emitted
 	// windows take late events (and emit again), how long without events
 	// before the watermark advances with the clock, and how long results
@@ -670,8 +691,12 @@ type PipelineInfo struct {
 	IdleTimeout     *durationpb.Duration `protobuf:"bytes,11,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
 	OutputRetention *durationpb.Duration `protobuf:"bytes,12,opt,name=output_retention,json=outputRetention,proto3" json:"output_retention,omitempty"`
 	// The event-time windows and patterns, by name.
-	Windows       []*WindowInfo  `protobuf:"bytes,13,rep,name=windows,proto3" json:"windows,omitempty"`
-	Patterns      []*PatternInfo `protobuf:"bytes,14,rep,name=patterns,proto3" json:"patterns,omitempty"`
+	Windows  []*WindowInfo  `protobuf:"bytes,13,rep,name=windows,proto3" json:"windows,omitempty"`
+	Patterns []*PatternInfo `protobuf:"bytes,14,rep,name=patterns,proto3" json:"patterns,omitempty"`
+	// The pipeline has a Go handler (registered by an embedder with
+	// keyfold.Handle): its keys' state queries show its state, and its
+	// outputs include the handler's.
+	Handler       bool `protobuf:"varint,15,opt,name=handler,proto3" json:"handler,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -795,6 +820,13 @@ func (x *PipelineInfo) GetPatterns() []*PatternInfo {
 		return x.Patterns
 	}
 	return nil
+}
+
+func (x *PipelineInfo) GetHandler() bool {
+	if x != nil {
+		return x.Handler
+	}
+	return false
 }
 
 type AggregateInfo struct {
@@ -1689,7 +1721,7 @@ const file_proto_keyfold_v1_service_proto_rawDesc = "" +
 	"\x05field\x18\x04 \x01(\tR\x05field\"?\n" +
 	"\x0fGetStateRequest\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\tR\x03key\"\x9c\x02\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"\xe6\x02\n" +
 	"\x10GetStateResponse\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x10\n" +
@@ -1700,7 +1732,10 @@ const file_proto_keyfold_v1_service_proto_rawDesc = "" +
 	"\n" +
 	"aggregates\x18\x04 \x03(\v2,.keyfold.v1.GetStateResponse.AggregatesEntryR\n" +
 	"aggregates\x12\x1b\n" +
-	"\ttime_json\x18\x06 \x01(\fR\btimeJson\x1a=\n" +
+	"\ttime_json\x18\x06 \x01(\fR\btimeJson\x12\x1d\n" +
+	"\n" +
+	"state_json\x18\a \x01(\fR\tstateJson\x12)\n" +
+	"\x10handler_failures\x18\b \x01(\x04R\x0fhandlerFailures\x1a=\n" +
 	"\x0fAggregatesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"@\n" +
@@ -1710,7 +1745,7 @@ const file_proto_keyfold_v1_service_proto_rawDesc = "" +
 	"\x11DeleteKeyResponse\"\x16\n" +
 	"\x14ListPipelinesRequest\"O\n" +
 	"\x15ListPipelinesResponse\x126\n" +
-	"\tpipelines\x18\x01 \x03(\v2\x18.keyfold.v1.PipelineInfoR\tpipelines\"\xac\x05\n" +
+	"\tpipelines\x18\x01 \x03(\v2\x18.keyfold.v1.PipelineInfoR\tpipelines\"\xc6\x05\n" +
 	"\fPipelineInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tkey_field\x18\x02 \x01(\tR\bkeyField\x12\x19\n" +
@@ -1728,7 +1763,8 @@ const file_proto_keyfold_v1_service_proto_rawDesc = "" +
 	"\fidle_timeout\x18\v \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x12D\n" +
 	"\x10output_retention\x18\f \x01(\v2\x19.google.protobuf.DurationR\x0foutputRetention\x120\n" +
 	"\awindows\x18\r \x03(\v2\x16.keyfold.v1.WindowInfoR\awindows\x123\n" +
-	"\bpatterns\x18\x0e \x03(\v2\x17.keyfold.v1.PatternInfoR\bpatternsJ\x04\b\x05\x10\x06R\x0fdedup_window_ms\"_\n" +
+	"\bpatterns\x18\x0e \x03(\v2\x17.keyfold.v1.PatternInfoR\bpatterns\x12\x18\n" +
+	"\ahandler\x18\x0f \x01(\bR\ahandlerJ\x04\b\x05\x10\x06R\x0fdedup_window_ms\"_\n" +
 	"\rAggregateInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02op\x18\x02 \x01(\tR\x02op\x12\x14\n" +
