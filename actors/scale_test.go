@@ -14,6 +14,7 @@ import (
 
 	"github.com/keyfold/keyfold/actors"
 	"github.com/keyfold/keyfold/actors/fold"
+	"github.com/keyfold/keyfold/actors/fold/foldtest"
 	"github.com/keyfold/keyfold/persistence/embedded"
 )
 
@@ -48,13 +49,7 @@ func BenchmarkIngestKeysSteady(b *testing.B) {
 }
 
 func benchPipeline(b *testing.B) map[string]*fold.Pipeline {
-	p, err := fold.Compile("logins", fold.Spec{Key: "user_id", ID: "event_id", Aggregates: map[string]fold.AggregateSpec{
-		"total":   {Op: "count"},
-		"failed":  {Op: "count", Where: "type == 'login_failed'"},
-		"amount":  {Op: "sum", Field: "amount"},
-		"biggest": {Op: "max", Field: "amount"},
-		"country": {Op: "last", Field: "geo.country"},
-	}})
+	p, err := fold.Compile("logins", foldtest.BenchSpec())
 	if err != nil {
 		b.Fatal(err)
 	}

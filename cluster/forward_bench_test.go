@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/keyfold/keyfold/actors/fold"
+	"github.com/keyfold/keyfold/actors/fold/foldtest"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 )
 
@@ -19,13 +20,7 @@ import (
 // now (route: the events in the log's form and what the sender read of
 // each; SubmitLocal: fold.Pipeline.Forwarded).
 func BenchmarkForwardShare(b *testing.B) {
-	p, err := fold.Compile("logins", fold.Spec{Key: "user_id", ID: "event_id", Aggregates: map[string]fold.AggregateSpec{
-		"total":   {Op: "count"},
-		"failed":  {Op: "count", Where: "type == 'login_failed'"},
-		"amount":  {Op: "sum", Field: "amount"},
-		"biggest": {Op: "max", Field: "amount"},
-		"country": {Op: "last", Field: "geo.country"},
-	}})
+	p, err := fold.Compile("logins", foldtest.BenchSpec())
 	if err != nil {
 		b.Fatal(err)
 	}
