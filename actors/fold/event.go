@@ -153,6 +153,9 @@ func (p *Pipeline) prepareRest(ev *Event, f *fields, contrib []contribution, str
 			}
 			env = map[string]any{}
 		}
+		if !p.dynamicEnv {
+			defer putEnv(env)
+		}
 	}
 	if len(p.steps) > 0 {
 		mask, err := p.stepMask(env)

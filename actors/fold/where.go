@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/expr-lang/expr"
 	"github.com/expr-lang/expr/ast"
@@ -132,8 +133,9 @@ func memberPath(n *ast.MemberNode) []string {
 // false, just as an absent field leaves an aggregate unchanged; any other
 // failure (`amount > 10` with "amount": "lots") is returned.
 func (w *where) match(fields map[string]any) (bool, error) {
-	var m vm.VM
+	m := vms.Get().(*vm.VM)
 	out, err := m.Run(w.prog, fields)
+	vms.Put(m)
 	if err != nil {
 		for _, p := range w.paths {
 			if v, ok := walk(fields, p); !ok || v == nil {
@@ -145,6 +147,10 @@ func (w *where) match(fields map[string]any) (bool, error) {
 	b, _ := out.(bool)
 	return b, nil
 }
+
+// vms are machines to run filters on: a VM is reusable (Run resets it), and
+// one per evaluation was an allocation of its stack per filter and event.
+var vms = sync.Pool{New: func() any { return new(vm.VM) }}
 
 // firstLine drops the source excerpt expr appends to its errors: messages
 // end up in one-line JSON errors.
