@@ -167,6 +167,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 	// The keys to activate are read while the append syncs.
 	pf := h.prefetchLocked(groups)
 	h.mu.Unlock()
+	bytes := 0 // logged by this commit, towards the next checkpoint (CheckpointBytes)
 	for i, gb := range groups {
 		rec := &keyfoldv1.LogRecord{Keys: make([]*keyfoldv1.KeyInputs, len(gb.keys)), Watermarks: gb.watermarks}
 		for j, kb := range gb.keys {
@@ -182,12 +183,9 @@ func (h *Host) commit(reqs []*ingestReq) {
 			return
 		}
 		entries[i].Data = data
+		bytes += len(data)
 	}
 
-	bytes := 0
-	for _, e := range entries {
-		bytes += len(e.Data)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	positions, err := h.store.Append(ctx, entries)
 	cancel()
@@ -252,7 +250,8 @@ func (h *Host) commit(reqs []*ingestReq) {
 			h.nudgeCheckpoint()
 		}
 	}
-	if len(h.active) > h.cfg.MaxActive || h.logged.Add(int64(bytes)) >= h.cfg.CheckpointBytes {
+	// (The bytes count whether or not the other bound nudges too.)
+	if logged := h.logged.Add(int64(bytes)); len(h.active) > h.cfg.MaxActive || logged >= h.cfg.CheckpointBytes {
 		h.nudgeCheckpoint()
 	}
 	if lost != nil {

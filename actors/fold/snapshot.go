@@ -302,7 +302,7 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 		}
 		p.loadIDs(&s, sb.Ids)
 	}
-	s.ids.spilled = s.ids.len() > inlineIDs
+	// (Loading spilled the ids if there are more than inlineIDs: idSet.add.)
 	if s.ids.spilled == (len(core.SeenBuckets) == 0) {
 		rewrite = true // inline ids too many now, or buckets that can go inline
 	}
