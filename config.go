@@ -74,12 +74,13 @@ type Config struct {
 	CheckpointBytes int64 `yaml:"checkpoint_bytes"`
 	// IdleTimeout passivates keys idle this long (default 5m).
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
-	// MaxActiveKeys bounds the keys with an actor (default 100000): the
-	// recently used ones. Passivated keys stay in memory without one, within
-	// MaxMemory.
+	// MaxActiveKeys bounds the keys with an actor: the recently used ones.
+	// Passivated keys stay in memory without one, within MaxMemory. 0 (the
+	// default): as many as a quarter of MaxMemory holds at 1.5 KiB each
+	// (174762 for 1 GiB).
 	MaxActiveKeys int `yaml:"max_active_keys"`
 	// MaxMemory bounds, in bytes, the memory of the keys held in memory
-	// (default 1 GiB): each active key is charged 3 KiB, each key resident
+	// (default 1 GiB): each active key is charged 1.5 KiB, each key resident
 	// without an actor its estimated size (a few hundred bytes with a few
 	// aggregates, plus its remembered ids). Keys beyond it are only in the
 	// store and are read back on their next event or query.
@@ -172,9 +173,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = actors.DefaultIdleTimeout
-	}
-	if c.MaxActiveKeys == 0 {
-		c.MaxActiveKeys = actors.DefaultMaxActive
 	}
 	if c.MaxMemory == 0 {
 		c.MaxMemory = actors.DefaultMaxMemory

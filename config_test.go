@@ -192,7 +192,6 @@ func TestWithDefaults(t *testing.T) {
 		CheckpointInterval: actors.DefaultCheckpointInterval,
 		CheckpointBytes:    actors.DefaultCheckpointBytes,
 		IdleTimeout:        actors.DefaultIdleTimeout,
-		MaxActiveKeys:      actors.DefaultMaxActive,
 		MaxMemory:          actors.DefaultMaxMemory,
 		MaxBodyBytes:       DefaultMaxBodyBytes,
 		ShutdownTimeout:    DefaultShutdownTimeout,

@@ -20,11 +20,11 @@ import (
 // keys (BENCHMARKS.md), and a round trip per key on Redis.
 //
 // Why such a read is current when the grain starts from it: only keys that
-// are not active are read; a key that is not active is clean (its snapshot
-// holds its state: passivation takes clean keys only); and only a commit
-// makes a key dirty, and commits run one at a time, this one waiting for its
-// read. (Checkpoints of the group meanwhile write only dirty, so active,
-// keys.) A take-over of the group meanwhile replays it into new grains, and
+// are not in memory are read (not active, parked or stopping); a key that
+// is not in memory is clean (its snapshot holds its state: only clean keys
+// leave memory, resident.go); and only a commit makes a key dirty, and
+// commits run one at a time, this one waiting for its read. (Checkpoints of
+// the group meanwhile write only dirty, so in-memory, keys.) A take-over of the group meanwhile replays it into new grains, and
 // this commit then does not dispatch to it (its epoch moved). A key a query
 // activates reads for itself.
 
@@ -103,8 +103,10 @@ func (h *Host) mayBeStoredLocked(id keyID, group uint32) bool {
 	if h.active[id] != nil || h.parkedLocked(id, group) != nil {
 		return false
 	}
-	_, stopping := h.stopping[id]
-	return stopping || !h.groups[group].complete
+	if _, stopping := h.stopping[id]; stopping {
+		return false // its grain takes the message once stopped
+	}
+	return !h.groups[group].complete
 }
 
 // prefetchParallelism bounds the groups read at once for one commit.

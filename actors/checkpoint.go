@@ -64,11 +64,32 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	}
 	replies := make(chan snapshotReply, len(gs.dirty))
 	n := 0
+	var parked []*grain
 	for id := range gs.dirty {
-		h.sendLocked(id, g, &snapshotMsg{reply: replies})
+		if pg := h.parkedLocked(id, g); pg != nil {
+			// Snapshotted here, outside h.mu: meanwhile the key is held as
+			// if stopping, so what is sent to it waits (resident.go).
+			h.unparkLocked(pg)
+			st := &stoppingGrain{g: pg}
+			pg.stop = st
+			h.stopping[id] = st
+			parked = append(parked, pg)
+		} else {
+			h.sendLocked(id, g, &snapshotMsg{reply: replies}) // active or stopping
+		}
 		n++
 	}
 	h.mu.Unlock()
+	if len(parked) > 0 {
+		for _, pg := range parked {
+			replies <- pg.snapshot()
+		}
+		h.mu.Lock()
+		for _, pg := range parked {
+			h.parkLocked(pg) // back, or to a new actor if inputs waited
+		}
+		h.mu.Unlock()
+	}
 
 	d := persistence.CheckpointData{Snapshots: make([]persistence.Snapshot, 0, n+1), Through: through}
 	if clock != nil {
@@ -120,10 +141,14 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 		return nil // lost meanwhile: these keys are gone
 	}
 	for _, r := range got {
-		// Sent before the key can turn clean and be passivated. A dirty key
-		// is always active.
+		// Told before the key turns clean and may leave memory. A dirty
+		// key is always in memory: active, stopping or parked.
 		if a := h.active[r.id]; a != nil && a.epoch == epoch {
 			h.system.Root.Send(a.pid, &savedMsg{version: r.version})
+		} else if pg := h.parkedLocked(r.id, g); pg != nil {
+			pg.saved(r.version)
+		} else if st := h.stopping[r.id]; st != nil && st.g.epoch == epoch {
+			st.waiting = append(st.waiting, &savedMsg{version: r.version})
 		}
 		if gs.dirty[r.id] <= r.pos {
 			delete(gs.dirty, r.id)
@@ -132,15 +157,15 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	if through > gs.checkpoint {
 		gs.checkpoint = through
 	}
+	h.evictLocked() // the keys it cleaned may leave memory now
 	return nil
 }
 
-// passivate stops grains whose state is in their snapshot (not dirty) and
-// that were idle past IdleTimeout, and, while more than MaxActive grains are
-// active, the least recently used clean ones. A stopped key's next message
-// activates it again from its snapshot. It walks the grains from the least
-// recently used, so its cost follows what it passivates (and the dirty keys
-// it passes over), not the number of active keys.
+// passivate stops grains idle past IdleTimeout and, while more than
+// MaxActive grains are active, the least recently used ones, into the
+// resident tier (dirty ones too: a checkpoint snapshots them there). It
+// walks the grains from the least recently used, so its cost follows what
+// it passivates, not the number of active keys.
 func (h *Host) passivate() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -151,10 +176,8 @@ func (h *Host) passivate() {
 			return // the rest are newer
 		}
 		prev := a.order.prev
-		if _, dirty := h.groups[a.group].dirty[a.id]; !dirty {
-			h.stopLocked(a)
-			excess--
-		}
+		h.stopLocked(a)
+		excess--
 		a = prev
 	}
 }
@@ -164,7 +187,9 @@ func (h *Host) passivate() {
 // nothing is sent after it because the grain leaves the registry under h.mu.
 func (h *Host) stopLocked(a *activation) {
 	h.deactivateLocked(a)
-	h.stopping[a.id] = a.g // it parks once stopped (resident.go)
+	st := &stoppingGrain{g: a.g} // it parks once stopped (resident.go)
+	a.g.stop = st
+	h.stopping[a.id] = st
 	h.system.Root.Poison(a.pid)
 	h.stats.passivated.Add(1)
 }

@@ -251,8 +251,11 @@ func (h *Host) commit(reqs []*ingestReq) {
 		}
 	}
 	// (The bytes count whether or not the other bound nudges too.)
-	if logged := h.logged.Add(int64(bytes)); len(h.active) > h.cfg.MaxActive || logged >= h.cfg.CheckpointBytes {
+	if logged := h.logged.Add(int64(bytes)); logged >= h.cfg.CheckpointBytes {
 		h.nudgeCheckpoint()
+	}
+	if len(h.active) > h.cfg.MaxActive {
+		h.nudgePassivate()
 	}
 	if lost != nil {
 		h.loseLocked(lost, err)
@@ -385,6 +388,15 @@ func failGroup(gb *groupBatch, err error) {
 // finishGroup finishes every segment of a group that was appended but will
 // be applied by a replay (duplicates uncounted).
 func finishGroup(gb *groupBatch) { failGroup(gb, nil) }
+
+// nudgePassivate asks the checkpoint loop to passivate keys beyond
+// MaxActive, without a checkpoint.
+func (h *Host) nudgePassivate() {
+	select {
+	case h.passivateNow <- struct{}{}:
+	default:
+	}
+}
 
 func (h *Host) nudgeCheckpoint() {
 	select {

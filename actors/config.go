@@ -37,8 +37,9 @@ type Config struct {
 	// IdleTimeout passivates keys that received nothing for this long.
 	IdleTimeout time.Duration
 	// MaxActive bounds the number of active keys (keys with an actor);
-	// beyond it the least recently used ones are passivated at the next
-	// checkpoint, into the resident tier.
+	// beyond it the least recently used ones are passivated into the
+	// resident tier. 0: as many as a quarter of MaxMemory holds at
+	// ActiveKeyBytes each (DefaultMaxActive without a MaxMemory).
 	MaxActive int
 	// MaxMemory bounds, in bytes, the memory of the keys held in memory: the
 	// active ones (each charged ActiveKeyBytes) and those resident without
@@ -71,8 +72,9 @@ const (
 	DefaultMaxActive          = 100_000
 	DefaultMaxMemory          = 1 << 30
 	// ActiveKeyBytes is what MaxMemory charges an active key: its actor
-	// (~2 KiB measured, BENCHMARKS.md) and state.
-	ActiveKeyBytes           = 3 << 10
+	// (≈ 460 B) and the state of a key with a few aggregates (≈ 900 B), as
+	// measured by BenchmarkActiveKeyMemory (BENCHMARKS.md).
+	ActiveKeyBytes           = 1536
 	DefaultMaxCommitEvents   = 50_000
 	DefaultWatermarkInterval = 200 * time.Millisecond
 	DefaultOutputInterval    = 100 * time.Millisecond
@@ -100,11 +102,14 @@ func (c *Config) setDefaults() {
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = DefaultIdleTimeout
 	}
-	if c.MaxActive == 0 {
-		c.MaxActive = DefaultMaxActive
-	}
 	if c.MaxMemory == 0 {
 		c.MaxMemory = DefaultMaxMemory
+	}
+	if c.MaxActive == 0 {
+		c.MaxActive = DefaultMaxActive
+		if c.MaxMemory > 0 {
+			c.MaxActive = int(max(c.MaxMemory/4/ActiveKeyBytes, 1))
+		}
 	}
 	if c.MaxCommitEvents == 0 {
 		c.MaxCommitEvents = DefaultMaxCommitEvents

@@ -104,9 +104,11 @@ type grain struct {
 	// the grain does not read the store.
 	current bool
 	// In the resident tier (resident.go), under h.mu: its place in the
-	// order of parking and its estimated size.
+	// order of parking and its estimated size; while its actor stops, what
+	// waits for it.
 	order links[*grain]
 	rsize int64
+	stop  *stoppingGrain
 }
 
 func (g *grain) Receive(c actor.Context) {
@@ -125,6 +127,14 @@ func (g *grain) Receive(c actor.Context) {
 		g.host.mu.Lock()
 		g.host.parkLocked(g)
 		g.host.mu.Unlock()
+	default:
+		g.handle(m)
+	}
+}
+
+// handle processes one of the grain's own messages.
+func (g *grain) handle(m any) {
+	switch m := m.(type) {
 	case *applyMsg:
 		g.apply(m)
 	case *queryMsg:
@@ -132,9 +142,14 @@ func (g *grain) Receive(c actor.Context) {
 	case *snapshotMsg:
 		m.reply <- g.snapshot()
 	case *savedMsg:
-		g.state.Persisted(m.version)
-		g.stored = max(g.stored, m.version)
+		g.saved(m.version)
 	}
+}
+
+// saved records that the snapshot of version is stored.
+func (g *grain) saved(version uint64) {
+	g.state.Persisted(version)
+	g.stored = max(g.stored, version)
 }
 
 // activate restores the key from its snapshot. A passivated key always has

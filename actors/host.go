@@ -41,7 +41,7 @@ type Host struct {
 	// The keys held in memory without an actor, and the grains being
 	// passivated that are to join them once stopped (resident.go).
 	resident resident
-	stopping map[keyID]*grain
+	stopping map[keyID]*stoppingGrain
 
 	// storeDown is set when an append failed with the store unreachable (not
 	// fenced) and cleared by the next successful claim: meanwhile commits
@@ -49,6 +49,7 @@ type Host struct {
 	storeDown atomic.Bool
 
 	checkpointNow chan struct{} // nudges the checkpoint loop
+	passivateNow  chan struct{} // asks it to passivate only
 	// logged counts the bytes appended since the last checkpoint began
 	// (see CheckpointBytes).
 	logged  atomic.Int64
@@ -61,6 +62,10 @@ type Host struct {
 	stats hostStats
 
 	dispatcher *workerDispatcher // runs the grains' mailboxes
+	// props spawn every grain's actor (one Props for all: protoactor keeps
+	// a reference in each actor); spawning hands it the grain to produce.
+	props    *actor.Props
+	spawning atomic.Pointer[grain]
 
 	// Event time (see timers.go). timed is set when a pipeline has windows
 	// or patterns, expiring when one has a ttl; clocks are the node's
@@ -143,9 +148,10 @@ func New(cfg Config) (*Host, error) {
 		log:           cfg.Logger,
 		queue:         make(chan *ingestReq, 1024),
 		active:        make(map[keyID]*activation),
-		stopping:      make(map[keyID]*grain),
+		stopping:      make(map[keyID]*stoppingGrain),
 		groups:        make([]groupState, cfg.Groups),
 		checkpointNow: make(chan struct{}, 1),
+		passivateNow:  make(chan struct{}, 1),
 		lostNow:       make(chan struct{}, 1),
 		failCh:        make(chan struct{}),
 		clocks:        make(map[string]*fold.Clock),
@@ -167,6 +173,7 @@ func New(cfg Config) (*Host, error) {
 	// warnings, on our logger.
 	quiet := slog.New(levelFilter{h.log.Handler(), slog.LevelWarn})
 	h.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+	h.props = actor.PropsFromProducer(h.produce, actor.WithDispatcher(h.dispatcher), actor.WithMailbox(newGrainMailbox))
 	return h, nil
 }
 
@@ -213,6 +220,10 @@ loop:
 			break loop
 		case <-ticker.C:
 		case <-h.checkpointNow:
+		case <-h.passivateNow:
+			// Passivation needs no checkpoint: dirty keys park too.
+			h.passivate()
+			continue
 		}
 		if err := h.checkpoint(ctx); err != nil && ctx.Err() == nil {
 			// The changed keys stay dirty and are retried at the next
@@ -466,7 +477,7 @@ func (h *Host) Query(ctx context.Context, pipeline, key string) (KeyView, error)
 	over := len(h.active) > h.cfg.MaxActive
 	h.mu.Unlock()
 	if over { // queries of unseen keys activate grains too
-		h.nudgeCheckpoint()
+		h.nudgePassivate()
 	}
 	select {
 	case r := <-msg.reply:
@@ -479,6 +490,35 @@ func (h *Host) Query(ctx context.Context, pipeline, key string) (KeyView, error)
 	case <-h.failCh:
 		return KeyView{}, h.Err()
 	}
+}
+
+// spawnLocked starts an actor around g and makes it the key's; h.mu must
+// be held.
+func (h *Host) spawnLocked(g *grain) *activation {
+	h.spawning.Store(g)
+	a := &activation{id: g.id, g: g, pid: h.system.Root.Spawn(h.props), group: g.group, epoch: g.epoch}
+	h.active[g.id] = a
+	h.lru.pushFront(a)
+	h.stats.activations.Add(1)
+	return a
+}
+
+// produce is the grains' actor.Producer: it returns the grain being
+// spawned (sendLoadedLocked, under h.mu). Asked again, it is the supervisor
+// restarting an actor after a panic that escaped the grain, which recovers
+// its own (failing the host): the grain's state may be half applied, so the
+// restarted actor fails the host rather than go on with it.
+func (h *Host) produce() actor.Actor {
+	if g := h.spawning.Swap(nil); g != nil {
+		return g
+	}
+	return restartedGrain{h}
+}
+
+type restartedGrain struct{ h *Host }
+
+func (r restartedGrain) Receive(actor.Context) {
+	r.h.fail(errors.New("actors: a grain's actor was restarted after a panic; its state may be half applied"))
 }
 
 // sendLocked sends msg to the key's grain, activating it if needed. h.mu
@@ -494,6 +534,15 @@ func (h *Host) sendLoadedLocked(id keyID, group uint32, msg any, l *loaded) {
 	a := h.active[id]
 	if a == nil {
 		epoch := h.groups[group].epoch
+		if st := h.stopping[id]; st != nil {
+			if st.g.epoch == epoch {
+				// Its actor is stopping: the message waits for it, and goes
+				// to a new actor around the same grain (resident.go).
+				st.waiting = append(st.waiting, msg)
+				return
+			}
+			delete(h.stopping, id) // of a dropped incarnation: this grain is newer
+		}
 		// A parked grain is of the group's current incarnation: dropping
 		// a group drops its parked keys (resident.go).
 		g := h.parkedLocked(id, group)
@@ -507,14 +556,7 @@ func (h *Host) sendLoadedLocked(id keyID, group uint32, msg any, l *loaded) {
 			g = &grain{host: h, id: id, group: group, epoch: epoch, pipeline: h.cfg.Pipelines[id.pipeline],
 				pstats: h.stats.pipelines[id.pipeline], preloaded: l}
 		}
-		// The grain recovers its own panics (failing the host), so the
-		// supervisor never restarts it with a half-applied state.
-		props := actor.PropsFromProducer(func() actor.Actor { return g }, actor.WithDispatcher(h.dispatcher))
-		delete(h.stopping, id) // a grain still stopping must not park: this one is newer
-		a = &activation{id: id, g: g, pid: h.system.Root.Spawn(props), group: group, epoch: epoch}
-		h.active[id] = a
-		h.lru.pushFront(a)
-		h.stats.activations.Add(1)
+		a = h.spawnLocked(g)
 	} else {
 		h.lru.touch(a)
 	}

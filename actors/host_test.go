@@ -382,7 +382,10 @@ func TestFailedActivationRetakesGroup(t *testing.T) {
 	// reads its snapshot.
 	hs := start(t, fs, actors.Config{Groups: 2, CheckpointInterval: time.Millisecond, IdleTimeout: time.Millisecond, MaxMemory: -1})
 	hs.ingest(event("a", "1", 1))
-	eventually(t, "a to be passivated", func() bool { return hs.host.Stats().ActiveKeys == 0 })
+	eventually(t, "a to leave memory", func() bool {
+		st := hs.host.Stats()
+		return st.ActiveKeys == 0 && st.ResidentKeys == 0
+	})
 	// Both reads fail: the commit's batched read of the keys it activates,
 	// then the grain's own read, which it falls back to.
 	fs.FailNext(faultstore.OpGet, errors.New("injected"))
@@ -786,7 +789,10 @@ func TestStaleAppendFailureDoesNotStickStoreDown(t *testing.T) {
 	hs := start(t, fs, actors.Config{Groups: 1, CheckpointInterval: time.Millisecond, IdleTimeout: time.Millisecond, MaxMemory: -1})
 	defer hs.shutdown()
 	hs.ingest(event("a", "1", 1))
-	eventually(t, "a to be passivated", func() bool { return hs.host.Stats().ActiveKeys == 0 })
+	eventually(t, "a to leave memory", func() bool {
+		st := hs.host.Stats()
+		return st.ActiveKeys == 0 && st.ResidentKeys == 0
+	})
 
 	fs.Inject(faultstore.OpAppend, 1, faultstore.Fault{Delay: 300 * time.Millisecond, Err: errors.New("timeout")})
 	appends := fs.Calls(faultstore.OpAppend)

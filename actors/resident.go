@@ -1,35 +1,59 @@
 package actors
 
-import "unsafe"
+import (
+	"errors"
+	"unsafe"
+)
 
 // The resident tier: keys held in memory without an actor.
 //
-// A protoactor actor costs about 2 KiB of its own (mailbox, context, process
-// registry entry), more than the state of a key with a few aggregates. So a
+// A protoactor actor costs about 460 B of its own (context, mailbox, process
+// registry entry; more than 2 KiB with protoactor's default mailbox and a
+// Props per actor), half the state of a key with a few aggregates. So a
 // key keeps an actor only while it is in use (the MaxActive most recently
 // used keys, for at most IdleTimeout); passivation stops the actor and parks
 // the key's grain here, state and all, within a budget of bytes. The key's
 // next message spawns an actor around the same grain: no store read, no
-// decoding. Beyond the budget the least recently parked keys leave memory;
+// decoding. Beyond the budget the least recently parked clean keys leave memory;
 // their state is in their snapshots, so they come back from the store on
 // demand. While no key of a group has left memory, a key found neither
 // active nor parked is new and needs no store read either (groupState.complete).
 //
-// Why a parked grain is current: passivation takes clean keys only (their
-// snapshot holds their state), and a parked key is not active, so nothing
+// Why a parked grain is current: a parked key is not active, so nothing
 // changes it: only an actor applies inputs, and a key's next input spawns
-// its actor from the parked grain. A parked grain belongs to the group
+// its actor around the parked grain. A parked grain belongs to the group
 // incarnation (epoch) it was active in; dropping a group (a loss, a
 // release, an abandon) drops its parked keys, and activation takes a parked
 // grain only of the group's current epoch.
 //
+// Dirty keys park too: passivation does not wait for a checkpoint (at a
+// million keys it forced one every few thousand events). A checkpoint
+// snapshots a parked key without an actor (holding it as if stopping
+// meanwhile), and only clean keys leave memory: the budget evicts the least recently
+// parked clean ones, and asks for a checkpoint when dirty ones stand in its
+// way. So a key's state is always in memory or in its snapshot, and the
+// memory beyond the budget is bounded by what changed since the last
+// checkpoint (CheckpointBytes).
+//
 // Handing the grain over: the actor stops after the messages already in
 // its mailbox (Poison), and the grain parks itself when protoactor tells it
 // it stopped (actor.Stopped), so no actor touches a parked grain. Until
-// then the key is neither active nor parked; a message meanwhile activates
-// it from the store (the snapshot is current), and the stopping grain then
-// does not park (h.stopping no longer names it). Everything here is
+// then the key is stopping: messages sent to it wait (stoppingGrain) and go
+// to a new actor around the same grain once the old one stopped; those a
+// grain answers without applying anything (snapshots, queries) it answers
+// at once, and a key that only waited for those parks. Everything here is
 // guarded by h.mu.
+
+// stoppingGrain is a grain whose actor was told to stop, and the messages
+// sent to its key since, in order.
+type stoppingGrain struct {
+	g       *grain
+	waiting []any
+}
+
+// errDropped answers what waited for a grain whose group was dropped while
+// its actor stopped: the take-over replays the group's log.
+var errDropped = errors.New("actors: the key's group was dropped")
 
 // grainBytes is what a parked key costs beyond its state: the grain, its
 // entry in the group's map and the key's name.
@@ -41,20 +65,49 @@ type resident struct {
 	max   int64              // budget: beyond it the least recently parked leave
 }
 
-// park puts a stopped grain in the resident tier, if it is still the key's
-// latest incarnation and its group's; h.mu must be held.
+// parkLocked puts a stopped grain in the resident tier, if it is still the
+// key's latest incarnation and its group's, after what waited for it; h.mu
+// must be held, by the grain's only user: its actor (actor.Stopped), or a
+// checkpoint that took it out of the tier to snapshot it.
 func (h *Host) parkLocked(g *grain) {
-	if h.stopping[g.id] != g {
-		return // activated again meanwhile (from the store), or dropped
+	st := g.stop
+	if st == nil {
+		return // stopped with the host, or dropped: nothing waits
 	}
-	delete(h.stopping, g.id)
+	g.stop = nil
+	current := h.stopping[g.id] == st
+	if current {
+		delete(h.stopping, g.id)
+	}
 	gs := &h.groups[g.group]
-	if g.broken != nil || !gs.ready || gs.epoch != g.epoch {
-		return // its group was dropped: nothing of it stays
-	}
-	if h.resident.max <= 0 {
-		gs.complete = false // the key leaves memory
+	if !current || g.broken != nil || !gs.ready || gs.epoch != g.epoch {
+		// Its group was dropped (or the host stopped): nothing of it
+		// stays, and what waited is answered as by a dropped grain.
+		if len(st.waiting) > 0 && g.broken == nil {
+			g.broken = errDropped
+		}
+		for _, m := range st.waiting {
+			g.handle(m)
+		}
 		return
+	}
+	for i, m := range st.waiting {
+		if _, ok := m.(*applyMsg); ok {
+			// The key has inputs again: a new actor around the same grain
+			// takes them and what follows.
+			a := h.spawnLocked(g)
+			for _, m := range st.waiting[i:] {
+				h.system.Root.Send(a.pid, m)
+			}
+			return
+		}
+		g.handle(m) // a snapshot, a query, a save: no actor needed
+	}
+	if h.cfg.MaxMemory < 0 {
+		if _, dirty := gs.dirty[g.id]; !dirty {
+			gs.complete = false // the key leaves memory
+			return
+		}
 	}
 	g.rsize = int64(grainBytes + len(g.id.pipeline) + len(g.id.key) + g.state.MemSize())
 	if gs.parked == nil {
@@ -64,9 +117,33 @@ func (h *Host) parkLocked(g *grain) {
 	r := &h.resident
 	r.order.pushFront(g)
 	r.bytes += g.rsize
-	for r.bytes > r.max && r.order.tail != nil {
-		h.groups[r.order.tail.group].complete = false // a key leaves memory
-		h.unparkLocked(r.order.tail)
+	h.evictLocked()
+}
+
+// evictPasses bounds the dirty parked keys one eviction passes over before
+// it leaves the rest to the next, after a checkpoint.
+const evictPasses = 64
+
+// evictLocked makes the resident tier fit its budget: the least recently
+// parked clean keys leave memory (their state is in their snapshots). Dirty
+// ones stay until a checkpoint, which it asks for when they stand in its
+// way. h.mu must be held.
+func (h *Host) evictLocked() {
+	r := &h.resident
+	passed := 0
+	for g := r.order.tail; g != nil && r.bytes > r.max; {
+		prev := g.order.prev
+		gs := &h.groups[g.group]
+		if _, dirty := gs.dirty[g.id]; dirty {
+			if passed++; passed > evictPasses {
+				h.nudgeCheckpoint()
+				return
+			}
+		} else {
+			gs.complete = false // a key leaves memory
+			h.unparkLocked(g)
+		}
+		g = prev
 	}
 }
 

@@ -175,8 +175,36 @@ func cpuTime() time.Duration {
 //	go test -run '^$' -bench ResidentKeyMemory -benchtime 200000x ./actors
 func BenchmarkResidentKeyMemory(b *testing.B) {
 	const maxActive = 1000
-	h := runBenchHost(b, actors.Config{Pipelines: benchPipeline(b), MaxActive: maxActive,
-		CheckpointInterval: 50 * time.Millisecond, MaxMemory: 16 << 30})
+	st, heap := keysHeap(b, actors.Config{MaxActive: maxActive}, func(st actors.Stats) bool {
+		return st.ActiveKeys <= maxActive && st.ActiveKeys+st.ResidentKeys == b.N
+	})
+	heap -= float64(st.ActiveKeys) * actors.ActiveKeyBytes
+	b.ReportMetric(float64(st.ResidentKeys), "resident_keys")
+	if st.ResidentKeys > 0 {
+		b.ReportMetric(heap/float64(st.ResidentKeys), "heap_B/resident_key")
+		b.ReportMetric(float64(st.ResidentBytes)/float64(st.ResidentKeys), "resident_est_B/key")
+	}
+}
+
+// BenchmarkActiveKeyMemory measures what a key with an actor costs (README,
+// "Sizing"; actors.ActiveKeyBytes): as BenchmarkResidentKeyMemory, with
+// every key kept active.
+//
+//	go test -run '^$' -bench ActiveKeyMemory -benchtime 200000x ./actors
+func BenchmarkActiveKeyMemory(b *testing.B) {
+	_, heap := keysHeap(b, actors.Config{MaxActive: 1 << 30, IdleTimeout: time.Hour}, func(st actors.Stats) bool {
+		return st.ActiveKeys == b.N
+	})
+	b.ReportMetric(heap/float64(b.N), "heap_B/active_key")
+}
+
+// keysHeap ingests one event for each of b.N keys of the bench pipeline on
+// a host configured by cfg, waits until every key is checkpointed and
+// settled holds, and returns the host's stats and the heap the keys hold
+// after a GC.
+func keysHeap(b *testing.B, cfg actors.Config, settled func(actors.Stats) bool) (actors.Stats, float64) {
+	cfg.Pipelines, cfg.CheckpointInterval, cfg.MaxMemory = benchPipeline(b), 50*time.Millisecond, 16<<30
+	h := runBenchHost(b, cfg)
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
@@ -184,23 +212,17 @@ func BenchmarkResidentKeyMemory(b *testing.B) {
 	ingestEach(b, h, b.N, func(i int) []byte {
 		return fmt.Appendf(nil, `{"user_id":"u%d","event_id":"e%d","type":"login_ok","amount":%d,"geo":{"country":"DE"}}`, i, i, i%100)
 	})
-	// Every key checkpointed, passivated beyond maxActive, and parked.
-	eventuallyWithin(b, 5*time.Minute, "the keys to be parked", func() bool {
+	eventuallyWithin(b, 5*time.Minute, "the keys to be checkpointed and settled", func() bool {
 		st := h.Stats()
-		return st.DirtyKeys == 0 && st.ActiveKeys <= maxActive && st.ActiveKeys+st.ResidentKeys == b.N
+		return st.DirtyKeys == 0 && settled(st)
 	})
 	b.StopTimer()
 	st := h.Stats()
 	runtime.GC()
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
-	heap := float64(int64(after.HeapInuse)-int64(before.HeapInuse)) - float64(st.ActiveKeys)*actors.ActiveKeyBytes
 	writeHeapProfile(b)
-	b.ReportMetric(float64(st.ResidentKeys), "resident_keys")
-	if st.ResidentKeys > 0 {
-		b.ReportMetric(heap/float64(st.ResidentKeys), "heap_B/resident_key")
-		b.ReportMetric(float64(st.ResidentBytes)/float64(st.ResidentKeys), "resident_est_B/key")
-	}
+	return st, float64(int64(after.HeapInuse) - int64(before.HeapInuse))
 }
 
 // runBenchHost runs a host on a new embedded store until the benchmark ends.
