@@ -95,21 +95,27 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	if clock != nil {
 		d.Snapshots = append(d.Snapshots, persistence.Snapshot{Key: groupClockKey, Data: clock})
 	}
-	got := make([]snapshotReply, 0, n)
+	type written struct { // what the keys are told once their snapshots are stored
+		id      keyID
+		pos     persistence.Position
+		version uint64
+	}
+	got := make([]written, 0, n)
 	for range n {
 		select {
 		case r := <-replies:
 			if r.err != nil {
 				return fmt.Errorf("actors: checkpoint group %d: %w", g, r.err)
 			}
-			d.Snapshots = append(d.Snapshots, r.snaps...)
+			d.Snapshots = append(d.Snapshots, r.core)
+			d.Snapshots = append(d.Snapshots, r.buckets...)
 			if r.ttl {
-				d.Timers = append(d.Timers, persistence.Timer{Key: r.id.snapshotKey() + expirySuffix, Due: r.expiry})
+				d.Timers = append(d.Timers, persistence.Timer{Key: r.core.Key + expirySuffix, Due: r.expiry})
 			}
 			if r.timed {
-				d.Timers = append(d.Timers, persistence.Timer{Key: r.id.snapshotKey(), Due: r.due})
+				d.Timers = append(d.Timers, persistence.Timer{Key: r.core.Key, Due: r.due})
 			}
-			got = append(got, r)
+			got = append(got, written{r.id, r.pos, r.version})
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-h.failCh:

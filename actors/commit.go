@@ -41,11 +41,11 @@ func (h *Host) commitLoop() {
 	}
 }
 
-// keyBatch is one key's share of a commit.
+// keyBatch is one key's share of a commit: its events, logged as the
+// record's KeyInputs (encodeRecord) and then handed to it (msg).
 type keyBatch struct {
-	id     keyID
-	inputs *keyfoldv1.KeyInputs
-	msg    applyMsg
+	id  keyID
+	msg applyMsg
 	// The timer loop took the key out of an index to wake it (fire) or to
 	// check its expiry: if the record is not logged, it goes back.
 	fire, expire bool
@@ -85,7 +85,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 		kb := index[id]
 		if kb == nil {
 			gb := groupOf(GroupOf(id.pipeline, id.key, h.cfg.Groups))
-			kb = &keyBatch{id: id, inputs: &keyfoldv1.KeyInputs{Pipeline: id.pipeline, Key: id.key}}
+			kb = &keyBatch{id: id}
 			index[id] = kb
 			gb.keys = append(gb.keys, kb)
 		}
@@ -121,7 +121,6 @@ func (h *Host) commit(reqs []*ingestReq) {
 		for _, ev := range r.events {
 			kb := batchOf(keyID{r.pipeline, ev.Key})
 			kb.expire = kb.expire || ev.Expire
-			kb.inputs.Inputs = append(kb.inputs.Inputs, &keyfoldv1.Input{Event: ev.Raw, IngestTimeMs: nowMs, Erase: ev.Erase, Expire: ev.Expire})
 			if s := len(kb.msg.segs); s == 0 || kb.msg.segs[s-1].w != r.w {
 				kb.msg.segs = append(kb.msg.segs, segment{nowMs: nowMs, w: r.w})
 				segs++
@@ -169,11 +168,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 	h.mu.Unlock()
 	bytes := 0 // logged by this commit, towards the next checkpoint (CheckpointBytes)
 	for i, gb := range groups {
-		rec := &keyfoldv1.LogRecord{Keys: make([]*keyfoldv1.KeyInputs, len(gb.keys)), Watermarks: gb.watermarks}
-		for j, kb := range gb.keys {
-			rec.Keys[j] = kb.inputs
-		}
-		data, err := encodeRecord(rec)
+		data, err := encodeRecord(gb.keys, gb.watermarks)
 		if err != nil { // cannot happen for these messages
 			err = fmt.Errorf("actors: encode record: %w", err)
 			for _, gb := range groups {

@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 
@@ -44,10 +45,11 @@ type snapshotMsg struct{ reply chan snapshotReply }
 type snapshotReply struct {
 	id  keyID
 	pos persistence.Position
-	// snaps are the store entries to write: the key's snapshot (an encoded
-	// keyfold.v1.Snapshot, nil Data when the key holds no state) and its
-	// changed id buckets.
-	snaps   []persistence.Snapshot
+	// core and buckets are the store entries to write: the key's snapshot
+	// (an encoded keyfold.v1.Snapshot, nil Data when the key holds no
+	// state) and its changed id buckets.
+	core    persistence.Snapshot
+	buckets []persistence.Snapshot
 	version uint64 // the state version they reflect; acknowledged by savedMsg
 	// For a pipeline with windows or patterns: the key's next timer.
 	timed bool
@@ -317,7 +319,14 @@ func (g *grain) snapshot() snapshotReply {
 		r.err = g.broken
 		return r
 	}
-	parts, err := g.pipeline.SnapshotParts(&g.state, g.stored)
+	// The core is encoded after room for the Snapshot's header, sized by
+	// the pipeline's last one: one allocation for the stored bytes.
+	var buf []byte
+	room := snapshotHeaderRoom(g.id)
+	if !g.pipeline.Timed() {
+		buf = make([]byte, room, room+int(g.pstats.coreSize.Load())+64)
+	}
+	parts, err := g.pipeline.SnapshotPartsAppend(&g.state, g.stored, buf)
 	if err != nil {
 		r.err = err
 		return r
@@ -327,7 +336,8 @@ func (g *grain) snapshot() snapshotReply {
 	switch {
 	case g.state.Empty():
 	case parts.CoreData != nil:
-		core.Data = appendSnapshot(make([]byte, 0, len(parts.CoreData)+len(g.id.pipeline)+len(g.id.key)+16), g.id, g.pos, parts.CoreData)
+		g.pstats.coreSize.Store(int64(len(parts.CoreData) - room))
+		core.Data = prependSnapshotHeader(parts.CoreData, room, g.id, g.pos)
 	default:
 		core.Data, r.err = proto.Marshal(&keyfoldv1.Snapshot{
 			Pipeline: g.id.pipeline,
@@ -336,9 +346,9 @@ func (g *grain) snapshot() snapshotReply {
 			State:    parts.Core,
 		})
 	}
-	r.snaps = append(r.snaps, core)
+	r.core = core
 	for _, b := range parts.Buckets {
-		r.snaps = append(r.snaps, persistence.Snapshot{Key: g.id.bucketKey(b.Bucket), Data: b.Data})
+		r.buckets = append(r.buckets, persistence.Snapshot{Key: g.id.bucketKey(b.Bucket), Data: b.Data})
 	}
 	if g.pipeline.TTL() > 0 {
 		r.ttl, r.expiry = true, g.pipeline.Expiry(&g.state, g.lastNow)
@@ -349,17 +359,31 @@ func (g *grain) snapshot() snapshotReply {
 	return r
 }
 
-// appendSnapshot appends a keyfold.v1.Snapshot of the key at pos whose state
-// is already encoded (fold.Parts.CoreData), as proto.Marshal would.
-func appendSnapshot(b []byte, id keyID, pos persistence.Position, state []byte) []byte {
-	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	b = protowire.AppendString(b, id.pipeline)
-	b = protowire.AppendTag(b, 2, protowire.BytesType)
-	b = protowire.AppendString(b, id.key)
+// appendSnapshotHeader appends what precedes a state of n bytes in its
+// keyfold.v1.Snapshot.
+func appendSnapshotHeader(b []byte, id keyID, pos persistence.Position, n int) []byte {
+	b = appendStringField(b, 1, id.pipeline)
+	b = appendStringField(b, 2, id.key)
 	if pos != 0 {
 		b = protowire.AppendTag(b, 3, protowire.VarintType)
 		b = protowire.AppendVarint(b, pos)
 	}
 	b = protowire.AppendTag(b, 4, protowire.BytesType)
-	return protowire.AppendBytes(b, state)
+	return protowire.AppendVarint(b, uint64(n))
+}
+
+// snapshotHeaderRoom is the most bytes a Snapshot header of the key takes.
+func snapshotHeaderRoom(id keyID) int {
+	return 2*(1+binary.MaxVarintLen64) + len(id.pipeline) + len(id.key) + (1 + binary.MaxVarintLen64) + (1 + binary.MaxVarintLen64)
+}
+
+// prependSnapshotHeader turns data, a state encoded after room bytes, into
+// the key's keyfold.v1.Snapshot at pos, in place: the header is written
+// just before the state (the unused front of the room stays unused).
+func prependSnapshotHeader(data []byte, room int, id keyID, pos persistence.Position) []byte {
+	var tmp [128]byte
+	hdr := appendSnapshotHeader(tmp[:0], id, pos, len(data)-room)
+	start := room - len(hdr)
+	copy(data[start:room], hdr)
+	return data[start:]
 }

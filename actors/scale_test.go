@@ -116,6 +116,9 @@ func benchIngestKeys(b *testing.B, keys int, preload bool) {
 		b.Fatal(firstErr)
 	}
 	st := h.Stats()
+	var done runtime.MemStats
+	runtime.ReadMemStats(&done)
+	b.ReportMetric(float64(done.TotalAlloc-before.TotalAlloc)/float64(n*batch), "alloc_B/event")
 	b.ReportMetric(float64(st.ActiveKeys), "active_keys")
 	b.ReportMetric(float64(st.ResidentKeys), "resident_keys")
 	// What an event costs the machinery: commits and group checkpoints

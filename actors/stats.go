@@ -25,6 +25,7 @@ type pipelineStats struct {
 	failures   atomic.Int64   // Go handler calls that failed (dead letters)
 	lateIn     []atomic.Int64 // per window, as fold.Pipeline.WindowNames
 	windows    []string
+	coreSize   atomic.Int64 // the last encoded core snapshot's size: the next one's buffer
 }
 
 // PipelineStats are the counters of one pipeline.

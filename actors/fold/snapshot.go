@@ -216,6 +216,13 @@ type BucketPart struct {
 // nothing is (a new key), RestoredVersion for a key just restored, else the
 // Version of the last Parts stored.
 func (p *Pipeline) SnapshotParts(s *State, since uint64) (Parts, error) {
+	return p.SnapshotPartsAppend(s, since, nil)
+}
+
+// SnapshotPartsAppend is SnapshotParts appending the encoded core, when
+// there is one (Parts.CoreData), to dst: a caller that knows about how
+// large it is, or wants room before it, allocates once.
+func (p *Pipeline) SnapshotPartsAppend(s *State, since uint64, dst []byte) (Parts, error) {
 	parts := Parts{Version: s.version, NextTimer: p.NextTimer(s)}
 	var err error
 	if p.Timed() {
@@ -229,7 +236,7 @@ func (p *Pipeline) SnapshotParts(s *State, since uint64) (Parts, error) {
 		} else {
 			parts.Core.Seen = seenProto(s.ids.order)
 		}
-	} else if parts.CoreData, err = p.appendCore(nil, s); err != nil {
+	} else if parts.CoreData, err = p.appendCore(dst, s); err != nil {
 		return Parts{}, err
 	}
 	for _, g := range s.ids.gone {

@@ -1,0 +1,57 @@
+package actors
+
+import (
+	"bytes"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/keyfold/keyfold/actors/fold"
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
+	"google.golang.org/protobuf/proto"
+)
+
+// encodeRecord writes what proto.Marshal writes for the same record, for
+// records of every shape: keys with and without inputs, empty and long
+// events, tombstones and expiry checks, times of every size and sign, and
+// watermarks.
+func TestEncodeRecordIsProtoMarshal(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	times := []int64{0, 1, 127, 128, 1796126238867, -1, math.MaxInt64, math.MinInt64}
+	for seed := range 500 {
+		var keys []*keyBatch
+		want := &keyfoldv1.LogRecord{}
+		for k := range r.IntN(5) {
+			kb := &keyBatch{id: keyID{pipeline: []string{"p", "logins", ""}[r.IntN(3)], key: string(rune('a'+k)) + string(make([]byte, r.IntN(200)))}}
+			ki := &keyfoldv1.KeyInputs{Pipeline: kb.id.pipeline, Key: kb.id.key}
+			for range r.IntN(3) {
+				s := segment{nowMs: times[r.IntN(len(times))]}
+				for range r.IntN(4) {
+					ev := &fold.Event{Raw: bytes.Repeat([]byte("x"), []int{0, 1, 127, 128, 20000}[r.IntN(5)]), Erase: r.IntN(4) == 0, Expire: r.IntN(4) == 0}
+					s.events = append(s.events, ev)
+					ki.Inputs = append(ki.Inputs, &keyfoldv1.Input{Event: ev.Raw, IngestTimeMs: s.nowMs, Erase: ev.Erase, Expire: ev.Expire})
+				}
+				kb.msg.segs = append(kb.msg.segs, s)
+			}
+			keys = append(keys, kb)
+			want.Keys = append(want.Keys, ki)
+		}
+		for range r.IntN(3) {
+			want.Watermarks = append(want.Watermarks, &keyfoldv1.Watermark{Pipeline: "p", WatermarkMs: times[r.IntN(len(times))], MaxEventMs: 5})
+		}
+		got, err := encodeRecord(keys, want.Watermarks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantData, err := proto.Marshal(want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, wantData) {
+			t.Fatalf("seed %d: encodeRecord differs from proto.Marshal:\n got %x\nwant %x", seed, got, wantData)
+		}
+		if cap(got) != len(got) {
+			t.Fatalf("seed %d: %d bytes in a buffer of %d: the size was miscounted", seed, len(got), cap(got))
+		}
+	}
+}
