@@ -121,7 +121,11 @@ func (h *Host) commit(reqs []*ingestReq) {
 		for _, ev := range r.events {
 			kb := batchOf(keyID{r.pipeline, ev.Key})
 			kb.expire = kb.expire || ev.Expire
-			kb.inputs.Inputs = append(kb.inputs.Inputs, &keyfoldv1.Input{Event: ev.Raw, IngestTimeMs: nowMs, Erase: ev.Erase, Expire: ev.Expire})
+			in := &keyfoldv1.Input{Event: ev.Raw, IngestTimeMs: nowMs, Erase: ev.Erase, Expire: ev.Expire, Call: ev.Call}
+			if ev.Call {
+				in.CallId = ev.ID // an event's id is in its JSON
+			}
+			kb.inputs.Inputs = append(kb.inputs.Inputs, in)
 			if s := len(kb.msg.segs); s == 0 || kb.msg.segs[s-1].w != r.w {
 				kb.msg.segs = append(kb.msg.segs, segment{nowMs: nowMs, w: r.w})
 				segs++
@@ -328,7 +332,7 @@ func (h *Host) stampLocked(reqs []*ingestReq, groups []*groupBatch, timed map[st
 			after[r.pipeline] = c
 		}
 		for _, ev := range r.events {
-			if !ev.Erase && !ev.Expire {
+			if !ev.Erase && !ev.Expire && !ev.Call { // a call is no event: no event time
 				p.Observe(c, ev, nowMs)
 			}
 		}

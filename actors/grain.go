@@ -129,6 +129,8 @@ func (g *grain) Receive(c actor.Context) {
 		g.apply(m)
 	case *queryMsg:
 		m.reply <- g.query()
+	case *readCallMsg:
+		m.reply <- g.readCall(m) // call.go
 	case *snapshotMsg:
 		m.reply <- g.snapshot()
 	case *savedMsg:
@@ -211,19 +213,24 @@ func (g *grain) apply(m *applyMsg) {
 	}
 	for _, s := range m.segs {
 		g.lastNow = max(g.lastNow, s.nowMs)
-		dups := 0
+		dups, events := 0, 0
 		for _, ev := range s.events {
-			if ev.Expire {
+			switch {
+			case ev.Expire:
 				g.expire(ev, s.nowMs)
 				continue
+			case ev.Call:
+				g.call(ev, s)
+				continue
 			}
+			events++
 			if g.pipeline.Apply(&g.state, ev, s.nowMs) {
 				dups++
 			}
 		}
-		g.host.stats.events.Add(int64(len(s.events)))
+		g.host.stats.events.Add(int64(events))
 		g.host.stats.duplicates.Add(int64(dups))
-		g.pstats.events.Add(int64(len(s.events)))
+		g.pstats.events.Add(int64(events))
 		g.pstats.duplicates.Add(int64(dups))
 		s.w.finish(dups, nil)
 	}
@@ -281,7 +288,7 @@ func (g *grain) query() queryReply {
 	if g.broken != nil {
 		return queryReply{err: fmt.Errorf("%w: %w", ErrUnavailable, hideStore("loading the key", g.broken))}
 	}
-	if g.state.Seq() == 0 { // never applied an event, or erased
+	if !g.state.Holds() { // never applied an event or a call, or erased
 		return queryReply{err: ErrNotFound}
 	}
 	v := KeyView{Seq: g.state.Seq(), Duplicates: g.state.Duplicates(), Aggregates: g.pipeline.Aggregates(&g.state)}

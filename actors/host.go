@@ -438,35 +438,9 @@ func (h *Host) Query(ctx context.Context, pipeline, key string) (KeyView, error)
 	if _, ok := h.cfg.Pipelines[pipeline]; !ok {
 		return KeyView{}, fmt.Errorf("%w %q", ErrUnknownPipeline, pipeline)
 	}
-	if err := h.Err(); err != nil {
-		return KeyView{}, err
-	}
-	h.gate.RLock()
-	closed := h.closed
-	h.gate.RUnlock()
-	if closed {
-		return KeyView{}, ErrClosed
-	}
 	msg := &queryMsg{reply: make(chan queryReply, 1)}
-	id := keyID{pipeline, key}
-	g := GroupOf(pipeline, key, h.cfg.Groups)
-	h.mu.Lock()
-	// Not once released either: the next owner may already take writes.
-	if gs := &h.groups[g]; !gs.ready || !gs.owned {
-		err := gs.unavailable(g)
-		h.mu.Unlock()
+	if err := h.sendRead(pipeline, key, msg); err != nil {
 		return KeyView{}, err
-	}
-	if pg := h.parkedLocked(id, g); pg != nil {
-		// A parked key needs no actor to answer: nothing else touches it.
-		msg.reply <- pg.query()
-	} else {
-		h.sendLocked(id, g, msg)
-	}
-	over := len(h.active) > h.cfg.MaxActive
-	h.mu.Unlock()
-	if over { // queries of unseen keys activate grains too
-		h.nudgeCheckpoint()
 	}
 	select {
 	case r := <-msg.reply:
@@ -479,6 +453,43 @@ func (h *Host) Query(ctx context.Context, pipeline, key string) (KeyView, error)
 	case <-h.failCh:
 		return KeyView{}, h.Err()
 	}
+}
+
+// sendRead sends a read of a key (a query, a read-only call) to its grain,
+// unless the host cannot serve it. A parked key answers a query without an
+// actor.
+func (h *Host) sendRead(pipeline, key string, msg any) error {
+	if err := h.Err(); err != nil {
+		return err
+	}
+	h.gate.RLock()
+	closed := h.closed
+	h.gate.RUnlock()
+	if closed {
+		return ErrClosed
+	}
+	id := keyID{pipeline, key}
+	g := GroupOf(pipeline, key, h.cfg.Groups)
+	h.mu.Lock()
+	// Not once released either: the next owner may already take writes.
+	if gs := &h.groups[g]; !gs.ready || !gs.owned {
+		err := gs.unavailable(g)
+		h.mu.Unlock()
+		return err
+	}
+	q, query := msg.(*queryMsg)
+	if pg := h.parkedLocked(id, g); query && pg != nil {
+		// Nothing else touches a parked key: it needs no actor to answer.
+		q.reply <- pg.query()
+	} else {
+		h.sendLocked(id, g, msg)
+	}
+	over := len(h.active) > h.cfg.MaxActive
+	h.mu.Unlock()
+	if over { // reads of unseen keys activate grains too
+		h.nudgeCheckpoint()
+	}
+	return nil
 }
 
 // sendLocked sends msg to the key's grain, activating it if needed. h.mu

@@ -441,6 +441,8 @@ func (h *Host) replay(g uint32, pos persistence.Position, data []byte) error {
 				last.events = append(last.events, fold.Tombstone(ki.Key))
 			case in.Expire:
 				last.events = append(last.events, fold.ExpiryCheck(ki.Key))
+			case in.Call:
+				last.events = append(last.events, fold.ReplayCall(ki.Key, in.CallId, in.Event))
 			default:
 				last.events = append(last.events, p.Replay(in.Event, ki.Key))
 			}

@@ -90,6 +90,7 @@ type handlerState struct {
 	born    int64   // see OutputIDs
 	emitted uint64
 	failed  uint64
+	replies replies // of its calls with ids (call.go)
 	// size estimates the bytes of value: measured when it was last encoded
 	// (a snapshot), which every key leaving its actor has had.
 	size int
@@ -111,6 +112,10 @@ type Call struct {
 	ownTimers     bool // timers is the call's copy
 	outs          []handlerOutput
 	deleted       bool
+	// A read-only call (ReadCall) changes nothing: forbidden names what it
+	// tried, which fails it.
+	readOnly  bool
+	forbidden string
 }
 
 type handlerOutput struct {
@@ -129,7 +134,25 @@ func (c *Call) Key() string { return c.key }
 func (c *Call) State() any { return c.value }
 
 // SetState replaces the key's state; nil removes it.
-func (c *Call) SetState(v any) { c.value, c.set = v, true }
+func (c *Call) SetState(v any) {
+	if c.forbid("set the state") {
+		return
+	}
+	c.value, c.set = v, true
+}
+
+// forbid reports whether the call is read-only, and if so fails it for
+// doing what.
+func (c *Call) forbid(what string) bool {
+	if c.readOnly && c.forbidden == "" {
+		c.forbidden = what
+	}
+	return c.readOnly
+}
+
+// ReadOnly reports whether the call is a read-only one, which may not
+// change the key.
+func (c *Call) ReadOnly() bool { return c.readOnly }
 
 // Now returns the processing time the input was logged at (Unix ms): of
 // the event, or, for a timer, of the latest input of the key.
@@ -148,6 +171,9 @@ func (c *Call) Seed() uint64 { return seedOf(c.key, c.seq, c.at, c.now, c.input)
 // SetTimer sets the timer name to fire at (Unix ms), replacing one of that
 // name. The name must be non-empty, valid text without control characters.
 func (c *Call) SetTimer(name string, at int64) error {
+	if c.forbid("set a timer") {
+		return fmt.Errorf("fold: timer %q: %w", name, errReadOnly)
+	}
 	if err := checkHandlerName(name); err != nil {
 		return fmt.Errorf("fold: timer %q: %w", name, err)
 	}
@@ -165,7 +191,7 @@ func (c *Call) SetTimer(name string, at int64) error {
 // CancelTimer removes the timer name; it reports whether there was one.
 func (c *Call) CancelTimer(name string) bool {
 	i := slices.IndexFunc(c.timers, func(t Timer) bool { return t.Name == name })
-	if i < 0 {
+	if i < 0 || c.forbid("cancel a timer") {
 		return false
 	}
 	c.own()
@@ -192,6 +218,9 @@ func (c *Call) own() {
 // Emit records an output named name whose values are the JSON values. Its
 // id is stable: the same call replayed emits the same id (see OutputIDs).
 func (c *Call) Emit(name string, values []byte) error {
+	if c.forbid("emit an output") {
+		return fmt.Errorf("fold: output %q: %w", name, errReadOnly)
+	}
 	if err := checkHandlerName(name); err != nil {
 		return fmt.Errorf("fold: output %q: %w", name, err)
 	}
@@ -208,7 +237,14 @@ func (c *Call) Emit(name string, values []byte) error {
 // Delete erases the key once the call returns, as a deletion of the key
 // does (see Erase): its handler state and timers, its aggregates, windows
 // and remembered ids. Outputs the call emitted stay.
-func (c *Call) Delete() { c.deleted = true }
+func (c *Call) Delete() {
+	if !c.forbid("delete the key") {
+		c.deleted = true
+	}
+}
+
+// errReadOnly fails what a read-only call may not do.
+var errReadOnly = errors.New("a read-only call changes nothing")
 
 func compareTimers(a, b Timer) int {
 	return cmp.Or(cmp.Compare(a.At, b.At), strings.Compare(a.Name, b.Name))
@@ -361,6 +397,13 @@ func (h *handlerState) erased() *handlerState {
 	return &handlerState{born: h.born, emitted: h.emitted}
 }
 
+// holds reports whether the handler's part holds anything a key must keep
+// (a state, timers, kept replies), even if the key never applied an event
+// (a key of calls only).
+func (h *handlerState) holds() bool {
+	return h != nil && (h.value != nil || len(h.timers) > 0 || len(h.replies.list) > 0)
+}
+
 // nextTimer is the handler's earliest timer, 0 if none.
 func (h *handlerState) nextTimer() int64 {
 	if h == nil || len(h.timers) == 0 {
@@ -373,7 +416,7 @@ func (h *handlerState) memSize() int {
 	if h == nil {
 		return 0
 	}
-	n := int(unsafe.Sizeof(*h)) + cap(h.timers)*int(unsafe.Sizeof(Timer{})) + h.size
+	n := int(unsafe.Sizeof(*h)) + cap(h.timers)*int(unsafe.Sizeof(Timer{})) + h.size + h.replies.memSize()
 	for _, t := range h.timers {
 		n += len(t.Name)
 	}
@@ -396,7 +439,7 @@ func (p *Pipeline) handlerProto(s *State, ks *keyfoldv1.KeyState) error {
 	if p.handler == nil || h == nil {
 		return nil
 	}
-	hs := &keyfoldv1.HandlerState{BornMs: h.born, Emitted: h.emitted, Failed: h.failed}
+	hs := &keyfoldv1.HandlerState{BornMs: h.born, Emitted: h.emitted, Failed: h.failed, Replies: h.replies.proto()}
 	if h.value != nil {
 		data, err := p.handler.EncodeState(h.value)
 		if err != nil {
@@ -420,7 +463,7 @@ func (p *Pipeline) restoreHandler(s *State, hs *keyfoldv1.HandlerState) error {
 	if p.handler == nil || hs == nil {
 		return nil
 	}
-	h := &handlerState{born: hs.BornMs, emitted: hs.Emitted, failed: hs.Failed}
+	h := &handlerState{born: hs.BornMs, emitted: hs.Emitted, failed: hs.Failed, replies: restoreReplies(hs.Replies)}
 	if hs.Present {
 		v, err := p.handler.DecodeState(hs.Data, hs.Version)
 		if err != nil {

@@ -46,7 +46,7 @@ type progOp struct {
 }
 
 type program struct {
-	onEvent, onTimer []progOp
+	onEvent, onTimer, onCall []progOp
 }
 
 func randomProgram(rng *rand.Rand) *program {
@@ -63,7 +63,23 @@ func randomProgram(rng *rand.Rand) *program {
 		}
 		return out
 	}
-	return &program{onEvent: ops(), onTimer: ops()}
+	return &program{onEvent: ops(), onTimer: ops(), onCall: ops()}
+}
+
+// OnCall runs the program's call operations and replies with what the
+// call saw.
+func (pr *program) OnCall(c *fold.Call, req *fold.Event) ([]byte, error) {
+	var r struct {
+		V int64 `json:"v"`
+	}
+	if err := json.Unmarshal(req.Raw, &r); err != nil {
+		return nil, err
+	}
+	if err := pr.run(c, pr.onCall, r.V); err != nil {
+		return nil, err
+	}
+	st, _ := c.State().(progState)
+	return json.Marshal(map[string]any{"n": st.N, "sum": st.Sum, "now": c.Now(), "wm": c.Watermark(), "seed": c.Seed(), "timers": len(c.Timers())})
 }
 
 func (pr *program) OnEvent(c *fold.Call, ev *fold.Event) error {
@@ -145,12 +161,15 @@ func handlerSpec(h fold.Handler) fold.Spec {
 	}
 }
 
-// step is one input of a key, as the log hands it over: an event logged at
-// now, or an advance of the watermark (a timer record).
+// step is one input of a key, as the log hands it over: an event (or a
+// call, with its id) logged at now, or an advance of the watermark (a
+// timer record).
 type step struct {
-	raw string
-	now int64
-	wm  int64
+	raw  string
+	now  int64
+	wm   int64
+	call bool
+	id   string
 }
 
 func randomSteps(rng *rand.Rand, n int) []step {
@@ -164,20 +183,33 @@ func randomSteps(rng *rand.Rand, n int) []step {
 			steps[i] = step{wm: wm}
 			continue
 		}
+		if rng.IntN(5) == 0 {
+			id := fmt.Sprintf("c%d", rng.IntN(i+1)) // often a retry
+			if rng.IntN(4) == 0 {
+				id = ""
+			}
+			steps[i] = step{raw: fmt.Sprintf(`{"v":%d}`, rng.IntN(50)), now: now, call: true, id: id}
+			continue
+		}
 		evt += rng.Int64N(1500) - 400
 		steps[i] = step{raw: fmt.Sprintf(`{"k":"a","id":"e%d","t":%d,"v":%d}`, rng.IntN(i+1), evt, rng.IntN(50)), now: now}
 	}
 	return steps
 }
 
-// run applies steps to s and returns the outputs they emitted.
+// run applies steps to s and returns the outputs they emitted and the
+// replies to their calls.
 func runSteps(t *testing.T, p *fold.Pipeline, s *fold.State, steps []step) []string {
 	t.Helper()
 	var outs []string
 	for _, st := range steps {
-		if st.raw == "" {
+		switch {
+		case st.raw == "":
 			p.Advance(s, "a", st.wm)
-		} else {
+		case st.call:
+			r := p.ApplyCall(s, fold.ReplayCall("a", st.id, []byte(st.raw)), st.now)
+			outs = append(outs, fmt.Sprintf("reply %q %s %q %v", st.id, r.Value, r.Err, r.Duplicate))
+		default:
 			p.Apply(s, p.Replay([]byte(st.raw), "a"), st.now)
 		}
 		for _, o := range s.TakeOutputs() {
@@ -193,15 +225,17 @@ func describeOutput(o *keyfoldv1.Output) string {
 
 // TestHandlerReplay: for random handler programs over random inputs, a
 // snapshot at any point, restored and given the rest of the inputs,
-// reaches the same state and emits the same outputs as the run that went
-// on without stopping — with the handler's failures, panics, deletions and
-// timers (past ones included) among them.
+// reaches the same state, emits the same outputs and gives the same
+// replies to calls as the run that went on without stopping — with the
+// handler's failures, panics, deletions and timers (past ones included)
+// among them, and calls retried with their ids (answered from the kept
+// replies, across snapshots).
 func TestHandlerReplay(t *testing.T) {
 	seeds := uint64(40)
 	if raceDetector {
 		seeds = 8
 	}
-	var emitted, failed, fired int
+	var emitted, failed, fired, replied, retried, refused int
 	for seed := range seeds {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 16))
@@ -247,6 +281,16 @@ func TestHandlerReplay(t *testing.T) {
 				}
 			}
 			for _, o := range outs {
+				if strings.HasPrefix(o, "reply ") {
+					replied++
+					if strings.HasSuffix(o, " true") {
+						retried++
+					}
+					if !strings.Contains(o, ` "" `) {
+						refused++
+					}
+					continue
+				}
 				switch {
 				case strings.Contains(o, " dead_letter "):
 					failed++
@@ -260,8 +304,8 @@ func TestHandlerReplay(t *testing.T) {
 		})
 	}
 	// The programs did what the property is about.
-	if emitted == 0 || failed == 0 || fired == 0 {
-		t.Errorf("the programs emitted %d outputs, %d dead letters, %d from timers: want some of each", emitted, failed, fired)
+	if emitted == 0 || failed == 0 || fired == 0 || replied == 0 || retried == 0 || refused == 0 {
+		t.Errorf("the programs emitted %d outputs, %d dead letters, %d from timers, %d replies (%d to retries, %d errors): want some of each", emitted, failed, fired, replied, retried, refused)
 	}
 }
 

@@ -99,8 +99,12 @@ func (s *State) Seq() uint64 { return s.seq }
 // Empty reports whether the key holds nothing: no event applied (or all
 // erased) and no emptied window kept to number its next results.
 func (s *State) Empty() bool {
-	return s.seq == 0 && s.ids.len() == 0 && (s.timeState == nil || len(s.wins) == 0)
+	return s.seq == 0 && s.ids.len() == 0 && (s.timeState == nil || len(s.wins) == 0) && !s.h.holds()
 }
+
+// Holds reports whether the key holds state a query shows: an event
+// applied, or its Go handler's part (a key may have had calls only).
+func (s *State) Holds() bool { return s.seq > 0 || s.h.holds() }
 
 // Version counts the changes of the state since it was created or restored.
 func (s *State) Version() uint64 { return s.version }
@@ -117,9 +121,12 @@ func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
 		// A key with work pending (windows to emit, pattern events or an
 		// absence to decide) is kept until it is done: expiry runs on
 		// processing time, timers on the watermark.
-		if p.ttl > 0 && s.seq > 0 && s.now+p.ttl <= nowMs && p.NextTimer(s) == 0 {
+		if p.ttl > 0 && s.Holds() && s.now+p.ttl <= nowMs && p.NextTimer(s) == 0 {
 			Erase(s)
 		}
+		return false
+	case ev.Call: // its reply is for ApplyCall's caller
+		p.ApplyCall(s, ev, nowMs)
 		return false
 	}
 	s.version++

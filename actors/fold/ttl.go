@@ -52,7 +52,7 @@ func (p *Pipeline) TTL() time.Duration { return time.Duration(p.ttl) * time.Mill
 // for another check an eighth of the ttl after nowMs, the processing time
 // of the last check.
 func (p *Pipeline) Expiry(s *State, nowMs int64) int64 {
-	if p.ttl == 0 || s.seq == 0 {
+	if p.ttl == 0 || !s.Holds() {
 		return 0
 	}
 	if e := s.now + p.ttl; e > nowMs {
