@@ -43,7 +43,8 @@ type Handler[S any] interface {
 	// applied) do not reach it.
 	OnEvent(k *Key[S], ev Event) error
 	// OnTimer handles one of the key's timers, once the key's watermark
-	// reached its time.
+	// reached its time (a processing-time timer: once the node's clock
+	// did).
 	OnTimer(k *Key[S], t Timer) error
 }
 
@@ -145,10 +146,12 @@ type Event struct {
 // Decode decodes the event into v, as json.Unmarshal does.
 func (e Event) Decode(v any) error { return json.Unmarshal(e.Raw, v) }
 
-// Timer is one of a key's timers.
+// Timer is one of a key's timers: of event time, or of processing time
+// (SetProcessingTimer).
 type Timer struct {
-	Name string
-	Time time.Time
+	Name       string
+	Time       time.Time
+	Processing bool
 }
 
 // Key is one key during one call of its handler: its state, the input's
@@ -187,9 +190,10 @@ func (k *Key[S]) Exists() bool { return k.c.State() != nil }
 func (k *Key[S]) Set(s S) { k.c.SetState(s) }
 
 // Now returns the time the input was logged at, by the node that logged
-// it: the event's ingest time; for a timer, that of the key's latest
-// input. Replay gives the same time. It is the only clock a handler may
-// read.
+// it: the event's or call's ingest time; for an event-time timer, that of
+// the key's latest input; for a processing-time timer, that of the input
+// (or wake-up) that fired it. Replay gives the same time. It is the only
+// clock a handler may read (a read-only call's is the node's clock).
 func (k *Key[S]) Now() time.Time { return time.UnixMilli(k.c.Now()).UTC() }
 
 // Time returns the event's time (as Event.Time), or the timer's.
@@ -210,7 +214,8 @@ func (k *Key[S]) Watermark() time.Time {
 func (k *Key[S]) Seed() uint64 { return k.c.Seed() }
 
 // SetTimer sets the timer name to fire at t (event time, to the
-// millisecond), replacing a timer of that name: OnTimer gets it once the
+// millisecond), replacing a timer of that name (of either kind): OnTimer
+// gets it once the
 // key's watermark reaches t, even if the key gets no other input, was
 // passivated or the node restarted. A time at or before the watermark
 // fires right after this call. In a pipeline without a time field, event
@@ -218,6 +223,19 @@ func (k *Key[S]) Seed() uint64 { return k.c.Seed() }
 // fire by processing time (within the node's watermark interval).
 func (k *Key[S]) SetTimer(name string, t time.Time) error {
 	return k.c.SetTimer(name, t.UnixMilli())
+}
+
+// SetProcessingTimer sets the timer name to fire at t by the node's clock
+// (processing time, to the millisecond), replacing a timer of that name
+// (of either kind): OnTimer gets it (Timer.Processing set) once the
+// processing time of an input of the key reaches t. For a quiet key that
+// input is a wake-up the node logs (with its time) within its watermark
+// interval after t, even if the key was passivated or the node restarted
+// (after a crash: once the key's group is served again, late by the
+// downtime). Replay fires it at the same input, so its call sees the same
+// Now. A time at or before Now fires right after this call.
+func (k *Key[S]) SetProcessingTimer(name string, t time.Time) error {
+	return k.c.SetProcessingTimer(name, t.UnixMilli())
 }
 
 // CancelTimer removes the timer name; it reports whether there was one.
@@ -228,7 +246,7 @@ func (k *Key[S]) Timers() []Timer {
 	ts := k.c.Timers()
 	out := make([]Timer, len(ts))
 	for i, t := range ts {
-		out[i] = Timer{Name: t.Name, Time: time.UnixMilli(t.At).UTC()}
+		out[i] = Timer{Name: t.Name, Time: time.UnixMilli(t.At).UTC(), Processing: t.Processing}
 	}
 	return out
 }
@@ -361,7 +379,7 @@ func (a *handlerAdapter[S]) OnEvent(c *fold.Call, ev *fold.Event) error {
 }
 
 func (a *handlerAdapter[S]) OnTimer(c *fold.Call, t fold.Timer) error {
-	return a.h.OnTimer(&Key[S]{c: c}, Timer{Name: t.Name, Time: time.UnixMilli(t.At).UTC()})
+	return a.h.OnTimer(&Key[S]{c: c}, Timer{Name: t.Name, Time: time.UnixMilli(t.At).UTC(), Processing: t.Processing})
 }
 
 // callAdapter is a handlerAdapter whose handler answers calls.

@@ -161,7 +161,7 @@ func New(cfg Config) (*Host, error) {
 	for name, p := range cfg.Pipelines {
 		h.stats.pipelines[name] = &pipelineStats{lateIn: make([]atomic.Int64, len(p.WindowNames())), windows: p.WindowNames()}
 		h.timed = h.timed || p.Timed()
-		h.expiring = h.expiring || p.TTL() > 0
+		h.expiring = h.expiring || p.WakesByClock()
 	}
 	// protoactor logs at INFO about every start and stop; keep only its
 	// warnings, on our logger.

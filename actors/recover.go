@@ -278,7 +278,7 @@ func (h *Host) loadTimers(ctx context.Context, g uint32, epoch persistence.Epoch
 	var entries []entry
 	err = h.store.Timers(ctx, g, func(key string, due int64) error {
 		if id, expiry, ok := parseTimerKey(key); ok {
-			if p := h.cfg.Pipelines[id.pipeline]; p != nil && (expiry && p.TTL() > 0 || !expiry && p.Timed()) {
+			if p := h.cfg.Pipelines[id.pipeline]; p != nil && (expiry && p.WakesByClock() || !expiry && p.Timed()) {
 				entries = append(entries, entry{id, due, expiry})
 			}
 		}

@@ -104,14 +104,24 @@ func (rs *replies) keep(r *reply) {
 	rs.list = slices.Delete(rs.list, 0, n)
 }
 
-// expire forgets the replies of calls logged before horizon.
-func (rs *replies) expire(horizon int64) {
+// expire forgets the replies of calls logged before horizon; it returns
+// how many.
+func (rs *replies) expire(horizon int64) int {
 	n := 0
 	for n < len(rs.list) && rs.list[n].at < horizon {
 		rs.forget(rs.list[n])
 		n++
 	}
 	rs.list = slices.Delete(rs.list, 0, n)
+	return n
+}
+
+// oldest is when the oldest kept reply was logged, 0 if none.
+func (rs *replies) oldest() int64 {
+	if len(rs.list) == 0 {
+		return 0
+	}
+	return rs.list[0].at
 }
 
 func (rs *replies) forget(r *reply) {
@@ -185,7 +195,9 @@ func (p *Pipeline) ApplyCall(s *State, ev *Event, nowMs int64) Reply {
 	if s.h == nil {
 		s.h = &handlerState{born: nowMs}
 	}
-	s.h.replies.expire(s.now - p.dedupWindow.Milliseconds())
+	if s.h.replies.expire(s.now-p.dedupWindow.Milliseconds()) > 0 {
+		s.version++
+	}
 	if ev.ID != "" {
 		if r := s.h.replies.get(ev.ID); r != nil {
 			return Reply{Value: r.value, Err: r.err, Duplicate: true}
@@ -194,12 +206,14 @@ func (p *Pipeline) ApplyCall(s *State, ev *Event, nowMs int64) Reply {
 	if p.Timed() { // always, with a handler
 		s.timed()
 	}
+	p.fireProcessing(s, ev.Key, nowMs) // due before the call came
 	c := p.newCall(s, ev.Key, nowMs, nowMs, ev.Raw)
 	out := p.runCall(c, ev)
 	if out.Err == "" {
-		p.finish(s, c, nil, nil)
+		p.commit(s, c)
 	}
 	p.fireTimers(s, ev.Key)
+	p.fireProcessing(s, ev.Key, nowMs) // set at or before now by the call
 	if ev.ID != "" {
 		// After the call: a call that deleted its key keeps its reply in
 		// the new one.

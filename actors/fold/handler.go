@@ -24,13 +24,20 @@ import (
 //
 //   - Apply calls OnEvent for every event it applies (not for duplicates),
 //     after the aggregates, windows and patterns took it.
-//   - A handler's timers are event-time timers: one fires once the key's
-//     watermark reaches its time, from Advance (after the windows the same
-//     advance emits), in (time, name) order. NextTimer includes them, so a
-//     quiet or passivated key is woken for them as for its windows. A timer
-//     set at or before the watermark fires right after the call that set
-//     it (at most maxTimerFires per Apply or Advance; more wait for the
-//     next advance).
+//   - A handler's event-time timers fire once the key's watermark reaches
+//     their time, from Advance (after the windows the same advance emits),
+//     in (time, name) order. NextTimer includes them, so a quiet or
+//     passivated key is woken for them as for its windows. A timer set at
+//     or before the watermark fires right after the call that set it (at
+//     most maxTimerFires per Apply or Advance; more wait for the next
+//     advance).
+//   - Its processing-time timers fire once the processing time of an input
+//     of the key reaches their time: an event's or a call's (before the
+//     handler sees it), or an expiry check's, which is the key's
+//     processing-time wake-up: WakeAt includes them, and the shell logs an
+//     expiry check (with the time) for a key when its WakeAt passes, so a
+//     quiet or passivated key is woken for them, and replay fires them at
+//     the same inputs. Timers of both kinds share one name space.
 //   - A call is a transaction: what it did through its Call (the state it
 //     set, its timers, its outputs, a Delete) takes effect only if it
 //     returns nil. A call that returns an error or panics changes nothing
@@ -66,10 +73,12 @@ type Handler interface {
 }
 
 // Timer is one of a key's handler timers: it fires once the key's
-// watermark reaches At (Unix ms).
+// watermark reaches At (Unix ms), or, a Processing one, once the
+// processing time of an input of the key does.
 type Timer struct {
-	Name string
-	At   int64
+	Name       string
+	At         int64
+	Processing bool
 }
 
 // Output kinds of a handler's outputs.
@@ -168,9 +177,16 @@ func (c *Call) Watermark() int64 { return c.wm }
 // replayed gets the same one.
 func (c *Call) Seed() uint64 { return seedOf(c.key, c.seq, c.at, c.now, c.input) }
 
-// SetTimer sets the timer name to fire at (Unix ms), replacing one of that
-// name. The name must be non-empty, valid text without control characters.
-func (c *Call) SetTimer(name string, at int64) error {
+// SetTimer sets the timer name to fire at (Unix ms) event time, replacing
+// a timer of that name (of either kind). The name must be non-empty, valid
+// text without control characters.
+func (c *Call) SetTimer(name string, at int64) error { return c.setTimer(name, at, false) }
+
+// SetProcessingTimer sets the timer name to fire once the processing time
+// reaches at (Unix ms), replacing a timer of that name (of either kind).
+func (c *Call) SetProcessingTimer(name string, at int64) error { return c.setTimer(name, at, true) }
+
+func (c *Call) setTimer(name string, at int64, processing bool) error {
 	if c.forbid("set a timer") {
 		return fmt.Errorf("fold: timer %q: %w", name, errReadOnly)
 	}
@@ -182,7 +198,7 @@ func (c *Call) SetTimer(name string, at int64) error {
 	}
 	c.own()
 	c.timers = slices.DeleteFunc(c.timers, func(t Timer) bool { return t.Name == name })
-	t := Timer{Name: name, At: at}
+	t := Timer{Name: name, At: at, Processing: processing}
 	i, _ := slices.BinarySearchFunc(c.timers, t, compareTimers)
 	c.timers = slices.Insert(c.timers, i, t)
 	return nil
@@ -285,22 +301,46 @@ func (p *Pipeline) handleEvent(s *State, ev *Event, t, nowMs int64) {
 		return map[string]any{"event": event}
 	})
 	p.fireTimers(s, ev.Key)
+	p.fireProcessing(s, ev.Key, nowMs) // set at or before now by the call
 }
 
-// fireTimers calls the handler for its timers due at the key's watermark.
+// fireTimers calls the handler for its event-time timers due at the key's
+// watermark.
 func (p *Pipeline) fireTimers(s *State, key string) {
+	if s.h != nil {
+		p.fire(s, key, false, s.wm, s.now)
+	}
+}
+
+// fireProcessing calls the handler for its processing-time timers due at
+// nowMs, the processing time of the key's input.
+func (p *Pipeline) fireProcessing(s *State, key string, nowMs int64) {
+	if p.handler != nil && s.h != nil {
+		p.fire(s, key, true, nowMs, nowMs)
+	}
+}
+
+// fire calls the handler for its timers of one kind due at limit (the
+// watermark, or the processing time), in (time, name) order; their calls
+// see now as their processing time.
+func (p *Pipeline) fire(s *State, key string, processing bool, limit, now int64) {
 	for range maxTimerFires {
 		h := s.h
-		if h == nil || len(h.timers) == 0 || h.timers[0].At > s.wm {
+		i := slices.IndexFunc(h.timers, func(t Timer) bool { return t.Processing == processing })
+		if i < 0 || h.timers[i].At > limit {
 			return
 		}
-		t := h.timers[0]
-		h.timers = slices.Delete(slices.Clone(h.timers), 0, 1) // a Call may share the old slice
+		t := h.timers[i]
+		h.timers = slices.Delete(slices.Clone(h.timers), i, i+1) // a Call may share the old slice
 		s.version++
-		c := p.newCall(s, key, s.now, t.At, []byte(t.Name))
+		c := p.newCall(s, key, now, t.At, []byte(t.Name))
 		err := callSafely(func() error { return p.handler.OnTimer(c, t) })
 		p.finish(s, c, err, func() any {
-			return map[string]any{"timer": map[string]any{"name": t.Name, "time": time.UnixMilli(t.At).UTC()}}
+			tm := map[string]any{"name": t.Name, "time": time.UnixMilli(t.At).UTC()}
+			if t.Processing {
+				tm["processing"] = true
+			}
+			return map[string]any{"timer": tm}
 		})
 	}
 }
@@ -334,6 +374,12 @@ func (p *Pipeline) finish(s *State, c *Call, err error, input func() any) {
 		p.emitHandler(s, c.key, DeadLetterKind, DeadLetterKind, c.at, values)
 		return
 	}
+	p.commit(s, c)
+}
+
+// commit applies the changes of a call that succeeded.
+func (p *Pipeline) commit(s *State, c *Call) {
+	h := s.h
 	if c.set {
 		h.value = c.value
 	}
@@ -404,12 +450,18 @@ func (h *handlerState) holds() bool {
 	return h != nil && (h.value != nil || len(h.timers) > 0 || len(h.replies.list) > 0)
 }
 
-// nextTimer is the handler's earliest timer, 0 if none.
-func (h *handlerState) nextTimer() int64 {
-	if h == nil || len(h.timers) == 0 {
+// nextTimer is the handler's earliest timer of event time (processing:
+// of processing time), 0 if none.
+func (h *handlerState) nextTimer(processing bool) int64 {
+	if h == nil {
 		return 0
 	}
-	return h.timers[0].At
+	for _, t := range h.timers {
+		if t.Processing == processing {
+			return t.At
+		}
+	}
+	return 0
 }
 
 func (h *handlerState) memSize() int {
@@ -449,7 +501,7 @@ func (p *Pipeline) handlerProto(s *State, ks *keyfoldv1.KeyState) error {
 		h.size = stateSize(h.value, len(data))
 	}
 	for _, t := range h.timers {
-		hs.Timers = append(hs.Timers, &keyfoldv1.HandlerTimer{Name: t.Name, AtMs: t.At})
+		hs.Timers = append(hs.Timers, &keyfoldv1.HandlerTimer{Name: t.Name, AtMs: t.At, Processing: t.Processing})
 	}
 	ks.Handler = hs
 	return nil
@@ -472,7 +524,7 @@ func (p *Pipeline) restoreHandler(s *State, hs *keyfoldv1.HandlerState) error {
 		h.value, h.size = v, stateSize(v, len(hs.Data))
 	}
 	for _, t := range hs.Timers {
-		h.timers = append(h.timers, Timer{Name: t.Name, At: t.AtMs})
+		h.timers = append(h.timers, Timer{Name: t.Name, At: t.AtMs, Processing: t.Processing})
 	}
 	slices.SortFunc(h.timers, compareTimers)
 	s.h = h

@@ -35,6 +35,7 @@ const (
 	opFail
 	opPanic
 	opListTimers
+	opProcessingTimer
 	opKinds
 )
 
@@ -47,6 +48,7 @@ type progOp struct {
 
 type program struct {
 	onEvent, onTimer, onCall []progOp
+	processingFired          int // processing-time timers that fired (replays included)
 }
 
 func randomProgram(rng *rand.Rand) *program {
@@ -93,6 +95,9 @@ func (pr *program) OnEvent(c *fold.Call, ev *fold.Event) error {
 }
 
 func (pr *program) OnTimer(c *fold.Call, t fold.Timer) error {
+	if t.Processing {
+		pr.processingFired++
+	}
 	return pr.run(c, pr.onTimer, int64(len(t.Name))+t.At/1000)
 }
 
@@ -114,6 +119,10 @@ func (pr *program) run(c *fold.Call, ops []progOp, v int64) error {
 			c.SetState(st)
 		case opTimer:
 			if err := c.SetTimer(o.name, c.Time()+o.delta); err != nil {
+				return err
+			}
+		case opProcessingTimer:
+			if err := c.SetProcessingTimer(o.name, c.Now()+o.delta); err != nil {
 				return err
 			}
 		case opCancel:
@@ -165,11 +174,12 @@ func handlerSpec(h fold.Handler) fold.Spec {
 // call, with its id) logged at now, or an advance of the watermark (a
 // timer record).
 type step struct {
-	raw  string
-	now  int64
-	wm   int64
-	call bool
-	id   string
+	raw    string
+	now    int64
+	wm     int64
+	call   bool
+	id     string
+	wakeUp bool // an expiry check: the key's processing-time wake-up
 }
 
 func randomSteps(rng *rand.Rand, n int) []step {
@@ -181,6 +191,10 @@ func randomSteps(rng *rand.Rand, n int) []step {
 		if rng.IntN(4) == 0 {
 			wm = max(wm, evt-2000) + rng.Int64N(3000)
 			steps[i] = step{wm: wm}
+			continue
+		}
+		if rng.IntN(10) == 0 {
+			steps[i] = step{now: now, wakeUp: true}
 			continue
 		}
 		if rng.IntN(5) == 0 {
@@ -204,6 +218,8 @@ func runSteps(t *testing.T, p *fold.Pipeline, s *fold.State, steps []step) []str
 	var outs []string
 	for _, st := range steps {
 		switch {
+		case st.wakeUp:
+			p.Apply(s, fold.ExpiryCheck("a"), st.now)
 		case st.raw == "":
 			p.Advance(s, "a", st.wm)
 		case st.call:
@@ -228,18 +244,21 @@ func describeOutput(o *keyfoldv1.Output) string {
 // reaches the same state, emits the same outputs and gives the same
 // replies to calls as the run that went on without stopping — with the
 // handler's failures, panics, deletions and timers (past ones included)
-// among them, and calls retried with their ids (answered from the kept
-// replies, across snapshots).
+// among them, calls retried with their ids (answered from the kept
+// replies, across snapshots), and processing-time timers fired by the
+// inputs and by the key's wake-ups (expiry checks).
 func TestHandlerReplay(t *testing.T) {
 	seeds := uint64(40)
 	if raceDetector {
 		seeds = 8
 	}
-	var emitted, failed, fired, replied, retried, refused int
+	var emitted, failed, fired, replied, retried, refused, processing int
 	for seed := range seeds {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 16))
-			p := mustCompile(t, handlerSpec(randomProgram(rng)))
+			prog := randomProgram(rng)
+			defer func() { processing += prog.processingFired }()
+			p := mustCompile(t, handlerSpec(prog))
 			steps := randomSteps(rng, 300)
 
 			var s fold.State
@@ -304,8 +323,9 @@ func TestHandlerReplay(t *testing.T) {
 		})
 	}
 	// The programs did what the property is about.
-	if emitted == 0 || failed == 0 || fired == 0 || replied == 0 || retried == 0 || refused == 0 {
-		t.Errorf("the programs emitted %d outputs, %d dead letters, %d from timers, %d replies (%d to retries, %d errors): want some of each", emitted, failed, fired, replied, retried, refused)
+	if emitted == 0 || failed == 0 || fired == 0 || replied == 0 || retried == 0 || refused == 0 || processing == 0 {
+		t.Errorf("the programs emitted %d outputs, %d dead letters, %d from timers, %d replies (%d to retries, %d errors), fired %d processing-time timers: want some of each",
+			emitted, failed, fired, replied, retried, refused, processing)
 	}
 }
 
@@ -409,7 +429,7 @@ func TestHandlerTimersFireInOrder(t *testing.T) {
 	var fired []string
 	h := &recorder{
 		onEvent: func(c *fold.Call, ev *fold.Event) error {
-			for _, tm := range []fold.Timer{{"b", 5000}, {"a", 5000}, {"c", 3000}, {"gone", 4000}, {"late", 100}} {
+			for _, tm := range []fold.Timer{{Name: "b", At: 5000}, {Name: "a", At: 5000}, {Name: "c", At: 3000}, {Name: "gone", At: 4000}, {Name: "late", At: 100}} {
 				if err := c.SetTimer(tm.Name, tm.At); err != nil {
 					return err
 				}

@@ -121,8 +121,16 @@ func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
 		// A key with work pending (windows to emit, pattern events or an
 		// absence to decide) is kept until it is done: expiry runs on
 		// processing time, timers on the watermark.
-		if p.ttl > 0 && s.Holds() && s.now+p.ttl <= nowMs && p.NextTimer(s) == 0 {
+		if p.ttl > 0 && s.Holds() && s.now+p.ttl <= nowMs && p.NextTimer(s) == 0 && s.h.nextTimer(true) == 0 {
 			Erase(s)
+			return false
+		}
+		// Also the key's processing-time wake-up (WakeAt).
+		if s.h != nil {
+			if s.h.replies.expire(nowMs-p.dedupWindow.Milliseconds()) > 0 {
+				s.version++
+			}
+			p.fireProcessing(s, ev.Key, nowMs)
 		}
 		return false
 	case ev.Call: // its reply is for ApplyCall's caller
@@ -163,7 +171,8 @@ func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
 			s.late++
 		}
 		if p.handler != nil {
-			p.handleEvent(s, ev, t, nowMs) // after the built-in operators
+			p.fireProcessing(s, ev.Key, nowMs) // due before the event came
+			p.handleEvent(s, ev, t, nowMs)     // after the built-in operators
 		}
 	}
 	return false
