@@ -105,7 +105,8 @@ func basketConfig(t *testing.T, dir string) keyfold.Config {
 }
 
 // TestCall: a call is answered once applied; with an id a retry gets the
-// first reply without running the handler again, also after a restart; a
+// first reply without running the handler again, also after a restart and
+// after the handler deleted the key; a
 // handler's error is the call's, and changes nothing; a read-only call
 // reads and may not change; a key of calls only has a state to query; bad
 // requests are refused before anything is logged.
@@ -180,6 +181,12 @@ func TestCall(t *testing.T) {
 		if err != nil || string(r.Reply) != `{"ordered":3}` || r.Duplicate != (i == 1) {
 			t.Fatalf("checkout %d: %s %v %v", i, r.Reply, r.Duplicate, err)
 		}
+	}
+	// The deletion kept the replies: an add retried after it is answered,
+	// not run again.
+	r, err = call("u1", `{"op":"add","item":"apple","qty":2}`, keyfold.CallOptions{ID: "a1"})
+	if err != nil || string(r.Reply) != `{"items":{"apple":2}}` || !r.Duplicate {
+		t.Fatalf("retry of add after the checkout: %s %v %v, want the first reply again", r.Reply, r.Duplicate, err)
 	}
 	r, err = call("u1", `{"op":"get"}`, keyfold.CallOptions{ReadOnly: true})
 	if err != nil || string(r.Reply) != `{}` {

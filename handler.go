@@ -64,7 +64,8 @@ type Handler[S any] interface {
 // exactly-once: its reply (or error) is kept in the key's state for the
 // pipeline's dedup window (up to 1 MiB of replies per key, the oldest
 // forgotten first), and a retry with the same id is answered with it
-// without calling OnCall again, also after a restart. A read-only call
+// without calling OnCall again, also after a restart, and after the
+// handler deleted the key (Key.Delete keeps them; Node.Delete does not). A read-only call
 // (Request.ReadOnly) is not logged and sees the key as its last logged
 // input left it: it may read but not change it (Set, SetTimer,
 // CancelTimer, Emit or Delete fail the call), and its Key.Now is the
@@ -268,7 +269,9 @@ func (k *Key[S]) Emit(name string, value any) error {
 
 // Delete erases the key once the call returns nil, as Node.Delete does:
 // its state and timers, the pipeline's aggregates and windows of it, and
-// the ids it remembers (so an event retried after it applies again).
+// the event ids it remembers (so an event retried after it applies
+// again). The replies kept for calls with ids stay (a call retried after
+// it is answered, not run again); Node.Delete forgets them too.
 func (k *Key[S]) Delete() { k.c.Delete() }
 
 // Codec encodes a handler's state for snapshots. Encode must not fail for

@@ -215,8 +215,8 @@ func (p *Pipeline) ApplyCall(s *State, ev *Event, nowMs int64) Reply {
 	p.fireTimers(s, ev.Key)
 	p.fireProcessing(s, ev.Key, nowMs) // set at or before now by the call
 	if ev.ID != "" {
-		// After the call: a call that deleted its key keeps its reply in
-		// the new one.
+		// After the call, which may have deleted the key (the kept
+		// replies stay).
 		s.h.replies.keep(&reply{id: ev.ID, at: s.now, value: out.Value, err: out.Err})
 	}
 	return out

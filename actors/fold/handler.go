@@ -252,7 +252,8 @@ func (c *Call) Emit(name string, values []byte) error {
 
 // Delete erases the key once the call returns, as a deletion of the key
 // does (see Erase): its handler state and timers, its aggregates, windows
-// and remembered ids. Outputs the call emitted stay.
+// and remembered event ids. Outputs the call emitted stay, and so do the
+// replies kept for calls with ids (call.go).
 func (c *Call) Delete() {
 	if !c.forbid("delete the key") {
 		c.deleted = true
@@ -390,7 +391,11 @@ func (p *Pipeline) commit(s *State, c *Call) {
 		p.emitHandler(s, c.key, HandlerKind, o.name, c.at, o.values)
 	}
 	if c.deleted {
+		// The replies kept for retries stay: a call retried after the
+		// deletion must not run again (Node.Delete and a ttl forget them).
+		kept := s.h.replies
 		Erase(s)
+		s.h.replies = kept
 	}
 }
 
