@@ -448,12 +448,15 @@ func (h *handlerState) erased() *handlerState {
 	return &handlerState{born: h.born, emitted: h.emitted}
 }
 
-// holds reports whether the handler's part holds anything a key must keep
-// (a state, timers, kept replies), even if the key never applied an event
-// (a key of calls only).
+// holds reports whether the handler's part holds a state or timers, even
+// if the key never applied an event (a key of calls only).
 func (h *handlerState) holds() bool {
-	return h != nil && (h.value != nil || len(h.timers) > 0 || len(h.replies.list) > 0)
+	return h != nil && (h.value != nil || len(h.timers) > 0)
 }
+
+// keepsReplies reports whether the handler's part keeps replies of calls
+// (which a deleted key keeps until they expire).
+func (h *handlerState) keepsReplies() bool { return h != nil && len(h.replies.list) > 0 }
 
 // nextTimer is the handler's earliest timer of event time (processing:
 // of processing time), 0 if none.

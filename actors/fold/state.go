@@ -99,11 +99,13 @@ func (s *State) Seq() uint64 { return s.seq }
 // Empty reports whether the key holds nothing: no event applied (or all
 // erased) and no emptied window kept to number its next results.
 func (s *State) Empty() bool {
-	return s.seq == 0 && s.ids.len() == 0 && (s.timeState == nil || len(s.wins) == 0) && !s.h.holds()
+	return s.seq == 0 && s.ids.len() == 0 && (s.timeState == nil || len(s.wins) == 0) && !s.h.holds() && !s.h.keepsReplies()
 }
 
 // Holds reports whether the key holds state a query shows: an event
-// applied, or its Go handler's part (a key may have had calls only).
+// applied, or its Go handler's state or timers (a key may have had calls
+// only). A key deleted by its handler that keeps only the replies of its
+// calls holds none.
 func (s *State) Holds() bool { return s.seq > 0 || s.h.holds() }
 
 // Version counts the changes of the state since it was created or restored.
