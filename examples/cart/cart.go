@@ -102,7 +102,10 @@ func (h carts) OnCall(k *keyfold.Key[Cart], req keyfold.Request) (any, error) {
 		if err := k.Emit("order", o); err != nil {
 			return nil, err
 		}
-		k.Delete() // a retried checkout gets this reply again: it is kept
+		// The cart is emptied, the user's views stay. (A retried checkout
+		// gets this reply again: it is kept, as every call's with an id.)
+		k.Set(Cart{Views: c.Views})
+		k.CancelTimer("abandon")
 		return o, nil
 	default:
 		return nil, fmt.Errorf("unknown op %q", r.Op)
@@ -115,7 +118,8 @@ func (h carts) OnCall(k *keyfold.Key[Cart], req keyfold.Request) (any, error) {
 	return view(c), nil
 }
 
-// OnTimer abandons the cart: it emits what it held and deletes it.
+// OnTimer abandons the cart: it emits what it held and deletes the key
+// (its views too: a user gone that long starts afresh).
 func (carts) OnTimer(k *keyfold.Key[Cart], t keyfold.Timer) error {
 	if err := k.Emit("abandoned", order(k.State())); err != nil {
 		return err

@@ -35,7 +35,7 @@ func startCarts(t *testing.T, abandonAfter time.Duration) *keyfold.Node {
 
 // TestCart walks a cart through its calls and events: adds, a failing
 // remove (the cart unchanged), a read-only get, product views, a checkout
-// that emits the order and deletes the cart, and its retry, answered with
+// that emits the order and empties the cart, and its retry, answered with
 // the first reply.
 func TestCart(t *testing.T) {
 	node := startCarts(t, time.Hour)

@@ -1,8 +1,8 @@
 // Command cart is a shopping-cart service built on keyfold: each user's
 // cart is a key of the "carts" pipeline, changed and read by calls to its
 // Go handler (request/reply, exactly-once with an id), counting product
-// views from events, and abandoned by a processing-time timer when left
-// alone. It serves keyfold's HTTP (and, with -grpc, gRPC) API:
+// views from events, emptied by a checkout that emits the order, and
+// abandoned by a processing-time timer when left alone. It serves keyfold's HTTP (and, with -grpc, gRPC) API:
 //
 //	go run ./examples/cart -data /tmp/carts -http 127.0.0.1:8080
 //	curl -s -H 'Content-Type: application/json' \
