@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/keyfold/keyfold/actors/fold"
 )
@@ -97,6 +98,7 @@ func (h *Host) readCall(ctx context.Context, pipeline string, ev *fold.Event) (f
 // call applies a call the log holds and answers its caller.
 func (g *grain) call(ev *fold.Event, s segment) {
 	r := g.pipeline.ApplyCall(&g.state, ev, s.nowMs)
+	r.Value = slices.Clone(r.Value) // the key may keep it: the caller gets its own
 	g.pstats.calls.Add(1)
 	if r.Err != "" && !r.Duplicate {
 		g.pstats.callFailures.Add(1)
