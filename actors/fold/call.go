@@ -187,6 +187,9 @@ func ReplayCall(key, id string, req []byte) *Event {
 // keeps a reply for gets that reply, and changes nothing else. A call the
 // handler fails changes nothing; its error is the reply (kept as one).
 func (p *Pipeline) ApplyCall(s *State, ev *Event, nowMs int64) Reply {
+	if p.handler == nil { // a logged call replayed after the handler was removed
+		return Reply{Err: ErrNoCallHandler.Error()}
+	}
 	s.version++
 	if nowMs > s.now {
 		s.now = nowMs
@@ -237,7 +240,7 @@ func (p *Pipeline) ReadCall(s *State, key string, req []byte, nowMs int64) Reply
 // runCall calls the handler's OnCall and checks its reply.
 func (p *Pipeline) runCall(c *Call, ev *Event) Reply {
 	ch, ok := p.handler.(CallHandler)
-	if !ok { // a logged call replayed after the handler lost its OnCall
+	if !ok { // a logged call replayed after the handler lost its OnCall, or a read-only call of such a pipeline
 		return Reply{Err: ErrNoCallHandler.Error()}
 	}
 	var value []byte

@@ -520,3 +520,22 @@ func TestHandlerStateVersion(t *testing.T) {
 		t.Fatalf("restoring a version-1 state with a version-2 handler: %v", err)
 	}
 }
+
+// TestCallReplayedWithoutCallHandler: a logged call replayed after its
+// pipeline lost its handler, or its handler's OnCall, is answered with
+// an error and changes nothing.
+func TestCallReplayedWithoutCallHandler(t *testing.T) {
+	noHandler := handlerSpec(nil)
+	noHandler.Handler = nil
+	for name, spec := range map[string]fold.Spec{"no handler": noHandler, "no OnCall": handlerSpec(&recorder{})} {
+		p := mustCompile(t, spec)
+		var s fold.State
+		r := p.ApplyCall(&s, fold.ReplayCall("a", "c1", []byte(`{}`)), 5)
+		if !errors.Is(r.Error(), fold.ErrCallFailed) || !strings.Contains(r.Err, "takes no calls") {
+			t.Errorf("%s: %+v", name, r)
+		}
+		if s.Holds() {
+			t.Errorf("%s: the call left state", name)
+		}
+	}
+}
