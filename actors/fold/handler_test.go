@@ -539,3 +539,43 @@ func TestCallReplayedWithoutCallHandler(t *testing.T) {
 		}
 	}
 }
+
+// TestKeptRepliesExpire: a key its handler deleted keeps the replies of
+// its calls with ids (a retry is answered, not run), asks to be woken when
+// the oldest leaves the dedup window, and is empty (its snapshot deleted)
+// once the wake-up expired them.
+func TestKeptRepliesExpire(t *testing.T) {
+	h := &recorder{}
+	p := mustCompile(t, handlerSpec(&callingRecorder{recorder: h, onCall: func(c *fold.Call, req *fold.Event) ([]byte, error) {
+		c.SetState(1)
+		c.Delete()
+		return []byte(`"done"`), nil
+	}}))
+	var s fold.State
+	const at = 1_000_000
+	if r := p.ApplyCall(&s, fold.ReplayCall("a", "c1", []byte(`{}`)), at); r.Err != "" || string(r.Value) != `"done"` {
+		t.Fatalf("call: %+v", r)
+	}
+	if s.Holds() || s.Empty() {
+		t.Fatalf("after the deletion: holds %v, empty %v; want only the kept reply", s.Holds(), s.Empty())
+	}
+	if r := p.ApplyCall(&s, fold.ReplayCall("a", "c1", []byte(`{}`)), at+10); !r.Duplicate || string(r.Value) != `"done"` {
+		t.Fatalf("retry: %+v", r)
+	}
+	wake := p.WakeAt(&s, at+10)
+	if want := int64(at) + p.DedupWindow().Milliseconds() + 1; wake != want {
+		t.Fatalf("WakeAt %d, want %d (the reply's expiry)", wake, want)
+	}
+	p.Apply(&s, fold.ExpiryCheck("a"), wake)
+	if !s.Empty() || p.WakeAt(&s, wake) != 0 {
+		t.Fatalf("after the wake-up: empty %v, WakeAt %d", s.Empty(), p.WakeAt(&s, wake))
+	}
+}
+
+// callingRecorder is a recorder that answers calls.
+type callingRecorder struct {
+	*recorder
+	onCall func(c *fold.Call, req *fold.Event) ([]byte, error)
+}
+
+func (r *callingRecorder) OnCall(c *fold.Call, req *fold.Event) ([]byte, error) { return r.onCall(c, req) }
