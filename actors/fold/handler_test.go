@@ -578,4 +578,6 @@ type callingRecorder struct {
 	onCall func(c *fold.Call, req *fold.Event) ([]byte, error)
 }
 
-func (r *callingRecorder) OnCall(c *fold.Call, req *fold.Event) ([]byte, error) { return r.onCall(c, req) }
+func (r *callingRecorder) OnCall(c *fold.Call, req *fold.Event) ([]byte, error) {
+	return r.onCall(c, req)
+}
