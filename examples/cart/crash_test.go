@@ -94,6 +94,54 @@ func TestCrashReplay(t *testing.T) {
 	}
 }
 
+// TestCrashTimers: processing-time timers set before a kill -9 fire after
+// the restart, once each, for keys that get no further input: carts
+// filled, the process killed before they are abandoned, restarted and
+// sent nothing; every cart is abandoned once.
+func TestCrashTimers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the cart binary")
+	}
+	bin := buildCart(t)
+	dir := t.TempDir()
+	p := startCart(t, bin, dir, "-abandon-after", "3s")
+	const users = 10
+	start := time.Now()
+	for i := range users {
+		o := op{user: fmt.Sprintf("u%d", i), call: true, id: "fill", body: fmt.Sprintf(`{"op":"add","item":"fig","qty":%d,"price":10}`, i+1)}
+		if _, err := p.send(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.kill()
+	if took := time.Since(start); took >= 3*time.Second {
+		t.Logf("the carts took %v to fill: some may have been abandoned before the kill", took)
+	}
+	p = startCart(t, bin, dir, "-abandon-after", "3s")
+	defer p.stop()
+	var want []string
+	for i := range users {
+		want = append(want, fmt.Sprintf(`u%d abandoned {"items":%d,"total":%d}`, i, i+1, 10*(i+1)))
+	}
+	slices.Sort(want)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got := p.outputs()
+		if slices.Equal(got, want) {
+			break
+		}
+		if len(got) > users || time.Now().After(deadline) {
+			t.Fatalf("outputs (by id)\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for i := range users {
+		if st := p.state(fmt.Sprintf("u%d", i)); st != "not found" {
+			t.Errorf("u%d after its cart was abandoned: %s", i, st)
+		}
+	}
+}
+
 // op is one request of the stream: a call to a user's cart, or an event.
 type op struct {
 	user string
@@ -222,10 +270,11 @@ type cartProcess struct {
 
 var listeningRE = regexp.MustCompile(`msg="cart listening" http=(\S+)`)
 
-// startCart starts the binary on dir and waits until it serves.
-func startCart(t *testing.T, bin, dir string) *cartProcess {
+// startCart starts the binary on dir and waits until it serves; args are
+// more flags (the default abandon-after is 1h).
+func startCart(t *testing.T, bin, dir string, args ...string) *cartProcess {
 	t.Helper()
-	cmd := exec.Command(bin, "-data", dir, "-http", "127.0.0.1:0", "-abandon-after", "1h")
+	cmd := exec.Command(bin, append([]string{"-data", dir, "-http", "127.0.0.1:0", "-abandon-after", "1h"}, args...)...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
