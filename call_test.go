@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -234,6 +236,21 @@ func TestCallOverHTTPAndGRPC(t *testing.T) {
 	st, err := node.Query(context.Background(), "cart", "u 1")
 	if err != nil || string(st.State) != `{"items":{"fig":1}}` {
 		t.Fatalf("after the HTTP calls: %s %v", st.State, err)
+	}
+	// Applied: h1, its retry, the read-only get and checkout, the failing add.
+	if ps := node.Stats().Pipelines["cart"]; ps.Calls != 5 || ps.CallFailures != 2 {
+		t.Errorf("calls counted %d, failed %d; want 5 and 2", ps.Calls, ps.CallFailures)
+	}
+	mr, err := http.Get("http://" + node.HTTPAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := io.ReadAll(mr.Body)
+	mr.Body.Close()
+	for _, want := range []string{`keyfold_pipeline_calls_total{pipeline="cart"} 5`, `keyfold_pipeline_call_failures_total{pipeline="cart"} 2`} {
+		if !strings.Contains(string(m), want) {
+			t.Errorf("/metrics has no %s", want)
+		}
 	}
 
 	conn, err := grpc.NewClient(node.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
