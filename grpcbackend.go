@@ -37,6 +37,14 @@ func (b grpcBackend) Delete(ctx context.Context, pipeline, key string) error {
 	return b.n.Delete(ctx, pipeline, key)
 }
 
+func (b grpcBackend) Call(ctx context.Context, req *keyfoldv1.CallRequest) (*keyfoldv1.CallResponse, error) {
+	r, err := b.n.Call(ctx, req.Pipeline, req.Key, req.Request, CallOptions{ID: req.Id, ReadOnly: req.ReadOnly})
+	if err != nil {
+		return nil, err
+	}
+	return &keyfoldv1.CallResponse{Reply: r.Reply, Duplicate: r.Duplicate}, nil
+}
+
 func (b grpcBackend) Pipelines() []*keyfoldv1.PipelineInfo { return b.n.describePipelines() }
 
 func (b grpcBackend) Outputs(ctx context.Context, pipeline, after string, limit int) ([]*keyfoldv1.OutputEntry, error) {

@@ -43,15 +43,78 @@ type Handler[S any] interface {
 	// applied) do not reach it.
 	OnEvent(k *Key[S], ev Event) error
 	// OnTimer handles one of the key's timers, once the key's watermark
-	// reached its time.
+	// reached its time (a processing-time timer: once the node's clock
+	// did).
 	OnTimer(k *Key[S], t Timer) error
 }
 
-// HandlerFuncs is a Handler of two functions; a nil one does nothing.
+// Caller is a Handler that also answers requests to one key (the actor
+// call: Node.Call, and POST /v1/pipelines/{p}/keys/{key}/call). OnCall runs
+// on the key's actor like OnEvent, in the key's log order, under the same
+// rules: deterministic, a transaction (an error or a panic changes
+// nothing). Its reply is encoded as JSON (encoding/json; protojson for a
+// proto.Message; a json.RawMessage as it is; nil is null), at most
+// MaxReplyBytes, and goes back to the caller; an error goes back as the
+// call's error (a *CallError with its text), not to the dead-letter output.
+//
+// A call is logged before OnCall sees it and replayed after a crash like
+// an event, but it is not an event: it adds to no aggregate or window, is
+// not counted in the key's seq, and moves no clock. Key.Now and Key.Time
+// are the time it was logged at. A call with an id (Request.ID) is
+// exactly-once: its reply (or error) is kept in the key's state for the
+// pipeline's dedup window (up to 1 MiB of replies per key, the oldest
+// forgotten first), and a retry with the same id is answered with it
+// without calling OnCall again, also after a restart, and after the
+// handler deleted the key (Key.Delete keeps them; Node.Delete does not). A read-only call
+// (Request.ReadOnly) is not logged and sees the key as its last logged
+// input left it: it may read but not change it (Set, SetTimer,
+// CancelTimer, Emit or Delete fail the call), and its Key.Now is the
+// node's clock.
+type Caller[S any] interface {
+	Handler[S]
+	OnCall(k *Key[S], req Request) (reply any, err error)
+}
+
+// Request is a call as a handler sees it.
+type Request struct {
+	// ID is the call's id ("" for none).
+	ID string
+	// ReadOnly is set for a read-only call.
+	ReadOnly bool
+	// Raw is the request, a JSON value.
+	Raw json.RawMessage
+}
+
+// Decode decodes the request into v, as json.Unmarshal does.
+func (r Request) Decode(v any) error { return json.Unmarshal(r.Raw, v) }
+
+// Bounds of a call: a request above MaxRequestBytes is refused
+// (ErrCallTooLarge); a reply above MaxReplyBytes fails its call.
+const (
+	MaxRequestBytes = fold.MaxRequestBytes
+	MaxReplyBytes   = fold.MaxReplyBytes
+	MaxCallIDBytes  = fold.MaxCallIDBytes
+)
+
+// HandlerFuncs is a Handler (and, with Call set, a Caller) of functions; a
+// nil Event or Timer does nothing, and without Call the pipeline takes no
+// calls.
 type HandlerFuncs[S any] struct {
 	Event func(k *Key[S], ev Event) error
 	Timer func(k *Key[S], t Timer) error
+	Call  func(k *Key[S], req Request) (any, error)
 }
+
+// OnCall calls f.Call.
+func (f HandlerFuncs[S]) OnCall(k *Key[S], req Request) (any, error) {
+	if f.Call == nil {
+		return nil, errors.New("keyfold: the handler takes no calls")
+	}
+	return f.Call(k, req)
+}
+
+// takesCalls reports whether a HandlerFuncs is a Caller.
+func (f HandlerFuncs[S]) takesCalls() bool { return f.Call != nil }
 
 // OnEvent calls f.Event.
 func (f HandlerFuncs[S]) OnEvent(k *Key[S], ev Event) error {
@@ -84,10 +147,12 @@ type Event struct {
 // Decode decodes the event into v, as json.Unmarshal does.
 func (e Event) Decode(v any) error { return json.Unmarshal(e.Raw, v) }
 
-// Timer is one of a key's timers.
+// Timer is one of a key's timers: of event time, or of processing time
+// (SetProcessingTimer).
 type Timer struct {
-	Name string
-	Time time.Time
+	Name       string
+	Time       time.Time
+	Processing bool
 }
 
 // Key is one key during one call of its handler: its state, the input's
@@ -113,17 +178,23 @@ func (k *Key[S]) State() S {
 	return zero
 }
 
+// ReadOnly reports whether the call is a read-only call, which may not
+// change the key.
+func (k *Key[S]) ReadOnly() bool { return k.c.ReadOnly() }
+
 // Exists reports whether the key has a state (one was Set and not
 // deleted).
 func (k *Key[S]) Exists() bool { return k.c.State() != nil }
 
-// Set replaces the key's state, once the call returns nil.
+// Set replaces the key's state, once the call returns nil. In a read-only
+// call it fails the call.
 func (k *Key[S]) Set(s S) { k.c.SetState(s) }
 
 // Now returns the time the input was logged at, by the node that logged
-// it: the event's ingest time; for a timer, that of the key's latest
-// input. Replay gives the same time. It is the only clock a handler may
-// read.
+// it: the event's or call's ingest time; for an event-time timer, that of
+// the key's latest input; for a processing-time timer, that of the input
+// (or wake-up) that fired it. Replay gives the same time. It is the only
+// clock a handler may read (a read-only call's is the node's clock).
 func (k *Key[S]) Now() time.Time { return time.UnixMilli(k.c.Now()).UTC() }
 
 // Time returns the event's time (as Event.Time), or the timer's.
@@ -144,7 +215,8 @@ func (k *Key[S]) Watermark() time.Time {
 func (k *Key[S]) Seed() uint64 { return k.c.Seed() }
 
 // SetTimer sets the timer name to fire at t (event time, to the
-// millisecond), replacing a timer of that name: OnTimer gets it once the
+// millisecond), replacing a timer of that name (of either kind): OnTimer
+// gets it once the
 // key's watermark reaches t, even if the key gets no other input, was
 // passivated or the node restarted. A time at or before the watermark
 // fires right after this call. In a pipeline without a time field, event
@@ -152,6 +224,19 @@ func (k *Key[S]) Seed() uint64 { return k.c.Seed() }
 // fire by processing time (within the node's watermark interval).
 func (k *Key[S]) SetTimer(name string, t time.Time) error {
 	return k.c.SetTimer(name, t.UnixMilli())
+}
+
+// SetProcessingTimer sets the timer name to fire at t by the node's clock
+// (processing time, to the millisecond), replacing a timer of that name
+// (of either kind): OnTimer gets it (Timer.Processing set) once the
+// processing time of an input of the key reaches t. For a quiet key that
+// input is a wake-up the node logs (with its time) within its watermark
+// interval after t, even if the key was passivated or the node restarted
+// (after a crash: once the key's group is served again, late by the
+// downtime). Replay fires it at the same input, so its call sees the same
+// Now. A time at or before Now fires right after this call.
+func (k *Key[S]) SetProcessingTimer(name string, t time.Time) error {
+	return k.c.SetProcessingTimer(name, t.UnixMilli())
 }
 
 // CancelTimer removes the timer name; it reports whether there was one.
@@ -162,7 +247,7 @@ func (k *Key[S]) Timers() []Timer {
 	ts := k.c.Timers()
 	out := make([]Timer, len(ts))
 	for i, t := range ts {
-		out[i] = Timer{Name: t.Name, Time: time.UnixMilli(t.At).UTC()}
+		out[i] = Timer{Name: t.Name, Time: time.UnixMilli(t.At).UTC(), Processing: t.Processing}
 	}
 	return out
 }
@@ -184,7 +269,9 @@ func (k *Key[S]) Emit(name string, value any) error {
 
 // Delete erases the key once the call returns nil, as Node.Delete does:
 // its state and timers, the pipeline's aggregates and windows of it, and
-// the ids it remembers (so an event retried after it applies again).
+// the event ids it remembers (so an event retried after it applies
+// again). The replies kept for calls with ids stay (a call retried after
+// it is answered, not run again); Node.Delete forgets them too.
 func (k *Key[S]) Delete() { k.c.Delete() }
 
 // Codec encodes a handler's state for snapshots. Encode must not fail for
@@ -273,6 +360,11 @@ func Handle[S any](cfg *Config, pipeline string, h Handler[S], opts ...HandlerOp
 		return fmt.Errorf("keyfold: Handle: pipeline %q: a codec and a state version of at least 1 are required", pipeline)
 	}
 	spec.Handler = a
+	if c, ok := h.(Caller[S]); ok {
+		if f, ok := h.(interface{ takesCalls() bool }); !ok || f.takesCalls() {
+			spec.Handler = &callAdapter[S]{a, c}
+		}
+	}
 	cfg.Pipelines[pipeline] = spec
 	return nil
 }
@@ -290,7 +382,38 @@ func (a *handlerAdapter[S]) OnEvent(c *fold.Call, ev *fold.Event) error {
 }
 
 func (a *handlerAdapter[S]) OnTimer(c *fold.Call, t fold.Timer) error {
-	return a.h.OnTimer(&Key[S]{c: c}, Timer{Name: t.Name, Time: time.UnixMilli(t.At).UTC()})
+	return a.h.OnTimer(&Key[S]{c: c}, Timer{Name: t.Name, Time: time.UnixMilli(t.At).UTC(), Processing: t.Processing})
+}
+
+// callAdapter is a handlerAdapter whose handler answers calls.
+type callAdapter[S any] struct {
+	*handlerAdapter[S]
+	c Caller[S]
+}
+
+func (a *callAdapter[S]) OnCall(c *fold.Call, req *fold.Event) ([]byte, error) {
+	v, err := a.c.OnCall(&Key[S]{c: c}, Request{ID: req.ID, ReadOnly: c.ReadOnly(), Raw: req.Raw})
+	if err != nil {
+		return nil, err
+	}
+	return encodeReply(v)
+}
+
+// encodeReply encodes a handler's reply as JSON.
+func encodeReply(v any) ([]byte, error) {
+	switch r := v.(type) {
+	case nil:
+		return nil, nil
+	case json.RawMessage:
+		return r, nil
+	case proto.Message:
+		return protojson.Marshal(r)
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("keyfold: reply: %w", err)
+	}
+	return b, nil
 }
 
 func (a *handlerAdapter[S]) StateVersion() uint32 { return a.version }

@@ -41,6 +41,24 @@ func (sumHandler) OnEvent(k *keyfold.Key[totals], ev keyfold.Event) error {
 
 func (sumHandler) OnTimer(*keyfold.Key[totals], keyfold.Timer) error { return nil }
 
+// OnCall does the same for a call's request ({"amount": …}) and replies
+// with the totals.
+func (sumHandler) OnCall(k *keyfold.Key[totals], req keyfold.Request) (any, error) {
+	var r struct {
+		Amount float64 `json:"amount"`
+	}
+	if err := req.Decode(&r); err != nil {
+		return nil, err
+	}
+	st := k.State()
+	if !req.ReadOnly {
+		st.Total++
+		st.Amount += r.Amount
+		k.Set(st)
+	}
+	return st, nil
+}
+
 // BenchmarkHandler compares, in one run, events/s through a pipeline whose
 // keys keep a count and a sum with the built-in aggregates against the
 // same pipeline doing it in a trivial Go handler (and both at once):
@@ -148,4 +166,69 @@ func BenchmarkHandlerCore(b *testing.B) {
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 		})
 	}
+}
+
+// BenchmarkHandlerCall compares, in one run, calls/s through the trivial
+// handler's OnCall (Node.Call with an id: logged, applied, answered; and
+// read-only calls, not logged) against events/s through its OnEvent, from
+// GOMAXPROCS*4 goroutines over 10k keys: events one per Node.Ingest (a
+// request each, as a call is) and in batches of 100 (what ingest does
+// best). On the in-memory store (the CPU cost of the path) and the
+// embedded store (synced: concurrent requests share a commit either way).
+func BenchmarkHandlerCall(b *testing.B) {
+	for _, c := range []struct{ store, mode string }{
+		{"memory", "events100"}, {"memory", "events1"}, {"memory", "calls"}, {"memory", "readonly"},
+		{"embedded", "events1"}, {"embedded", "calls"},
+	} {
+		b.Run(fmt.Sprintf("store=%s/%s", c.store, c.mode), func(b *testing.B) {
+			cfg := keyfold.Config{Pipelines: map[string]keyfold.PipelineConfig{"logins": {Key: "user_id", ID: "event_id"}}}
+			if c.store == "memory" {
+				cfg.Store = memstore.New()
+			} else {
+				cfg.DataDir = b.TempDir()
+			}
+			if err := keyfold.Handle(&cfg, "logins", sumHandler{}); err != nil {
+				b.Fatal(err)
+			}
+			n := run(b, cfg)
+			switch c.mode {
+			case "events100":
+				benchIngest(b, n)
+			case "events1":
+				benchRequests(b, "events", func(ctx context.Context, id int64) error {
+					_, err := n.Ingest(ctx, "logins", []json.RawMessage{fmt.Appendf(nil, `{"user_id":"u%d","event_id":"e%d","amount":%d}`, id%10000, id, id%100)})
+					return err
+				})
+			case "calls", "readonly":
+				ro := c.mode == "readonly"
+				benchRequests(b, "calls", func(ctx context.Context, id int64) error {
+					o := keyfold.CallOptions{ID: fmt.Sprintf("c%d", id), ReadOnly: ro}
+					if ro {
+						o.ID = ""
+					}
+					_, err := n.Call(ctx, "logins", fmt.Sprintf("u%d", id%10000), fmt.Appendf(nil, `{"amount":%d}`, id%100), o)
+					return err
+				})
+			}
+		})
+	}
+}
+
+// benchRequests runs one request at a time per goroutine, GOMAXPROCS*4
+// goroutines, and reports requests/s as unit.
+func benchRequests(b *testing.B, unit string, do func(ctx context.Context, id int64) error) {
+	var seq atomic.Int64
+	b.SetParallelism(4)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := do(context.Background(), seq.Add(1)); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(seq.Load())/b.Elapsed().Seconds(), unit+"/s")
 }

@@ -191,3 +191,77 @@ func exampleNode(cfg keyfold.Config) (*keyfold.Node, func() error) {
 		return err
 	}
 }
+
+// window is the state of a rate limiter's key: the calls counted in the
+// current window.
+type window struct {
+	Used int `json:"used"`
+}
+
+// A rate limiter per API key, as a call: each request asks "may I?" and
+// the key answers, at most 3 a window of 2 s of the node's clock. The
+// window starts with the key's first request and ends with a
+// processing-time timer, which reports the window and deletes the key: a
+// key without requests costs nothing. The call carries an id, so a client
+// that retries a request it got no answer for is not counted twice.
+func ExampleKey_SetProcessingTimer() {
+	const limit, span = 3, 2 * time.Second
+	limiter := keyfold.HandlerFuncs[window]{
+		Call: func(k *keyfold.Key[window], req keyfold.Request) (any, error) {
+			w := k.State()
+			if !k.Exists() {
+				if err := k.SetProcessingTimer("reset", k.Now().Add(span)); err != nil {
+					return nil, err
+				}
+			}
+			w.Used++
+			k.Set(w)
+			return map[string]any{"allowed": w.Used <= limit, "used": w.Used}, nil
+		},
+		Timer: func(k *keyfold.Key[window], t keyfold.Timer) error {
+			if err := k.Emit("window", map[string]any{"used": k.State().Used, "processing": t.Processing}); err != nil {
+				return err
+			}
+			k.Delete()
+			return nil
+		},
+	}
+	cfg := keyfold.Config{Pipelines: map[string]keyfold.PipelineConfig{"limits": {Key: "api_key"}}}
+	if err := keyfold.Handle(&cfg, "limits", limiter); err != nil {
+		panic(err)
+	}
+	node, stop := exampleNode(cfg)
+	ctx := context.Background()
+
+	ask := func(id string) {
+		r, err := node.Call(ctx, "limits", "k1", json.RawMessage(`{}`), keyfold.CallOptions{ID: id})
+		fmt.Println(id, string(r.Reply), r.Duplicate, err)
+	}
+	for _, id := range []string{"r1", "r2", "r2", "r3", "r4", "r5"} { // r2 twice: a retry
+		ask(id)
+	}
+	// The window ends by the clock: its timer reports it and deletes the
+	// key, with no further input.
+	wait, cancel := context.WithTimeout(ctx, 10*time.Second)
+	errDone := errors.New("done")
+	err := node.Subscribe(wait, "limits", "", func(o keyfold.Output) error {
+		fmt.Println(o.Name, string(o.Values))
+		return errDone
+	})
+	cancel()
+	fmt.Println(errors.Is(err, errDone))
+	ask("r6") // a new window
+
+	fmt.Println(stop())
+	// Output:
+	// r1 {"allowed":true,"used":1} false <nil>
+	// r2 {"allowed":true,"used":2} false <nil>
+	// r2 {"allowed":true,"used":2} true <nil>
+	// r3 {"allowed":true,"used":3} false <nil>
+	// r4 {"allowed":false,"used":4} false <nil>
+	// r5 {"allowed":false,"used":5} false <nil>
+	// window {"processing":true,"used":5}
+	// true
+	// r6 {"allowed":true,"used":1} false <nil>
+	// <nil>
+}

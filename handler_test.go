@@ -346,3 +346,83 @@ func compactJSON(t *testing.T, b []byte) string {
 	}
 	return string(out)
 }
+
+// pinger sets a processing-time timer 2 s after each key's first event;
+// when it fires it emits and records it.
+type pinger struct{}
+
+func (pinger) OnEvent(k *keyfold.Key[reminderState], ev keyfold.Event) error {
+	st := k.State()
+	if st.Events == 0 {
+		if err := k.SetProcessingTimer("ping", k.Now().Add(2*time.Second)); err != nil {
+			return err
+		}
+	}
+	st.Events++
+	k.Set(st)
+	return nil
+}
+
+func (pinger) OnTimer(k *keyfold.Key[reminderState], t keyfold.Timer) error {
+	if !t.Processing || t.Name != "ping" {
+		return fmt.Errorf("timer %+v", t)
+	}
+	st := k.State()
+	st.Fired = true
+	k.Set(st)
+	return k.Emit("pinged", map[string]any{"late": k.Now().Sub(t.Time) >= 0})
+}
+
+// TestProcessingTimersFireForQuietKeys: processing-time timers fire by the
+// node's clock in a pipeline whose watermark never moves with it (a time
+// field, idle_timeout 1h, no later event), for keys that get no other
+// input, were passivated out of memory, and whose node restarted
+// meanwhile; each fires once.
+func TestProcessingTimersFireForQuietKeys(t *testing.T) {
+	dir := t.TempDir()
+	newCfg := func() keyfold.Config {
+		cfg := keyfold.Config{
+			DataDir: dir, CheckpointInterval: 50 * time.Millisecond, MaxActiveKeys: 2, MaxMemory: 1,
+			Pipelines: map[string]keyfold.PipelineConfig{"p": {Key: "k", Time: "at", IdleTimeout: time.Hour}},
+		}
+		if err := keyfold.Handle(&cfg, "p", pinger{}); err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	node, stop := runNode(t, newCfg())
+	ctx := context.Background()
+	const keys = 12
+	var batch []json.RawMessage
+	for i := range keys {
+		batch = append(batch, json.RawMessage(fmt.Sprintf(`{"k":"k%d","at":"2020-01-01T00:00:00Z"}`, i)))
+	}
+	if _, err := node.Ingest(ctx, "p", batch); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+
+	node, stop = runNode(t, newCfg())
+	defer stop()
+	ids := map[string]string{}
+	eventually(t, "every key's processing-time timer fired", func() bool {
+		outs, err := node.Outputs(ctx, "p", "", 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range outs {
+			if o.Name != "pinged" || string(o.Values) != `{"late":true}` {
+				t.Fatalf("output %+v %s", o, o.Values)
+			}
+			if prev, ok := ids[o.Key]; ok && prev != o.ID {
+				t.Fatalf("%s fired twice: %s and %s", o.Key, prev, o.ID)
+			}
+			ids[o.Key] = o.ID
+		}
+		return len(ids) == keys
+	})
+	st, err := node.Query(ctx, "p", "k3")
+	if err != nil || string(st.State) != `{"events":1,"fired":true}` {
+		t.Fatalf("k3: %s %v", st.State, err)
+	}
+}

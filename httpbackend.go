@@ -25,6 +25,10 @@ func (b httpBackend) Delete(ctx context.Context, pipeline, key string) error {
 	return b.n.Delete(ctx, pipeline, key)
 }
 
+func (b httpBackend) Call(ctx context.Context, pipeline, key string, req httpapi.CallRequest) (any, error) {
+	return b.n.Call(ctx, pipeline, key, req.Request, CallOptions{ID: req.ID, ReadOnly: req.ReadOnly})
+}
+
 func (b httpBackend) Outputs(ctx context.Context, pipeline, after string, limit int) ([]httpapi.Output, error) {
 	outs, err := b.n.Outputs(ctx, pipeline, after, limit)
 	if err != nil {

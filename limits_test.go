@@ -42,7 +42,14 @@ func limitsNode(t *testing.T, yaml string) (*keyfold.Node, keyfoldv1.KeyfoldClie
 
 func postJSON(t *testing.T, n *keyfold.Node, body string) (int, string) {
 	t.Helper()
-	resp, err := http.Post("http://"+n.HTTPAddr()+"/v1/pipelines/p/events", "application/json", strings.NewReader(body))
+	return post(t, n, "/v1/pipelines/p/events", "application/json", body)
+}
+
+// post POSTs body to path on n's HTTP API; it returns the status and the
+// body.
+func post(t *testing.T, n *keyfold.Node, path, contentType, body string) (int, string) {
+	t.Helper()
+	resp, err := http.Post("http://"+n.HTTPAddr()+path, contentType, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}

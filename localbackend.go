@@ -3,6 +3,8 @@ package keyfold
 import (
 	"context"
 
+	"github.com/keyfold/keyfold/actors/fold"
+
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"github.com/keyfold/keyfold/services/grpcapi"
 )
@@ -31,6 +33,14 @@ func (b localBackend) QueryLocal(ctx context.Context, pipeline, key string) (*ke
 		return nil, err
 	}
 	return b.n.stateResponse(pipeline, key, v)
+}
+
+func (b localBackend) CallLocal(ctx context.Context, req *keyfoldv1.CallRequest) (fold.Reply, error) {
+	r, err := b.n.route(req.Pipeline)
+	if err != nil {
+		return fold.Reply{}, err
+	}
+	return r.CallLocal(ctx, req.Pipeline, req.Key, req.Request, CallOptions{ID: req.Id, ReadOnly: req.ReadOnly})
 }
 
 func (b localBackend) DeleteLocal(ctx context.Context, pipeline, key string) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/cluster"
 	"github.com/keyfold/keyfold/persistence"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
@@ -25,11 +26,14 @@ type router interface {
 	Submit(ctx context.Context, pipeline string, events [][]byte) (actors.Pending, error)
 	Query(ctx context.Context, pipeline, key string) (actors.KeyView, error)
 	Delete(ctx context.Context, pipeline, key string) error
+	// Call calls a key's handler at its owner.
+	Call(ctx context.Context, pipeline, key string, req []byte, o actors.CallOptions) (fold.Reply, error)
 
 	// The node-to-node service's calls (localBackend): on this node's
 	// groups only, never forwarded further; and the other members' notices.
 	SubmitLocal(ctx context.Context, from string, batch *keyfoldv1.ForwardBatch) (actors.Pending, error)
 	QueryLocal(ctx context.Context, pipeline, key string) (actors.KeyView, error)
+	CallLocal(ctx context.Context, pipeline, key string, req []byte, o actors.CallOptions) (fold.Reply, error)
 	MembersChanged(from string, leaving bool)
 	Released(from string, groups []uint32)
 
@@ -101,6 +105,10 @@ func (l localRouter) Delete(ctx context.Context, pipeline, key string) error {
 	return l.n.host.Load().Delete(ctx, pipeline, key)
 }
 
+func (l localRouter) Call(ctx context.Context, pipeline, key string, req []byte, o actors.CallOptions) (fold.Reply, error) {
+	return l.n.host.Load().Call(ctx, pipeline, key, req, o)
+}
+
 // SubmitLocal: a node alone has no members to take at their word.
 func (l localRouter) SubmitLocal(ctx context.Context, _ string, batch *keyfoldv1.ForwardBatch) (actors.Pending, error) {
 	return l.Submit(ctx, batch.Pipeline, batch.Events)
@@ -108,6 +116,10 @@ func (l localRouter) SubmitLocal(ctx context.Context, _ string, batch *keyfoldv1
 
 func (l localRouter) QueryLocal(ctx context.Context, pipeline, key string) (actors.KeyView, error) {
 	return l.Query(ctx, pipeline, key)
+}
+
+func (l localRouter) CallLocal(ctx context.Context, pipeline, key string, req []byte, o actors.CallOptions) (fold.Reply, error) {
+	return l.Call(ctx, pipeline, key, req, o)
 }
 
 // MembersChanged and Released: a node alone has no placement to change.

@@ -326,7 +326,7 @@ func (h *Host) stampLocked(reqs []*ingestReq, groups []*groupBatch, timed map[st
 			after[r.pipeline] = c
 		}
 		for _, ev := range r.events {
-			if !ev.Erase && !ev.Expire {
+			if !ev.Erase && !ev.Expire && !ev.Call { // a call is no event: no event time
 				p.Observe(c, ev, nowMs)
 			}
 		}

@@ -54,7 +54,9 @@ type snapshotReply struct {
 	// For a pipeline with windows or patterns: the key's next timer.
 	timed bool
 	due   int64
-	// For a pipeline with a ttl: when the key expires (0: never).
+	// For a pipeline whose keys wake by processing time (a ttl, a Go
+	// handler): when the key is next woken (fold.Pipeline.WakeAt; 0:
+	// never).
 	ttl    bool
 	expiry int64
 	err    error
@@ -96,7 +98,7 @@ type grain struct {
 	stored   uint64               // state version whose snapshot is stored (0: none)
 	broken   error                // set when activation failed; the group is lost
 	reported int64                // the next timer the host's index has
-	expiry   int64                // when the host's index says the key expires (0: never)
+	expiry   int64                // when the host's index says the key wakes by processing time (0: never)
 	lastNow  int64                // the latest processing time of its inputs
 	// preloaded is the key's snapshot if the commit that activated it read
 	// it already (activate.go); nil: the grain reads it.
@@ -141,6 +143,8 @@ func (g *grain) handle(m any) {
 		g.apply(m)
 	case *queryMsg:
 		m.reply <- g.query()
+	case *readCallMsg:
+		m.reply <- g.readCall(m) // call.go
 	case *snapshotMsg:
 		m.reply <- g.snapshot()
 	case *savedMsg:
@@ -188,7 +192,7 @@ func (g *grain) load() error {
 	}
 	g.pos, g.state = l.pos, l.state
 	g.reported = g.pipeline.NextTimer(&g.state) // what the store's index says
-	g.expiry = g.pipeline.Expiry(&g.state, 0)
+	g.expiry = g.pipeline.WakeAt(&g.state, 0)
 	// Everything restored is stored, unless RestoreParts asked for a
 	// rewrite (a new bucket layout) by starting past it.
 	g.stored = min(g.state.Version(), fold.RestoredVersion)
@@ -228,29 +232,35 @@ func (g *grain) apply(m *applyMsg) {
 	}
 	for _, s := range m.segs {
 		g.lastNow = max(g.lastNow, s.nowMs)
-		dups := 0
+		dups, events := 0, 0
 		for _, ev := range s.events {
-			if ev.Expire {
+			switch {
+			case ev.Expire:
 				g.expire(ev, s.nowMs)
 				continue
+			case ev.Call:
+				g.call(ev, s)
+				continue
 			}
+			events++
 			if g.pipeline.Apply(&g.state, ev, s.nowMs) {
 				dups++
 			}
 		}
-		g.host.stats.events.Add(int64(len(s.events)))
+		g.host.stats.events.Add(int64(events))
 		g.host.stats.duplicates.Add(int64(dups))
-		g.pstats.events.Add(int64(len(s.events)))
+		g.pstats.events.Add(int64(events))
 		g.pstats.duplicates.Add(int64(dups))
 		s.w.finish(dups, nil)
 	}
 	g.pos = m.pos
-	if ttl := g.pipeline.TTL(); ttl > 0 {
+	if g.pipeline.WakesByClock() {
 		// The index may say earlier than the truth (a wake-up finds the key
-		// busy and reports again), never later: report when the expiry moved
-		// by an eighth of the ttl, so a busy key does not report per batch.
-		exp := g.pipeline.Expiry(&g.state, g.lastNow)
-		if exp == 0 || g.expiry == 0 || exp < g.expiry || exp-g.expiry > ttl.Milliseconds()/8 {
+		// busy and reports again), never later: report when the wake-up
+		// moved by an eighth of the ttl, so a busy key does not report per
+		// batch.
+		exp := g.pipeline.WakeAt(&g.state, g.lastNow)
+		if exp == 0 || g.expiry == 0 || exp < g.expiry || exp-g.expiry > g.pipeline.TTL().Milliseconds()/8 {
 			if exp != g.expiry {
 				g.expiry = exp
 				g.host.setTimer(g.group, g.epoch, g.id, exp, true)
@@ -298,7 +308,7 @@ func (g *grain) query() queryReply {
 	if g.broken != nil {
 		return queryReply{err: fmt.Errorf("%w: %w", ErrUnavailable, hideStore("loading the key", g.broken))}
 	}
-	if g.state.Seq() == 0 { // never applied an event, or erased
+	if !g.state.Holds() { // never applied an event or a call, or erased
 		return queryReply{err: ErrNotFound}
 	}
 	v := KeyView{Seq: g.state.Seq(), Duplicates: g.state.Duplicates(), Aggregates: g.pipeline.Aggregates(&g.state)}
@@ -350,8 +360,8 @@ func (g *grain) snapshot() snapshotReply {
 	for _, b := range parts.Buckets {
 		r.buckets = append(r.buckets, persistence.Snapshot{Key: g.id.bucketKey(b.Bucket), Data: b.Data})
 	}
-	if g.pipeline.TTL() > 0 {
-		r.ttl, r.expiry = true, g.pipeline.Expiry(&g.state, g.lastNow)
+	if g.pipeline.WakesByClock() {
+		r.ttl, r.expiry = true, g.pipeline.WakeAt(&g.state, g.lastNow)
 	}
 	if g.pipeline.Timed() {
 		r.timed, r.due = true, parts.NextTimer

@@ -167,7 +167,7 @@ func New(cfg Config) (*Host, error) {
 	for name, p := range cfg.Pipelines {
 		h.stats.pipelines[name] = &pipelineStats{lateIn: make([]atomic.Int64, len(p.WindowNames())), windows: p.WindowNames()}
 		h.timed = h.timed || p.Timed()
-		h.expiring = h.expiring || p.TTL() > 0
+		h.expiring = h.expiring || p.WakesByClock()
 	}
 	// protoactor logs at INFO about every start and stop; keep only its
 	// warnings, on our logger.
@@ -449,35 +449,9 @@ func (h *Host) Query(ctx context.Context, pipeline, key string) (KeyView, error)
 	if _, ok := h.cfg.Pipelines[pipeline]; !ok {
 		return KeyView{}, fmt.Errorf("%w %q", ErrUnknownPipeline, pipeline)
 	}
-	if err := h.Err(); err != nil {
-		return KeyView{}, err
-	}
-	h.gate.RLock()
-	closed := h.closed
-	h.gate.RUnlock()
-	if closed {
-		return KeyView{}, ErrClosed
-	}
 	msg := &queryMsg{reply: make(chan queryReply, 1)}
-	id := keyID{pipeline, key}
-	g := GroupOf(pipeline, key, h.cfg.Groups)
-	h.mu.Lock()
-	// Not once released either: the next owner may already take writes.
-	if gs := &h.groups[g]; !gs.ready || !gs.owned {
-		err := gs.unavailable(g)
-		h.mu.Unlock()
+	if err := h.sendRead(pipeline, key, msg); err != nil {
 		return KeyView{}, err
-	}
-	if pg := h.parkedLocked(id, g); pg != nil {
-		// A parked key needs no actor to answer: nothing else touches it.
-		msg.reply <- pg.query()
-	} else {
-		h.sendLocked(id, g, msg)
-	}
-	over := len(h.active) > h.cfg.MaxActive
-	h.mu.Unlock()
-	if over { // queries of unseen keys activate grains too
-		h.nudgePassivate()
 	}
 	select {
 	case r := <-msg.reply:
@@ -519,6 +493,43 @@ type restartedGrain struct{ h *Host }
 
 func (r restartedGrain) Receive(actor.Context) {
 	r.h.fail(errors.New("actors: a grain's actor was restarted after a panic; its state may be half applied"))
+}
+
+// sendRead sends a read of a key (a query, a read-only call) to its grain,
+// unless the host cannot serve it. A parked key answers a query without an
+// actor.
+func (h *Host) sendRead(pipeline, key string, msg any) error {
+	if err := h.Err(); err != nil {
+		return err
+	}
+	h.gate.RLock()
+	closed := h.closed
+	h.gate.RUnlock()
+	if closed {
+		return ErrClosed
+	}
+	id := keyID{pipeline, key}
+	g := GroupOf(pipeline, key, h.cfg.Groups)
+	h.mu.Lock()
+	// Not once released either: the next owner may already take writes.
+	if gs := &h.groups[g]; !gs.ready || !gs.owned {
+		err := gs.unavailable(g)
+		h.mu.Unlock()
+		return err
+	}
+	q, query := msg.(*queryMsg)
+	if pg := h.parkedLocked(id, g); query && pg != nil {
+		// Nothing else touches a parked key: it needs no actor to answer.
+		q.reply <- pg.query()
+	} else {
+		h.sendLocked(id, g, msg)
+	}
+	over := len(h.active) > h.cfg.MaxActive
+	h.mu.Unlock()
+	if over { // reads of unseen keys activate grains too
+		h.nudgePassivate()
+	}
+	return nil
 }
 
 // sendLocked sends msg to the key's grain, activating it if needed. h.mu

@@ -82,6 +82,9 @@ func inputSize(ev *fold.Event, nowMs int64) int {
 	if ev.Expire {
 		n += 2
 	}
+	if ev.Call {
+		n += 2 + stringFieldSize(ev.ID) // a call's id is not in its request
+	}
 	return n
 }
 
@@ -101,6 +104,11 @@ func appendInput(b []byte, ev *fold.Event, nowMs int64) []byte {
 	if ev.Expire {
 		b = protowire.AppendTag(b, 4, protowire.VarintType)
 		b = protowire.AppendVarint(b, 1)
+	}
+	if ev.Call {
+		b = protowire.AppendTag(b, 5, protowire.VarintType)
+		b = protowire.AppendVarint(b, 1)
+		b = appendStringField(b, 6, ev.ID)
 	}
 	return b
 }

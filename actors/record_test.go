@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/keyfold/keyfold/actors/fold"
@@ -13,7 +14,7 @@ import (
 
 // encodeRecord writes what proto.Marshal writes for the same record, for
 // records of every shape: keys with and without inputs, empty and long
-// events, tombstones and expiry checks, times of every size and sign, and
+// events, tombstones, expiry checks and calls with and without ids, times of every size and sign, and
 // watermarks.
 func TestEncodeRecordIsProtoMarshal(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
@@ -27,9 +28,14 @@ func TestEncodeRecordIsProtoMarshal(t *testing.T) {
 			for range r.IntN(3) {
 				s := segment{nowMs: times[r.IntN(len(times))]}
 				for range r.IntN(4) {
-					ev := &fold.Event{Raw: bytes.Repeat([]byte("x"), []int{0, 1, 127, 128, 20000}[r.IntN(5)]), Erase: r.IntN(4) == 0, Expire: r.IntN(4) == 0}
+					ev := &fold.Event{Raw: bytes.Repeat([]byte("x"), []int{0, 1, 127, 128, 20000}[r.IntN(5)]), Erase: r.IntN(4) == 0, Expire: r.IntN(4) == 0,
+						Call: r.IntN(3) == 0, ID: []string{"", "id-1", strings.Repeat("i", 200)}[r.IntN(3)]}
 					s.events = append(s.events, ev)
-					ki.Inputs = append(ki.Inputs, &keyfoldv1.Input{Event: ev.Raw, IngestTimeMs: s.nowMs, Erase: ev.Erase, Expire: ev.Expire})
+					in := &keyfoldv1.Input{Event: ev.Raw, IngestTimeMs: s.nowMs, Erase: ev.Erase, Expire: ev.Expire, Call: ev.Call}
+					if ev.Call {
+						in.CallId = ev.ID
+					}
+					ki.Inputs = append(ki.Inputs, in)
 				}
 				kb.msg.segs = append(kb.msg.segs, s)
 			}

@@ -278,7 +278,7 @@ func (h *Host) loadTimers(ctx context.Context, g uint32, epoch persistence.Epoch
 	var entries []entry
 	err = h.store.Timers(ctx, g, func(key string, due int64) error {
 		if id, expiry, ok := parseTimerKey(key); ok {
-			if p := h.cfg.Pipelines[id.pipeline]; p != nil && (expiry && p.TTL() > 0 || !expiry && p.Timed()) {
+			if p := h.cfg.Pipelines[id.pipeline]; p != nil && (expiry && p.WakesByClock() || !expiry && p.Timed()) {
 				entries = append(entries, entry{id, due, expiry})
 			}
 		}
@@ -441,6 +441,8 @@ func (h *Host) replay(g uint32, pos persistence.Position, data []byte) error {
 				last.events = append(last.events, fold.Tombstone(ki.Key))
 			case in.Expire:
 				last.events = append(last.events, fold.ExpiryCheck(ki.Key))
+			case in.Call:
+				last.events = append(last.events, fold.ReplayCall(ki.Key, in.CallId, in.Event))
 			default:
 				last.events = append(last.events, p.Replay(in.Event, ki.Key))
 			}

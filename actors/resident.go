@@ -92,9 +92,9 @@ func (h *Host) parkLocked(g *grain) {
 		return
 	}
 	for i, m := range st.waiting {
-		if _, ok := m.(*applyMsg); ok {
-			// The key has inputs again: a new actor around the same grain
-			// takes them and what follows.
+		if needsActor(m) {
+			// The key has inputs (or a call) again: a new actor around the
+			// same grain takes them and what follows.
 			a := h.spawnLocked(g)
 			for _, m := range st.waiting[i:] {
 				h.system.Root.Send(a.pid, m)
@@ -118,6 +118,18 @@ func (h *Host) parkLocked(g *grain) {
 	r.order.pushFront(g)
 	r.bytes += g.rsize
 	h.evictLocked()
+}
+
+// needsActor reports whether a grain's message must be processed by its
+// actor: everything but what the host answers for a parked key under h.mu
+// (snapshots, saves, queries); inputs and calls run a key's code, which
+// may take h.mu.
+func needsActor(m any) bool {
+	switch m.(type) {
+	case *snapshotMsg, *savedMsg, *queryMsg:
+		return false
+	}
+	return true
 }
 
 // evictPasses bounds the dirty parked keys one eviction passes over before

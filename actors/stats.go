@@ -22,10 +22,13 @@ type pipelineStats struct {
 	late       atomic.Int64
 	emitted    atomic.Int64
 	expired    atomic.Int64
-	failures   atomic.Int64   // Go handler calls that failed (dead letters)
-	lateIn     []atomic.Int64 // per window, as fold.Pipeline.WindowNames
-	windows    []string
-	coreSize   atomic.Int64 // the last encoded core snapshot's size: the next one's buffer
+	failures   atomic.Int64 // Go handler calls that failed (dead letters)
+	// Calls of the Go handler's OnCall applied (logged, replays included,
+	// or read-only), and those the handler failed (call.go).
+	calls, callFailures atomic.Int64
+	lateIn              []atomic.Int64 // per window, as fold.Pipeline.WindowNames
+	windows             []string
+	coreSize            atomic.Int64 // the last encoded core snapshot's size: the next one's buffer
 }
 
 // PipelineStats are the counters of one pipeline.
@@ -38,6 +41,10 @@ type PipelineStats struct {
 	// HandlerFailures counts the calls of the pipeline's Go handler that
 	// failed (each emitted a dead letter; replays count theirs again).
 	HandlerFailures int64
+	// Calls counts the calls (request/reply) applied to the pipeline's
+	// keys, logged (replays included) or read-only; CallFailures those the
+	// handler failed (the caller got the error).
+	Calls, CallFailures int64
 	// LateByWindow counts, per window name, the events too late for at
 	// least one window of that name they fell in (taken by other windows
 	// or not); nil without windows.
@@ -89,7 +96,7 @@ func (h *Host) Stats() Stats {
 	h.mu.Unlock()
 	per := make(map[string]PipelineStats, len(h.stats.pipelines))
 	for name, ps := range h.stats.pipelines {
-		st := PipelineStats{Events: ps.events.Load(), Duplicates: ps.duplicates.Load(), Late: ps.late.Load(), Emitted: ps.emitted.Load(), Expired: ps.expired.Load(), HandlerFailures: ps.failures.Load()}
+		st := PipelineStats{Events: ps.events.Load(), Duplicates: ps.duplicates.Load(), Late: ps.late.Load(), Emitted: ps.emitted.Load(), Expired: ps.expired.Load(), HandlerFailures: ps.failures.Load(), Calls: ps.calls.Load(), CallFailures: ps.callFailures.Load()}
 		if len(ps.windows) > 0 {
 			st.LateByWindow = make(map[string]int64, len(ps.windows))
 			for i, w := range ps.windows {

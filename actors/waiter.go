@@ -3,6 +3,8 @@ package actors
 import (
 	"sync"
 	"sync/atomic"
+
+	"github.com/keyfold/keyfold/actors/fold"
 )
 
 // waiter collects the outcome of one ingest call across the keys it touched.
@@ -13,8 +15,9 @@ type waiter struct {
 	dups    atomic.Int64
 	done    chan struct{}
 
-	mu  sync.Mutex
-	err error
+	mu    sync.Mutex
+	err   error
+	reply *fold.Reply // a call's (call.go)
 }
 
 func newWaiter() *waiter { return &waiter{done: make(chan struct{})} }
@@ -41,4 +44,23 @@ func (w *waiter) result() (dups int, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return int(w.dups.Load()), w.err
+}
+
+// answer records a call's reply, before its segment finishes. A nil waiter
+// (replay) ignores it.
+func (w *waiter) answer(r fold.Reply) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	w.reply = &r
+	w.mu.Unlock()
+}
+
+// answered returns the call's reply, nil if none was recorded (the call was
+// logged but is applied by a replay).
+func (w *waiter) answered() *fold.Reply {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.reply
 }

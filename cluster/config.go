@@ -71,6 +71,7 @@ type Host interface {
 	SubmitEvents(ctx context.Context, pipeline string, events []*fold.Event) (actors.Pending, error)
 	Query(ctx context.Context, pipeline, key string) (actors.KeyView, error)
 	Delete(ctx context.Context, pipeline, key string) error
+	Call(ctx context.Context, pipeline, key string, req []byte, o actors.CallOptions) (fold.Reply, error)
 }
 
 var _ Host = (*actors.Host)(nil)

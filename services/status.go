@@ -48,6 +48,12 @@ var statusTable = []struct {
 	{ErrBadRequest, Status{http.StatusBadRequest, codes.InvalidArgument}},
 	{actors.ErrBadArgument, Status{http.StatusBadRequest, codes.InvalidArgument}},
 	{fold.ErrInvalidEvent, Status{http.StatusBadRequest, codes.InvalidArgument}},
+	{fold.ErrInvalidCall, Status{http.StatusBadRequest, codes.InvalidArgument}},
+	{fold.ErrCallTooLarge, Status{http.StatusRequestEntityTooLarge, codes.InvalidArgument}},
+	// The handler refused the call (a business rule): nothing changed, and
+	// sending it again unchanged gets the same answer.
+	{fold.ErrCallFailed, Status{http.StatusUnprocessableEntity, codes.FailedPrecondition}},
+	{fold.ErrNoCallHandler, Status{http.StatusNotFound, codes.Unimplemented}},
 	{ErrBusy, Status{http.StatusTooManyRequests, codes.ResourceExhausted}},
 	{ErrOverBudget, Status{http.StatusTooManyRequests, codes.ResourceExhausted}},
 	// Not ResourceExhausted: that code is retryable, and this batch never

@@ -139,7 +139,7 @@ func (h *harness) run(t *testing.T, td *datadriven.TestData) string {
 		if s.Seq() == 0 {
 			return "expired"
 		}
-		return fmt.Sprintf("kept (expires at %v)", time.Duration(h.p.Expiry(s, now.Milliseconds()))*time.Millisecond)
+		return fmt.Sprintf("kept (expires at %v)", time.Duration(h.p.WakeAt(s, now.Milliseconds()))*time.Millisecond)
 	case "observe":
 		now := h.now(t, td)
 		for _, line := range lines(td.Input) {

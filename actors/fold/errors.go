@@ -47,3 +47,29 @@ type BatchError struct {
 func (e *BatchError) Error() string { return fmt.Sprintf("event %d: %v", e.Index, e.Err) }
 
 func (e *BatchError) Unwrap() error { return e.Err }
+
+var (
+	// ErrInvalidCall is wrapped by every error that rejects a call's
+	// request before it is logged: a bad key or id, a request that is not
+	// JSON, a pipeline whose handler takes no calls.
+	ErrInvalidCall = errors.New("fold: invalid call")
+	// ErrNoCallHandler rejects a call to a pipeline without a Go handler,
+	// or whose handler has no OnCall.
+	ErrNoCallHandler = errors.New("fold: the pipeline's handler takes no calls")
+	// ErrCallTooLarge rejects a request above MaxRequestBytes; a reply
+	// above MaxReplyBytes fails its call (a *CallError).
+	ErrCallTooLarge = errors.New("fold: call too large")
+	// ErrCallFailed is wrapped by a *CallError: the handler failed the call
+	// (returned an error, panicked, or changed the key in a read-only
+	// call), and the key is unchanged.
+	ErrCallFailed = errors.New("fold: the call failed")
+)
+
+// CallError is a call the handler failed: Msg is its error's text, as the
+// caller (and a retry with the same id) gets it.
+type CallError struct{ Msg string }
+
+func (e *CallError) Error() string { return "call failed: " + e.Msg }
+
+// Is makes errors.Is(err, ErrCallFailed) hold.
+func (e *CallError) Is(target error) bool { return target == ErrCallFailed }

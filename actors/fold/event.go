@@ -32,6 +32,9 @@ type Event struct {
 	// time now erases the key if it received no event for the pipeline's
 	// ttl before now. Raw is empty.
 	Expire bool
+	// Call makes the event a call of the key's handler (call.go): Raw is
+	// the request, ID its id. Apply it with ApplyCall.
+	Call bool
 
 	contrib []contribution // one per aggregate of the pipeline, in order
 }

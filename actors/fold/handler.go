@@ -24,13 +24,20 @@ import (
 //
 //   - Apply calls OnEvent for every event it applies (not for duplicates),
 //     after the aggregates, windows and patterns took it.
-//   - A handler's timers are event-time timers: one fires once the key's
-//     watermark reaches its time, from Advance (after the windows the same
-//     advance emits), in (time, name) order. NextTimer includes them, so a
-//     quiet or passivated key is woken for them as for its windows. A timer
-//     set at or before the watermark fires right after the call that set
-//     it (at most maxTimerFires per Apply or Advance; more wait for the
-//     next advance).
+//   - A handler's event-time timers fire once the key's watermark reaches
+//     their time, from Advance (after the windows the same advance emits),
+//     in (time, name) order. NextTimer includes them, so a quiet or
+//     passivated key is woken for them as for its windows. A timer set at
+//     or before the watermark fires right after the call that set it (at
+//     most maxTimerFires per Apply or Advance; more wait for the next
+//     advance).
+//   - Its processing-time timers fire once the processing time of an input
+//     of the key reaches their time: an event's or a call's (before the
+//     handler sees it), or an expiry check's, which is the key's
+//     processing-time wake-up: WakeAt includes them, and the shell logs an
+//     expiry check (with the time) for a key when its WakeAt passes, so a
+//     quiet or passivated key is woken for them, and replay fires them at
+//     the same inputs. Timers of both kinds share one name space.
 //   - A call is a transaction: what it did through its Call (the state it
 //     set, its timers, its outputs, a Delete) takes effect only if it
 //     returns nil. A call that returns an error or panics changes nothing
@@ -66,10 +73,12 @@ type Handler interface {
 }
 
 // Timer is one of a key's handler timers: it fires once the key's
-// watermark reaches At (Unix ms).
+// watermark reaches At (Unix ms), or, a Processing one, once the
+// processing time of an input of the key does.
 type Timer struct {
-	Name string
-	At   int64
+	Name       string
+	At         int64
+	Processing bool
 }
 
 // Output kinds of a handler's outputs.
@@ -90,6 +99,7 @@ type handlerState struct {
 	born    int64   // see OutputIDs
 	emitted uint64
 	failed  uint64
+	replies replies // of its calls with ids (call.go)
 	// size estimates the bytes of value: measured when it was last encoded
 	// (a snapshot), which every key leaving its actor has had.
 	size int
@@ -111,6 +121,10 @@ type Call struct {
 	ownTimers     bool // timers is the call's copy
 	outs          []handlerOutput
 	deleted       bool
+	// A read-only call (ReadCall) changes nothing: forbidden names what it
+	// tried, which fails it.
+	readOnly  bool
+	forbidden string
 }
 
 type handlerOutput struct {
@@ -129,7 +143,25 @@ func (c *Call) Key() string { return c.key }
 func (c *Call) State() any { return c.value }
 
 // SetState replaces the key's state; nil removes it.
-func (c *Call) SetState(v any) { c.value, c.set = v, true }
+func (c *Call) SetState(v any) {
+	if c.forbid("set the state") {
+		return
+	}
+	c.value, c.set = v, true
+}
+
+// forbid reports whether the call is read-only, and if so fails it for
+// doing what.
+func (c *Call) forbid(what string) bool {
+	if c.readOnly && c.forbidden == "" {
+		c.forbidden = what
+	}
+	return c.readOnly
+}
+
+// ReadOnly reports whether the call is a read-only one, which may not
+// change the key.
+func (c *Call) ReadOnly() bool { return c.readOnly }
 
 // Now returns the processing time the input was logged at (Unix ms): of
 // the event, or, for a timer, of the latest input of the key.
@@ -145,9 +177,19 @@ func (c *Call) Watermark() int64 { return c.wm }
 // replayed gets the same one.
 func (c *Call) Seed() uint64 { return seedOf(c.key, c.seq, c.at, c.now, c.input) }
 
-// SetTimer sets the timer name to fire at (Unix ms), replacing one of that
-// name. The name must be non-empty, valid text without control characters.
-func (c *Call) SetTimer(name string, at int64) error {
+// SetTimer sets the timer name to fire at (Unix ms) event time, replacing
+// a timer of that name (of either kind). The name must be non-empty, valid
+// text without control characters.
+func (c *Call) SetTimer(name string, at int64) error { return c.setTimer(name, at, false) }
+
+// SetProcessingTimer sets the timer name to fire once the processing time
+// reaches at (Unix ms), replacing a timer of that name (of either kind).
+func (c *Call) SetProcessingTimer(name string, at int64) error { return c.setTimer(name, at, true) }
+
+func (c *Call) setTimer(name string, at int64, processing bool) error {
+	if c.forbid("set a timer") {
+		return fmt.Errorf("fold: timer %q: %w", name, errReadOnly)
+	}
 	if err := checkHandlerName(name); err != nil {
 		return fmt.Errorf("fold: timer %q: %w", name, err)
 	}
@@ -156,7 +198,7 @@ func (c *Call) SetTimer(name string, at int64) error {
 	}
 	c.own()
 	c.timers = slices.DeleteFunc(c.timers, func(t Timer) bool { return t.Name == name })
-	t := Timer{Name: name, At: at}
+	t := Timer{Name: name, At: at, Processing: processing}
 	i, _ := slices.BinarySearchFunc(c.timers, t, compareTimers)
 	c.timers = slices.Insert(c.timers, i, t)
 	return nil
@@ -165,7 +207,7 @@ func (c *Call) SetTimer(name string, at int64) error {
 // CancelTimer removes the timer name; it reports whether there was one.
 func (c *Call) CancelTimer(name string) bool {
 	i := slices.IndexFunc(c.timers, func(t Timer) bool { return t.Name == name })
-	if i < 0 {
+	if i < 0 || c.forbid("cancel a timer") {
 		return false
 	}
 	c.own()
@@ -192,6 +234,9 @@ func (c *Call) own() {
 // Emit records an output named name whose values are the JSON values. Its
 // id is stable: the same call replayed emits the same id (see OutputIDs).
 func (c *Call) Emit(name string, values []byte) error {
+	if c.forbid("emit an output") {
+		return fmt.Errorf("fold: output %q: %w", name, errReadOnly)
+	}
 	if err := checkHandlerName(name); err != nil {
 		return fmt.Errorf("fold: output %q: %w", name, err)
 	}
@@ -207,8 +252,16 @@ func (c *Call) Emit(name string, values []byte) error {
 
 // Delete erases the key once the call returns, as a deletion of the key
 // does (see Erase): its handler state and timers, its aggregates, windows
-// and remembered ids. Outputs the call emitted stay.
-func (c *Call) Delete() { c.deleted = true }
+// and remembered event ids. Outputs the call emitted stay, and so do the
+// replies kept for calls with ids (call.go).
+func (c *Call) Delete() {
+	if !c.forbid("delete the key") {
+		c.deleted = true
+	}
+}
+
+// errReadOnly fails what a read-only call may not do.
+var errReadOnly = errors.New("a read-only call changes nothing")
 
 func compareTimers(a, b Timer) int {
 	return cmp.Or(cmp.Compare(a.At, b.At), strings.Compare(a.Name, b.Name))
@@ -249,22 +302,46 @@ func (p *Pipeline) handleEvent(s *State, ev *Event, t, nowMs int64) {
 		return map[string]any{"event": event}
 	})
 	p.fireTimers(s, ev.Key)
+	p.fireProcessing(s, ev.Key, nowMs) // set at or before now by the call
 }
 
-// fireTimers calls the handler for its timers due at the key's watermark.
+// fireTimers calls the handler for its event-time timers due at the key's
+// watermark.
 func (p *Pipeline) fireTimers(s *State, key string) {
+	if s.h != nil {
+		p.fire(s, key, false, s.wm, s.now)
+	}
+}
+
+// fireProcessing calls the handler for its processing-time timers due at
+// nowMs, the processing time of the key's input.
+func (p *Pipeline) fireProcessing(s *State, key string, nowMs int64) {
+	if p.handler != nil && s.h != nil {
+		p.fire(s, key, true, nowMs, nowMs)
+	}
+}
+
+// fire calls the handler for its timers of one kind due at limit (the
+// watermark, or the processing time), in (time, name) order; their calls
+// see now as their processing time.
+func (p *Pipeline) fire(s *State, key string, processing bool, limit, now int64) {
 	for range maxTimerFires {
 		h := s.h
-		if h == nil || len(h.timers) == 0 || h.timers[0].At > s.wm {
+		i := slices.IndexFunc(h.timers, func(t Timer) bool { return t.Processing == processing })
+		if i < 0 || h.timers[i].At > limit {
 			return
 		}
-		t := h.timers[0]
-		h.timers = slices.Delete(slices.Clone(h.timers), 0, 1) // a Call may share the old slice
+		t := h.timers[i]
+		h.timers = slices.Delete(slices.Clone(h.timers), i, i+1) // a Call may share the old slice
 		s.version++
-		c := p.newCall(s, key, s.now, t.At, []byte(t.Name))
+		c := p.newCall(s, key, now, t.At, []byte(t.Name))
 		err := callSafely(func() error { return p.handler.OnTimer(c, t) })
 		p.finish(s, c, err, func() any {
-			return map[string]any{"timer": map[string]any{"name": t.Name, "time": time.UnixMilli(t.At).UTC()}}
+			tm := map[string]any{"name": t.Name, "time": time.UnixMilli(t.At).UTC()}
+			if t.Processing {
+				tm["processing"] = true
+			}
+			return map[string]any{"timer": tm}
 		})
 	}
 }
@@ -298,6 +375,12 @@ func (p *Pipeline) finish(s *State, c *Call, err error, input func() any) {
 		p.emitHandler(s, c.key, DeadLetterKind, DeadLetterKind, c.at, values)
 		return
 	}
+	p.commit(s, c)
+}
+
+// commit applies the changes of a call that succeeded.
+func (p *Pipeline) commit(s *State, c *Call) {
+	h := s.h
 	if c.set {
 		h.value = c.value
 	}
@@ -308,7 +391,11 @@ func (p *Pipeline) finish(s *State, c *Call, err error, input func() any) {
 		p.emitHandler(s, c.key, HandlerKind, o.name, c.at, o.values)
 	}
 	if c.deleted {
+		// The replies kept for retries stay: a call retried after the
+		// deletion must not run again (Node.Delete and a ttl forget them).
+		kept := s.h.replies
 		Erase(s)
+		s.h.replies = kept
 	}
 }
 
@@ -361,19 +448,35 @@ func (h *handlerState) erased() *handlerState {
 	return &handlerState{born: h.born, emitted: h.emitted}
 }
 
-// nextTimer is the handler's earliest timer, 0 if none.
-func (h *handlerState) nextTimer() int64 {
-	if h == nil || len(h.timers) == 0 {
+// holds reports whether the handler's part holds a state or timers, even
+// if the key never applied an event (a key of calls only).
+func (h *handlerState) holds() bool {
+	return h != nil && (h.value != nil || len(h.timers) > 0)
+}
+
+// keepsReplies reports whether the handler's part keeps replies of calls
+// (which a deleted key keeps until they expire).
+func (h *handlerState) keepsReplies() bool { return h != nil && len(h.replies.list) > 0 }
+
+// nextTimer is the handler's earliest timer of event time (processing:
+// of processing time), 0 if none.
+func (h *handlerState) nextTimer(processing bool) int64 {
+	if h == nil {
 		return 0
 	}
-	return h.timers[0].At
+	for _, t := range h.timers {
+		if t.Processing == processing {
+			return t.At
+		}
+	}
+	return 0
 }
 
 func (h *handlerState) memSize() int {
 	if h == nil {
 		return 0
 	}
-	n := int(unsafe.Sizeof(*h)) + cap(h.timers)*int(unsafe.Sizeof(Timer{})) + h.size
+	n := int(unsafe.Sizeof(*h)) + cap(h.timers)*int(unsafe.Sizeof(Timer{})) + h.size + h.replies.memSize()
 	for _, t := range h.timers {
 		n += len(t.Name)
 	}
@@ -396,7 +499,7 @@ func (p *Pipeline) handlerProto(s *State, ks *keyfoldv1.KeyState) error {
 	if p.handler == nil || h == nil {
 		return nil
 	}
-	hs := &keyfoldv1.HandlerState{BornMs: h.born, Emitted: h.emitted, Failed: h.failed}
+	hs := &keyfoldv1.HandlerState{BornMs: h.born, Emitted: h.emitted, Failed: h.failed, Replies: h.replies.proto()}
 	if h.value != nil {
 		data, err := p.handler.EncodeState(h.value)
 		if err != nil {
@@ -406,7 +509,7 @@ func (p *Pipeline) handlerProto(s *State, ks *keyfoldv1.KeyState) error {
 		h.size = stateSize(h.value, len(data))
 	}
 	for _, t := range h.timers {
-		hs.Timers = append(hs.Timers, &keyfoldv1.HandlerTimer{Name: t.Name, AtMs: t.At})
+		hs.Timers = append(hs.Timers, &keyfoldv1.HandlerTimer{Name: t.Name, AtMs: t.At, Processing: t.Processing})
 	}
 	ks.Handler = hs
 	return nil
@@ -420,7 +523,7 @@ func (p *Pipeline) restoreHandler(s *State, hs *keyfoldv1.HandlerState) error {
 	if p.handler == nil || hs == nil {
 		return nil
 	}
-	h := &handlerState{born: hs.BornMs, emitted: hs.Emitted, failed: hs.Failed}
+	h := &handlerState{born: hs.BornMs, emitted: hs.Emitted, failed: hs.Failed, replies: restoreReplies(hs.Replies)}
 	if hs.Present {
 		v, err := p.handler.DecodeState(hs.Data, hs.Version)
 		if err != nil {
@@ -429,7 +532,7 @@ func (p *Pipeline) restoreHandler(s *State, hs *keyfoldv1.HandlerState) error {
 		h.value, h.size = v, stateSize(v, len(hs.Data))
 	}
 	for _, t := range hs.Timers {
-		h.timers = append(h.timers, Timer{Name: t.Name, At: t.AtMs})
+		h.timers = append(h.timers, Timer{Name: t.Name, At: t.AtMs, Processing: t.Processing})
 	}
 	slices.SortFunc(h.timers, compareTimers)
 	s.h = h

@@ -35,6 +35,7 @@ const (
 	opFail
 	opPanic
 	opListTimers
+	opProcessingTimer
 	opKinds
 )
 
@@ -46,7 +47,8 @@ type progOp struct {
 }
 
 type program struct {
-	onEvent, onTimer []progOp
+	onEvent, onTimer, onCall []progOp
+	processingFired          int // processing-time timers that fired (replays included)
 }
 
 func randomProgram(rng *rand.Rand) *program {
@@ -63,7 +65,23 @@ func randomProgram(rng *rand.Rand) *program {
 		}
 		return out
 	}
-	return &program{onEvent: ops(), onTimer: ops()}
+	return &program{onEvent: ops(), onTimer: ops(), onCall: ops()}
+}
+
+// OnCall runs the program's call operations and replies with what the
+// call saw.
+func (pr *program) OnCall(c *fold.Call, req *fold.Event) ([]byte, error) {
+	var r struct {
+		V int64 `json:"v"`
+	}
+	if err := json.Unmarshal(req.Raw, &r); err != nil {
+		return nil, err
+	}
+	if err := pr.run(c, pr.onCall, r.V); err != nil {
+		return nil, err
+	}
+	st, _ := c.State().(progState)
+	return json.Marshal(map[string]any{"n": st.N, "sum": st.Sum, "now": c.Now(), "wm": c.Watermark(), "seed": c.Seed(), "timers": len(c.Timers())})
 }
 
 func (pr *program) OnEvent(c *fold.Call, ev *fold.Event) error {
@@ -77,6 +95,9 @@ func (pr *program) OnEvent(c *fold.Call, ev *fold.Event) error {
 }
 
 func (pr *program) OnTimer(c *fold.Call, t fold.Timer) error {
+	if t.Processing {
+		pr.processingFired++
+	}
 	return pr.run(c, pr.onTimer, int64(len(t.Name))+t.At/1000)
 }
 
@@ -98,6 +119,10 @@ func (pr *program) run(c *fold.Call, ops []progOp, v int64) error {
 			c.SetState(st)
 		case opTimer:
 			if err := c.SetTimer(o.name, c.Time()+o.delta); err != nil {
+				return err
+			}
+		case opProcessingTimer:
+			if err := c.SetProcessingTimer(o.name, c.Now()+o.delta); err != nil {
 				return err
 			}
 		case opCancel:
@@ -145,12 +170,16 @@ func handlerSpec(h fold.Handler) fold.Spec {
 	}
 }
 
-// step is one input of a key, as the log hands it over: an event logged at
-// now, or an advance of the watermark (a timer record).
+// step is one input of a key, as the log hands it over: an event (or a
+// call, with its id) logged at now, or an advance of the watermark (a
+// timer record).
 type step struct {
-	raw string
-	now int64
-	wm  int64
+	raw    string
+	now    int64
+	wm     int64
+	call   bool
+	id     string
+	wakeUp bool // an expiry check: the key's processing-time wake-up
 }
 
 func randomSteps(rng *rand.Rand, n int) []step {
@@ -164,20 +193,39 @@ func randomSteps(rng *rand.Rand, n int) []step {
 			steps[i] = step{wm: wm}
 			continue
 		}
+		if rng.IntN(10) == 0 {
+			steps[i] = step{now: now, wakeUp: true}
+			continue
+		}
+		if rng.IntN(5) == 0 {
+			id := fmt.Sprintf("c%d", rng.IntN(i+1)) // often a retry
+			if rng.IntN(4) == 0 {
+				id = ""
+			}
+			steps[i] = step{raw: fmt.Sprintf(`{"v":%d}`, rng.IntN(50)), now: now, call: true, id: id}
+			continue
+		}
 		evt += rng.Int64N(1500) - 400
 		steps[i] = step{raw: fmt.Sprintf(`{"k":"a","id":"e%d","t":%d,"v":%d}`, rng.IntN(i+1), evt, rng.IntN(50)), now: now}
 	}
 	return steps
 }
 
-// run applies steps to s and returns the outputs they emitted.
+// run applies steps to s and returns the outputs they emitted and the
+// replies to their calls.
 func runSteps(t *testing.T, p *fold.Pipeline, s *fold.State, steps []step) []string {
 	t.Helper()
 	var outs []string
 	for _, st := range steps {
-		if st.raw == "" {
+		switch {
+		case st.wakeUp:
+			p.Apply(s, fold.ExpiryCheck("a"), st.now)
+		case st.raw == "":
 			p.Advance(s, "a", st.wm)
-		} else {
+		case st.call:
+			r := p.ApplyCall(s, fold.ReplayCall("a", st.id, []byte(st.raw)), st.now)
+			outs = append(outs, fmt.Sprintf("reply %q %s %q %v", st.id, r.Value, r.Err, r.Duplicate))
+		default:
 			p.Apply(s, p.Replay([]byte(st.raw), "a"), st.now)
 		}
 		for _, o := range s.TakeOutputs() {
@@ -193,19 +241,24 @@ func describeOutput(o *keyfoldv1.Output) string {
 
 // TestHandlerReplay: for random handler programs over random inputs, a
 // snapshot at any point, restored and given the rest of the inputs,
-// reaches the same state and emits the same outputs as the run that went
-// on without stopping — with the handler's failures, panics, deletions and
-// timers (past ones included) among them.
+// reaches the same state, emits the same outputs and gives the same
+// replies to calls as the run that went on without stopping — with the
+// handler's failures, panics, deletions and timers (past ones included)
+// among them, calls retried with their ids (answered from the kept
+// replies, across snapshots), and processing-time timers fired by the
+// inputs and by the key's wake-ups (expiry checks).
 func TestHandlerReplay(t *testing.T) {
 	seeds := uint64(40)
 	if raceDetector {
 		seeds = 8
 	}
-	var emitted, failed, fired int
+	var emitted, failed, fired, replied, retried, refused, processing int
 	for seed := range seeds {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 16))
-			p := mustCompile(t, handlerSpec(randomProgram(rng)))
+			prog := randomProgram(rng)
+			defer func() { processing += prog.processingFired }()
+			p := mustCompile(t, handlerSpec(prog))
 			steps := randomSteps(rng, 300)
 
 			var s fold.State
@@ -247,6 +300,16 @@ func TestHandlerReplay(t *testing.T) {
 				}
 			}
 			for _, o := range outs {
+				if strings.HasPrefix(o, "reply ") {
+					replied++
+					if strings.HasSuffix(o, " true") {
+						retried++
+					}
+					if !strings.Contains(o, ` "" `) {
+						refused++
+					}
+					continue
+				}
 				switch {
 				case strings.Contains(o, " dead_letter "):
 					failed++
@@ -260,8 +323,9 @@ func TestHandlerReplay(t *testing.T) {
 		})
 	}
 	// The programs did what the property is about.
-	if emitted == 0 || failed == 0 || fired == 0 {
-		t.Errorf("the programs emitted %d outputs, %d dead letters, %d from timers: want some of each", emitted, failed, fired)
+	if emitted == 0 || failed == 0 || fired == 0 || replied == 0 || retried == 0 || refused == 0 || processing == 0 {
+		t.Errorf("the programs emitted %d outputs, %d dead letters, %d from timers, %d replies (%d to retries, %d errors), fired %d processing-time timers: want some of each",
+			emitted, failed, fired, replied, retried, refused, processing)
 	}
 }
 
@@ -365,7 +429,7 @@ func TestHandlerTimersFireInOrder(t *testing.T) {
 	var fired []string
 	h := &recorder{
 		onEvent: func(c *fold.Call, ev *fold.Event) error {
-			for _, tm := range []fold.Timer{{"b", 5000}, {"a", 5000}, {"c", 3000}, {"gone", 4000}, {"late", 100}} {
+			for _, tm := range []fold.Timer{{Name: "b", At: 5000}, {Name: "a", At: 5000}, {Name: "c", At: 3000}, {Name: "gone", At: 4000}, {Name: "late", At: 100}} {
 				if err := c.SetTimer(tm.Name, tm.At); err != nil {
 					return err
 				}
@@ -455,4 +519,65 @@ func TestHandlerStateVersion(t *testing.T) {
 	if _, err := p2.UnmarshalState(b); err == nil || !strings.Contains(err.Error(), "version 1") {
 		t.Fatalf("restoring a version-1 state with a version-2 handler: %v", err)
 	}
+}
+
+// TestCallReplayedWithoutCallHandler: a logged call replayed after its
+// pipeline lost its handler, or its handler's OnCall, is answered with
+// an error and changes nothing.
+func TestCallReplayedWithoutCallHandler(t *testing.T) {
+	noHandler := handlerSpec(nil)
+	noHandler.Handler = nil
+	for name, spec := range map[string]fold.Spec{"no handler": noHandler, "no OnCall": handlerSpec(&recorder{})} {
+		p := mustCompile(t, spec)
+		var s fold.State
+		r := p.ApplyCall(&s, fold.ReplayCall("a", "c1", []byte(`{}`)), 5)
+		if !errors.Is(r.Error(), fold.ErrCallFailed) || !strings.Contains(r.Err, "takes no calls") {
+			t.Errorf("%s: %+v", name, r)
+		}
+		if s.Holds() {
+			t.Errorf("%s: the call left state", name)
+		}
+	}
+}
+
+// TestKeptRepliesExpire: a key its handler deleted keeps the replies of
+// its calls with ids (a retry is answered, not run), asks to be woken when
+// the oldest leaves the dedup window, and is empty (its snapshot deleted)
+// once the wake-up expired them.
+func TestKeptRepliesExpire(t *testing.T) {
+	h := &recorder{}
+	p := mustCompile(t, handlerSpec(&callingRecorder{recorder: h, onCall: func(c *fold.Call, req *fold.Event) ([]byte, error) {
+		c.SetState(1)
+		c.Delete()
+		return []byte(`"done"`), nil
+	}}))
+	var s fold.State
+	const at = 1_000_000
+	if r := p.ApplyCall(&s, fold.ReplayCall("a", "c1", []byte(`{}`)), at); r.Err != "" || string(r.Value) != `"done"` {
+		t.Fatalf("call: %+v", r)
+	}
+	if s.Holds() || s.Empty() {
+		t.Fatalf("after the deletion: holds %v, empty %v; want only the kept reply", s.Holds(), s.Empty())
+	}
+	if r := p.ApplyCall(&s, fold.ReplayCall("a", "c1", []byte(`{}`)), at+10); !r.Duplicate || string(r.Value) != `"done"` {
+		t.Fatalf("retry: %+v", r)
+	}
+	wake := p.WakeAt(&s, at+10)
+	if want := int64(at) + p.DedupWindow().Milliseconds() + 1; wake != want {
+		t.Fatalf("WakeAt %d, want %d (the reply's expiry)", wake, want)
+	}
+	p.Apply(&s, fold.ExpiryCheck("a"), wake)
+	if !s.Empty() || p.WakeAt(&s, wake) != 0 {
+		t.Fatalf("after the wake-up: empty %v, WakeAt %d", s.Empty(), p.WakeAt(&s, wake))
+	}
+}
+
+// callingRecorder is a recorder that answers calls.
+type callingRecorder struct {
+	*recorder
+	onCall func(c *fold.Call, req *fold.Event) ([]byte, error)
+}
+
+func (r *callingRecorder) OnCall(c *fold.Call, req *fold.Event) ([]byte, error) {
+	return r.onCall(c, req)
 }

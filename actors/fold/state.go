@@ -99,8 +99,14 @@ func (s *State) Seq() uint64 { return s.seq }
 // Empty reports whether the key holds nothing: no event applied (or all
 // erased) and no emptied window kept to number its next results.
 func (s *State) Empty() bool {
-	return s.seq == 0 && s.ids.len() == 0 && (s.timeState == nil || len(s.wins) == 0)
+	return s.seq == 0 && s.ids.len() == 0 && (s.timeState == nil || len(s.wins) == 0) && !s.h.holds() && !s.h.keepsReplies()
 }
+
+// Holds reports whether the key holds state a query shows: an event
+// applied, or its Go handler's state or timers (a key may have had calls
+// only). A key deleted by its handler that keeps only the replies of its
+// calls holds none.
+func (s *State) Holds() bool { return s.seq > 0 || s.h.holds() }
 
 // Version counts the changes of the state since it was created or restored.
 func (s *State) Version() uint64 { return s.version }
@@ -117,9 +123,20 @@ func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
 		// A key with work pending (windows to emit, pattern events or an
 		// absence to decide) is kept until it is done: expiry runs on
 		// processing time, timers on the watermark.
-		if p.ttl > 0 && s.seq > 0 && s.now+p.ttl <= nowMs && p.NextTimer(s) == 0 {
+		if p.ttl > 0 && s.Holds() && s.now+p.ttl <= nowMs && p.NextTimer(s) == 0 && s.h.nextTimer(true) == 0 {
 			Erase(s)
+			return false
 		}
+		// Also the key's processing-time wake-up (WakeAt).
+		if s.h != nil {
+			if s.h.replies.expire(nowMs-p.dedupWindow.Milliseconds()) > 0 {
+				s.version++
+			}
+			p.fireProcessing(s, ev.Key, nowMs)
+		}
+		return false
+	case ev.Call: // its reply is for ApplyCall's caller
+		p.ApplyCall(s, ev, nowMs)
 		return false
 	}
 	s.version++
@@ -156,7 +173,8 @@ func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
 			s.late++
 		}
 		if p.handler != nil {
-			p.handleEvent(s, ev, t, nowMs) // after the built-in operators
+			p.fireProcessing(s, ev.Key, nowMs) // due before the event came
+			p.handleEvent(s, ev, t, nowMs)     // after the built-in operators
 		}
 	}
 	return false

@@ -46,13 +46,38 @@ func (p *Pipeline) compileTTL(spec Spec, bad func(entry, format string, args ...
 // TTL returns the pipeline's ttl, 0 if keys never expire.
 func (p *Pipeline) TTL() time.Duration { return time.Duration(p.ttl) * time.Millisecond }
 
-// Expiry returns the processing time (Unix ms) at which the key expires if
-// it receives nothing more, 0 if it never does (no ttl, or no events). A
-// key past its ttl but kept because timers are pending (see Apply) is due
-// for another check an eighth of the ttl after nowMs, the processing time
-// of the last check.
-func (p *Pipeline) Expiry(s *State, nowMs int64) int64 {
-	if p.ttl == 0 || s.seq == 0 {
+// WakesByClock reports whether the pipeline's keys are woken by
+// processing time (WakeAt): with a ttl, or a Go handler (its
+// processing-time timers, its kept replies leaving the dedup window).
+func (p *Pipeline) WakesByClock() bool { return p.ttl > 0 || p.handler != nil }
+
+// WakeAt returns the processing time (Unix ms) at which the key is to get
+// an expiry check (ExpiryCheck, logged with that time) if it receives
+// nothing more, 0 if never: the earliest of when it expires (ttl), its Go
+// handler's next processing-time timer, and when its oldest kept reply
+// leaves the dedup window. A key past its ttl but kept because timers are
+// pending (see Apply) is due for another check an eighth of the ttl after
+// nowMs, the processing time of the last check.
+func (p *Pipeline) WakeAt(s *State, nowMs int64) int64 {
+	next := p.expiry(s, nowMs)
+	if s.h == nil {
+		return next
+	}
+	earliest := func(t int64) {
+		if t != 0 && (next == 0 || t < next) {
+			next = t
+		}
+	}
+	earliest(s.h.nextTimer(true))
+	if at := s.h.replies.oldest(); at != 0 {
+		earliest(at + p.dedupWindow.Milliseconds() + 1)
+	}
+	return next
+}
+
+// expiry is when the key expires by its ttl (see WakeAt), 0 if never.
+func (p *Pipeline) expiry(s *State, nowMs int64) int64 {
+	if p.ttl == 0 || !s.Holds() {
 		return 0
 	}
 	if e := s.now + p.ttl; e > nowMs {

@@ -542,7 +542,7 @@ func (p *Pipeline) NextTimer(s *State) int64 {
 		return 0
 	}
 	next := p.patternTimer(s)
-	if t := s.h.nextTimer(); t != 0 && (next == 0 || t < next) {
+	if t := s.h.nextTimer(false); t != 0 && (next == 0 || t < next) {
 		next = t // the Go handler's (handler.go)
 	}
 	for i := range s.wins {

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/actors/fold"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 )
 
@@ -28,6 +29,10 @@ type LocalBackend interface {
 	// actors.ErrUnavailable.
 	QueryLocal(ctx context.Context, pipeline, key string) (*keyfoldv1.GetStateResponse, error)
 	DeleteLocal(ctx context.Context, pipeline, key string) error
+	// CallLocal calls a key of a group served here (or fails as
+	// QueryLocal does); the handler's failure of the call is an error
+	// wrapping fold.ErrCallFailed.
+	CallLocal(ctx context.Context, req *keyfoldv1.CallRequest) (fold.Reply, error)
 	// Status describes the node.
 	Status(ctx context.Context) *keyfoldv1.NodeStatus
 	// MembersChanged asks the node to read the member list now; leaving
@@ -95,6 +100,16 @@ func (c *clusterServer) DeleteKey(ctx context.Context, req *keyfoldv1.DeleteKeyR
 		return nil, c.status(err)
 	}
 	return &keyfoldv1.DeleteKeyResponse{}, nil
+}
+
+// Call answers the handler's failure of the call in the response, so that
+// the sender tells it from a failure to call.
+func (c *clusterServer) Call(ctx context.Context, req *keyfoldv1.CallRequest) (*keyfoldv1.ForwardCallResponse, error) {
+	r, err := c.b.CallLocal(ctx, req)
+	if err != nil && !errors.Is(err, fold.ErrCallFailed) {
+		return nil, c.status(err)
+	}
+	return &keyfoldv1.ForwardCallResponse{Reply: &keyfoldv1.CallResponse{Reply: r.Value, Duplicate: r.Duplicate}, Error: r.Err}, nil
 }
 
 func (c *clusterServer) Status(ctx context.Context, _ *keyfoldv1.NodeStatusRequest) (*keyfoldv1.NodeStatus, error) {

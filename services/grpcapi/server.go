@@ -36,6 +36,8 @@ type Backend interface {
 	Query(ctx context.Context, pipeline, key string) (*keyfoldv1.GetStateResponse, error)
 	// Delete erases one key.
 	Delete(ctx context.Context, pipeline, key string) error
+	// Call calls one key's Go handler.
+	Call(ctx context.Context, req *keyfoldv1.CallRequest) (*keyfoldv1.CallResponse, error)
 	// Pipelines describes the configured pipelines.
 	Pipelines() []*keyfoldv1.PipelineInfo
 	// Outputs returns up to limit results of a pipeline stored after
@@ -230,6 +232,19 @@ func (s *server) DeleteKey(ctx context.Context, req *keyfoldv1.DeleteKeyRequest)
 		return nil, s.status(err)
 	}
 	return &keyfoldv1.DeleteKeyResponse{}, nil
+}
+
+// Call takes an ingest slot, as an ingest does: it is logged like one.
+func (s *server) Call(ctx context.Context, req *keyfoldv1.CallRequest) (*keyfoldv1.CallResponse, error) {
+	if err := s.acquire(ctx); err != nil {
+		return nil, s.status(err)
+	}
+	defer s.release()
+	resp, err := s.b.Call(ctx, req)
+	if err != nil {
+		return nil, s.status(err)
+	}
+	return resp, nil
 }
 
 func (s *server) GetCluster(ctx context.Context, req *keyfoldv1.GetClusterRequest) (*keyfoldv1.GetClusterResponse, error) {

@@ -67,6 +67,22 @@ func (c *Client) Query(ctx context.Context, pipeline, key string) (json.RawMessa
 	return res, err
 }
 
+// Call posts a call to a key's Go handler and returns its reply (a JSON
+// value) and whether it was kept from an earlier call with the same id.
+// The handler's failure is a *StatusError with status 422 and its text.
+func (c *Client) Call(ctx context.Context, pipeline, key string, req CallRequest) (reply json.RawMessage, duplicate bool, err error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, false, err
+	}
+	var res struct {
+		Reply     json.RawMessage `json:"reply"`
+		Duplicate bool            `json:"duplicate"`
+	}
+	err = c.do(ctx, http.MethodPost, "/v1/pipelines/"+url.PathEscape(pipeline)+"/keys/"+url.PathEscape(key)+"/call", bytes.NewReader(body), &res)
+	return res.Reply, res.Duplicate, err
+}
+
 // Pipelines describes the node's pipelines, sorted by name (GET
 // /v1/pipelines): the same messages as the gRPC client's Pipelines.
 func (c *Client) Pipelines(ctx context.Context) ([]*keyfoldv1.PipelineInfo, error) {

@@ -46,6 +46,9 @@ type Backend interface {
 	Query(ctx context.Context, pipeline, key string) (any, error)
 	// Delete erases one key.
 	Delete(ctx context.Context, pipeline, key string) error
+	// Call calls one key's Go handler; it returns the answer to encode as
+	// JSON.
+	Call(ctx context.Context, pipeline, key string, req CallRequest) (any, error)
 	// Outputs returns up to limit outputs of a pipeline stored after cursor
 	// after ("" from the oldest kept).
 	Outputs(ctx context.Context, pipeline, after string, limit int) ([]Output, error)
@@ -143,6 +146,7 @@ func New(b Backend, opts Options) http.Handler {
 	mux.HandleFunc("POST /v1/pipelines/{pipeline}/events", s.writes(s.ingest))
 	mux.HandleFunc("GET /v1/pipelines/{pipeline}/keys/{key}", s.query)
 	mux.HandleFunc("DELETE /v1/pipelines/{pipeline}/keys/{key}", s.writes(s.delete))
+	mux.HandleFunc("POST /v1/pipelines/{pipeline}/keys/{key}/call", s.writes(s.call))
 	mux.HandleFunc("GET /v1/pipelines/{pipeline}/outputs", s.outputs)
 	mux.HandleFunc("GET /v1/pipelines/{pipeline}/outputs/stream", s.stream)
 	mux.HandleFunc("GET /v1/cluster", func(w http.ResponseWriter, r *http.Request) {
@@ -284,19 +288,11 @@ func (s *server) ingest(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	reserved += cost
-
-	wait := time.NewTimer(s.opts.SlotWait)
-	defer wait.Stop()
-	select {
-	case s.slots <- struct{}{}:
-		defer func() { <-s.slots }()
-	case <-wait.C:
-		s.fail(w, r, fmt.Errorf("%w: %d ingests in progress (max_concurrent_ingests)", ErrBusy, s.opts.MaxConcurrentIngests))
-		return
-	case <-r.Context().Done():
-		s.fail(w, r, ErrBusy)
+	if err := s.acquire(r.Context()); err != nil {
+		s.fail(w, r, err)
 		return
 	}
+	defer s.release()
 	res, err := s.b.Ingest(r.Context(), r.PathValue("pipeline"), events)
 	if err != nil {
 		s.fail(w, r, err)
@@ -304,6 +300,23 @@ func (s *server) ingest(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, res)
 }
+
+// acquire takes an ingest slot (calls take them too), waiting at most
+// SlotWait; release gives it back.
+func (s *server) acquire(ctx context.Context) error {
+	wait := time.NewTimer(s.opts.SlotWait)
+	defer wait.Stop()
+	select {
+	case s.slots <- struct{}{}:
+		return nil
+	case <-wait.C:
+		return fmt.Errorf("%w: %d ingests in progress (max_concurrent_ingests)", ErrBusy, s.opts.MaxConcurrentIngests)
+	case <-ctx.Done():
+		return ErrBusy
+	}
+}
+
+func (s *server) release() { <-s.slots }
 
 // firstBodyBuffer is the buffer a body is first read into; it grows (each
 // growth reserved in the budget) as the body arrives, so a client that
@@ -315,7 +328,11 @@ const firstBodyBuffer = 64 << 10
 // reserving its buffer in the budget as it grows. It returns the bytes
 // reserved, to release once the request is done, also on error.
 func (s *server) readBody(w http.ResponseWriter, r *http.Request) (body []byte, reserved int64, err error) {
-	limit := s.opts.MaxBodyBytes
+	return s.readBodyUpTo(w, r, s.opts.MaxBodyBytes)
+}
+
+// readBodyUpTo is readBody with a limit of its own (below MaxBodyBytes).
+func (s *server) readBodyUpTo(w http.ResponseWriter, r *http.Request, limit int64) (body []byte, reserved int64, err error) {
 	if r.ContentLength > limit {
 		return nil, 0, &http.MaxBytesError{Limit: limit}
 	}

@@ -119,6 +119,10 @@ var (
 		"Window results emitted by keys (a replay emits its results again, with the same ids), by pipeline.", []string{"pipeline"}, nil)
 	pipelineHandlerFailuresDesc = prometheus.NewDesc("keyfold_pipeline_handler_failures_total",
 		"Calls of the pipeline's Go handler that returned an error or panicked (each emitted a dead letter; a replay counts its own again), by pipeline.", []string{"pipeline"}, nil)
+	pipelineCallsDesc = prometheus.NewDesc("keyfold_pipeline_calls_total",
+		"Requests to the pipeline's Go handler (Node.Call) its keys answered, logged (a replay counts its own again) or read-only, by pipeline.", []string{"pipeline"}, nil)
+	pipelineCallFailuresDesc = prometheus.NewDesc("keyfold_pipeline_call_failures_total",
+		"Requests to the pipeline's Go handler that it failed (the caller got the error; the key is unchanged), by pipeline.", []string{"pipeline"}, nil)
 )
 
 // pipelineCollector reports the per-pipeline counters, read at each scrape.
@@ -132,6 +136,8 @@ func (c pipelineCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- pipelineEmittedDesc
 	ch <- pipelineExpiredDesc
 	ch <- pipelineHandlerFailuresDesc
+	ch <- pipelineCallsDesc
+	ch <- pipelineCallFailuresDesc
 }
 
 func (c pipelineCollector) Collect(ch chan<- prometheus.Metric) {
@@ -145,6 +151,8 @@ func (c pipelineCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(pipelineEmittedDesc, prometheus.CounterValue, float64(ps.Emitted), name)
 		ch <- prometheus.MustNewConstMetric(pipelineExpiredDesc, prometheus.CounterValue, float64(ps.Expired), name)
 		ch <- prometheus.MustNewConstMetric(pipelineHandlerFailuresDesc, prometheus.CounterValue, float64(ps.HandlerFailures), name)
+		ch <- prometheus.MustNewConstMetric(pipelineCallsDesc, prometheus.CounterValue, float64(ps.Calls), name)
+		ch <- prometheus.MustNewConstMetric(pipelineCallFailuresDesc, prometheus.CounterValue, float64(ps.CallFailures), name)
 	}
 }
 

@@ -624,6 +624,60 @@ func (x *NodeStatus) GetStartedMs() int64 {
 	return 0
 }
 
+// ForwardCallResponse is the owner's answer to a call: the reply, or the
+// handler's error (the key is unchanged).
+type ForwardCallResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Reply         *CallResponse          `protobuf:"bytes,1,opt,name=reply,proto3" json:"reply,omitempty"`
+	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardCallResponse) Reset() {
+	*x = ForwardCallResponse{}
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardCallResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardCallResponse) ProtoMessage() {}
+
+func (x *ForwardCallResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_cluster_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardCallResponse.ProtoReflect.Descriptor instead.
+func (*ForwardCallResponse) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_cluster_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ForwardCallResponse) GetReply() *CallResponse {
+	if x != nil {
+		return x.Reply
+	}
+	return nil
+}
+
+func (x *ForwardCallResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 var File_proto_keyfold_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_proto_keyfold_v1_cluster_proto_rawDesc = "" +
@@ -671,11 +725,15 @@ const file_proto_keyfold_v1_cluster_proto_rawDesc = "" +
 	"\thttp_addr\x18\t \x01(\tR\bhttpAddr\x12\x1d\n" +
 	"\n" +
 	"started_ms\x18\n" +
-	" \x01(\x03R\tstartedMs2\xbf\x03\n" +
+	" \x01(\x03R\tstartedMs\"[\n" +
+	"\x13ForwardCallResponse\x12.\n" +
+	"\x05reply\x18\x01 \x01(\v2\x18.keyfold.v1.CallResponseR\x05reply\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error2\x81\x04\n" +
 	"\aCluster\x12B\n" +
 	"\aForward\x12\x1a.keyfold.v1.ForwardRequest\x1a\x1b.keyfold.v1.ForwardResponse\x12E\n" +
 	"\bGetState\x12\x1b.keyfold.v1.GetStateRequest\x1a\x1c.keyfold.v1.GetStateResponse\x12H\n" +
-	"\tDeleteKey\x12\x1c.keyfold.v1.DeleteKeyRequest\x1a\x1d.keyfold.v1.DeleteKeyResponse\x12?\n" +
+	"\tDeleteKey\x12\x1c.keyfold.v1.DeleteKeyRequest\x1a\x1d.keyfold.v1.DeleteKeyResponse\x12@\n" +
+	"\x04Call\x12\x17.keyfold.v1.CallRequest\x1a\x1f.keyfold.v1.ForwardCallResponse\x12?\n" +
 	"\x06Status\x12\x1d.keyfold.v1.NodeStatusRequest\x1a\x16.keyfold.v1.NodeStatus\x12W\n" +
 	"\x0eMembersChanged\x12!.keyfold.v1.MembersChangedRequest\x1a\".keyfold.v1.MembersChangedResponse\x12E\n" +
 	"\bReleased\x12\x1b.keyfold.v1.ReleasedRequest\x1a\x1c.keyfold.v1.ReleasedResponseB7Z5github.com/keyfold/keyfold/proto/keyfold/v1;keyfoldv1b\x06proto3"
@@ -692,7 +750,7 @@ func file_proto_keyfold_v1_cluster_proto_rawDescGZIP() []byte {
 	return file_proto_keyfold_v1_cluster_proto_rawDescData
 }
 
-var file_proto_keyfold_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_proto_keyfold_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_proto_keyfold_v1_cluster_proto_goTypes = []any{
 	(*MembersChangedRequest)(nil),  // 0: keyfold.v1.MembersChangedRequest
 	(*MembersChangedResponse)(nil), // 1: keyfold.v1.MembersChangedResponse
@@ -704,33 +762,39 @@ var file_proto_keyfold_v1_cluster_proto_goTypes = []any{
 	(*ForwardResult)(nil),          // 7: keyfold.v1.ForwardResult
 	(*NodeStatusRequest)(nil),      // 8: keyfold.v1.NodeStatusRequest
 	(*NodeStatus)(nil),             // 9: keyfold.v1.NodeStatus
-	(*BatchError)(nil),             // 10: keyfold.v1.BatchError
-	(*GetStateRequest)(nil),        // 11: keyfold.v1.GetStateRequest
-	(*DeleteKeyRequest)(nil),       // 12: keyfold.v1.DeleteKeyRequest
-	(*GetStateResponse)(nil),       // 13: keyfold.v1.GetStateResponse
-	(*DeleteKeyResponse)(nil),      // 14: keyfold.v1.DeleteKeyResponse
+	(*ForwardCallResponse)(nil),    // 10: keyfold.v1.ForwardCallResponse
+	(*BatchError)(nil),             // 11: keyfold.v1.BatchError
+	(*CallResponse)(nil),           // 12: keyfold.v1.CallResponse
+	(*GetStateRequest)(nil),        // 13: keyfold.v1.GetStateRequest
+	(*DeleteKeyRequest)(nil),       // 14: keyfold.v1.DeleteKeyRequest
+	(*CallRequest)(nil),            // 15: keyfold.v1.CallRequest
+	(*GetStateResponse)(nil),       // 16: keyfold.v1.GetStateResponse
+	(*DeleteKeyResponse)(nil),      // 17: keyfold.v1.DeleteKeyResponse
 }
 var file_proto_keyfold_v1_cluster_proto_depIdxs = []int32{
 	5,  // 0: keyfold.v1.ForwardRequest.batches:type_name -> keyfold.v1.ForwardBatch
 	7,  // 1: keyfold.v1.ForwardResponse.results:type_name -> keyfold.v1.ForwardResult
-	10, // 2: keyfold.v1.ForwardResult.error:type_name -> keyfold.v1.BatchError
-	4,  // 3: keyfold.v1.Cluster.Forward:input_type -> keyfold.v1.ForwardRequest
-	11, // 4: keyfold.v1.Cluster.GetState:input_type -> keyfold.v1.GetStateRequest
-	12, // 5: keyfold.v1.Cluster.DeleteKey:input_type -> keyfold.v1.DeleteKeyRequest
-	8,  // 6: keyfold.v1.Cluster.Status:input_type -> keyfold.v1.NodeStatusRequest
-	0,  // 7: keyfold.v1.Cluster.MembersChanged:input_type -> keyfold.v1.MembersChangedRequest
-	2,  // 8: keyfold.v1.Cluster.Released:input_type -> keyfold.v1.ReleasedRequest
-	6,  // 9: keyfold.v1.Cluster.Forward:output_type -> keyfold.v1.ForwardResponse
-	13, // 10: keyfold.v1.Cluster.GetState:output_type -> keyfold.v1.GetStateResponse
-	14, // 11: keyfold.v1.Cluster.DeleteKey:output_type -> keyfold.v1.DeleteKeyResponse
-	9,  // 12: keyfold.v1.Cluster.Status:output_type -> keyfold.v1.NodeStatus
-	1,  // 13: keyfold.v1.Cluster.MembersChanged:output_type -> keyfold.v1.MembersChangedResponse
-	3,  // 14: keyfold.v1.Cluster.Released:output_type -> keyfold.v1.ReleasedResponse
-	9,  // [9:15] is the sub-list for method output_type
-	3,  // [3:9] is the sub-list for method input_type
-	3,  // [3:3] is the sub-list for extension type_name
-	3,  // [3:3] is the sub-list for extension extendee
-	0,  // [0:3] is the sub-list for field type_name
+	11, // 2: keyfold.v1.ForwardResult.error:type_name -> keyfold.v1.BatchError
+	12, // 3: keyfold.v1.ForwardCallResponse.reply:type_name -> keyfold.v1.CallResponse
+	4,  // 4: keyfold.v1.Cluster.Forward:input_type -> keyfold.v1.ForwardRequest
+	13, // 5: keyfold.v1.Cluster.GetState:input_type -> keyfold.v1.GetStateRequest
+	14, // 6: keyfold.v1.Cluster.DeleteKey:input_type -> keyfold.v1.DeleteKeyRequest
+	15, // 7: keyfold.v1.Cluster.Call:input_type -> keyfold.v1.CallRequest
+	8,  // 8: keyfold.v1.Cluster.Status:input_type -> keyfold.v1.NodeStatusRequest
+	0,  // 9: keyfold.v1.Cluster.MembersChanged:input_type -> keyfold.v1.MembersChangedRequest
+	2,  // 10: keyfold.v1.Cluster.Released:input_type -> keyfold.v1.ReleasedRequest
+	6,  // 11: keyfold.v1.Cluster.Forward:output_type -> keyfold.v1.ForwardResponse
+	16, // 12: keyfold.v1.Cluster.GetState:output_type -> keyfold.v1.GetStateResponse
+	17, // 13: keyfold.v1.Cluster.DeleteKey:output_type -> keyfold.v1.DeleteKeyResponse
+	10, // 14: keyfold.v1.Cluster.Call:output_type -> keyfold.v1.ForwardCallResponse
+	9,  // 15: keyfold.v1.Cluster.Status:output_type -> keyfold.v1.NodeStatus
+	1,  // 16: keyfold.v1.Cluster.MembersChanged:output_type -> keyfold.v1.MembersChangedResponse
+	3,  // 17: keyfold.v1.Cluster.Released:output_type -> keyfold.v1.ReleasedResponse
+	11, // [11:18] is the sub-list for method output_type
+	4,  // [4:11] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_proto_keyfold_v1_cluster_proto_init() }
@@ -745,7 +809,7 @@ func file_proto_keyfold_v1_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_keyfold_v1_cluster_proto_rawDesc), len(file_proto_keyfold_v1_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,6 +28,7 @@ const (
 	Cluster_Forward_FullMethodName        = "/keyfold.v1.Cluster/Forward"
 	Cluster_GetState_FullMethodName       = "/keyfold.v1.Cluster/GetState"
 	Cluster_DeleteKey_FullMethodName      = "/keyfold.v1.Cluster/DeleteKey"
+	Cluster_Call_FullMethodName           = "/keyfold.v1.Cluster/Call"
 	Cluster_Status_FullMethodName         = "/keyfold.v1.Cluster/Status"
 	Cluster_MembersChanged_FullMethodName = "/keyfold.v1.Cluster/MembersChanged"
 	Cluster_Released_FullMethodName       = "/keyfold.v1.Cluster/Released"
@@ -52,6 +53,10 @@ type ClusterClient interface {
 	// DeleteKey erases a key on the owner of its group, without forwarding
 	// further. FAILED_PRECONDITION as for GetState.
 	DeleteKey(ctx context.Context, in *DeleteKeyRequest, opts ...grpc.CallOption) (*DeleteKeyResponse, error)
+	// Call calls a key's handler on the owner of its group, without
+	// forwarding further. FAILED_PRECONDITION as for GetState; the handler's
+	// own failure is an answer, in error.
+	Call(ctx context.Context, in *CallRequest, opts ...grpc.CallOption) (*ForwardCallResponse, error)
 	// Status describes the receiving node, for GET /v1/cluster.
 	Status(ctx context.Context, in *NodeStatusRequest, opts ...grpc.CallOption) (*NodeStatus, error)
 	// MembersChanged asks the receiver to read the member list now: the
@@ -97,6 +102,16 @@ func (c *clusterClient) DeleteKey(ctx context.Context, in *DeleteKeyRequest, opt
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DeleteKeyResponse)
 	err := c.cc.Invoke(ctx, Cluster_DeleteKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *clusterClient) Call(ctx context.Context, in *CallRequest, opts ...grpc.CallOption) (*ForwardCallResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForwardCallResponse)
+	err := c.cc.Invoke(ctx, Cluster_Call_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -152,6 +167,10 @@ type ClusterServer interface {
 	// DeleteKey erases a key on the owner of its group, without forwarding
 	// further. FAILED_PRECONDITION as for GetState.
 	DeleteKey(context.Context, *DeleteKeyRequest) (*DeleteKeyResponse, error)
+	// Call calls a key's handler on the owner of its group, without
+	// forwarding further. FAILED_PRECONDITION as for GetState; the handler's
+	// own failure is an answer, in error.
+	Call(context.Context, *CallRequest) (*ForwardCallResponse, error)
 	// Status describes the receiving node, for GET /v1/cluster.
 	Status(context.Context, *NodeStatusRequest) (*NodeStatus, error)
 	// MembersChanged asks the receiver to read the member list now: the
@@ -181,6 +200,9 @@ func (UnimplementedClusterServer) GetState(context.Context, *GetStateRequest) (*
 }
 func (UnimplementedClusterServer) DeleteKey(context.Context, *DeleteKeyRequest) (*DeleteKeyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteKey not implemented")
+}
+func (UnimplementedClusterServer) Call(context.Context, *CallRequest) (*ForwardCallResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Call not implemented")
 }
 func (UnimplementedClusterServer) Status(context.Context, *NodeStatusRequest) (*NodeStatus, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
@@ -266,6 +288,24 @@ func _Cluster_DeleteKey_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Cluster_Call_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CallRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterServer).Call(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Cluster_Call_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterServer).Call(ctx, req.(*CallRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Cluster_Status_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(NodeStatusRequest)
 	if err := dec(in); err != nil {
@@ -338,6 +378,10 @@ var Cluster_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteKey",
 			Handler:    _Cluster_DeleteKey_Handler,
+		},
+		{
+			MethodName: "Call",
+			Handler:    _Cluster_Call_Handler,
 		},
 		{
 			MethodName: "Status",

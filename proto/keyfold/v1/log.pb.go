@@ -290,8 +290,15 @@ type Input struct {
 	Erase bool `protobuf:"varint,3,opt,name=erase,proto3" json:"erase,omitempty"`
 	// An expiry check (event is empty): if the key received no event for its
 	// pipeline's ttl before ingest_time_ms, it is erased as by a tombstone;
-	// otherwise nothing happens.
-	Expire        bool `protobuf:"varint,4,opt,name=expire,proto3" json:"expire,omitempty"`
+	// otherwise nothing happens. It is also the key's processing-time
+	// wake-up: the Go handler's processing-time timers due at ingest_time_ms
+	// fire.
+	Expire bool `protobuf:"varint,4,opt,name=expire,proto3" json:"expire,omitempty"`
+	// A request to the key's Go handler (a call, keyfold.Node.Call): event
+	// is the request, a JSON value; call_id its id, "" for none. A call with
+	// an id whose reply the key keeps is answered with that reply again.
+	Call          bool   `protobuf:"varint,5,opt,name=call,proto3" json:"call,omitempty"`
+	CallId        string `protobuf:"bytes,6,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -352,6 +359,20 @@ func (x *Input) GetExpire() bool {
 		return x.Expire
 	}
 	return false
+}
+
+func (x *Input) GetCall() bool {
+	if x != nil {
+		return x.Call
+	}
+	return false
+}
+
+func (x *Input) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
 }
 
 // Snapshot is the state of one key and the group-log position it reflects.
@@ -602,7 +623,10 @@ type HandlerState struct {
 	BornMs  int64  `protobuf:"varint,5,opt,name=born_ms,json=bornMs,proto3" json:"born_ms,omitempty"`
 	Emitted uint64 `protobuf:"varint,6,opt,name=emitted,proto3" json:"emitted,omitempty"`
 	// Calls that failed (returned an error or panicked).
-	Failed        uint64 `protobuf:"varint,7,opt,name=failed,proto3" json:"failed,omitempty"`
+	Failed uint64 `protobuf:"varint,7,opt,name=failed,proto3" json:"failed,omitempty"`
+	// The replies to the key's calls that had an id, within the pipeline's
+	// dedup window, oldest first.
+	Replies       []*HandlerReply `protobuf:"bytes,8,rep,name=replies,proto3" json:"replies,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -686,19 +710,100 @@ func (x *HandlerState) GetFailed() uint64 {
 	return 0
 }
 
+func (x *HandlerState) GetReplies() []*HandlerReply {
+	if x != nil {
+		return x.Replies
+	}
+	return nil
+}
+
+// HandlerReply is the outcome of one call with an id, kept so that a retry
+// gets it again.
+type HandlerReply struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The processing time the call was logged at, Unix milliseconds.
+	AtMs int64 `protobuf:"varint,2,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	// The reply, a JSON value; or the handler's error, when it failed.
+	Reply         []byte `protobuf:"bytes,3,opt,name=reply,proto3" json:"reply,omitempty"`
+	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HandlerReply) Reset() {
+	*x = HandlerReply{}
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HandlerReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HandlerReply) ProtoMessage() {}
+
+func (x *HandlerReply) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HandlerReply.ProtoReflect.Descriptor instead.
+func (*HandlerReply) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *HandlerReply) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *HandlerReply) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
+func (x *HandlerReply) GetReply() []byte {
+	if x != nil {
+		return x.Reply
+	}
+	return nil
+}
+
+func (x *HandlerReply) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 // HandlerTimer is one timer a Go handler set: it fires once the key's
-// watermark reaches at_ms.
+// watermark reaches at_ms; a processing-time one, once the node's clock
+// does (its firing is logged, as an expiry check).
 type HandlerTimer struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	AtMs          int64                  `protobuf:"varint,2,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	Processing    bool                   `protobuf:"varint,3,opt,name=processing,proto3" json:"processing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HandlerTimer) Reset() {
 	*x = HandlerTimer{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -710,7 +815,7 @@ func (x *HandlerTimer) String() string {
 func (*HandlerTimer) ProtoMessage() {}
 
 func (x *HandlerTimer) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -723,7 +828,7 @@ func (x *HandlerTimer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandlerTimer.ProtoReflect.Descriptor instead.
 func (*HandlerTimer) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{8}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *HandlerTimer) GetName() string {
@@ -740,6 +845,13 @@ func (x *HandlerTimer) GetAtMs() int64 {
 	return 0
 }
 
+func (x *HandlerTimer) GetProcessing() bool {
+	if x != nil {
+		return x.Processing
+	}
+	return false
+}
+
 // WindowLate counts the late events of one of a key's windows.
 type WindowLate struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -751,7 +863,7 @@ type WindowLate struct {
 
 func (x *WindowLate) Reset() {
 	*x = WindowLate{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -763,7 +875,7 @@ func (x *WindowLate) String() string {
 func (*WindowLate) ProtoMessage() {}
 
 func (x *WindowLate) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -776,7 +888,7 @@ func (x *WindowLate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowLate.ProtoReflect.Descriptor instead.
 func (*WindowLate) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{9}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WindowLate) GetName() string {
@@ -808,7 +920,7 @@ type WaitingEvent struct {
 
 func (x *WaitingEvent) Reset() {
 	*x = WaitingEvent{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -820,7 +932,7 @@ func (x *WaitingEvent) String() string {
 func (*WaitingEvent) ProtoMessage() {}
 
 func (x *WaitingEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -833,7 +945,7 @@ func (x *WaitingEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitingEvent.ProtoReflect.Descriptor instead.
 func (*WaitingEvent) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{10}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WaitingEvent) GetTimeMs() int64 {
@@ -877,7 +989,7 @@ type PatternState struct {
 
 func (x *PatternState) Reset() {
 	*x = PatternState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -889,7 +1001,7 @@ func (x *PatternState) String() string {
 func (*PatternState) ProtoMessage() {}
 
 func (x *PatternState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -902,7 +1014,7 @@ func (x *PatternState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PatternState.ProtoReflect.Descriptor instead.
 func (*PatternState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{11}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PatternState) GetName() string {
@@ -972,7 +1084,7 @@ type WindowState struct {
 
 func (x *WindowState) Reset() {
 	*x = WindowState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -984,7 +1096,7 @@ func (x *WindowState) String() string {
 func (*WindowState) ProtoMessage() {}
 
 func (x *WindowState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -997,7 +1109,7 @@ func (x *WindowState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowState.ProtoReflect.Descriptor instead.
 func (*WindowState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{12}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WindowState) GetName() string {
@@ -1069,7 +1181,7 @@ type ResultRef struct {
 
 func (x *ResultRef) Reset() {
 	*x = ResultRef{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1081,7 +1193,7 @@ func (x *ResultRef) String() string {
 func (*ResultRef) ProtoMessage() {}
 
 func (x *ResultRef) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1094,7 +1206,7 @@ func (x *ResultRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResultRef.ProtoReflect.Descriptor instead.
 func (*ResultRef) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{13}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ResultRef) GetStartMs() int64 {
@@ -1154,7 +1266,7 @@ type Output struct {
 
 func (x *Output) Reset() {
 	*x = Output{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[14]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1166,7 +1278,7 @@ func (x *Output) String() string {
 func (*Output) ProtoMessage() {}
 
 func (x *Output) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[14]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1179,7 +1291,7 @@ func (x *Output) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Output.ProtoReflect.Descriptor instead.
 func (*Output) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{14}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Output) GetId() string {
@@ -1277,7 +1389,7 @@ type SeenBucket struct {
 
 func (x *SeenBucket) Reset() {
 	*x = SeenBucket{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[15]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1289,7 +1401,7 @@ func (x *SeenBucket) String() string {
 func (*SeenBucket) ProtoMessage() {}
 
 func (x *SeenBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[15]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1302,7 +1414,7 @@ func (x *SeenBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeenBucket.ProtoReflect.Descriptor instead.
 func (*SeenBucket) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{15}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SeenBucket) GetIds() []*SeenID {
@@ -1334,7 +1446,7 @@ type AggregateState struct {
 
 func (x *AggregateState) Reset() {
 	*x = AggregateState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[16]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1346,7 +1458,7 @@ func (x *AggregateState) String() string {
 func (*AggregateState) ProtoMessage() {}
 
 func (x *AggregateState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[16]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1359,7 +1471,7 @@ func (x *AggregateState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AggregateState.ProtoReflect.Descriptor instead.
 func (*AggregateState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{16}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AggregateState) GetName() string {
@@ -1415,7 +1527,7 @@ type SeenID struct {
 
 func (x *SeenID) Reset() {
 	*x = SeenID{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[17]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1427,7 +1539,7 @@ func (x *SeenID) String() string {
 func (*SeenID) ProtoMessage() {}
 
 func (x *SeenID) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[17]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1440,7 +1552,7 @@ func (x *SeenID) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeenID.ProtoReflect.Descriptor instead.
 func (*SeenID) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{17}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SeenID) GetId() string {
@@ -1482,12 +1594,14 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\tKeyInputs\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12)\n" +
-	"\x06inputs\x18\x03 \x03(\v2\x11.keyfold.v1.InputR\x06inputs\"q\n" +
+	"\x06inputs\x18\x03 \x03(\v2\x11.keyfold.v1.InputR\x06inputs\"\x9e\x01\n" +
 	"\x05Input\x12\x14\n" +
 	"\x05event\x18\x01 \x01(\fR\x05event\x12$\n" +
 	"\x0eingest_time_ms\x18\x02 \x01(\x03R\fingestTimeMs\x12\x14\n" +
 	"\x05erase\x18\x03 \x01(\bR\x05erase\x12\x16\n" +
-	"\x06expire\x18\x04 \x01(\bR\x06expire\"\x80\x01\n" +
+	"\x06expire\x18\x04 \x01(\bR\x06expire\x12\x12\n" +
+	"\x04call\x18\x05 \x01(\bR\x04call\x12\x17\n" +
+	"\acall_id\x18\x06 \x01(\tR\x06callId\"\x80\x01\n" +
 	"\bSnapshot\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
@@ -1511,7 +1625,7 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	" \x03(\v2\x18.keyfold.v1.WaitingEventR\awaiting\x124\n" +
 	"\bpatterns\x18\v \x03(\v2\x18.keyfold.v1.PatternStateR\bpatterns\x129\n" +
 	"\flate_windows\x18\f \x03(\v2\x16.keyfold.v1.WindowLateR\vlateWindows\x122\n" +
-	"\ahandler\x18\r \x01(\v2\x18.keyfold.v1.HandlerStateR\ahandler\"\xd3\x01\n" +
+	"\ahandler\x18\r \x01(\v2\x18.keyfold.v1.HandlerStateR\ahandler\"\x87\x02\n" +
 	"\fHandlerState\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\rR\aversion\x12\x18\n" +
@@ -1519,10 +1633,19 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\x06timers\x18\x04 \x03(\v2\x18.keyfold.v1.HandlerTimerR\x06timers\x12\x17\n" +
 	"\aborn_ms\x18\x05 \x01(\x03R\x06bornMs\x12\x18\n" +
 	"\aemitted\x18\x06 \x01(\x04R\aemitted\x12\x16\n" +
-	"\x06failed\x18\a \x01(\x04R\x06failed\"7\n" +
+	"\x06failed\x18\a \x01(\x04R\x06failed\x122\n" +
+	"\areplies\x18\b \x03(\v2\x18.keyfold.v1.HandlerReplyR\areplies\"_\n" +
+	"\fHandlerReply\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x13\n" +
+	"\x05at_ms\x18\x02 \x01(\x03R\x04atMs\x12\x14\n" +
+	"\x05reply\x18\x03 \x01(\fR\x05reply\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"W\n" +
 	"\fHandlerTimer\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x13\n" +
-	"\x05at_ms\x18\x02 \x01(\x03R\x04atMs\"4\n" +
+	"\x05at_ms\x18\x02 \x01(\x03R\x04atMs\x12\x1e\n" +
+	"\n" +
+	"processing\x18\x03 \x01(\bR\n" +
+	"processing\"4\n" +
 	"\n" +
 	"WindowLate\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
@@ -1598,7 +1721,7 @@ func file_proto_keyfold_v1_log_proto_rawDescGZIP() []byte {
 	return file_proto_keyfold_v1_log_proto_rawDescData
 }
 
-var file_proto_keyfold_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_proto_keyfold_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_proto_keyfold_v1_log_proto_goTypes = []any{
 	(*LogRecord)(nil),      // 0: keyfold.v1.LogRecord
 	(*Watermark)(nil),      // 1: keyfold.v1.Watermark
@@ -1608,16 +1731,17 @@ var file_proto_keyfold_v1_log_proto_goTypes = []any{
 	(*Snapshot)(nil),       // 5: keyfold.v1.Snapshot
 	(*KeyState)(nil),       // 6: keyfold.v1.KeyState
 	(*HandlerState)(nil),   // 7: keyfold.v1.HandlerState
-	(*HandlerTimer)(nil),   // 8: keyfold.v1.HandlerTimer
-	(*WindowLate)(nil),     // 9: keyfold.v1.WindowLate
-	(*WaitingEvent)(nil),   // 10: keyfold.v1.WaitingEvent
-	(*PatternState)(nil),   // 11: keyfold.v1.PatternState
-	(*WindowState)(nil),    // 12: keyfold.v1.WindowState
-	(*ResultRef)(nil),      // 13: keyfold.v1.ResultRef
-	(*Output)(nil),         // 14: keyfold.v1.Output
-	(*SeenBucket)(nil),     // 15: keyfold.v1.SeenBucket
-	(*AggregateState)(nil), // 16: keyfold.v1.AggregateState
-	(*SeenID)(nil),         // 17: keyfold.v1.SeenID
+	(*HandlerReply)(nil),   // 8: keyfold.v1.HandlerReply
+	(*HandlerTimer)(nil),   // 9: keyfold.v1.HandlerTimer
+	(*WindowLate)(nil),     // 10: keyfold.v1.WindowLate
+	(*WaitingEvent)(nil),   // 11: keyfold.v1.WaitingEvent
+	(*PatternState)(nil),   // 12: keyfold.v1.PatternState
+	(*WindowState)(nil),    // 13: keyfold.v1.WindowState
+	(*ResultRef)(nil),      // 14: keyfold.v1.ResultRef
+	(*Output)(nil),         // 15: keyfold.v1.Output
+	(*SeenBucket)(nil),     // 16: keyfold.v1.SeenBucket
+	(*AggregateState)(nil), // 17: keyfold.v1.AggregateState
+	(*SeenID)(nil),         // 18: keyfold.v1.SeenID
 }
 var file_proto_keyfold_v1_log_proto_depIdxs = []int32{
 	3,  // 0: keyfold.v1.LogRecord.keys:type_name -> keyfold.v1.KeyInputs
@@ -1625,22 +1749,23 @@ var file_proto_keyfold_v1_log_proto_depIdxs = []int32{
 	1,  // 2: keyfold.v1.GroupClock.pipelines:type_name -> keyfold.v1.Watermark
 	4,  // 3: keyfold.v1.KeyInputs.inputs:type_name -> keyfold.v1.Input
 	6,  // 4: keyfold.v1.Snapshot.state:type_name -> keyfold.v1.KeyState
-	16, // 5: keyfold.v1.KeyState.aggregates:type_name -> keyfold.v1.AggregateState
-	17, // 6: keyfold.v1.KeyState.seen:type_name -> keyfold.v1.SeenID
-	12, // 7: keyfold.v1.KeyState.windows:type_name -> keyfold.v1.WindowState
-	10, // 8: keyfold.v1.KeyState.waiting:type_name -> keyfold.v1.WaitingEvent
-	11, // 9: keyfold.v1.KeyState.patterns:type_name -> keyfold.v1.PatternState
-	9,  // 10: keyfold.v1.KeyState.late_windows:type_name -> keyfold.v1.WindowLate
+	17, // 5: keyfold.v1.KeyState.aggregates:type_name -> keyfold.v1.AggregateState
+	18, // 6: keyfold.v1.KeyState.seen:type_name -> keyfold.v1.SeenID
+	13, // 7: keyfold.v1.KeyState.windows:type_name -> keyfold.v1.WindowState
+	11, // 8: keyfold.v1.KeyState.waiting:type_name -> keyfold.v1.WaitingEvent
+	12, // 9: keyfold.v1.KeyState.patterns:type_name -> keyfold.v1.PatternState
+	10, // 10: keyfold.v1.KeyState.late_windows:type_name -> keyfold.v1.WindowLate
 	7,  // 11: keyfold.v1.KeyState.handler:type_name -> keyfold.v1.HandlerState
-	8,  // 12: keyfold.v1.HandlerState.timers:type_name -> keyfold.v1.HandlerTimer
-	16, // 13: keyfold.v1.WindowState.aggregates:type_name -> keyfold.v1.AggregateState
-	13, // 14: keyfold.v1.WindowState.superseded:type_name -> keyfold.v1.ResultRef
-	17, // 15: keyfold.v1.SeenBucket.ids:type_name -> keyfold.v1.SeenID
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	9,  // 12: keyfold.v1.HandlerState.timers:type_name -> keyfold.v1.HandlerTimer
+	8,  // 13: keyfold.v1.HandlerState.replies:type_name -> keyfold.v1.HandlerReply
+	17, // 14: keyfold.v1.WindowState.aggregates:type_name -> keyfold.v1.AggregateState
+	14, // 15: keyfold.v1.WindowState.superseded:type_name -> keyfold.v1.ResultRef
+	18, // 16: keyfold.v1.SeenBucket.ids:type_name -> keyfold.v1.SeenID
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_proto_keyfold_v1_log_proto_init() }
@@ -1654,7 +1779,7 @@ func file_proto_keyfold_v1_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_keyfold_v1_log_proto_rawDesc), len(file_proto_keyfold_v1_log_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

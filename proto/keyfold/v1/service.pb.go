@@ -584,6 +584,139 @@ func (*DeleteKeyResponse) Descriptor() ([]byte, []int) {
 	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{8}
 }
 
+type CallRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Pipeline string                 `protobuf:"bytes,1,opt,name=pipeline,proto3" json:"pipeline,omitempty"`
+	Key      string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// The request, a JSON value (UTF-8).
+	Request []byte `protobuf:"bytes,3,opt,name=request,proto3" json:"request,omitempty"`
+	// The request's id, for exactly-once: "" for none.
+	Id string `protobuf:"bytes,4,opt,name=id,proto3" json:"id,omitempty"`
+	// Run without logging; the handler may not change the key.
+	ReadOnly      bool `protobuf:"varint,5,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CallRequest) Reset() {
+	*x = CallRequest{}
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallRequest) ProtoMessage() {}
+
+func (x *CallRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallRequest.ProtoReflect.Descriptor instead.
+func (*CallRequest) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *CallRequest) GetPipeline() string {
+	if x != nil {
+		return x.Pipeline
+	}
+	return ""
+}
+
+func (x *CallRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *CallRequest) GetRequest() []byte {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *CallRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *CallRequest) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
+type CallResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The handler's reply, a JSON value (null when it returned nil).
+	Reply []byte `protobuf:"bytes,1,opt,name=reply,proto3" json:"reply,omitempty"`
+	// The reply was kept from an earlier call with the same id.
+	Duplicate     bool `protobuf:"varint,2,opt,name=duplicate,proto3" json:"duplicate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CallResponse) Reset() {
+	*x = CallResponse{}
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallResponse) ProtoMessage() {}
+
+func (x *CallResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallResponse.ProtoReflect.Descriptor instead.
+func (*CallResponse) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *CallResponse) GetReply() []byte {
+	if x != nil {
+		return x.Reply
+	}
+	return nil
+}
+
+func (x *CallResponse) GetDuplicate() bool {
+	if x != nil {
+		return x.Duplicate
+	}
+	return false
+}
+
 type ListPipelinesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -592,7 +725,7 @@ type ListPipelinesRequest struct {
 
 func (x *ListPipelinesRequest) Reset() {
 	*x = ListPipelinesRequest{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[9]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -604,7 +737,7 @@ func (x *ListPipelinesRequest) String() string {
 func (*ListPipelinesRequest) ProtoMessage() {}
 
 func (x *ListPipelinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[9]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -617,7 +750,7 @@ func (x *ListPipelinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPipelinesRequest.ProtoReflect.Descriptor instead.
 func (*ListPipelinesRequest) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{9}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{11}
 }
 
 type ListPipelinesResponse struct {
@@ -629,7 +762,7 @@ type ListPipelinesResponse struct {
 
 func (x *ListPipelinesResponse) Reset() {
 	*x = ListPipelinesResponse{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[10]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -641,7 +774,7 @@ func (x *ListPipelinesResponse) String() string {
 func (*ListPipelinesResponse) ProtoMessage() {}
 
 func (x *ListPipelinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[10]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -654,7 +787,7 @@ func (x *ListPipelinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPipelinesResponse.ProtoReflect.Descriptor instead.
 func (*ListPipelinesResponse) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{10}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListPipelinesResponse) GetPipelines() []*PipelineInfo {
@@ -703,7 +836,7 @@ type PipelineInfo struct {
 
 func (x *PipelineInfo) Reset() {
 	*x = PipelineInfo{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[11]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -715,7 +848,7 @@ func (x *PipelineInfo) String() string {
 func (*PipelineInfo) ProtoMessage() {}
 
 func (x *PipelineInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[11]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -728,7 +861,7 @@ func (x *PipelineInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PipelineInfo.ProtoReflect.Descriptor instead.
 func (*PipelineInfo) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{11}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PipelineInfo) GetName() string {
@@ -841,7 +974,7 @@ type AggregateInfo struct {
 
 func (x *AggregateInfo) Reset() {
 	*x = AggregateInfo{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[12]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -853,7 +986,7 @@ func (x *AggregateInfo) String() string {
 func (*AggregateInfo) ProtoMessage() {}
 
 func (x *AggregateInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[12]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -866,7 +999,7 @@ func (x *AggregateInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AggregateInfo.ProtoReflect.Descriptor instead.
 func (*AggregateInfo) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{12}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AggregateInfo) GetName() string {
@@ -914,7 +1047,7 @@ type WindowInfo struct {
 
 func (x *WindowInfo) Reset() {
 	*x = WindowInfo{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[13]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -926,7 +1059,7 @@ func (x *WindowInfo) String() string {
 func (*WindowInfo) ProtoMessage() {}
 
 func (x *WindowInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[13]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -939,7 +1072,7 @@ func (x *WindowInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowInfo.ProtoReflect.Descriptor instead.
 func (*WindowInfo) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{13}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WindowInfo) GetName() string {
@@ -1005,7 +1138,7 @@ type PatternInfo struct {
 
 func (x *PatternInfo) Reset() {
 	*x = PatternInfo{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[14]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1017,7 +1150,7 @@ func (x *PatternInfo) String() string {
 func (*PatternInfo) ProtoMessage() {}
 
 func (x *PatternInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[14]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1030,7 +1163,7 @@ func (x *PatternInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PatternInfo.ProtoReflect.Descriptor instead.
 func (*PatternInfo) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{14}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PatternInfo) GetName() string {
@@ -1103,7 +1236,7 @@ type ListOutputsRequest struct {
 
 func (x *ListOutputsRequest) Reset() {
 	*x = ListOutputsRequest{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[15]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1115,7 +1248,7 @@ func (x *ListOutputsRequest) String() string {
 func (*ListOutputsRequest) ProtoMessage() {}
 
 func (x *ListOutputsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[15]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1128,7 +1261,7 @@ func (x *ListOutputsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOutputsRequest.ProtoReflect.Descriptor instead.
 func (*ListOutputsRequest) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{15}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListOutputsRequest) GetPipeline() string {
@@ -1164,7 +1297,7 @@ type ListOutputsResponse struct {
 
 func (x *ListOutputsResponse) Reset() {
 	*x = ListOutputsResponse{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[16]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1176,7 +1309,7 @@ func (x *ListOutputsResponse) String() string {
 func (*ListOutputsResponse) ProtoMessage() {}
 
 func (x *ListOutputsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[16]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1189,7 +1322,7 @@ func (x *ListOutputsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOutputsResponse.ProtoReflect.Descriptor instead.
 func (*ListOutputsResponse) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{16}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListOutputsResponse) GetOutputs() []*OutputEntry {
@@ -1217,7 +1350,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[17]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1229,7 +1362,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[17]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1242,7 +1375,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{17}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SubscribeRequest) GetPipeline() string {
@@ -1274,7 +1407,7 @@ type OutputEntry struct {
 
 func (x *OutputEntry) Reset() {
 	*x = OutputEntry{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[18]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1286,7 +1419,7 @@ func (x *OutputEntry) String() string {
 func (*OutputEntry) ProtoMessage() {}
 
 func (x *OutputEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[18]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1299,7 +1432,7 @@ func (x *OutputEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputEntry.ProtoReflect.Descriptor instead.
 func (*OutputEntry) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{18}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *OutputEntry) GetCursor() string {
@@ -1335,7 +1468,7 @@ type GetClusterRequest struct {
 
 func (x *GetClusterRequest) Reset() {
 	*x = GetClusterRequest{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[19]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1347,7 +1480,7 @@ func (x *GetClusterRequest) String() string {
 func (*GetClusterRequest) ProtoMessage() {}
 
 func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[19]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1360,7 +1493,7 @@ func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterRequest) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{19}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetClusterRequest) GetPipeline() string {
@@ -1399,7 +1532,7 @@ type GetClusterResponse struct {
 
 func (x *GetClusterResponse) Reset() {
 	*x = GetClusterResponse{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[20]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1411,7 +1544,7 @@ func (x *GetClusterResponse) String() string {
 func (*GetClusterResponse) ProtoMessage() {}
 
 func (x *GetClusterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[20]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1424,7 +1557,7 @@ func (x *GetClusterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterResponse.ProtoReflect.Descriptor instead.
 func (*GetClusterResponse) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{20}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetClusterResponse) GetCluster() string {
@@ -1506,7 +1639,7 @@ type ClusterMember struct {
 
 func (x *ClusterMember) Reset() {
 	*x = ClusterMember{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[21]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1518,7 +1651,7 @@ func (x *ClusterMember) String() string {
 func (*ClusterMember) ProtoMessage() {}
 
 func (x *ClusterMember) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[21]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1531,7 +1664,7 @@ func (x *ClusterMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterMember.ProtoReflect.Descriptor instead.
 func (*ClusterMember) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{21}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ClusterMember) GetId() string {
@@ -1631,7 +1764,7 @@ type KeyOwner struct {
 
 func (x *KeyOwner) Reset() {
 	*x = KeyOwner{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[22]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1643,7 +1776,7 @@ func (x *KeyOwner) String() string {
 func (*KeyOwner) ProtoMessage() {}
 
 func (x *KeyOwner) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[22]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1656,7 +1789,7 @@ func (x *KeyOwner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyOwner.ProtoReflect.Descriptor instead.
 func (*KeyOwner) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{22}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *KeyOwner) GetPipeline() string {
@@ -1742,7 +1875,16 @@ const file_proto_keyfold_v1_service_proto_rawDesc = "" +
 	"\x10DeleteKeyRequest\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\"\x13\n" +
-	"\x11DeleteKeyResponse\"\x16\n" +
+	"\x11DeleteKeyResponse\"\x82\x01\n" +
+	"\vCallRequest\x12\x1a\n" +
+	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x18\n" +
+	"\arequest\x18\x03 \x01(\fR\arequest\x12\x0e\n" +
+	"\x02id\x18\x04 \x01(\tR\x02id\x12\x1b\n" +
+	"\tread_only\x18\x05 \x01(\bR\breadOnly\"B\n" +
+	"\fCallResponse\x12\x14\n" +
+	"\x05reply\x18\x01 \x01(\fR\x05reply\x12\x1c\n" +
+	"\tduplicate\x18\x02 \x01(\bR\tduplicate\"\x16\n" +
 	"\x14ListPipelinesRequest\"O\n" +
 	"\x15ListPipelinesResponse\x126\n" +
 	"\tpipelines\x18\x01 \x03(\v2\x18.keyfold.v1.PipelineInfoR\tpipelines\"\xc6\x05\n" +
@@ -1837,12 +1979,13 @@ const file_proto_keyfold_v1_service_proto_rawDesc = "" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
 	"\x05group\x18\x03 \x01(\rR\x05group\x12\x14\n" +
-	"\x05owner\x18\x04 \x01(\tR\x05owner2\xeb\x04\n" +
+	"\x05owner\x18\x04 \x01(\tR\x05owner2\xa6\x05\n" +
 	"\aKeyfold\x12?\n" +
 	"\x06Ingest\x12\x19.keyfold.v1.IngestRequest\x1a\x1a.keyfold.v1.IngestResponse\x12U\n" +
 	"\fIngestStream\x12\x1f.keyfold.v1.IngestStreamRequest\x1a .keyfold.v1.IngestStreamResponse(\x010\x01\x12E\n" +
 	"\bGetState\x12\x1b.keyfold.v1.GetStateRequest\x1a\x1c.keyfold.v1.GetStateResponse\x12H\n" +
-	"\tDeleteKey\x12\x1c.keyfold.v1.DeleteKeyRequest\x1a\x1d.keyfold.v1.DeleteKeyResponse\x12T\n" +
+	"\tDeleteKey\x12\x1c.keyfold.v1.DeleteKeyRequest\x1a\x1d.keyfold.v1.DeleteKeyResponse\x129\n" +
+	"\x04Call\x12\x17.keyfold.v1.CallRequest\x1a\x18.keyfold.v1.CallResponse\x12T\n" +
 	"\rListPipelines\x12 .keyfold.v1.ListPipelinesRequest\x1a!.keyfold.v1.ListPipelinesResponse\x12N\n" +
 	"\vListOutputs\x12\x1e.keyfold.v1.ListOutputsRequest\x1a\x1f.keyfold.v1.ListOutputsResponse\x12D\n" +
 	"\tSubscribe\x12\x1c.keyfold.v1.SubscribeRequest\x1a\x17.keyfold.v1.OutputEntry0\x01\x12K\n" +
@@ -1861,7 +2004,7 @@ func file_proto_keyfold_v1_service_proto_rawDescGZIP() []byte {
 	return file_proto_keyfold_v1_service_proto_rawDescData
 }
 
-var file_proto_keyfold_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_proto_keyfold_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_proto_keyfold_v1_service_proto_goTypes = []any{
 	(*IngestRequest)(nil),         // 0: keyfold.v1.IngestRequest
 	(*IngestResponse)(nil),        // 1: keyfold.v1.IngestResponse
@@ -1872,63 +2015,67 @@ var file_proto_keyfold_v1_service_proto_goTypes = []any{
 	(*GetStateResponse)(nil),      // 6: keyfold.v1.GetStateResponse
 	(*DeleteKeyRequest)(nil),      // 7: keyfold.v1.DeleteKeyRequest
 	(*DeleteKeyResponse)(nil),     // 8: keyfold.v1.DeleteKeyResponse
-	(*ListPipelinesRequest)(nil),  // 9: keyfold.v1.ListPipelinesRequest
-	(*ListPipelinesResponse)(nil), // 10: keyfold.v1.ListPipelinesResponse
-	(*PipelineInfo)(nil),          // 11: keyfold.v1.PipelineInfo
-	(*AggregateInfo)(nil),         // 12: keyfold.v1.AggregateInfo
-	(*WindowInfo)(nil),            // 13: keyfold.v1.WindowInfo
-	(*PatternInfo)(nil),           // 14: keyfold.v1.PatternInfo
-	(*ListOutputsRequest)(nil),    // 15: keyfold.v1.ListOutputsRequest
-	(*ListOutputsResponse)(nil),   // 16: keyfold.v1.ListOutputsResponse
-	(*SubscribeRequest)(nil),      // 17: keyfold.v1.SubscribeRequest
-	(*OutputEntry)(nil),           // 18: keyfold.v1.OutputEntry
-	(*GetClusterRequest)(nil),     // 19: keyfold.v1.GetClusterRequest
-	(*GetClusterResponse)(nil),    // 20: keyfold.v1.GetClusterResponse
-	(*ClusterMember)(nil),         // 21: keyfold.v1.ClusterMember
-	(*KeyOwner)(nil),              // 22: keyfold.v1.KeyOwner
-	nil,                           // 23: keyfold.v1.GetStateResponse.AggregatesEntry
-	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
-	(*Output)(nil),                // 25: keyfold.v1.Output
+	(*CallRequest)(nil),           // 9: keyfold.v1.CallRequest
+	(*CallResponse)(nil),          // 10: keyfold.v1.CallResponse
+	(*ListPipelinesRequest)(nil),  // 11: keyfold.v1.ListPipelinesRequest
+	(*ListPipelinesResponse)(nil), // 12: keyfold.v1.ListPipelinesResponse
+	(*PipelineInfo)(nil),          // 13: keyfold.v1.PipelineInfo
+	(*AggregateInfo)(nil),         // 14: keyfold.v1.AggregateInfo
+	(*WindowInfo)(nil),            // 15: keyfold.v1.WindowInfo
+	(*PatternInfo)(nil),           // 16: keyfold.v1.PatternInfo
+	(*ListOutputsRequest)(nil),    // 17: keyfold.v1.ListOutputsRequest
+	(*ListOutputsResponse)(nil),   // 18: keyfold.v1.ListOutputsResponse
+	(*SubscribeRequest)(nil),      // 19: keyfold.v1.SubscribeRequest
+	(*OutputEntry)(nil),           // 20: keyfold.v1.OutputEntry
+	(*GetClusterRequest)(nil),     // 21: keyfold.v1.GetClusterRequest
+	(*GetClusterResponse)(nil),    // 22: keyfold.v1.GetClusterResponse
+	(*ClusterMember)(nil),         // 23: keyfold.v1.ClusterMember
+	(*KeyOwner)(nil),              // 24: keyfold.v1.KeyOwner
+	nil,                           // 25: keyfold.v1.GetStateResponse.AggregatesEntry
+	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
+	(*Output)(nil),                // 27: keyfold.v1.Output
 }
 var file_proto_keyfold_v1_service_proto_depIdxs = []int32{
 	4,  // 0: keyfold.v1.IngestStreamResponse.error:type_name -> keyfold.v1.BatchError
-	23, // 1: keyfold.v1.GetStateResponse.aggregates:type_name -> keyfold.v1.GetStateResponse.AggregatesEntry
-	11, // 2: keyfold.v1.ListPipelinesResponse.pipelines:type_name -> keyfold.v1.PipelineInfo
-	12, // 3: keyfold.v1.PipelineInfo.aggregates:type_name -> keyfold.v1.AggregateInfo
-	24, // 4: keyfold.v1.PipelineInfo.dedup_window:type_name -> google.protobuf.Duration
-	24, // 5: keyfold.v1.PipelineInfo.ttl:type_name -> google.protobuf.Duration
-	24, // 6: keyfold.v1.PipelineInfo.out_of_orderness:type_name -> google.protobuf.Duration
-	24, // 7: keyfold.v1.PipelineInfo.allowed_lateness:type_name -> google.protobuf.Duration
-	24, // 8: keyfold.v1.PipelineInfo.idle_timeout:type_name -> google.protobuf.Duration
-	24, // 9: keyfold.v1.PipelineInfo.output_retention:type_name -> google.protobuf.Duration
-	13, // 10: keyfold.v1.PipelineInfo.windows:type_name -> keyfold.v1.WindowInfo
-	14, // 11: keyfold.v1.PipelineInfo.patterns:type_name -> keyfold.v1.PatternInfo
-	24, // 12: keyfold.v1.WindowInfo.size:type_name -> google.protobuf.Duration
-	24, // 13: keyfold.v1.WindowInfo.slide:type_name -> google.protobuf.Duration
-	24, // 14: keyfold.v1.WindowInfo.gap:type_name -> google.protobuf.Duration
-	24, // 15: keyfold.v1.PatternInfo.within:type_name -> google.protobuf.Duration
-	18, // 16: keyfold.v1.ListOutputsResponse.outputs:type_name -> keyfold.v1.OutputEntry
-	25, // 17: keyfold.v1.OutputEntry.output:type_name -> keyfold.v1.Output
-	21, // 18: keyfold.v1.GetClusterResponse.members:type_name -> keyfold.v1.ClusterMember
-	22, // 19: keyfold.v1.GetClusterResponse.key:type_name -> keyfold.v1.KeyOwner
+	25, // 1: keyfold.v1.GetStateResponse.aggregates:type_name -> keyfold.v1.GetStateResponse.AggregatesEntry
+	13, // 2: keyfold.v1.ListPipelinesResponse.pipelines:type_name -> keyfold.v1.PipelineInfo
+	14, // 3: keyfold.v1.PipelineInfo.aggregates:type_name -> keyfold.v1.AggregateInfo
+	26, // 4: keyfold.v1.PipelineInfo.dedup_window:type_name -> google.protobuf.Duration
+	26, // 5: keyfold.v1.PipelineInfo.ttl:type_name -> google.protobuf.Duration
+	26, // 6: keyfold.v1.PipelineInfo.out_of_orderness:type_name -> google.protobuf.Duration
+	26, // 7: keyfold.v1.PipelineInfo.allowed_lateness:type_name -> google.protobuf.Duration
+	26, // 8: keyfold.v1.PipelineInfo.idle_timeout:type_name -> google.protobuf.Duration
+	26, // 9: keyfold.v1.PipelineInfo.output_retention:type_name -> google.protobuf.Duration
+	15, // 10: keyfold.v1.PipelineInfo.windows:type_name -> keyfold.v1.WindowInfo
+	16, // 11: keyfold.v1.PipelineInfo.patterns:type_name -> keyfold.v1.PatternInfo
+	26, // 12: keyfold.v1.WindowInfo.size:type_name -> google.protobuf.Duration
+	26, // 13: keyfold.v1.WindowInfo.slide:type_name -> google.protobuf.Duration
+	26, // 14: keyfold.v1.WindowInfo.gap:type_name -> google.protobuf.Duration
+	26, // 15: keyfold.v1.PatternInfo.within:type_name -> google.protobuf.Duration
+	20, // 16: keyfold.v1.ListOutputsResponse.outputs:type_name -> keyfold.v1.OutputEntry
+	27, // 17: keyfold.v1.OutputEntry.output:type_name -> keyfold.v1.Output
+	23, // 18: keyfold.v1.GetClusterResponse.members:type_name -> keyfold.v1.ClusterMember
+	24, // 19: keyfold.v1.GetClusterResponse.key:type_name -> keyfold.v1.KeyOwner
 	0,  // 20: keyfold.v1.Keyfold.Ingest:input_type -> keyfold.v1.IngestRequest
 	2,  // 21: keyfold.v1.Keyfold.IngestStream:input_type -> keyfold.v1.IngestStreamRequest
 	5,  // 22: keyfold.v1.Keyfold.GetState:input_type -> keyfold.v1.GetStateRequest
 	7,  // 23: keyfold.v1.Keyfold.DeleteKey:input_type -> keyfold.v1.DeleteKeyRequest
-	9,  // 24: keyfold.v1.Keyfold.ListPipelines:input_type -> keyfold.v1.ListPipelinesRequest
-	15, // 25: keyfold.v1.Keyfold.ListOutputs:input_type -> keyfold.v1.ListOutputsRequest
-	17, // 26: keyfold.v1.Keyfold.Subscribe:input_type -> keyfold.v1.SubscribeRequest
-	19, // 27: keyfold.v1.Keyfold.GetCluster:input_type -> keyfold.v1.GetClusterRequest
-	1,  // 28: keyfold.v1.Keyfold.Ingest:output_type -> keyfold.v1.IngestResponse
-	3,  // 29: keyfold.v1.Keyfold.IngestStream:output_type -> keyfold.v1.IngestStreamResponse
-	6,  // 30: keyfold.v1.Keyfold.GetState:output_type -> keyfold.v1.GetStateResponse
-	8,  // 31: keyfold.v1.Keyfold.DeleteKey:output_type -> keyfold.v1.DeleteKeyResponse
-	10, // 32: keyfold.v1.Keyfold.ListPipelines:output_type -> keyfold.v1.ListPipelinesResponse
-	16, // 33: keyfold.v1.Keyfold.ListOutputs:output_type -> keyfold.v1.ListOutputsResponse
-	18, // 34: keyfold.v1.Keyfold.Subscribe:output_type -> keyfold.v1.OutputEntry
-	20, // 35: keyfold.v1.Keyfold.GetCluster:output_type -> keyfold.v1.GetClusterResponse
-	28, // [28:36] is the sub-list for method output_type
-	20, // [20:28] is the sub-list for method input_type
+	9,  // 24: keyfold.v1.Keyfold.Call:input_type -> keyfold.v1.CallRequest
+	11, // 25: keyfold.v1.Keyfold.ListPipelines:input_type -> keyfold.v1.ListPipelinesRequest
+	17, // 26: keyfold.v1.Keyfold.ListOutputs:input_type -> keyfold.v1.ListOutputsRequest
+	19, // 27: keyfold.v1.Keyfold.Subscribe:input_type -> keyfold.v1.SubscribeRequest
+	21, // 28: keyfold.v1.Keyfold.GetCluster:input_type -> keyfold.v1.GetClusterRequest
+	1,  // 29: keyfold.v1.Keyfold.Ingest:output_type -> keyfold.v1.IngestResponse
+	3,  // 30: keyfold.v1.Keyfold.IngestStream:output_type -> keyfold.v1.IngestStreamResponse
+	6,  // 31: keyfold.v1.Keyfold.GetState:output_type -> keyfold.v1.GetStateResponse
+	8,  // 32: keyfold.v1.Keyfold.DeleteKey:output_type -> keyfold.v1.DeleteKeyResponse
+	10, // 33: keyfold.v1.Keyfold.Call:output_type -> keyfold.v1.CallResponse
+	12, // 34: keyfold.v1.Keyfold.ListPipelines:output_type -> keyfold.v1.ListPipelinesResponse
+	18, // 35: keyfold.v1.Keyfold.ListOutputs:output_type -> keyfold.v1.ListOutputsResponse
+	20, // 36: keyfold.v1.Keyfold.Subscribe:output_type -> keyfold.v1.OutputEntry
+	22, // 37: keyfold.v1.Keyfold.GetCluster:output_type -> keyfold.v1.GetClusterResponse
+	29, // [29:38] is the sub-list for method output_type
+	20, // [20:29] is the sub-list for method input_type
 	20, // [20:20] is the sub-list for extension type_name
 	20, // [20:20] is the sub-list for extension extendee
 	0,  // [0:20] is the sub-list for field type_name
@@ -1946,7 +2093,7 @@ func file_proto_keyfold_v1_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_keyfold_v1_service_proto_rawDesc), len(file_proto_keyfold_v1_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,6 +28,7 @@ const (
 	Keyfold_IngestStream_FullMethodName  = "/keyfold.v1.Keyfold/IngestStream"
 	Keyfold_GetState_FullMethodName      = "/keyfold.v1.Keyfold/GetState"
 	Keyfold_DeleteKey_FullMethodName     = "/keyfold.v1.Keyfold/DeleteKey"
+	Keyfold_Call_FullMethodName          = "/keyfold.v1.Keyfold/Call"
 	Keyfold_ListPipelines_FullMethodName = "/keyfold.v1.Keyfold/ListPipelines"
 	Keyfold_ListOutputs_FullMethodName   = "/keyfold.v1.Keyfold/ListOutputs"
 	Keyfold_Subscribe_FullMethodName     = "/keyfold.v1.Keyfold/Subscribe"
@@ -56,6 +57,16 @@ type KeyfoldClient interface {
 	// logging a tombstone so that replay erases it too. Deleting a key that
 	// holds no state succeeds.
 	DeleteKey(ctx context.Context, in *DeleteKeyRequest, opts ...grpc.CallOption) (*DeleteKeyResponse, error)
+	// Call sends a request to one key's Go handler (its OnCall) and answers
+	// its reply, once the request is logged and applied. With an id it is
+	// exactly-once: a retry with the same id, within the pipeline's dedup
+	// window, answers the first reply (or error) without calling the handler
+	// again. A read-only call is not logged and may not change the key.
+	// Errors: NOT_FOUND for an unknown pipeline; UNIMPLEMENTED for a pipeline
+	// whose handler takes no calls; INVALID_ARGUMENT for a request that is
+	// not JSON, too large, or a bad key or id; FAILED_PRECONDITION with the
+	// handler's error text when the handler failed (the key is unchanged).
+	Call(ctx context.Context, in *CallRequest, opts ...grpc.CallOption) (*CallResponse, error)
 	// ListPipelines describes the configured pipelines, by name, with every
 	// setting resolved (defaults filled in): what GET /v1/pipelines answers,
 	// in the same shape (its JSON is this message's).
@@ -125,6 +136,16 @@ func (c *keyfoldClient) DeleteKey(ctx context.Context, in *DeleteKeyRequest, opt
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DeleteKeyResponse)
 	err := c.cc.Invoke(ctx, Keyfold_DeleteKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *keyfoldClient) Call(ctx context.Context, in *CallRequest, opts ...grpc.CallOption) (*CallResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CallResponse)
+	err := c.cc.Invoke(ctx, Keyfold_Call_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -202,6 +223,16 @@ type KeyfoldServer interface {
 	// logging a tombstone so that replay erases it too. Deleting a key that
 	// holds no state succeeds.
 	DeleteKey(context.Context, *DeleteKeyRequest) (*DeleteKeyResponse, error)
+	// Call sends a request to one key's Go handler (its OnCall) and answers
+	// its reply, once the request is logged and applied. With an id it is
+	// exactly-once: a retry with the same id, within the pipeline's dedup
+	// window, answers the first reply (or error) without calling the handler
+	// again. A read-only call is not logged and may not change the key.
+	// Errors: NOT_FOUND for an unknown pipeline; UNIMPLEMENTED for a pipeline
+	// whose handler takes no calls; INVALID_ARGUMENT for a request that is
+	// not JSON, too large, or a bad key or id; FAILED_PRECONDITION with the
+	// handler's error text when the handler failed (the key is unchanged).
+	Call(context.Context, *CallRequest) (*CallResponse, error)
 	// ListPipelines describes the configured pipelines, by name, with every
 	// setting resolved (defaults filled in): what GET /v1/pipelines answers,
 	// in the same shape (its JSON is this message's).
@@ -245,6 +276,9 @@ func (UnimplementedKeyfoldServer) GetState(context.Context, *GetStateRequest) (*
 }
 func (UnimplementedKeyfoldServer) DeleteKey(context.Context, *DeleteKeyRequest) (*DeleteKeyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteKey not implemented")
+}
+func (UnimplementedKeyfoldServer) Call(context.Context, *CallRequest) (*CallResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Call not implemented")
 }
 func (UnimplementedKeyfoldServer) ListPipelines(context.Context, *ListPipelinesRequest) (*ListPipelinesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListPipelines not implemented")
@@ -340,6 +374,24 @@ func _Keyfold_DeleteKey_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Keyfold_Call_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CallRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KeyfoldServer).Call(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Keyfold_Call_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KeyfoldServer).Call(ctx, req.(*CallRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Keyfold_ListPipelines_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListPipelinesRequest)
 	if err := dec(in); err != nil {
@@ -423,6 +475,10 @@ var Keyfold_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteKey",
 			Handler:    _Keyfold_DeleteKey_Handler,
+		},
+		{
+			MethodName: "Call",
+			Handler:    _Keyfold_Call_Handler,
 		},
 		{
 			MethodName: "ListPipelines",

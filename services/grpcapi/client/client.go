@@ -269,6 +269,21 @@ func (c *Client) GetState(ctx context.Context, pipeline, key string) (*State, er
 	return st, nil
 }
 
+// Call sends request (a JSON value) to a key's Go handler and returns its
+// reply (a JSON value) and whether it was kept from an earlier call with
+// the same id. id ("" for none) makes it exactly-once; readOnly runs it
+// without logging it (it takes no id). The handler's failure is an *Error
+// with code FailedPrecondition and the handler's text; the key is then
+// unchanged. A call that failed Unavailable may have been applied: retry
+// it with the same id.
+func (c *Client) Call(ctx context.Context, pipeline, key string, request []byte, id string, readOnly bool) (reply json.RawMessage, duplicate bool, err error) {
+	resp, err := c.api.Call(ctx, &keyfoldv1.CallRequest{Pipeline: pipeline, Key: key, Request: request, Id: id, ReadOnly: readOnly})
+	if err != nil {
+		return nil, false, wrap(err)
+	}
+	return resp.Reply, resp.Duplicate, nil
+}
+
 // DeleteKey erases a key's state (durably, when it returns).
 func (c *Client) DeleteKey(ctx context.Context, pipeline, key string) error {
 	if _, err := c.api.DeleteKey(ctx, &keyfoldv1.DeleteKeyRequest{Pipeline: pipeline, Key: key}); err != nil {
