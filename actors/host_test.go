@@ -748,7 +748,7 @@ func TestDeleteKey(t *testing.T) {
 			}
 			fs.Reset()
 			if checkpointed {
-				g := actors.GroupOf("p", "a", 2)
+				g := actors.GroupOf("a", 2)
 				if _, err := fs.Get(context.Background(), g, "p\x00a"); !errors.Is(err, persistence.ErrNotFound) {
 					t.Errorf("snapshot of a after delete and checkpoint: %v, want ErrNotFound", err)
 				}

@@ -50,10 +50,12 @@ func (h *Host) parkLocked(g *grain) {
 	delete(h.stopping, g.id)
 	gs := &h.groups[g.group]
 	if g.broken != nil || !gs.ready || gs.epoch != g.epoch {
+		g.leaveMemory()
 		return // its group was dropped: nothing of it stays
 	}
 	if h.resident.max <= 0 {
 		gs.complete = false // the key leaves memory
+		g.leaveMemory()
 		return
 	}
 	g.rsize = int64(grainBytes + len(g.id.pipeline) + len(g.id.key) + g.state.MemSize())
@@ -66,6 +68,7 @@ func (h *Host) parkLocked(g *grain) {
 	r.bytes += g.rsize
 	for r.bytes > r.max && r.order.tail != nil {
 		h.groups[r.order.tail.group].complete = false // a key leaves memory
+		r.order.tail.leaveMemory()
 		h.unparkLocked(r.order.tail)
 	}
 }
@@ -85,7 +88,15 @@ func (h *Host) parkedLocked(id keyID, group uint32) *grain {
 // dropParkedLocked drops the parked keys of a group.
 func (h *Host) dropParkedLocked(group uint32) {
 	for _, g := range h.groups[group].parked {
+		g.leaveMemory()
 		h.unparkLocked(g)
 	}
 	h.groups[group].parked = nil
+}
+
+// leaveMemory takes what a grain leaving memory adds to its pipeline's
+// gauges back. h.mu must be held, and no actor may run the grain.
+func (g *grain) leaveMemory() {
+	g.pstats.buffered.Add(-g.counted)
+	g.counted = 0
 }

@@ -23,6 +23,8 @@ type pipelineStats struct {
 	emitted    atomic.Int64
 	expired    atomic.Int64
 	failures   atomic.Int64   // Go handler calls that failed (dead letters)
+	buffered   atomic.Int64   // of a join: events its keys in memory buffer
+	unmatched  atomic.Int64   // of a join: results of one event
 	lateIn     []atomic.Int64 // per window, as fold.Pipeline.WindowNames
 	windows    []string
 }
@@ -37,6 +39,12 @@ type PipelineStats struct {
 	// HandlerFailures counts the calls of the pipeline's Go handler that
 	// failed (each emitted a dead letter; replays count theirs again).
 	HandlerFailures int64
+	// Of a join: its results that joined two events (Emitted less
+	// Unmatched), its results of one event with the other side empty, and
+	// the events its keys in this node's memory buffer now. Late counts
+	// its events too late to be joined.
+	Unmatched int64
+	Buffered  int64
 	// LateByWindow counts, per window name, the events too late for at
 	// least one window of that name they fell in (taken by other windows
 	// or not); nil without windows.
@@ -88,7 +96,8 @@ func (h *Host) Stats() Stats {
 	h.mu.Unlock()
 	per := make(map[string]PipelineStats, len(h.stats.pipelines))
 	for name, ps := range h.stats.pipelines {
-		st := PipelineStats{Events: ps.events.Load(), Duplicates: ps.duplicates.Load(), Late: ps.late.Load(), Emitted: ps.emitted.Load(), Expired: ps.expired.Load(), HandlerFailures: ps.failures.Load()}
+		st := PipelineStats{Events: ps.events.Load(), Duplicates: ps.duplicates.Load(), Late: ps.late.Load(), Emitted: ps.emitted.Load(),
+			Expired: ps.expired.Load(), HandlerFailures: ps.failures.Load(), Unmatched: ps.unmatched.Load(), Buffered: ps.buffered.Load()}
 		if len(ps.windows) > 0 {
 			st.LateByWindow = make(map[string]int64, len(ps.windows))
 			for i, w := range ps.windows {

@@ -64,7 +64,7 @@ func TestLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.CheckGroups(ctx, 16); err != nil {
+	if _, err := s.CheckGroups(ctx, 16, 2); err != nil {
 		t.Fatal(err)
 	}
 	st, err := s.Claim(ctx, 7)
@@ -246,7 +246,7 @@ func TestOpenURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if err := s.CheckGroups(ctx, 8); err != nil {
+	if _, err := s.CheckGroups(ctx, 8, 2); err != nil {
 		t.Fatalf("CheckGroups with the right password: %v", err)
 	}
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr(), Password: "s3cret", DB: 3})
@@ -260,7 +260,7 @@ func TestOpenURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bad.Close()
-	err = bad.CheckGroups(ctx, 8)
+	_, err = bad.CheckGroups(ctx, 8, 2)
 	if err == nil || strings.Contains(err.Error(), "wrong-pw") {
 		t.Errorf("CheckGroups with a wrong password = %v; want an error that does not quote it", err)
 	}
