@@ -298,7 +298,7 @@ func (g *grain) query() queryReply {
 	if g.broken != nil {
 		return queryReply{err: fmt.Errorf("%w: %w", ErrUnavailable, hideStore("loading the key", g.broken))}
 	}
-	if g.state.Seq() == 0 { // never applied an event, or erased
+	if g.state.Seq() == 0 || g.state.Empty() { // never applied an event, or erased (or a join's key, nothing buffered)
 		return queryReply{err: ErrNotFound}
 	}
 	v := KeyView{Seq: g.state.Seq(), Duplicates: g.state.Duplicates(), Aggregates: g.pipeline.Aggregates(&g.state)}

@@ -45,6 +45,7 @@ type resident struct {
 // latest incarnation and its group's; h.mu must be held.
 func (h *Host) parkLocked(g *grain) {
 	if h.stopping[g.id] != g {
+		g.leaveMemory()
 		return // activated again meanwhile (from the store), or dropped
 	}
 	delete(h.stopping, g.id)

@@ -345,10 +345,3 @@ func (s *Store) CheckGroups(ctx context.Context, groups, layout uint32) (uint32,
 	return s.d.layout, nil
 }
 
-// SetLayout sets the layout the store reports, as if it had been created
-// with it (0: before layouts were recorded), for tests of old stores.
-func (s *Store) SetLayout(layout uint32) {
-	s.d.mu.Lock()
-	defer s.d.mu.Unlock()
-	s.d.layout = layout
-}
