@@ -344,4 +344,3 @@ func (s *Store) CheckGroups(ctx context.Context, groups, layout uint32) (uint32,
 	}
 	return s.d.layout, nil
 }
-
