@@ -174,7 +174,7 @@ func New(cfg Config) (*Host, error) {
 	h.layout.Store(uint32(LayoutKey))
 	for _, name := range slices.Sorted(maps.Keys(cfg.Pipelines)) {
 		p := cfg.Pipelines[name]
-		h.stats.pipelines[name] = &pipelineStats{lateIn: make([]atomic.Int64, len(p.WindowNames())), windows: p.WindowNames()}
+		h.stats.pipelines[name] = &pipelineStats{lateIn: make([]atomic.Int64, len(p.WindowNames())), windows: p.WindowNames(), join: p.IsJoin()}
 		h.timed = h.timed || p.Timed()
 		h.expiring = h.expiring || p.TTL() > 0
 		if p.IsJoin() {

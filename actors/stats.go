@@ -25,6 +25,7 @@ type pipelineStats struct {
 	failures   atomic.Int64   // Go handler calls that failed (dead letters)
 	buffered   atomic.Int64   // of a join: events its keys in memory buffer
 	unmatched  atomic.Int64   // of a join: results of one event
+	join       bool
 	lateIn     []atomic.Int64 // per window, as fold.Pipeline.WindowNames
 	windows    []string
 }
@@ -43,6 +44,7 @@ type PipelineStats struct {
 	// Unmatched), its results of one event with the other side empty, and
 	// the events its keys in this node's memory buffer now. Late counts
 	// its events too late to be joined.
+	Join      bool
 	Unmatched int64
 	Buffered  int64
 	// LateByWindow counts, per window name, the events too late for at
@@ -97,7 +99,7 @@ func (h *Host) Stats() Stats {
 	per := make(map[string]PipelineStats, len(h.stats.pipelines))
 	for name, ps := range h.stats.pipelines {
 		st := PipelineStats{Events: ps.events.Load(), Duplicates: ps.duplicates.Load(), Late: ps.late.Load(), Emitted: ps.emitted.Load(),
-			Expired: ps.expired.Load(), HandlerFailures: ps.failures.Load(), Unmatched: ps.unmatched.Load(), Buffered: ps.buffered.Load()}
+			Expired: ps.expired.Load(), HandlerFailures: ps.failures.Load(), Join: ps.join, Unmatched: ps.unmatched.Load(), Buffered: ps.buffered.Load()}
 		if len(ps.windows) > 0 {
 			st.LateByWindow = make(map[string]int64, len(ps.windows))
 			for i, w := range ps.windows {
