@@ -22,9 +22,9 @@ type pipelineStats struct {
 	late       atomic.Int64
 	emitted    atomic.Int64
 	expired    atomic.Int64
-	failures   atomic.Int64   // Go handler calls that failed (dead letters)
-	buffered   atomic.Int64   // of a join: events its keys in memory buffer
-	unmatched  atomic.Int64   // of a join: results of one event
+	failures   atomic.Int64 // Go handler calls that failed (dead letters)
+	buffered   atomic.Int64 // of a join: events its keys in memory buffer
+	unmatched  atomic.Int64 // of a join: results of one event
 	join       bool
 	lateIn     []atomic.Int64 // per window, as fold.Pipeline.WindowNames
 	windows    []string
