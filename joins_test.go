@@ -114,7 +114,7 @@ func TestJoinsHTTP(t *testing.T) {
 	if err := json.Unmarshal(o.Values, &v); err != nil {
 		t.Fatal(err)
 	}
-	if o.ID != "paid_orders/o1/e1/e2" || o.Kind != "interval" || v.Left.ID != "e1" || v.Right.ID != "e2" ||
+	if o.ID != fmt.Sprintf("paid_orders/o1/e1@%d/e2@%d", time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC).UnixMilli(), time.Date(2026, 12, 1, 10, 20, 0, 0, time.UTC).UnixMilli()) || o.Kind != "interval" || v.Left.ID != "e1" || v.Right.ID != "e2" ||
 		v.Left.Fields["customer"] != "ann" || v.Right.Fields["method"] != "card" || !v.Right.Time.Equal(time.Date(2026, 12, 1, 10, 20, 0, 0, time.UTC)) {
 		t.Errorf("the join's result: %+v %s", o, o.Values)
 	}

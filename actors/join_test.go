@@ -64,18 +64,21 @@ func joinOracle(events []sideEvent) map[string]string {
 		}
 		for _, p := range events {
 			if d := p.ts - o.ts; p.side == "payments" && p.key == o.key && d >= joinLower && d <= joinUpper {
-				out[fold.JoinOutputID("paid", o.key, o.id, p.id)] = o.id + "+" + p.id
+				out[fold.JoinOutputID("paid", o.key, &fold.JoinEvent{ID: o.id, TimeMs: o.ts}, &fold.JoinEvent{ID: p.id, TimeMs: p.ts})] = o.id + "+" + p.id
 				matched[o.id], matched[p.id] = true, true
 			}
 		}
 	}
 	for _, e := range events {
 		if !matched[e.id] {
-			l, r := e.id, ""
+			var l, r *fold.JoinEvent
 			if e.side == "payments" {
-				l, r = "", e.id
+				r = &fold.JoinEvent{ID: e.id, TimeMs: e.ts}
+				out[fold.JoinOutputID("paid", e.key, l, r)] = "+" + e.id
+			} else {
+				l = &fold.JoinEvent{ID: e.id, TimeMs: e.ts}
+				out[fold.JoinOutputID("paid", e.key, l, r)] = e.id + "+"
 			}
-			out[fold.JoinOutputID("paid", e.key, l, r)] = l + "+" + r
 		}
 	}
 	return out

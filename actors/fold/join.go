@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -479,30 +480,48 @@ func (p *Pipeline) emitJoin(s *State, key string, l, r *joinEvent) {
 		ValuesJson:  values,
 		WatermarkMs: s.wm,
 	}
-	var lid, rid string
 	switch {
 	case l != nil && r != nil:
-		lid, rid = l.id, r.id
 		o.StartMs, o.EndMs, o.Count = l.t, r.t, 2
 		js.results++
 	case l != nil:
-		lid = l.id
 		o.StartMs, o.EndMs, o.Count = l.t, l.t, 1
 		js.unmatched++
 	default:
-		rid = r.id
 		o.StartMs, o.EndMs, o.Count = r.t, r.t, 1
 		js.unmatched++
 	}
-	o.Id = JoinOutputID(p.name, key, lid, rid)
+	o.Id = JoinOutputID(p.name, key, l.ref(), r.ref())
 	s.out = append(s.out, o)
 }
 
-// JoinOutputID is the stable id of a join's result: the join, the key and
-// the ids of the left and right events it joins ("" for a side it lacks),
-// each path-escaped. The same events always give the same id and content.
-func JoinOutputID(name, key, left, right string) string {
-	return fmt.Sprintf("%s/%s/%s/%s", name, url.PathEscape(key), url.PathEscape(left), url.PathEscape(right))
+// JoinEvent names an event a join result joins: its id and event time.
+type JoinEvent struct {
+	ID     string
+	TimeMs int64
+}
+
+// ref names a buffered event (nil: none).
+func (e *joinEvent) ref() *JoinEvent {
+	if e == nil {
+		return nil
+	}
+	return &JoinEvent{e.id, e.t}
+}
+
+// JoinOutputID is the stable id of a join's result: the join, the key, and
+// the left and right events it joins as id@time (Unix ms; empty for a side
+// it lacks), key and ids path-escaped. An event is one id at one time (the
+// join buffers and deduplicates events by both), so the same events always
+// give the same id and the same content, whatever replays or resends.
+func JoinOutputID(name, key string, left, right *JoinEvent) string {
+	side := func(e *JoinEvent) string {
+		if e == nil {
+			return ""
+		}
+		return url.PathEscape(e.ID) + "@" + strconv.FormatInt(e.TimeMs, 10)
+	}
+	return fmt.Sprintf("%s/%s/%s/%s", name, url.PathEscape(key), side(left), side(right))
 }
 
 // JoinView is what a query shows of a join's key.
