@@ -147,8 +147,13 @@ func FuzzJoin(f *testing.F) {
 				t.Fatalf("result %s emitted twice", id)
 			}
 			seen[id] = true
-			js := rest[strings.Index(rest, "{"):strings.LastIndex(rest, "}")+1]
-			var v struct{ Left, Right *struct{ ID string; Time time.Time } }
+			js := rest[strings.Index(rest, "{") : strings.LastIndex(rest, "}")+1]
+			var v struct {
+				Left, Right *struct {
+					ID   string
+					Time time.Time
+				}
+			}
 			if err := json.Unmarshal([]byte(js), &v); err != nil {
 				t.Fatalf("result %s: %v", line, err)
 			}
