@@ -49,11 +49,17 @@ import (
 // and the latest one before it: all that a left event still to come can
 // need.
 //
+// Window join: a left and a right event in the same tumbling window match;
+// they are joined when W reaches the window's end (later ones, within
+// allowed_lateness, at once). An event is late, and a window's events leave,
+// when W is at or past its end plus allowed_lateness: as for the interval
+// join, only then is an event that matched nothing emitted alone.
+//
 // Sides are told apart by index: 0 is left, 1 is right.
 
 // JoinSpec is one join, as written in YAML under joins.
 type JoinSpec struct {
-	// Type is interval or temporal.
+	// Type is interval, window or temporal.
 	Type string `yaml:"type"`
 	// Mode is inner (the default), left or outer (outer: interval only).
 	Mode string `yaml:"mode"`
@@ -65,6 +71,9 @@ type JoinSpec struct {
 	// buffer forever.
 	Lower *time.Duration `yaml:"lower"`
 	Upper *time.Duration `yaml:"upper"`
+	// Size is a window join's tumbling window (aligned to the Unix epoch,
+	// end-exclusive): a left and a right event in the same window match.
+	Size time.Duration `yaml:"size"`
 	// OutOfOrderness, AllowedLateness, IdleTimeout and OutputRetention are
 	// the join's own, as a pipeline's (allowed_lateness: interval only).
 	OutOfOrderness  time.Duration `yaml:"out_of_orderness"`
@@ -87,6 +96,7 @@ type joinKind uint8
 const (
 	intervalJoin joinKind = iota + 1
 	temporalJoin
+	windowJoin
 )
 
 type joinMode uint8
@@ -105,6 +115,7 @@ type join struct {
 	fields       [2][][]string // split paths
 	names        [2][]string   // the fields as configured
 	lower, upper int64         // ms
+	size         int64         // window join, ms
 }
 
 // CompileJoin validates a join against the compiled pipelines it names and
@@ -127,10 +138,12 @@ func CompileJoin(name string, spec JoinSpec, pipelines map[string]*Pipeline) (*P
 		j.kind = intervalJoin
 	case "temporal":
 		j.kind = temporalJoin
+	case "window":
+		j.kind = windowJoin
 	case "":
-		bad("type", "is required: interval or temporal")
+		bad("type", "is required: interval, window or temporal")
 	default:
-		bad("type", "must be interval or temporal (got %q)", spec.Type)
+		bad("type", "must be interval, window or temporal (got %q)", spec.Type)
 	}
 	switch spec.Mode {
 	case "", "inner":
@@ -196,13 +209,27 @@ func CompileJoin(name string, spec JoinSpec, pipelines map[string]*Pipeline) (*P
 		if spec.Lower != nil && spec.Upper != nil && *spec.Lower > *spec.Upper {
 			bad("lower", "%v is above upper %v: no pair could match", *spec.Lower, *spec.Upper)
 		}
+	case windowJoin:
+		switch {
+		case spec.Size <= 0:
+			bad("", "a window join needs size, its tumbling window: without a time bound it would buffer every event forever")
+		case spec.Size%time.Millisecond != 0 || spec.Size > MaxWindowSpan:
+			bad("size", "must be whole milliseconds, at most %v (got %v)", MaxWindowSpan, spec.Size)
+		}
+		if spec.Lower != nil || spec.Upper != nil {
+			bad("", "a window join takes no lower or upper: events in the same window match")
+		}
+		j.size = spec.Size.Milliseconds()
 	case temporalJoin:
 		if spec.Lower != nil || spec.Upper != nil {
 			bad("", "a temporal join takes no lower or upper: it joins each left event with the right version as of its time")
 		}
-		if spec.AllowedLateness != 0 {
+			if spec.AllowedLateness != 0 {
 			bad("allowed_lateness", "a temporal join takes none: an event behind the watermark is late")
 		}
+	}
+	if j.kind != windowJoin && spec.Size != 0 {
+		bad("size", "only a window join takes a size")
 	}
 	// The join's clock runs on event time (its sides' time fields): its
 	// pipeline has a time field for what the clock does, none that is read.
@@ -274,8 +301,11 @@ func (p *Pipeline) ApplySide(s *State, side int, ev *Event, nowMs int64) (duplic
 	}
 	s.seq++
 	late := t < ts.wm-p.lateness
-	if p.join.kind == temporalJoin {
+	switch p.join.kind {
+	case temporalJoin:
 		late = t < ts.wm
+	case windowJoin:
+		late = p.join.until(side, t)+p.lateness <= ts.wm // its window is gone
 	}
 	if late {
 		ts.late++
@@ -286,11 +316,20 @@ func (p *Pipeline) ApplySide(s *State, side int, ev *Event, nowMs int64) (duplic
 		js.sides[side] = slices.Insert(js.sides[side], i, e)
 		return false
 	}
-	// Interval: match against the other side's buffered events, in order.
+	// Interval: match against the other side's buffered events, in order;
+	// window: the same, if the window is complete (else at its close).
 	o := 1 - side
 	lo, hi := t+p.join.lower, t+p.join.upper // partner times, for a left event
 	if side == 1 {
 		lo, hi = t-p.join.upper, t-p.join.lower
+	}
+	if p.join.kind == windowJoin {
+		lo = t - mod(t, p.join.size)
+		hi = lo + p.join.size - 1
+		if hi >= ts.wm { // not complete: joined when it closes
+			js.sides[side] = slices.Insert(js.sides[side], i, e)
+			return false
+		}
 	}
 	other := js.sides[o]
 	k, _ := slices.BinarySearchFunc(other, joinEvent{t: lo}, compareJoinEvents)
@@ -344,6 +383,9 @@ func (j *join) project(side int, raw []byte) []byte {
 // until returns the watermark from which an event of side at time t can
 // have no partner still on time: just past its last partner time.
 func (j *join) until(side int, t int64) int64 {
+	if j.kind == windowJoin { // its window's end: partners are in it
+		return t - mod(t, j.size) + j.size
+	}
 	if side == 0 {
 		return t + j.upper + 1
 	}
@@ -410,17 +452,48 @@ func (p *Pipeline) runTemporal(s *State, key string) {
 	}
 }
 
-// advanceJoin is Advance's part for a join's key, after the watermark moved.
-func (p *Pipeline) advanceJoin(s *State, key string) {
+// advanceJoin is Advance's part for a join's key, after the watermark moved
+// from old.
+func (p *Pipeline) advanceJoin(s *State, key string, old int64) {
 	if s.join == nil {
 		return
 	}
-	if p.join.kind == temporalJoin {
+	switch p.join.kind {
+	case temporalJoin:
 		p.runTemporal(s, key)
 		return
+	case windowJoin:
+		p.closeWindows(s, key, old)
 	}
 	p.expireJoin(s, key)
 }
+
+// closeWindows joins the events of the windows whose end the watermark
+// passed since old, in end order: every left event with every right one.
+func (p *Pipeline) closeWindows(s *State, key string, old int64) {
+	js, size := s.join, p.join.size
+	left, right := js.sides[0], js.sides[1]
+	for a := 0; a < len(left); {
+		end := p.join.until(0, left[a].t)
+		b := a
+		for b < len(left) && left[b].t < end {
+			b++
+		}
+		if end > old && end <= s.wm {
+			r, _ := slices.BinarySearchFunc(right, joinEvent{t: end - size}, compareJoinEvents)
+			for k := a; k < b; k++ {
+				for q := r; q < len(right) && right[q].t < end; q++ {
+					left[k].matched, right[q].matched = true, true
+					p.emitJoin(s, key, &left[k], &right[q])
+				}
+			}
+		}
+		a = b
+	}
+}
+
+// mod is t mod m in [0, m), for negative t too.
+func mod(t, m int64) int64 { return ((t % m) + m) % m }
 
 // joinTimer is the watermark at which the join's key next has something to
 // do, 0 if none.
@@ -443,15 +516,25 @@ func (p *Pipeline) joinTimer(s *State) int64 {
 			}
 		}
 	}
+	if p.join.kind == windowJoin && len(js.sides[0]) > 0 {
+		// The first window of left events still to close (a window of right
+		// events alone closes to nothing: it only leaves).
+		k, _ := slices.BinarySearchFunc(js.sides[0], joinEvent{t: s.wm - mod(s.wm, p.join.size)}, compareJoinEvents)
+		for ; k < len(js.sides[0]); k++ {
+			if end := p.join.until(0, js.sides[0][k].t); end > s.wm {
+				if end < next {
+					next = end
+				}
+				break
+			}
+		}
+	}
 	return next
 }
 
 // JoinResultKind is the Kind of a join's results, by the join's type.
 func (j *join) kindName() string {
-	if j.kind == temporalJoin {
-		return "temporal"
-	}
-	return "interval"
+	return [...]string{"", "interval", "temporal", "window"}[j.kind]
 }
 
 // emitJoin records a result: a match, or (one of l and r nil) an event

@@ -50,9 +50,12 @@ func joinFuzzPipeline(t testing.TB, kind, mode string) *fold.Pipeline {
 	t.Helper()
 	sides := map[string]*fold.Pipeline{"l": mustCompile(t, fold.Spec{Key: "k", Time: "ts", ID: "id"}), "r": mustCompile(t, fold.Spec{Key: "k", Time: "ts", ID: "id"})}
 	spec := fold.JoinSpec{Type: kind, Mode: mode, Left: fold.JoinSideSpec{Pipeline: "l", Fields: []string{"v"}}, Right: fold.JoinSideSpec{Pipeline: "r", Fields: []string{"v"}}}
-	if kind == "interval" {
+	switch kind {
+	case "interval":
 		lower, upper := -500*time.Millisecond, 1500*time.Millisecond
 		spec.Lower, spec.Upper, spec.AllowedLateness = &lower, &upper, 700*time.Millisecond
+	case "window":
+		spec.Size, spec.AllowedLateness = 2*time.Second, 700*time.Millisecond
 	}
 	p, err := fold.CompileJoin("j", spec, sides)
 	if err != nil {
@@ -89,7 +92,8 @@ func FuzzJoin(f *testing.F) {
 	// An id again at another time: another event, under another result id.
 	f.Add(uint8(2), uint8(1), []byte("A00B\x010A\x010"))
 	pipelines := map[[2]uint8]*fold.Pipeline{}
-	kinds := []struct{ kind, mode string }{{"interval", "inner"}, {"interval", "left"}, {"interval", "outer"}, {"temporal", "inner"}, {"temporal", "left"}}
+	kinds := []struct{ kind, mode string }{{"interval", "inner"}, {"interval", "left"}, {"interval", "outer"}, {"temporal", "inner"}, {"temporal", "left"},
+		{"window", "inner"}, {"window", "outer"}}
 	for i, k := range kinds {
 		pipelines[[2]uint8{uint8(i), 0}] = joinFuzzPipeline(f, k.kind, k.mode)
 	}
@@ -160,8 +164,11 @@ func FuzzJoin(f *testing.F) {
 			switch {
 			case v.Left != nil && v.Right != nil:
 				matched[v.Left.ID], matched[v.Right.ID] = true, true
-				if d := v.Right.Time.Sub(v.Left.Time); strings.HasPrefix(line, "j/") && p.Join(&full).Type == "interval" && (d < -500*time.Millisecond || d > 1500*time.Millisecond) {
+				if d := v.Right.Time.Sub(v.Left.Time); p.Join(&full).Type == "interval" && (d < -500*time.Millisecond || d > 1500*time.Millisecond) {
 					t.Fatalf("match %s outside the bounds: %v", id, d)
+				}
+				if l, r := v.Left.Time.UnixMilli(), v.Right.Time.UnixMilli(); p.Join(&full).Type == "window" && l-l%2000 != r-r%2000 {
+					t.Fatalf("match %s across windows", id)
 				}
 			case v.Left != nil:
 				alone[v.Left.ID] = true
@@ -169,7 +176,7 @@ func FuzzJoin(f *testing.F) {
 				alone[v.Right.ID] = true
 			}
 		}
-		if p.Join(&full).Type == "interval" {
+		if p.Join(&full).Type != "temporal" {
 			for id := range alone {
 				if matched[id] {
 					t.Fatalf("%s emitted unmatched and in a match:\n%s", id, strings.Join(fullOut, "\n"))

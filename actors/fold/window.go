@@ -520,7 +520,7 @@ func (p *Pipeline) Advance(s *State, key string, wm int64) {
 	old := s.wm
 	s.wm = wm
 	p.runPatterns(s, key, wm)
-	p.advanceJoin(s, key) // join.go
+	p.advanceJoin(s, key, old) // join.go
 	var due []int
 	for i := range s.wins {
 		if e := s.wins[i].end; e > old && e <= wm {
