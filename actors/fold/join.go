@@ -224,7 +224,7 @@ func CompileJoin(name string, spec JoinSpec, pipelines map[string]*Pipeline) (*P
 		if spec.Lower != nil || spec.Upper != nil {
 			bad("", "a temporal join takes no lower or upper: it joins each left event with the right version as of its time")
 		}
-			if spec.AllowedLateness != 0 {
+		if spec.AllowedLateness != 0 {
 			bad("allowed_lateness", "a temporal join takes none: an event behind the watermark is late")
 		}
 	}
