@@ -541,20 +541,15 @@ func (j *join) kindName() string {
 // alone.
 func (p *Pipeline) emitJoin(s *State, key string, l, r *joinEvent) {
 	js := s.join
-	side := func(e *joinEvent) any {
-		if e == nil {
-			return nil
-		}
-		fields := json.RawMessage("{}")
-		if len(e.fields) > 0 {
-			fields = e.fields
-		}
-		return map[string]any{"id": e.id, "time": time.UnixMilli(e.t).UTC(), "fields": fields}
-	}
-	values, err := json.Marshal(map[string]any{"left": side(l), "right": side(r)})
-	if err != nil { // cannot happen: ids, times and decoded JSON
-		panic(fmt.Sprintf("fold: encode join result: %v", err))
-	}
+	// {"left":{"fields":…,"id":…,"time":…},"right":…}, as json.Marshal
+	// would write the maps (keys sorted), appended directly: encoding maps
+	// was half the cost of a match.
+	values := make([]byte, 0, 160+len(l.fieldsJSON())+len(r.fieldsJSON()))
+	values = append(values, `{"left":`...)
+	values = l.appendJSON(values)
+	values = append(values, `,"right":`...)
+	values = r.appendJSON(values)
+	values = append(values, '}')
 	o := &keyfoldv1.Output{
 		Pipeline:    p.name,
 		Key:         key,
@@ -576,6 +571,32 @@ func (p *Pipeline) emitJoin(s *State, key string, l, r *joinEvent) {
 	}
 	o.Id = JoinOutputID(p.name, key, l.ref(), r.ref())
 	s.out = append(s.out, o)
+}
+
+// fieldsJSON is the event's fields as a JSON object (nil: none).
+func (e *joinEvent) fieldsJSON() []byte {
+	switch {
+	case e == nil:
+		return nil
+	case len(e.fields) == 0:
+		return []byte("{}")
+	}
+	return e.fields
+}
+
+// appendJSON appends the event as a result shows it, null for nil.
+func (e *joinEvent) appendJSON(b []byte) []byte {
+	if e == nil {
+		return append(b, "null"...)
+	}
+	b = append(b, `{"fields":`...)
+	b = append(b, e.fieldsJSON()...)
+	b = append(b, `,"id":`...)
+	id, _ := json.Marshal(e.id) // a string: cannot fail
+	b = append(b, id...)
+	b = append(b, `,"time":"`...)
+	b = time.UnixMilli(e.t).UTC().AppendFormat(b, time.RFC3339Nano)
+	return append(b, `"}`...)
 }
 
 // JoinEvent names an event a join result joins: its id and event time.
