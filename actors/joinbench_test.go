@@ -29,7 +29,7 @@ func BenchmarkJoinIngest(b *testing.B) {
 		if !withJoin {
 			delete(ps, "paid")
 		}
-		hs := start(b, openStore(b, b.TempDir()), actors.Config{Pipelines: ps, MaxActive: 2 * keys, MaxMemory: 1 << 30, IdleTimeout: time.Hour,
+		hs := start(b, openStore(b, b.TempDir()), actors.Config{Pipelines: ps, MaxActive: 4 * keys, MaxMemory: 1 << 30, IdleTimeout: time.Hour,
 			CheckpointInterval: time.Second})
 		ctx := context.Background()
 		raws := map[string][][]byte{}
