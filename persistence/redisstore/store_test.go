@@ -64,8 +64,19 @@ func TestLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.CheckGroups(ctx, 16, 2); err != nil {
-		t.Fatal(err)
+	if l, err := s.CheckGroups(ctx, 16, 2); err != nil || l != 2 {
+		t.Fatalf("CheckGroups of a new store: layout %d, %v; want 2", l, err)
+	}
+	// A store created before the key-group layout was recorded has none:
+	// it reads as 0, and is not given one.
+	if got := rc.HGet(ctx, "lay:meta", "keylayout").Val(); got != "2" {
+		t.Errorf("lay:meta keylayout = %q, want 2", got)
+	}
+	rc.HDel(ctx, "lay:meta", "keylayout")
+	for range 2 {
+		if l, err := s.CheckGroups(ctx, 16, 2); err != nil || l != 0 {
+			t.Fatalf("CheckGroups of an old store: layout %d, %v; want 0", l, err)
+		}
 	}
 	st, err := s.Claim(ctx, 7)
 	if err != nil {
