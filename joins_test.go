@@ -2,6 +2,8 @@ package keyfold_test
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -117,6 +119,19 @@ func TestJoinsHTTP(t *testing.T) {
 	if o.ID != fmt.Sprintf("paid_orders/o1/e1@%d/e2@%d", time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC).UnixMilli(), time.Date(2026, 12, 1, 10, 20, 0, 0, time.UTC).UnixMilli()) || o.Kind != "interval" || v.Left.ID != "e1" || v.Right.ID != "e2" ||
 		v.Left.Fields["customer"] != "ann" || v.Right.Fields["method"] != "card" || !v.Right.Time.Equal(time.Date(2026, 12, 1, 10, 20, 0, 0, time.UTC)) {
 		t.Errorf("the join's result: %+v %s", o, o.Values)
+	}
+	// Followed as any pipeline's outputs are (SSE and gRPC Subscribe are
+	// built on it).
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	errDone := errors.New("done")
+	if err := n.Subscribe(ctx, "paid_orders", "", func(got keyfold.Output) error {
+		if got.ID != o.ID {
+			t.Errorf("Subscribe: %s, want %s", got.ID, o.ID)
+		}
+		return errDone
+	}); !errors.Is(err, errDone) {
+		t.Errorf("Subscribe: %v", err)
 	}
 	resp, err := http.Get(base + "/metrics")
 	if err != nil {
