@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/keyfold/keyfold"
+	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/persistence/embedded"
 	"github.com/keyfold/keyfold/services/servicetest"
 )
 
@@ -164,4 +166,35 @@ func waitForOutputsOf(t *testing.T, base, pipeline string, n int) []keyfold.Outp
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// TestJoinsRefusedOnAnOldStore: a node with joins on an embedded store
+// created before the key-group layout was recorded does not start, and
+// says why and what to do; without the joins it serves the same store.
+func TestJoinsRefusedOnAnOldStore(t *testing.T) {
+	b, err := os.ReadFile("examples/joins.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := servicetest.Config(t, string(b))
+	old, err := embedded.Open(cfg.DataDir, embedded.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.CheckGroups(context.Background(), cfg.KeyGroups, 0); err != nil { // as an older build created it
+		t.Fatal(err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	n, err := keyfold.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = n.Run(context.Background())
+	if !errors.Is(err, actors.ErrLayout) || !strings.Contains(err.Error(), "Start the joins on a new store") {
+		t.Fatalf("Run with joins on an old store: %v, want ErrLayout saying what to do", err)
+	}
+	cfg.Joins = nil
+	servicetest.Run(t, cfg) // the pipelines alone: served as before
 }
