@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"slices"
-	"sort"
 	"testing"
 	"time"
 
@@ -143,14 +141,7 @@ func testJoinOracle(t *testing.T, maxMemory int64) {
 		}
 		events = append(events, sideEvent{side, timedEvent{key: key, ts: ts, v: i, id: fmt.Sprintf("%c%d", side[0], i)}})
 	}
-	delivery := slices.Clone(events)
-	jitter := make(map[string]int64, len(delivery))
-	for _, e := range delivery {
-		jitter[e.id] = rng.Int64N(joinOOO / 2)
-	}
-	sort.SliceStable(delivery, func(i, j int) bool {
-		return delivery[i].ts+jitter[delivery[i].id] < delivery[j].ts+jitter[delivery[j].id]
-	})
+	delivery := outOfOrder(rng, events, func(e sideEvent) timedEvent { return e.timedEvent }, joinOOO/2)
 
 	clock := &fakeClock{}
 	clock.set(winBase)
@@ -192,16 +183,7 @@ func testJoinOracle(t *testing.T, maxMemory int64) {
 		got = joinOutputs(t, hs.host)
 		return len(got) >= len(want)
 	})
-	for id, w := range want {
-		if got[id] != w {
-			t.Errorf("%s: got %q, want %q", id, got[id], w)
-		}
-	}
-	for id := range got {
-		if _, ok := want[id]; !ok {
-			t.Errorf("unexpected result %s %s", id, got[id])
-		}
-	}
+	sameResults(t, got, want)
 	st := hs.host.Stats().Pipelines["paid"]
 	if st.Late != 0 {
 		t.Errorf("late %d, want 0 (nothing is delivered beyond out_of_orderness)", st.Late)

@@ -124,20 +124,7 @@ func FuzzJoin(f *testing.F) {
 		if d := stateDiff(p, &full, &restored); d != "" {
 			t.Fatalf("snapshot after %d of %d inputs, then the tail: %s", at, len(ops), d)
 		}
-		var stepwise fold.State
-		var stepOut []string
-		for i, op := range ops {
-			applyJoinOps(t, p, &stepwise, []joinOp{op})
-			stepOut = append(stepOut, outputs(t, p, &stepwise)...)
-			next, err := p.StateFromProto(stateProto(p, &stepwise))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if d := stateDiff(p, &stepwise, &next); d != "" {
-				t.Fatalf("after input %d: StateProto/StateFromProto: %s", i, d)
-			}
-			stepwise = next
-		}
+		_, stepOut := snapshotEachStep(t, p, len(ops), func(s *fold.State, i int) { applyJoinOps(t, p, s, ops[i:i+1]) })
 		if !slices.Equal(stepOut, fullOut) {
 			t.Fatalf("results with a snapshot after every input:\n%s\nfull replay:\n%s", strings.Join(stepOut, "\n"), strings.Join(fullOut, "\n"))
 		}
