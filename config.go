@@ -25,6 +25,9 @@ import (
 // PipelineConfig configures one pipeline; see fold.Spec for its fields.
 type PipelineConfig = fold.Spec
 
+// JoinConfig configures one join; see fold.JoinSpec.
+type JoinConfig = fold.JoinSpec
+
 // AggregateConfig configures one aggregate; see fold.AggregateSpec.
 type AggregateConfig = fold.AggregateSpec
 
@@ -131,6 +134,12 @@ type Config struct {
 	ClusterLease time.Duration `yaml:"cluster_lease"`
 	// Pipelines by name. At least one is required.
 	Pipelines map[string]PipelineConfig `yaml:"pipelines"`
+	// Joins by name: each joins the events of two pipelines with the same
+	// key (see the README's Joins). A join's keys are read, and its results
+	// listed, by its name, as a pipeline's; its name must differ from every
+	// pipeline's. A store created before joins existed cannot serve them
+	// (Run refuses to start, saying why).
+	Joins map[string]JoinConfig `yaml:"joins"`
 
 	// Store, if set, is used instead of the embedded store at DataDir or
 	// Redis. The node closes it when Run returns.
@@ -277,6 +286,22 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 	pipelines := make(map[string]*fold.Pipeline, len(c.Pipelines))
 	for _, name := range slices.Sorted(maps.Keys(c.Pipelines)) {
 		p, err := fold.Compile(name, c.Pipelines[name])
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		pipelines[name] = p
+	}
+	sides := maps.Clone(pipelines)
+	for _, name := range slices.Sorted(maps.Keys(c.Joins)) {
+		spec := c.Joins[name]
+		if _, ok := sides[spec.Left.Pipeline]; !ok && c.Pipelines[spec.Left.Pipeline].Key != "" {
+			continue // its side failed to compile: reported above
+		}
+		if _, ok := sides[spec.Right.Pipeline]; !ok && c.Pipelines[spec.Right.Pipeline].Key != "" {
+			continue
+		}
+		p, err := fold.CompileJoin(name, spec, sides)
 		if err != nil {
 			errs = append(errs, err)
 			continue

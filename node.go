@@ -87,7 +87,14 @@ type KeyState struct {
 	// renders them), and the handler's calls on the key that failed.
 	State           json.RawMessage `json:"state,omitempty"`
 	HandlerFailures *uint64         `json:"handler_failures,omitempty"`
+	// For a join (its keys are read by the join's name): each side's
+	// buffered events (count, oldest and newest time) and the key's
+	// results; Late counts its events too late to be joined.
+	Join *JoinState `json:"join,omitempty"`
 }
+
+// JoinState is what a join's key buffers.
+type JoinState = fold.JoinView
 
 // PatternState is one pattern's progress on a key.
 type PatternState = fold.PatternView
@@ -501,12 +508,12 @@ func (n *Node) stateResponse(pipeline, key string, v actors.KeyView) (*keyfoldv1
 func (n *Node) keyState(pipeline, key string, v actors.KeyView) KeyState {
 	ks := KeyState{Pipeline: pipeline, Key: key, Seq: v.Seq, Duplicates: v.Duplicates, Aggregates: v.Aggregates}
 	if n.pipelines[pipeline].Timed() {
-		ks.Late, ks.Windows, ks.Patterns, ks.LateWindows = &v.Late, v.Windows, v.Patterns, v.LateWindows
+		ks.Late, ks.Windows, ks.Patterns, ks.LateWindows, ks.Join = &v.Late, v.Windows, v.Patterns, v.LateWindows, v.Join
 		if v.Watermark > 0 { // none yet: null
 			wm := time.UnixMilli(v.Watermark).UTC()
 			ks.Watermark = &wm
 		}
-		if ks.Windows == nil {
+		if ks.Windows == nil && v.Join == nil {
 			ks.Windows = []WindowState{}
 		}
 	}

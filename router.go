@@ -141,8 +141,8 @@ func (l localRouter) Info(_ context.Context, pipeline, key string) (cluster.Info
 		return info, ErrNotReady
 	}
 	info.Members = []cluster.MemberInfo{cluster.NewMemberInfo(l.n.status(), int(l.n.cfg.KeyGroups))}
-	if key != "" {
-		info.Key = &cluster.KeyOwner{Pipeline: pipeline, Key: key, Group: actors.GroupOf(pipeline, key, l.n.cfg.KeyGroups), Owner: info.Self}
+	if h := l.n.host.Load(); key != "" && h != nil { // the layout is known once the host recovered
+		info.Key = &cluster.KeyOwner{Pipeline: pipeline, Key: key, Group: h.GroupOf(pipeline, key), Owner: info.Self}
 	}
 	return info, nil
 }

@@ -63,19 +63,50 @@ func ParseConfig(b []byte) (Config, error) {
 			c.Pipelines[name] = spec
 		}
 	}
+	joinLines := map[string]map[string]int{}
+	brokenJoins := map[string]bool{}
+	if j := mappingValue(root, "joins"); j != nil && j.Kind == yaml.MappingNode {
+		errs = append(errs, duplicateKeys(j, "joins")...)
+		c.Joins = make(map[string]JoinConfig, len(j.Content)/2)
+		for i := 0; i+1 < len(j.Content); i += 2 {
+			name, jn := j.Content[i].Value, j.Content[i+1]
+			joinLines[name] = entryLines(j.Content[i], jn)
+			var spec JoinConfig
+			where := fmt.Sprintf("join %q", name)
+			jerrs, badKeys := decodeStrict(jn, &spec, where)
+			for _, side := range []string{"left", "right"} {
+				if sn := mappingValue(jn, side); sn != nil && !slices.Contains(badKeys, side) {
+					serrs, sbad := decodeStrict(sn, &fold.JoinSideSpec{}, where+": "+side)
+					jerrs = append(jerrs, serrs...)
+					badKeys = append(badKeys, sbad...)
+				}
+			}
+			errs = append(errs, jerrs...)
+			if len(jerrs) > 0 {
+				brokenJoins[name] = true
+				structural = true
+			}
+			c.Joins[name] = spec
+		}
+	}
 	// Validate too, so every problem is reported at once, but without the
 	// echoes of structural problems.
 	check := c
 	check.Pipelines = maps.Clone(c.Pipelines)
 	maps.DeleteFunc(check.Pipelines, func(name string, _ PipelineConfig) bool { return broken[name][""] })
+	check.Joins = maps.Clone(c.Joins)
+	maps.DeleteFunc(check.Joins, func(name string, _ JoinConfig) bool { return brokenJoins[name] })
 	if _, err := check.compile(!structural); err != nil {
 		for _, e := range flatten(err) {
 			var se *fold.SpecError
 			if errors.As(e, &se) {
-				if broken[se.Pipeline][se.Entry] {
+				at := lines[se.Pipeline]
+				if se.Join {
+					at = joinLines[se.Pipeline]
+				} else if broken[se.Pipeline][se.Entry] {
 					continue
 				}
-				e = specErrorAt(se, lines[se.Pipeline])
+				e = specErrorAt(se, at)
 			}
 			errs = append(errs, e)
 		}
@@ -144,7 +175,7 @@ func specErrorAt(se *fold.SpecError, lines map[string]int) error {
 }
 
 func (e *specError) Error() string {
-	where := fmt.Sprintf("pipeline %q", e.se.Pipeline)
+	where := e.se.Where()
 	if e.se.Entry != "" {
 		where += ": " + e.se.Entry
 	}

@@ -49,6 +49,10 @@ type keyBatch struct {
 	// The timer loop took the key out of an index to wake it (fire) or to
 	// check its expiry: if the record is not logged, it goes back.
 	fire, expire bool
+	// derived is set for a join's key that takes only its sides' events of
+	// the commit: they are logged under the sides, so the key is not listed
+	// in the record (unless a timer of it is due: fire).
+	derived bool
 }
 
 // groupBatch is one key group's share of a commit: one log record.
@@ -84,7 +88,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 	batchOf := func(id keyID) *keyBatch {
 		kb := index[id]
 		if kb == nil {
-			gb := groupOf(GroupOf(id.pipeline, id.key, h.cfg.Groups))
+			gb := groupOf(h.GroupOf(id.pipeline, id.key))
 			kb = &keyBatch{id: id}
 			index[id] = kb
 			gb.keys = append(gb.keys, kb)
@@ -118,6 +122,14 @@ func (h *Host) commit(reqs []*ingestReq) {
 			}
 			timed[r.pipeline] = true
 		}
+		if len(r.events) > 0 && !r.events[0].Expire {
+			for _, j := range h.joins[r.pipeline] {
+				if timed == nil {
+					timed = map[string]bool{}
+				}
+				timed[j.name] = true
+			}
+		}
 		for _, ev := range r.events {
 			kb := batchOf(keyID{r.pipeline, ev.Key})
 			kb.expire = kb.expire || ev.Expire
@@ -129,6 +141,18 @@ func (h *Host) commit(reqs []*ingestReq) {
 			last.events = append(last.events, ev)
 		}
 		r.w.pending.Store(int64(segs))
+	}
+	if h.joins != nil {
+		for _, gb := range batches {
+			h.deriveJoins(gb, func(id keyID) *keyBatch {
+				kb := index[id]
+				if kb == nil {
+					kb = batchOf(id)
+					kb.derived = true
+				}
+				return kb
+			})
+		}
 	}
 
 	groups := make([]*groupBatch, 0, len(batches))
@@ -331,6 +355,23 @@ func (h *Host) stampLocked(reqs []*ingestReq, groups []*groupBatch, timed map[st
 			}
 		}
 	}
+	// A join's clock observes the events of its sides.
+	for _, r := range reqs {
+		for _, j := range h.joins[r.pipeline] {
+			c := after[j.name]
+			if c == nil {
+				c = new(fold.Clock)
+				*c = *h.clockLocked(j.name)
+				after[j.name] = c
+			}
+			p := h.cfg.Pipelines[j.name]
+			for _, ev := range r.events {
+				if !ev.Erase && !ev.Expire {
+					p.Observe(c, ev, nowMs)
+				}
+			}
+		}
+	}
 	for _, gb := range groups {
 		for _, w := range gb.watermarks {
 			c := after[w.Pipeline]
@@ -398,4 +439,43 @@ func (h *Host) nudgeCheckpoint() {
 	case h.checkpointNow <- struct{}{}:
 	default:
 	}
+}
+
+// deriveJoins gives the keys of the joins that a group's keys feed the
+// events of their sides, in the order of the group's keys: the order replay
+// hands them over from the record (replayJoins). batchOf returns a join
+// key's batch, adding it.
+func (h *Host) deriveJoins(gb *groupBatch, batchOf func(keyID) *keyBatch) {
+	for _, kb := range gb.keys[:len(gb.keys):len(gb.keys)] {
+		for _, j := range h.joins[kb.id.pipeline] {
+			var jb *keyBatch
+			for _, seg := range kb.msg.segs {
+				evs := sideEvents(seg.events)
+				if len(evs) == 0 {
+					continue
+				}
+				if jb == nil {
+					jb = batchOf(keyID{j.name, kb.id.key})
+				}
+				jb.msg.segs = append(jb.msg.segs, segment{nowMs: seg.nowMs, events: evs, side: j.side, derived: true})
+			}
+		}
+	}
+}
+
+// sideEvents returns the events a join takes of a side's: all but
+// tombstones and expiry checks, which are the side key's own.
+func sideEvents(evs []*fold.Event) []*fold.Event {
+	for i, ev := range evs {
+		if ev.Erase || ev.Expire {
+			kept := slices.Clone(evs[:i])
+			for _, ev := range evs[i+1:] {
+				if !ev.Erase && !ev.Expire {
+					kept = append(kept, ev)
+				}
+			}
+			return kept
+		}
+	}
+	return evs
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/keyfold/keyfold/actors/fold"
@@ -142,6 +144,15 @@ func (c *Config) Validate() error {
 	}
 	if len(c.Pipelines) == 0 {
 		errs = append(errs, errors.New("actors: config: at least one pipeline is required"))
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Pipelines)) {
+		if p := c.Pipelines[name]; p.IsJoin() {
+			for _, side := range p.JoinSides() {
+				if s := c.Pipelines[side]; s == nil || s.IsJoin() {
+					errs = append(errs, fmt.Errorf("actors: config: join %q: side %q is not one of the pipelines", name, side))
+				}
+			}
+		}
 	}
 	for _, v := range []struct {
 		name string

@@ -13,6 +13,13 @@
 // Queries and snapshot requests travel through the same mailboxes, so a
 // query sees every event acknowledged before it was sent.
 //
+// Joins: a join is a pipeline of its own keys (fold.CompileJoin). An event
+// is logged once, under its pipeline; the commit loop, after the append,
+// and replay, from the record, hand it also to the key of every join the
+// pipeline is a side of, in the order of the record's keys. The store's
+// key-group layout (Layout) hashes the key alone, so those keys share the
+// event's group; a store of the old layout refuses joins (ErrLayout).
+//
 // Memory: a key has an actor while it is among the MaxActive most recently
 // used; passivated, it stays in memory without one (the resident tier,
 // resident.go) within MaxMemory, and beyond that only in the store.

@@ -41,6 +41,10 @@ var (
 	// concurrent work; retry later. The transports refuse with it, and a
 	// cluster member passes on an owner's refusal with it.
 	ErrBusy = errors.New("too many concurrent requests")
+	// ErrLayout refuses to start a host with joins on a store laid out
+	// before the key group of a key stopped depending on its pipeline
+	// (LayoutPipelineKey): there a key's sides are in different groups.
+	ErrLayout = errors.New("actors: the store's key-group layout cannot serve joins")
 )
 
 // storeFailure wraps a store error in what callers of the host see: its

@@ -74,7 +74,7 @@ func TestTimerRearmedWhileStoreDown(t *testing.T) {
 	defer hs.shutdown()
 	b := ""
 	for i := 0; ; i++ { // a key of another group
-		if b = fmt.Sprint("b", i); actors.GroupOf("p", b, 8) != actors.GroupOf("p", "a", 8) {
+		if b = fmt.Sprint("b", i); actors.GroupOf(b, 8) != actors.GroupOf("a", 8) {
 			break
 		}
 	}

@@ -31,6 +31,11 @@ type segment struct {
 	nowMs  int64
 	events []*fold.Event
 	w      *waiter
+	// side is, for a join's key, the side the events are of (0 left, 1
+	// right); their waiter is their side key's. derived is set for such
+	// events: they are logged under their side, not the join's key.
+	side    int
+	derived bool
 }
 
 type queryMsg struct{ reply chan queryReply }
@@ -82,6 +87,8 @@ type KeyView struct {
 	// (nil while it has none) and the handler's calls that failed.
 	State           json.RawMessage
 	HandlerFailures uint64
+	// For a join: its buffered events per side and its results.
+	Join *fold.JoinView
 }
 
 // grain is the actor of one key: it owns the key's fold.State and is the
@@ -100,6 +107,9 @@ type grain struct {
 	reported int64                // the next timer the host's index has
 	expiry   int64                // when the host's index says the key wakes by processing time (0: never)
 	lastNow  int64                // the latest processing time of its inputs
+	// counted is, for a join's key, what it adds to the join's buffered
+	// gauge: its buffered events as of its last apply in memory.
+	counted int64
 	// preloaded is the key's snapshot if the commit that activated it read
 	// it already (activate.go); nil: the grain reads it.
 	preloaded *loaded
@@ -243,12 +253,16 @@ func (g *grain) apply(m *applyMsg) {
 				continue
 			}
 			events++
-			if g.pipeline.Apply(&g.state, ev, s.nowMs) {
+			if g.pipeline.IsJoin() {
+				g.pipeline.ApplySide(&g.state, s.side, ev, s.nowMs) // (a join's duplicates are not the ingest's)
+			} else if g.pipeline.Apply(&g.state, ev, s.nowMs) {
 				dups++
 			}
 		}
-		g.host.stats.events.Add(int64(events))
-		g.host.stats.duplicates.Add(int64(dups))
+		if !g.pipeline.IsJoin() { // counted by their side
+			g.host.stats.events.Add(int64(events))
+			g.host.stats.duplicates.Add(int64(dups))
+		}
 		g.pstats.events.Add(int64(events))
 		g.pstats.duplicates.Add(int64(dups))
 		s.w.finish(dups, nil)
@@ -280,6 +294,11 @@ func (g *grain) apply(m *applyMsg) {
 				g.pstats.lateIn[i].Add(int64(l))
 			}
 		}
+		if g.pipeline.IsJoin() {
+			n := int64(g.state.Buffered())
+			g.pstats.buffered.Add(n - g.counted)
+			g.counted = n
+		}
 		if outs := g.state.TakeOutputs(); len(outs) > 0 {
 			g.countOutputs(outs) // handlers.go
 			g.host.queueOutputs(g.id.pipeline, outs)
@@ -308,7 +327,7 @@ func (g *grain) query() queryReply {
 	if g.broken != nil {
 		return queryReply{err: fmt.Errorf("%w: %w", ErrUnavailable, hideStore("loading the key", g.broken))}
 	}
-	if !g.state.Holds() { // never applied an event or a call, or erased
+	if !g.state.Holds() || g.state.Empty() { // never applied an event or a call, or erased (or a join's key, nothing buffered)
 		return queryReply{err: ErrNotFound}
 	}
 	v := KeyView{Seq: g.state.Seq(), Duplicates: g.state.Duplicates(), Aggregates: g.pipeline.Aggregates(&g.state)}
@@ -316,6 +335,7 @@ func (g *grain) query() queryReply {
 		v.Watermark, v.Late, v.Windows = g.state.Watermark(), g.state.Late(), g.pipeline.Windows(&g.state)
 		v.Patterns = g.pipeline.Patterns(&g.state)
 		v.LateWindows = g.pipeline.LateByWindow(&g.state)
+		v.Join = g.pipeline.Join(&g.state)
 	}
 	if err := g.queryHandler(&v); err != nil { // handlers.go
 		return queryReply{err: err}

@@ -15,6 +15,15 @@ import (
 // letters of its handler's failed calls.
 func (g *grain) countOutputs(outs []*keyfoldv1.Output) {
 	g.pstats.emitted.Add(int64(len(outs)))
+	if g.pipeline.IsJoin() {
+		n := 0
+		for _, o := range outs {
+			if o.GetCount() == 1 { // one event, the other side empty
+				n++
+			}
+		}
+		g.pstats.unmatched.Add(int64(n))
+	}
 	if !g.pipeline.HasHandler() {
 		return
 	}

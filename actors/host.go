@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,6 +63,11 @@ type Host struct {
 
 	stats hostStats
 
+	// layout is the store's key-group layout (a Layout), read by Recover;
+	// joins are, by side pipeline, the joins it feeds (fixed at New).
+	layout atomic.Uint32
+	joins  map[string][]joinRef
+
 	dispatcher *workerDispatcher // runs the grains' mailboxes
 	// props spawn every grain's actor (one Props for all: protoactor keeps
 	// a reference in each actor); spawning hands it the grain to produce.
@@ -79,6 +86,12 @@ type Host struct {
 	clockLogged map[string]int64
 	outq        outputQueue
 	outputs     outputsBroadcast
+}
+
+// joinRef names a join a pipeline feeds, and which side it is of it.
+type joinRef struct {
+	name string
+	side int
 }
 
 type activation struct {
@@ -164,10 +177,20 @@ func New(cfg Config) (*Host, error) {
 		h.groups[i].dirty = make(map[keyID]persistence.Position)
 	}
 	h.stats.pipelines = make(map[string]*pipelineStats, len(cfg.Pipelines))
-	for name, p := range cfg.Pipelines {
-		h.stats.pipelines[name] = &pipelineStats{lateIn: make([]atomic.Int64, len(p.WindowNames())), windows: p.WindowNames()}
+	h.layout.Store(uint32(LayoutKey))
+	for _, name := range slices.Sorted(maps.Keys(cfg.Pipelines)) {
+		p := cfg.Pipelines[name]
+		h.stats.pipelines[name] = &pipelineStats{lateIn: make([]atomic.Int64, len(p.WindowNames())), windows: p.WindowNames(), join: p.IsJoin()}
 		h.timed = h.timed || p.Timed()
 		h.expiring = h.expiring || p.WakesByClock()
+		if p.IsJoin() {
+			if h.joins == nil {
+				h.joins = map[string][]joinRef{}
+			}
+			for side, from := range p.JoinSides() {
+				h.joins[from] = append(h.joins[from], joinRef{name, side})
+			}
+		}
 	}
 	// protoactor logs at INFO about every start and stop; keep only its
 	// warnings, on our logger.
@@ -360,8 +383,10 @@ func (h *Host) Submit(ctx context.Context, pipeline string, raws [][]byte) (Pend
 // ErrNotServed, and nothing of it is logged. (A group lost between that
 // check and the write still fails alone.)
 func (h *Host) SubmitEvents(ctx context.Context, pipeline string, events []*fold.Event) (Pending, error) {
-	if _, ok := h.cfg.Pipelines[pipeline]; !ok {
+	if p, ok := h.cfg.Pipelines[pipeline]; !ok {
 		return nil, fmt.Errorf("%w %q", ErrUnknownPipeline, pipeline)
+	} else if p.IsJoin() {
+		return nil, fmt.Errorf("%w (join %q)", fold.ErrJoinIngest, pipeline)
 	}
 	if len(events) == 0 {
 		return &queued{}, nil
@@ -373,11 +398,20 @@ func (h *Host) SubmitEvents(ctx context.Context, pipeline string, events []*fold
 	return q, nil
 }
 
+// GroupOf returns the key group of a pipeline's key in the store's layout
+// (read by Recover; LayoutKey before). Every node on a store agrees.
+func (h *Host) GroupOf(pipeline, key string) uint32 {
+	return Layout(h.layout.Load()).GroupOf(pipeline, key, h.cfg.Groups)
+}
+
+// Layout returns the store's key-group layout (read by Recover).
+func (h *Host) Layout() Layout { return Layout(h.layout.Load()) }
+
 // checkServedLocked fails with ErrNotServed if an event's group is not
 // served. h.mu must be held.
 func (h *Host) checkServedLocked(pipeline string, events []*fold.Event) error {
 	for _, ev := range events {
-		g := GroupOf(pipeline, ev.Key, h.cfg.Groups)
+		g := h.GroupOf(pipeline, ev.Key)
 		if gs := &h.groups[g]; !gs.ready || !gs.owned {
 			return fmt.Errorf("%w: %w", ErrNotServed, gs.unavailable(g))
 		}
@@ -509,7 +543,7 @@ func (h *Host) sendRead(pipeline, key string, msg any) error {
 		return ErrClosed
 	}
 	id := keyID{pipeline, key}
-	g := GroupOf(pipeline, key, h.cfg.Groups)
+	g := h.GroupOf(pipeline, key)
 	h.mu.Lock()
 	// Not once released either: the next owner may already take writes.
 	if gs := &h.groups[g]; !gs.ready || !gs.owned {

@@ -18,7 +18,7 @@ import (
 	"github.com/keyfold/keyfold/persistence/faultstore"
 )
 
-func pipelines(t *testing.T) map[string]*fold.Pipeline {
+func pipelines(t testing.TB) map[string]*fold.Pipeline {
 	t.Helper()
 	p, err := fold.Compile("p", fold.Spec{
 		Key: "k",
@@ -36,14 +36,14 @@ func pipelines(t *testing.T) map[string]*fold.Pipeline {
 }
 
 type harness struct {
-	t     *testing.T
+	t     testing.TB
 	store persistence.Store
 	host  *actors.Host
 	stop  context.CancelFunc
 	done  chan error
 }
 
-func openStore(t *testing.T, dir string) *embedded.Store {
+func openStore(t testing.TB, dir string) *embedded.Store {
 	t.Helper()
 	s, err := embedded.Open(dir, embedded.Options{})
 	if err != nil {
@@ -53,7 +53,7 @@ func openStore(t *testing.T, dir string) *embedded.Store {
 }
 
 // start recovers and runs a host over store.
-func start(t *testing.T, store persistence.Store, cfg actors.Config) *harness {
+func start(t testing.TB, store persistence.Store, cfg actors.Config) *harness {
 	t.Helper()
 	cfg.Store = store
 	if cfg.Pipelines == nil {
@@ -751,7 +751,7 @@ func TestDeleteKey(t *testing.T) {
 			}
 			fs.Reset()
 			if checkpointed {
-				g := actors.GroupOf("p", "a", 2)
+				g := actors.GroupOf("a", 2)
 				if _, err := fs.Get(context.Background(), g, "p\x00a"); !errors.Is(err, persistence.ErrNotFound) {
 					t.Errorf("snapshot of a after delete and checkpoint: %v, want ErrNotFound", err)
 				}

@@ -39,7 +39,7 @@ func TestMoveGroupsBetweenHosts(t *testing.T) {
 		for range n {
 			key := fmt.Sprintf("k%d", rng.IntN(60))
 			v := rng.IntN(100)
-			g := actors.GroupOf("p", key, 8)
+			g := actors.GroupOf(key, 8)
 			if _, err := owner(g).host.Ingest(context.Background(), "p", [][]byte{event(key, "", v)}); err != nil {
 				t.Fatalf("ingest %s (group %d): %v", key, g, err)
 			}
@@ -49,7 +49,7 @@ func TestMoveGroupsBetweenHosts(t *testing.T) {
 	send(300)
 	// The other host refuses them.
 	other := a
-	if owner(actors.GroupOf("p", "k1", 8)) == a {
+	if owner(actors.GroupOf("k1", 8)) == a {
 		other = b
 	}
 	if _, err := other.host.Ingest(context.Background(), "p", [][]byte{event("k1", "", 1)}); !errors.Is(err, actors.ErrNotOwner) || !errors.Is(err, actors.ErrUnavailable) {
@@ -102,7 +102,7 @@ func TestMoveGroupsBetweenHosts(t *testing.T) {
 // keyOfGroup returns a key of pipeline p in group g (of 8).
 func keyOfGroup(g uint32) string {
 	for i := 0; ; i++ {
-		if k := fmt.Sprint("k", i); actors.GroupOf("p", k, 8) == g {
+		if k := fmt.Sprint("k", i); actors.GroupOf(k, 8) == g {
 			return k
 		}
 	}
@@ -161,7 +161,7 @@ func TestReleaseDuringTakeOver(t *testing.T) {
 func keyIn(t *testing.T, g uint32) string {
 	t.Helper()
 	for i := range 10_000 {
-		if k := fmt.Sprintf("key%d", i); actors.GroupOf("p", k, 8) == g {
+		if k := fmt.Sprintf("key%d", i); actors.GroupOf(k, 8) == g {
 			return k
 		}
 	}
@@ -311,7 +311,7 @@ func TestFencedReleaseIsNotAWarning(t *testing.T) {
 	a := start(t, fs, actors.Config{Logger: slog.New(logs)})
 	defer a.shutdown()
 	key := "k1"
-	g := actors.GroupOf("p", key, 8)
+	g := actors.GroupOf(key, 8)
 	a.ingest(event(key, "1", 1))
 
 	// The release's checkpoint is slow; the next owner claims meanwhile.
@@ -343,7 +343,7 @@ func TestFencedReleaseIsNotAWarning(t *testing.T) {
 	defer c.shutdown()
 	var k2 string
 	for i := 0; ; i++ {
-		if k2 = fmt.Sprintf("x%d", i); actors.GroupOf("p", k2, 8) == other {
+		if k2 = fmt.Sprintf("x%d", i); actors.GroupOf(k2, 8) == other {
 			break
 		}
 	}

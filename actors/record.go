@@ -20,9 +20,16 @@ func decodeRecord(data []byte) (*keyfoldv1.LogRecord, error) {
 // compares them), straight from the commit's batches: building the
 // messages first cost an Input per event and a KeyInputs per key, a tenth
 // of the bytes allocated per event at a million keys (BENCHMARKS.md).
+//
+// A join's key that only takes its sides' events (derived) is not listed,
+// and a listed one (a timer of it was due) lists none of them: they are
+// logged under their sides (deriveJoins).
 func encodeRecord(keys []*keyBatch, wms []*keyfoldv1.Watermark) ([]byte, error) {
 	size := 0
 	for _, kb := range keys {
+		if kb.derived && !kb.fire {
+			continue
+		}
 		n := keyInputsSize(kb)
 		size += 1 + protowire.SizeVarint(uint64(n)) + n
 	}
@@ -36,11 +43,17 @@ func encodeRecord(keys []*keyBatch, wms []*keyfoldv1.Watermark) ([]byte, error) 
 	}
 	b := make([]byte, 0, size)
 	for _, kb := range keys {
+		if kb.derived && !kb.fire {
+			continue
+		}
 		b = protowire.AppendTag(b, 2, protowire.BytesType)
 		b = protowire.AppendVarint(b, uint64(keyInputsSize(kb)))
 		b = appendStringField(b, 1, kb.id.pipeline)
 		b = appendStringField(b, 2, kb.id.key)
 		for _, s := range kb.msg.segs {
+			if s.derived {
+				continue
+			}
 			for _, ev := range s.events {
 				b = protowire.AppendTag(b, 3, protowire.BytesType)
 				b = protowire.AppendVarint(b, uint64(inputSize(ev, s.nowMs)))
@@ -59,6 +72,9 @@ func encodeRecord(keys []*keyBatch, wms []*keyfoldv1.Watermark) ([]byte, error) 
 func keyInputsSize(kb *keyBatch) int {
 	n := stringFieldSize(kb.id.pipeline) + stringFieldSize(kb.id.key)
 	for _, s := range kb.msg.segs {
+		if s.derived {
+			continue
+		}
 		for _, ev := range s.events {
 			m := inputSize(ev, s.nowMs)
 			n += 1 + protowire.SizeVarint(uint64(m)) + m

@@ -14,7 +14,8 @@ import (
 
 // encodeRecord writes what proto.Marshal writes for the same record, for
 // records of every shape: keys with and without inputs, empty and long
-// events, tombstones, expiry checks and calls with and without ids, times of every size and sign, and
+// events, tombstones, expiry checks and calls with and without ids, join
+// keys fed by their sides (not logged unless a timer of theirs is due), times of every size and sign, and
 // watermarks.
 func TestEncodeRecordIsProtoMarshal(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
@@ -41,6 +42,14 @@ func TestEncodeRecordIsProtoMarshal(t *testing.T) {
 			}
 			keys = append(keys, kb)
 			want.Keys = append(want.Keys, ki)
+			if r.IntN(3) == 0 { // a join's key fed by this one: logged only when its timer is due
+				jb := &keyBatch{id: keyID{pipeline: "j", key: kb.id.key}, derived: true, fire: r.IntN(2) == 0}
+				jb.msg.segs = append(jb.msg.segs, segment{events: []*fold.Event{{Raw: []byte("{}")}}, derived: true})
+				keys = append(keys, jb)
+				if jb.fire {
+					want.Keys = append(want.Keys, &keyfoldv1.KeyInputs{Pipeline: "j", Key: kb.id.key})
+				}
+			}
 		}
 		for range r.IntN(3) {
 			want.Watermarks = append(want.Watermarks, &keyfoldv1.Watermark{Pipeline: "p", WatermarkMs: times[r.IntN(len(times))], MaxEventMs: 5})

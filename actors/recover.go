@@ -66,8 +66,11 @@ func (h *Host) recover(ctx context.Context) error {
 	start := time.Now()
 	backoff := minRetakeBackoff
 	for {
-		err := h.store.CheckGroups(ctx, h.cfg.Groups)
+		stored, err := h.store.CheckGroups(ctx, h.cfg.Groups, uint32(LayoutKey))
 		if err == nil {
+			if err := h.setLayout(storedLayout(stored)); err != nil {
+				return fmt.Errorf("actors: recover: %w", err)
+			}
 			break
 		}
 		if errors.Is(err, persistence.ErrGroupsMismatch) || errors.Is(err, persistence.ErrIncompatible) || ctx.Err() != nil {
@@ -96,6 +99,27 @@ func (h *Host) recover(ctx context.Context) error {
 	}
 	h.log.Info("recovered", "groups", len(all), "records", h.stats.replayed.Load(),
 		"keys", h.Stats().ActiveKeys, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// setLayout takes the store's key-group layout, refusing one this host
+// cannot serve: a layout it does not know, or joins on LayoutPipelineKey.
+func (h *Host) setLayout(l Layout) error {
+	switch l {
+	case LayoutKey:
+	case LayoutPipelineKey:
+		for _, name := range slices.Sorted(maps.Keys(h.cfg.Pipelines)) {
+			if h.cfg.Pipelines[name].IsJoin() {
+				return fmt.Errorf("%w: join %q needs both sides of a key in one key group, and this store was created "+
+					"before keyfold laid keys out so (layout %v): its keys of pipelines %q and %q are in different groups. "+
+					"Start the joins on a new store (another data dir, or another redis_prefix) and send the events there, "+
+					"or remove the joins to go on with this one", ErrLayout, name, l, h.cfg.Pipelines[name].JoinSides()[0], h.cfg.Pipelines[name].JoinSides()[1])
+			}
+		}
+	default:
+		return fmt.Errorf("%w: the store's key-group layout is %v, which this build does not know (a newer build created it)", persistence.ErrIncompatible, l)
+	}
+	h.layout.Store(uint32(l))
 	return nil
 }
 
@@ -419,6 +443,22 @@ func (h *Host) replay(g uint32, pos persistence.Position, data []byte) error {
 		wms[w.Pipeline] = w.WatermarkMs
 		h.loggedClockLocked(g, w)
 	}
+	// A join's key may be listed (a timer of it was due) and take its
+	// sides' events too: one message for all, sent after the record's.
+	var joined map[keyID]*applyMsg
+	var joinOrder []keyID
+	joinMsg := func(id keyID) *applyMsg {
+		m := joined[id]
+		if m == nil {
+			if joined == nil {
+				joined = map[keyID]*applyMsg{}
+			}
+			m = &applyMsg{pos: pos, wm: wms[id.pipeline]}
+			joined[id] = m
+			joinOrder = append(joinOrder, id)
+		}
+		return m
+	}
 	for _, ki := range rec.Keys {
 		p := h.cfg.Pipelines[ki.Pipeline]
 		if p == nil {
@@ -430,7 +470,11 @@ func (h *Host) replay(g uint32, pos persistence.Position, data []byte) error {
 			h.log.Warn("discarding logged inputs of a key containing NUL", "pipeline", ki.Pipeline, "group", g, "seq", pos)
 			continue
 		}
+		id := keyID{ki.Pipeline, ki.Key}
 		msg := &applyMsg{pos: pos, wm: wms[ki.Pipeline]}
+		if p.IsJoin() {
+			msg = joinMsg(id)
+		}
 		for _, in := range ki.Inputs {
 			if len(msg.segs) == 0 || msg.segs[len(msg.segs)-1].nowMs != in.IngestTimeMs {
 				msg.segs = append(msg.segs, segment{nowMs: in.IngestTimeMs})
@@ -447,8 +491,22 @@ func (h *Host) replay(g uint32, pos persistence.Position, data []byte) error {
 				last.events = append(last.events, p.Replay(in.Event, ki.Key))
 			}
 		}
-		id := keyID{ki.Pipeline, ki.Key}
+		for _, j := range h.joins[ki.Pipeline] {
+			for _, seg := range msg.segs {
+				if evs := sideEvents(seg.events); len(evs) > 0 {
+					jm := joinMsg(keyID{j.name, ki.Key})
+					jm.segs = append(jm.segs, segment{nowMs: seg.nowMs, events: evs, side: j.side})
+				}
+			}
+		}
+		if p.IsJoin() {
+			continue
+		}
 		h.sendLocked(id, g, msg)
+		h.groups[g].dirty[id] = pos
+	}
+	for _, id := range joinOrder {
+		h.sendLocked(id, g, joined[id])
 		h.groups[g].dirty[id] = pos
 	}
 	h.groups[g].dispatched = pos

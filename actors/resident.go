@@ -89,6 +89,7 @@ func (h *Host) parkLocked(g *grain) {
 		for _, m := range st.waiting {
 			g.handle(m)
 		}
+		g.leaveMemory()
 		return
 	}
 	for i, m := range st.waiting {
@@ -106,6 +107,7 @@ func (h *Host) parkLocked(g *grain) {
 	if h.cfg.MaxMemory < 0 {
 		if _, dirty := gs.dirty[g.id]; !dirty {
 			gs.complete = false // the key leaves memory
+			g.leaveMemory()
 			return
 		}
 	}
@@ -153,6 +155,7 @@ func (h *Host) evictLocked() {
 			}
 		} else {
 			gs.complete = false // a key leaves memory
+			g.leaveMemory()
 			h.unparkLocked(g)
 		}
 		g = prev
@@ -174,7 +177,15 @@ func (h *Host) parkedLocked(id keyID, group uint32) *grain {
 // dropParkedLocked drops the parked keys of a group.
 func (h *Host) dropParkedLocked(group uint32) {
 	for _, g := range h.groups[group].parked {
+		g.leaveMemory()
 		h.unparkLocked(g)
 	}
 	h.groups[group].parked = nil
+}
+
+// leaveMemory takes what a grain leaving memory adds to its pipeline's
+// gauges back. h.mu must be held, and no actor may run the grain.
+func (g *grain) leaveMemory() {
+	g.pstats.buffered.Add(-g.counted)
+	g.counted = 0
 }

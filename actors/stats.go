@@ -26,6 +26,9 @@ type pipelineStats struct {
 	// Calls of the Go handler's OnCall applied (logged, replays included,
 	// or read-only), and those the handler failed (call.go).
 	calls, callFailures atomic.Int64
+	buffered            atomic.Int64 // of a join: events its keys in memory buffer
+	unmatched           atomic.Int64 // of a join: results of one event
+	join                bool
 	lateIn              []atomic.Int64 // per window, as fold.Pipeline.WindowNames
 	windows             []string
 	coreSize            atomic.Int64 // the last encoded core snapshot's size: the next one's buffer
@@ -45,6 +48,13 @@ type PipelineStats struct {
 	// keys, logged (replays included) or read-only; CallFailures those the
 	// handler failed (the caller got the error).
 	Calls, CallFailures int64
+	// Of a join: its results that joined two events (Emitted less
+	// Unmatched), its results of one event with the other side empty, and
+	// the events its keys in this node's memory buffer now. Late counts
+	// its events too late to be joined.
+	Join      bool
+	Unmatched int64
+	Buffered  int64
 	// LateByWindow counts, per window name, the events too late for at
 	// least one window of that name they fell in (taken by other windows
 	// or not); nil without windows.
@@ -96,7 +106,9 @@ func (h *Host) Stats() Stats {
 	h.mu.Unlock()
 	per := make(map[string]PipelineStats, len(h.stats.pipelines))
 	for name, ps := range h.stats.pipelines {
-		st := PipelineStats{Events: ps.events.Load(), Duplicates: ps.duplicates.Load(), Late: ps.late.Load(), Emitted: ps.emitted.Load(), Expired: ps.expired.Load(), HandlerFailures: ps.failures.Load(), Calls: ps.calls.Load(), CallFailures: ps.callFailures.Load()}
+		st := PipelineStats{Events: ps.events.Load(), Duplicates: ps.duplicates.Load(), Late: ps.late.Load(), Emitted: ps.emitted.Load(),
+			Expired: ps.expired.Load(), HandlerFailures: ps.failures.Load(), Calls: ps.calls.Load(), CallFailures: ps.callFailures.Load(),
+			Join: ps.join, Unmatched: ps.unmatched.Load(), Buffered: ps.buffered.Load()}
 		if len(ps.windows) > 0 {
 			st.LateByWindow = make(map[string]int64, len(ps.windows))
 			for i, w := range ps.windows {

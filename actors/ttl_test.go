@@ -121,7 +121,7 @@ func testTTL(t *testing.T, store persistence.Store, maxMemory int64, leftInStore
 	eventually(t, "the snapshots deleted", func() bool {
 		for i := range 30 {
 			key := fmt.Sprintf("k%d", i)
-			_, err := store.Get(context.Background(), actors.GroupOf("p", key, 8), "p\x00"+key)
+			_, err := store.Get(context.Background(), actors.GroupOf(key, 8), "p\x00"+key)
 			if !errors.Is(err, persistence.ErrNotFound) {
 				return false
 			}

@@ -175,14 +175,7 @@ func testWindowOracle(t *testing.T, maxMemory int64) {
 	}
 	// Out of order: delivered by time plus a jitter below half the bound, so
 	// no event is more than out_of_orderness behind any delivered before it.
-	delivery := slices.Clone(events)
-	jitter := make(map[string]int64, len(delivery))
-	for _, e := range delivery {
-		jitter[e.id] = rng.Int64N(winOOO / 2)
-	}
-	sort.SliceStable(delivery, func(i, j int) bool {
-		return delivery[i].ts+jitter[delivery[i].id] < delivery[j].ts+jitter[delivery[j].id]
-	})
+	delivery := outOfOrder(rng, events, func(e timedEvent) timedEvent { return e }, winOOO/2)
 
 	clock := &fakeClock{}
 	clock.set(winBase)
@@ -219,16 +212,7 @@ func testWindowOracle(t *testing.T, maxMemory int64) {
 		got = allOutputs(t, hs.host)
 		return len(got) >= len(want)
 	})
-	for id, w := range want {
-		if got[id] != w {
-			t.Errorf("%s: got %q, want %q", id, got[id], w)
-		}
-	}
-	for id := range got {
-		if _, ok := want[id]; !ok {
-			t.Errorf("unexpected output %s %s", id, got[id])
-		}
-	}
+	sameResults(t, got, want)
 	st := hs.host.Stats()
 	if st.Pipelines["p"].Late != 0 || st.TimersFired == 0 {
 		t.Errorf("late %d, timers fired %d", st.Pipelines["p"].Late, st.TimersFired)
@@ -359,6 +343,33 @@ func TestOutputsNeverLostWhenStoringFails(t *testing.T) {
 	for id, w := range want {
 		if got[id] != w {
 			t.Errorf("%s: got %q, want %q", id, got[id], w)
+		}
+	}
+}
+
+// outOfOrder returns events in the order of their time plus a random
+// jitter below jitter ms (of the timedEvent each is, through te).
+func outOfOrder[E any](rng *rand.Rand, events []E, te func(E) timedEvent, jitter int64) []E {
+	delivery := slices.Clone(events)
+	at := make(map[string]int64, len(delivery))
+	for _, e := range delivery {
+		at[te(e).id] = te(e).ts + rng.Int64N(jitter)
+	}
+	sort.SliceStable(delivery, func(i, j int) bool { return at[te(delivery[i]).id] < at[te(delivery[j]).id] })
+	return delivery
+}
+
+// sameResults checks that got holds exactly the results of want, by id.
+func sameResults(t *testing.T, got, want map[string]string) {
+	t.Helper()
+	for id, w := range want {
+		if got[id] != w {
+			t.Errorf("%s: got %q, want %q", id, got[id], w)
+		}
+	}
+	for id := range got {
+		if _, ok := want[id]; !ok {
+			t.Errorf("unexpected result %s %s", id, got[id])
 		}
 	}
 }

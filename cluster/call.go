@@ -68,7 +68,7 @@ func (c *Node) CallLocal(ctx context.Context, pipeline, key string, req []byte, 
 	if !o.ReadOnly {
 		return c.host.Call(ctx, pipeline, key, req, o)
 	}
-	g := actors.GroupOf(pipeline, key, c.groups)
+	g := c.host.GroupOf(pipeline, key)
 	if err := c.checkRead(g); err != nil {
 		return fold.Reply{}, err
 	}

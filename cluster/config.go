@@ -68,6 +68,9 @@ type Host interface {
 	Abandon(reason error) []uint32
 	// Err is the error that failed the host, if any.
 	Err() error
+	// GroupOf is the key group of a pipeline's key, in the store's layout
+	// (the host reads it when it recovers, before any call is routed).
+	GroupOf(pipeline, key string) uint32
 	SubmitEvents(ctx context.Context, pipeline string, events []*fold.Event) (actors.Pending, error)
 	Query(ctx context.Context, pipeline, key string) (actors.KeyView, error)
 	Delete(ctx context.Context, pipeline, key string) error

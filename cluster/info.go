@@ -111,7 +111,7 @@ func (c *Node) Info(ctx context.Context, pipeline, key string) (Info, error) {
 	}
 	wg.Wait()
 	if key != "" {
-		g := actors.GroupOf(pipeline, key, c.groups)
+		g := c.host.GroupOf(pipeline, key)
 		info.Key = &KeyOwner{pipeline, key, g, v.a.Owner(g)}
 	}
 	return info, nil

@@ -18,7 +18,7 @@ func TestPlacementBalanced(t *testing.T) {
 	keys := map[string]int{}
 	const n = 300_000
 	for i := range n {
-		keys[a.Owner(actors.GroupOf("logins", fmt.Sprintf("user-%d", i), groups))]++
+		keys[a.Owner(actors.GroupOf(fmt.Sprintf("user-%d", i), groups))]++
 	}
 	for _, m := range members {
 		g := float64(len(a.Groups(m))) / groups

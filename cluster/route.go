@@ -45,7 +45,7 @@ func (c *Node) Self() string { return c.self }
 // ownerOf returns the current owner of a key's group and the view.
 func (c *Node) ownerOf(pipeline, key string) (string, *view) {
 	v := c.view.Load()
-	return v.a.Owner(actors.GroupOf(pipeline, key, c.groups)), v
+	return v.a.Owner(c.host.GroupOf(pipeline, key)), v
 }
 
 // Submit validates a batch of pipeline's events whole and queues each share
@@ -163,7 +163,7 @@ func (c *Node) route(ctx context.Context, pipeline string, events []*fold.Event,
 	groupOrder := map[string][]uint32{}
 	encoded := map[string][]byte{}
 	for _, ev := range events {
-		g := actors.GroupOf(pipeline, ev.Key, c.groups)
+		g := c.host.GroupOf(pipeline, ev.Key)
 		o := v.a.Owner(g)
 		if byGroup[o] == nil {
 			byGroup[o] = map[uint32]*groupEvents{}
@@ -414,7 +414,7 @@ func (c *Node) Query(ctx context.Context, pipeline, key string) (actors.KeyView,
 // that an answer delayed by a pause of the process is still one no other
 // member could have made stale.
 func (c *Node) QueryLocal(ctx context.Context, pipeline, key string) (actors.KeyView, error) {
-	g := actors.GroupOf(pipeline, key, c.groups)
+	g := c.host.GroupOf(pipeline, key)
 	if err := c.checkRead(g); err != nil {
 		return actors.KeyView{}, err
 	}

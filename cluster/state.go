@@ -27,6 +27,8 @@ type timeState struct {
 	// LateWindows counts, per window name, the events too late for at
 	// least one window of that name.
 	LateWindows map[string]uint64 `json:"late_windows,omitempty"`
+	// Of a join's key: its buffered events per side and its results.
+	Join *fold.JoinView `json:"join,omitempty"`
 }
 
 // StateResponse encodes a key's state; timed says its pipeline has windows,
@@ -43,7 +45,7 @@ func StateResponse(pipeline, key string, kv actors.KeyView, timed bool) (*keyfol
 		resp.Aggregates[name] = b
 	}
 	if timed {
-		t := timeState{Late: &kv.Late, Windows: kv.Windows, Patterns: kv.Patterns, LateWindows: kv.LateWindows}
+		t := timeState{Late: &kv.Late, Windows: kv.Windows, Patterns: kv.Patterns, LateWindows: kv.LateWindows, Join: kv.Join}
 		if kv.Watermark > 0 { // none yet: absent
 			wm := time.UnixMilli(kv.Watermark).UTC()
 			t.Watermark = &wm
@@ -82,7 +84,7 @@ func decodeState(resp *keyfoldv1.GetStateResponse, spec fold.Spec) (actors.KeyVi
 		if t.Late != nil {
 			kv.Late = *t.Late
 		}
-		kv.Windows, kv.Patterns, kv.LateWindows = t.Windows, t.Patterns, t.LateWindows
+		kv.Windows, kv.Patterns, kv.LateWindows, kv.Join = t.Windows, t.Patterns, t.LateWindows, t.Join
 	}
 	if len(resp.StateJson) > 0 { // a Go handler's
 		kv.State = json.RawMessage(slices.Clone(resp.StateJson))

@@ -177,8 +177,12 @@ type Store interface {
 
 	// CheckGroups records the deployment's number of key groups in a new
 	// store and, in an existing one, fails with ErrGroupsMismatch if it
-	// differs.
-	CheckGroups(ctx context.Context, groups uint32) error
+	// differs. It also returns the store's key-group layout: the one it
+	// records, with the count, in a new store (layout), or the one recorded
+	// when the store was created, 0 for a store created before layouts were
+	// recorded. The caller gives the number its meaning (actors.Layout); a
+	// store only keeps it, so every node on one store agrees on it.
+	CheckGroups(ctx context.Context, groups, layout uint32) (uint32, error)
 
 	io.Closer
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -55,6 +56,17 @@ import (
 //	erase key=K                applies a tombstone to K; prints its windows.
 //	expire key=K now=D         applies an expiry check to K at processing
 //	                           time D (a Go duration since the epoch).
+//	join [name=N]              YAML body: "pipelines:" (fold.Spec by name)
+//	                           and "join:" (one fold.JoinSpec). Compiles the
+//	                           sides, then the join (prints the errors, one a
+//	                           line, or "ok"); on success the join is the
+//	                           pipeline the other commands use (advance,
+//	                           windows, snapshot, restore, compare).
+//	side name=S [now=D]        one JSON event a line: prepared by side S of
+//	                           the join and applied to the join's key
+//	                           (ApplySide); prints what happened and the
+//	                           results.
+//	buffers key=K              the join's view of K (JoinView, as JSON).
 //
 // ingest and advance print each result a key emits ("emit ID …"), each
 // event too late for every window ("late") and for each window that missed
@@ -70,13 +82,14 @@ func TestDataDriven(t *testing.T) {
 
 type harness struct {
 	p      *fold.Pipeline
+	sides  map[string]*fold.Pipeline // of the join (join)
 	states map[string]*fold.State
 	snaps  map[string][]byte
 	clock  fold.Clock
 }
 
 func (h *harness) run(t *testing.T, td *datadriven.TestData) string {
-	if td.Cmd != "pipeline" && h.p == nil {
+	if td.Cmd != "pipeline" && td.Cmd != "join" && h.p == nil {
 		td.Fatalf(t, "%s before any pipeline", td.Cmd)
 	}
 	switch td.Cmd {
@@ -157,6 +170,16 @@ func (h *harness) run(t *testing.T, td *datadriven.TestData) string {
 		return describeClock(&h.clock)
 	case "persist":
 		return fmt.Sprintf("stored %d outputs", len(h.get(h.arg(t, td, "key")).TakeOutputs()))
+	case "join":
+		return h.join(t, td)
+	case "side":
+		return h.side(t, td)
+	case "buffers":
+		b, err := json.Marshal(h.p.Join(h.get(h.arg(t, td, "key"))))
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		return string(b)
 	default:
 		td.Fatalf(t, "unknown command %q", td.Cmd)
 		return ""
@@ -447,4 +470,77 @@ func lines(s string) []string {
 		}
 	}
 	return out
+}
+
+func (h *harness) join(t *testing.T, td *datadriven.TestData) string {
+	name := "j"
+	if td.HasArg("name") {
+		name = h.arg(t, td, "name")
+	}
+	var doc struct {
+		Pipelines map[string]fold.Spec `yaml:"pipelines"`
+		Join      fold.JoinSpec        `yaml:"join"`
+	}
+	dec := yaml.NewDecoder(strings.NewReader(td.Input))
+	dec.KnownFields(true)
+	if err := dec.Decode(&doc); err != nil {
+		td.Fatalf(t, "join YAML: %v", err)
+	}
+	sides := map[string]*fold.Pipeline{}
+	for n, spec := range doc.Pipelines {
+		p, err := fold.Compile(n, spec)
+		if err != nil {
+			td.Fatalf(t, "pipeline %s: %v", n, err)
+		}
+		sides[n] = p
+	}
+	p, err := fold.CompileJoin(name, doc.Join, sides)
+	if err != nil {
+		var out strings.Builder
+		for _, e := range unjoin(err) {
+			var se *fold.SpecError
+			if !errors.As(e, &se) || !se.Join {
+				t.Errorf("compile error %v (%T) is not a join's *fold.SpecError", e, e)
+			}
+			fmt.Fprintf(&out, "error: %v\n", e)
+		}
+		return out.String()
+	}
+	h.p, h.sides = p, sides
+	h.states = map[string]*fold.State{}
+	h.clock = fold.Clock{}
+	return "ok"
+}
+
+func (h *harness) side(t *testing.T, td *datadriven.TestData) string {
+	if !h.p.IsJoin() {
+		td.Fatalf(t, "side before any join")
+	}
+	name := h.arg(t, td, "name")
+	sides := h.p.JoinSides()
+	side := slices.Index(sides[:], name)
+	if side < 0 {
+		td.Fatalf(t, "%s is not a side of the join", name)
+	}
+	var now int64
+	if td.HasArg("now") {
+		now = h.now(t, td)
+	}
+	var out strings.Builder
+	for _, line := range lines(td.Input) {
+		ev, err := h.sides[name].Prepare([]byte(line))
+		if err != nil {
+			td.Fatalf(t, "%s: %v", line, err)
+		}
+		st := h.get(ev.Key)
+		before, late := len(st.Outputs()), st.Late()
+		switch {
+		case h.p.ApplySide(st, side, ev, now):
+			fmt.Fprintf(&out, "duplicate %s %s\n", name, ev.ID)
+		case st.Late() > late:
+			fmt.Fprintf(&out, "late %s %s\n", name, ev.ID)
+		}
+		out.WriteString(describeOutputs(st, before))
+	}
+	return out.String()
 }

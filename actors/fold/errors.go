@@ -26,16 +26,25 @@ func (e *FieldError) Is(target error) bool { return target == ErrInvalidEvent }
 
 // SpecError reports a problem with one entry of a pipeline's configuration.
 type SpecError struct {
-	Pipeline string
+	Pipeline string // the pipeline's name, or the join's
 	Entry    string // e.g. "aggregates.amount", or "" for the pipeline itself
 	Problem  string
+	Join     bool // of a join (CompileJoin), not a pipeline
+}
+
+// Where names the pipeline or join, as errors do: `pipeline "p"`.
+func (e *SpecError) Where() string {
+	if e.Join {
+		return fmt.Sprintf("join %q", e.Pipeline)
+	}
+	return fmt.Sprintf("pipeline %q", e.Pipeline)
 }
 
 func (e *SpecError) Error() string {
 	if e.Entry == "" {
-		return fmt.Sprintf("pipeline %q: %s", e.Pipeline, e.Problem)
+		return fmt.Sprintf("%s: %s", e.Where(), e.Problem)
 	}
-	return fmt.Sprintf("pipeline %q: %s: %s", e.Pipeline, e.Entry, e.Problem)
+	return fmt.Sprintf("%s: %s: %s", e.Where(), e.Entry, e.Problem)
 }
 
 // BatchError rejects a whole batch because of one of its events.

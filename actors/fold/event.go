@@ -66,6 +66,9 @@ func (p *Pipeline) Prepare(raw []byte) (*Event, error) {
 // prepare fills ev from raw. contrib, if it has room for one contribution
 // per aggregate, holds ev's (PrepareBatch allocates them for a whole batch).
 func (p *Pipeline) prepare(ev *Event, raw []byte, contrib []contribution) error {
+	if p.join != nil {
+		return ErrJoinIngest
+	}
 	obj := bytes.TrimSpace(raw)
 	if len(obj) == 0 || obj[0] != '{' || !json.Valid(obj) {
 		var m map[string]any
@@ -342,6 +345,9 @@ func describeJSONError(raw []byte, err error) string {
 // a *BatchError for the first one, and the batch must be rejected whole.
 // The batch's events and their contributions are allocated together.
 func (p *Pipeline) PrepareBatch(raws [][]byte) ([]*Event, error) {
+	if p.join != nil {
+		return nil, fmt.Errorf("%w (join %q: pipelines %q and %q)", ErrJoinIngest, p.name, p.join.sides[0], p.join.sides[1])
+	}
 	n := len(p.aggs)
 	slab := make([]Event, len(raws))
 	contribs := make([]contribution, len(raws)*n)

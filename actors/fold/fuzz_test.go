@@ -317,20 +317,7 @@ func FuzzApply(f *testing.F) {
 		}
 
 		// A snapshot after every event, through the proto message.
-		var stepwise fold.State
-		var stepOut []string
-		for i, in := range inputs {
-			replay(t, p, &stepwise, []fuzzInput{in})
-			stepOut = append(stepOut, outputs(t, p, &stepwise)...)
-			next, err := p.StateFromProto(stateProto(p, &stepwise))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if d := stateDiff(p, &stepwise, &next); d != "" {
-				t.Fatalf("after event %d: StateProto/StateFromProto: %s", i, d)
-			}
-			stepwise = next
-		}
+		stepwise, stepOut := snapshotEachStep(t, p, len(inputs), func(s *fold.State, i int) { replay(t, p, s, inputs[i:i+1]) })
 		if d := stateDiff(p, &full, &stepwise); d != "" {
 			t.Fatalf("snapshot after every event: %s", d)
 		}
@@ -367,4 +354,26 @@ func FuzzApply(f *testing.F) {
 			t.Fatalf("aggregates do not encode as JSON: %v", err)
 		}
 	})
+}
+
+// snapshotEachStep applies n inputs (step applies the i-th), each time
+// followed by a round trip of the state through its persisted message,
+// which must change nothing; it returns the state and the results.
+func snapshotEachStep(t *testing.T, p *fold.Pipeline, n int, step func(s *fold.State, i int)) (fold.State, []string) {
+	t.Helper()
+	var s fold.State
+	var outs []string
+	for i := range n {
+		step(&s, i)
+		outs = append(outs, outputs(t, p, &s)...)
+		next, err := p.StateFromProto(stateProto(p, &s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := stateDiff(p, &s, &next); d != "" {
+			t.Fatalf("after input %d: StateProto/StateFromProto: %s", i, d)
+		}
+		s = next
+	}
+	return s, outs
 }

@@ -33,6 +33,15 @@ func (s *State) MemSize() int {
 	for i := range s.pats {
 		n += int(unsafe.Sizeof(s.pats[i])) + (cap(s.pats[i].times)+cap(s.pats[i].starts))*8
 	}
+	if js := s.join; js != nil {
+		n += int(unsafe.Sizeof(*js))
+		for _, es := range js.sides {
+			n += cap(es) * int(unsafe.Sizeof(joinEvent{}))
+			for _, e := range es {
+				n += len(e.id) + cap(e.fields)
+			}
+		}
+	}
 	n += len(s.out) * 256 // results not yet taken: only between an apply and its take
 	return n
 }

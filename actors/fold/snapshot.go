@@ -67,6 +67,7 @@ func (p *Pipeline) coreProto(s *State) (*keyfoldv1.KeyState, error) {
 		}
 	}
 	p.patternsProto(s, ks)
+	ks.Join = joinProto(s)                        // join.go
 	if err := p.handlerProto(s, ks); err != nil { // handler.go
 		return nil, err
 	}
@@ -154,6 +155,7 @@ func (p *Pipeline) stateFromCore(ks *keyfoldv1.KeyState) (State, error) {
 		}
 	}
 	p.restorePatterns(&s, ks)
+	p.restoreJoin(&s, ks.Join)                               // join.go
 	if err := p.restoreHandler(&s, ks.Handler); err != nil { // handler.go
 		return State{}, err
 	}

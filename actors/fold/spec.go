@@ -146,6 +146,7 @@ type Pipeline struct {
 	retention   time.Duration
 	ttl         int64 // ms; 0: none
 	handler     Handler
+	join        *join // for a join's keys (join.go)
 
 	// What Prepare reads of an event (scan.go): the top-level members, and
 	// where each field is found among them.

@@ -42,6 +42,7 @@ type timeState struct {
 	wait    []waiting           // events the patterns have not seen yet, by time
 	pats    []patState          // per pattern
 	out     []*keyfoldv1.Output // emitted results not yet taken
+	join    *joinState          // of a join's key (join.go)
 }
 
 // timed returns the state's event-time part, creating it if needed.
@@ -99,6 +100,11 @@ func (s *State) Seq() uint64 { return s.seq }
 // Empty reports whether the key holds nothing: no event applied (or all
 // erased) and no emptied window kept to number its next results.
 func (s *State) Empty() bool {
+	if s.timeState != nil && s.join != nil {
+		// A join's key that buffers nothing leaves the store: its counts
+		// are the metrics'; what it buffers is all it needs.
+		return len(s.join.sides[0]) == 0 && len(s.join.sides[1]) == 0
+	}
 	return s.seq == 0 && s.ids.len() == 0 && (s.timeState == nil || len(s.wins) == 0) && !s.h.holds() && !s.h.keepsReplies()
 }
 

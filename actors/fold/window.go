@@ -172,7 +172,9 @@ func checkOutputName(name, entry string, bad func(entry, format string, args ...
 
 // Timed reports whether the pipeline has windows, patterns or a Go handler
 // (whose timers are event-time timers), and so needs a watermark.
-func (p *Pipeline) Timed() bool { return len(p.windows) > 0 || len(p.patterns) > 0 || p.handler != nil }
+func (p *Pipeline) Timed() bool {
+	return len(p.windows) > 0 || len(p.patterns) > 0 || p.handler != nil || p.join != nil
+}
 
 // OutputRetention returns how long the pipeline's outputs are kept.
 func (p *Pipeline) OutputRetention() time.Duration { return p.retention }
@@ -518,6 +520,7 @@ func (p *Pipeline) Advance(s *State, key string, wm int64) {
 	old := s.wm
 	s.wm = wm
 	p.runPatterns(s, key, wm)
+	p.advanceJoin(s, key, old) // join.go
 	var due []int
 	for i := range s.wins {
 		if e := s.wins[i].end; e > old && e <= wm {
@@ -542,6 +545,9 @@ func (p *Pipeline) NextTimer(s *State) int64 {
 		return 0
 	}
 	next := p.patternTimer(s)
+	if t := p.joinTimer(s); t != 0 && (next == 0 || t < next) {
+		next = t // join.go
+	}
 	if t := s.h.nextTimer(false); t != 0 && (next == 0 || t < next) {
 		next = t // the Go handler's (handler.go)
 	}

@@ -30,7 +30,7 @@ const redisGroups = 32
 
 func redisWorkload(seed uint64, writers, minEvents, maxEvents int) *workload {
 	w := newWorkload(seed, writers, 200, 40, minEvents, maxEvents)
-	w.groupOf = func(pipeline, key string) uint32 { return actors.GroupOf(pipeline, key, redisGroups) }
+	w.groupOf = func(pipeline, key string) uint32 { return actors.GroupOf(key, redisGroups) }
 	return w
 }
 

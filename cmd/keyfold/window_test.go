@@ -250,7 +250,7 @@ func sendVisits(t *testing.T, n *node, name string, evs []visitJSON, want map[st
 	for _, e := range evs {
 		x := want[e.User]
 		if x == nil {
-			x = &sessionExpect{first: e.TS, last: e.TS, group: actors.GroupOf("visits", e.User, sessionGroups)}
+			x = &sessionExpect{first: e.TS, last: e.TS, group: actors.GroupOf(e.User, sessionGroups)}
 			want[e.User] = x
 		}
 		x.n++

@@ -60,6 +60,9 @@ const formatVersion = 1
 var (
 	metaFormatKey = []byte("mformat")
 	metaGroupsKey = []byte("mgroups")
+	// metaLayoutKey is the key-group layout, written with metaGroupsKey in
+	// a new store (absent in stores created before it: layout 0).
+	metaLayoutKey = []byte("mlayout")
 )
 
 // groupKey returns kind+group, with room for more bytes.

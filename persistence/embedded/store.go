@@ -662,35 +662,50 @@ func (s *Store) GetMany(ctx context.Context, id uint32, keys []string) ([][]byte
 	return out, nil
 }
 
-// CheckGroups records the number of key groups in a new store and checks it
-// in an existing one.
-func (s *Store) CheckGroups(ctx context.Context, groups uint32) error {
+// CheckGroups records the number of key groups and the layout in a new store
+// and checks the count in an existing one, returning its layout.
+func (s *Store) CheckGroups(ctx context.Context, groups, layout uint32) (uint32, error) {
 	if groups == 0 {
-		return fmt.Errorf("embedded: check groups: the number of key groups must be positive")
+		return 0, fmt.Errorf("embedded: check groups: the number of key groups must be positive")
 	}
 	if err := s.begin(ctx); err != nil {
-		return fmt.Errorf("embedded: check groups: %w", err)
+		return 0, fmt.Errorf("embedded: check groups: %w", err)
 	}
 	defer s.end()
 	s.metaMu.Lock()
 	defer s.metaMu.Unlock()
 	b, closer, err := s.db.Get(metaGroupsKey)
 	if errors.Is(err, pebble.ErrNotFound) {
-		if err := s.write(func() error { return s.db.Set(metaGroupsKey, encodeUint32(groups), pebble.Sync) }); err != nil {
-			return fmt.Errorf("embedded: check groups: %w", err)
+		err := s.write(func() error {
+			batch := s.db.NewBatch()
+			defer batch.Close()
+			_ = batch.Set(metaGroupsKey, encodeUint32(groups), nil)
+			_ = batch.Set(metaLayoutKey, encodeUint32(layout), nil)
+			return batch.Commit(pebble.Sync)
+		})
+		if err != nil {
+			return 0, fmt.Errorf("embedded: check groups: %w", err)
 		}
-		return nil
+		return layout, nil
 	}
 	if err != nil {
-		return fmt.Errorf("embedded: check groups: %w", err)
+		return 0, fmt.Errorf("embedded: check groups: %w", err)
 	}
 	stored, err := decodeUint32(b)
 	closer.Close()
 	if err != nil {
-		return fmt.Errorf("embedded: check groups: %w", err)
+		return 0, fmt.Errorf("embedded: check groups: %w", err)
 	}
 	if stored != groups {
-		return fmt.Errorf("embedded: check groups: %d, the store has %d: %w", groups, stored, persistence.ErrGroupsMismatch)
+		return 0, fmt.Errorf("embedded: check groups: %d, the store has %d: %w", groups, stored, persistence.ErrGroupsMismatch)
 	}
-	return nil
+	stored = 0 // created before layouts were recorded
+	if b, closer, err = s.db.Get(metaLayoutKey); err == nil {
+		stored, err = decodeUint32(b)
+		closer.Close()
+	}
+	if err != nil && !errors.Is(err, pebble.ErrNotFound) {
+		return 0, fmt.Errorf("embedded: check groups: layout: %w", err)
+	}
+	return stored, nil
 }

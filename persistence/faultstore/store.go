@@ -238,12 +238,13 @@ func (s *Store) Get(ctx context.Context, group uint32, key string) ([]byte, erro
 }
 
 // CheckGroups implements persistence.Store.
-func (s *Store) CheckGroups(ctx context.Context, groups uint32) error {
+func (s *Store) CheckGroups(ctx context.Context, groups, layout uint32) (uint32, error) {
 	f := s.call(OpCheckGroups)
 	if err := before(ctx, OpCheckGroups, f); err != nil {
-		return err
+		return 0, err
 	}
-	return after(f, s.inner.CheckGroups(ctx, groups))
+	layout, err := s.inner.CheckGroups(ctx, groups, layout)
+	return layout, after(f, err)
 }
 
 // Close closes the inner store. A delay of Close is not cut short.

@@ -30,6 +30,7 @@ var _ persistence.Store = (*Store)(nil)
 type data struct {
 	mu     sync.Mutex
 	groups uint32 // 0 until CheckGroups
+	layout uint32 // recorded with groups
 	g      map[uint32]*group
 	out    map[string]*outputLog
 }
@@ -326,20 +327,20 @@ func (s *Store) GetMany(ctx context.Context, id uint32, keys []string) ([][]byte
 }
 
 // CheckGroups implements persistence.Store.
-func (s *Store) CheckGroups(ctx context.Context, groups uint32) error {
+func (s *Store) CheckGroups(ctx context.Context, groups, layout uint32) (uint32, error) {
 	if groups == 0 {
-		return errors.New("memstore: check groups: the number of key groups must be positive")
+		return 0, errors.New("memstore: check groups: the number of key groups must be positive")
 	}
 	if err := s.lock(ctx); err != nil {
-		return fmt.Errorf("memstore: check groups: %w", err)
+		return 0, fmt.Errorf("memstore: check groups: %w", err)
 	}
 	defer s.d.mu.Unlock()
 	switch s.d.groups {
 	case 0:
-		s.d.groups = groups
+		s.d.groups, s.d.layout = groups, layout
 	case groups:
 	default:
-		return fmt.Errorf("memstore: check groups: %d, the store has %d: %w", groups, s.d.groups, persistence.ErrGroupsMismatch)
+		return 0, fmt.Errorf("memstore: check groups: %d, the store has %d: %w", groups, s.d.groups, persistence.ErrGroupsMismatch)
 	}
-	return nil
+	return s.d.layout, nil
 }

@@ -8,29 +8,34 @@ import (
 	"github.com/keyfold/keyfold/persistence"
 )
 
-// CheckGroups records the first count and rejects another one.
+// CheckGroups records the first count and layout, rejects another count
+// and returns the first layout whatever later calls pass.
 func testCheckGroups(e *env) {
-	for range 2 {
-		if err := e.s.CheckGroups(e.ctx, 256); err != nil {
+	for i := range 2 {
+		layout, err := e.s.CheckGroups(e.ctx, 256, uint32(7+i))
+		if err != nil {
 			e.t.Fatalf("CheckGroups(256): %v", err)
 		}
+		if layout != 7 {
+			e.t.Errorf("CheckGroups(256, %d) = layout %d, want 7 (recorded by the first call)", 7+i, layout)
+		}
 	}
-	if err := e.s.CheckGroups(e.ctx, 128); !errors.Is(err, persistence.ErrGroupsMismatch) {
+	if _, err := e.s.CheckGroups(e.ctx, 128, 7); !errors.Is(err, persistence.ErrGroupsMismatch) {
 		e.t.Errorf("CheckGroups(128) after 256 = %v, want an error wrapping ErrGroupsMismatch", err)
 	}
 }
 
-// The recorded group count survives a reopen.
+// The recorded group count and layout survive a reopen.
 func testCheckGroupsReopen(e *env) {
-	if err := e.s.CheckGroups(e.ctx, 256); err != nil {
+	if _, err := e.s.CheckGroups(e.ctx, 256, 2); err != nil {
 		e.t.Fatalf("CheckGroups(256): %v", err)
 	}
 	e.reopen()
-	if err := e.s.CheckGroups(e.ctx, 128); !errors.Is(err, persistence.ErrGroupsMismatch) {
+	if _, err := e.s.CheckGroups(e.ctx, 128, 2); !errors.Is(err, persistence.ErrGroupsMismatch) {
 		e.t.Errorf("CheckGroups(128) after reopen = %v, want an error wrapping ErrGroupsMismatch", err)
 	}
-	if err := e.s.CheckGroups(e.ctx, 256); err != nil {
-		e.t.Errorf("CheckGroups(256) after reopen: %v", err)
+	if layout, err := e.s.CheckGroups(e.ctx, 256, 3); err != nil || layout != 2 {
+		e.t.Errorf("CheckGroups(256) after reopen = layout %d, %v; want 2, nil", layout, err)
 	}
 }
 
@@ -111,7 +116,7 @@ func testCancelledContext(e *env) {
 	e.wantTimers(1, nil)
 	e.wantOutputs(pipeA, "")
 	e.wantState(1, 0, 0)
-	if err := e.s.CheckGroups(e.ctx, 128); err != nil {
+	if _, err := e.s.CheckGroups(e.ctx, 128, 2); err != nil {
 		e.t.Errorf("CheckGroups(128) after a cancelled CheckGroups(256): %v", err)
 	}
 }
@@ -148,7 +153,7 @@ func storeCalls(ctx context.Context, s persistence.Store, ep persistence.Epoch) 
 		}},
 		{"Get", func() error { _, err := s.Get(ctx, 1, "k"); return err }},
 		{"GetMany", func() error { _, err := s.GetMany(ctx, 1, []string{"k"}); return err }},
-		{"CheckGroups", func() error { return s.CheckGroups(ctx, 256) }},
+		{"CheckGroups", func() error { _, err := s.CheckGroups(ctx, 256, 2); return err }},
 		{"Timers", func() error {
 			return s.Timers(ctx, 1, func(string, int64) error { return nil })
 		}},

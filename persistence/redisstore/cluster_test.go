@@ -69,7 +69,7 @@ func TestClusterSpread(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.CheckGroups(ctx, groups); err != nil {
+	if _, err := s.CheckGroups(ctx, groups, 2); err != nil {
 		t.Fatal(err)
 	}
 	epochs := make([]persistence.Epoch, groups)

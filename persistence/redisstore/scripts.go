@@ -110,14 +110,15 @@ end
 return 0
 `)
 
-// checkGroupsScript records the layout version and number of groups in a
-// new store and returns the stored {format, groups}.
+// checkGroupsScript records the layout version, number of groups and
+// key-group layout in a new store and returns the stored {format, groups,
+// layout} (layout false in a store created before it was recorded).
 //
 //	KEYS[1] store meta
-//	ARGV[1] format version, ARGV[2] groups
+//	ARGV[1] format version, ARGV[2] groups, ARGV[3] key-group layout
 var checkGroupsScript = redis.NewScript(`
 if redis.call('HSETNX', KEYS[1], 'format', ARGV[1]) == 1 then
-  redis.call('HSET', KEYS[1], 'groups', ARGV[2])
+  redis.call('HSET', KEYS[1], 'groups', ARGV[2], 'keylayout', ARGV[3])
 end
-return redis.call('HMGET', KEYS[1], 'format', 'groups')
+return redis.call('HMGET', KEYS[1], 'format', 'groups', 'keylayout')
 `)

@@ -547,27 +547,35 @@ func (s *Store) GetMany(ctx context.Context, group uint32, keys []string) ([][]b
 	return out, nil
 }
 
-// CheckGroups records the layout version and number of key groups in a new
-// store and checks them in an existing one.
-func (s *Store) CheckGroups(ctx context.Context, groups uint32) error {
+// CheckGroups records the layout version, number of key groups and key-group
+// layout in a new store and checks the first two in an existing one,
+// returning its key-group layout.
+func (s *Store) CheckGroups(ctx context.Context, groups, layout uint32) (uint32, error) {
 	if groups == 0 {
-		return errors.New("redisstore: check groups: the number of key groups must be positive")
+		return 0, errors.New("redisstore: check groups: the number of key groups must be positive")
 	}
 	if err := s.begin(ctx); err != nil {
-		return s.wrap("check groups", err)
+		return 0, s.wrap("check groups", err)
 	}
-	v, err := run(ctx, s.c, checkGroupsScript, []string{s.k.meta()}, formatVersion, groups).StringSlice()
+	v, err := run(ctx, s.c, checkGroupsScript, []string{s.k.meta()}, formatVersion, groups, layout).Slice()
 	if err != nil {
-		return s.wrap("check groups", err)
+		return 0, s.wrap("check groups", err)
 	}
-	if len(v) != 2 {
-		return s.wrap("check groups", fmt.Errorf("unexpected reply %q", v))
+	if len(v) != 3 {
+		return 0, s.wrap("check groups", fmt.Errorf("unexpected reply %q", v))
 	}
 	if v[0] != strconv.Itoa(formatVersion) {
-		return s.wrap("check groups", fmt.Errorf("%s has layout version %q; this build knows %d: %w", s.k.meta(), v[0], formatVersion, persistence.ErrIncompatible))
+		return 0, s.wrap("check groups", fmt.Errorf("%s has layout version %v; this build knows %d: %w", s.k.meta(), v[0], formatVersion, persistence.ErrIncompatible))
 	}
 	if v[1] != strconv.FormatUint(uint64(groups), 10) {
-		return s.wrap("check groups", fmt.Errorf("%d, the store has %s: %w", groups, v[1], persistence.ErrGroupsMismatch))
+		return 0, s.wrap("check groups", fmt.Errorf("%d, the store has %v: %w", groups, v[1], persistence.ErrGroupsMismatch))
 	}
-	return nil
+	if v[2] == nil {
+		return 0, nil // created before the key-group layout was recorded
+	}
+	stored, err := strconv.ParseUint(fmt.Sprint(v[2]), 10, 32)
+	if err != nil {
+		return 0, s.wrap("check groups", fmt.Errorf("%s has key-group layout %q", s.k.meta(), v[2]))
+	}
+	return uint32(stored), nil
 }

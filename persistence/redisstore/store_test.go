@@ -64,8 +64,19 @@ func TestLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.CheckGroups(ctx, 16); err != nil {
-		t.Fatal(err)
+	if l, err := s.CheckGroups(ctx, 16, 2); err != nil || l != 2 {
+		t.Fatalf("CheckGroups of a new store: layout %d, %v; want 2", l, err)
+	}
+	// A store created before the key-group layout was recorded has none:
+	// it reads as 0, and is not given one.
+	if got := rc.HGet(ctx, "lay:meta", "keylayout").Val(); got != "2" {
+		t.Errorf("lay:meta keylayout = %q, want 2", got)
+	}
+	rc.HDel(ctx, "lay:meta", "keylayout")
+	for range 2 {
+		if l, err := s.CheckGroups(ctx, 16, 2); err != nil || l != 0 {
+			t.Fatalf("CheckGroups of an old store: layout %d, %v; want 0", l, err)
+		}
 	}
 	st, err := s.Claim(ctx, 7)
 	if err != nil {
@@ -246,7 +257,7 @@ func TestOpenURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if err := s.CheckGroups(ctx, 8); err != nil {
+	if _, err := s.CheckGroups(ctx, 8, 2); err != nil {
 		t.Fatalf("CheckGroups with the right password: %v", err)
 	}
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr(), Password: "s3cret", DB: 3})
@@ -260,7 +271,7 @@ func TestOpenURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bad.Close()
-	err = bad.CheckGroups(ctx, 8)
+	_, err = bad.CheckGroups(ctx, 8, 2)
 	if err == nil || strings.Contains(err.Error(), "wrong-pw") {
 		t.Errorf("CheckGroups with a wrong password = %v; want an error that does not quote it", err)
 	}

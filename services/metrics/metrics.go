@@ -123,6 +123,15 @@ var (
 		"Requests to the pipeline's Go handler (Node.Call) its keys answered, logged (a replay counts its own again) or read-only, by pipeline.", []string{"pipeline"}, nil)
 	pipelineCallFailuresDesc = prometheus.NewDesc("keyfold_pipeline_call_failures_total",
 		"Requests to the pipeline's Go handler that it failed (the caller got the error; the key is unchanged), by pipeline.", []string{"pipeline"}, nil)
+
+	joinResultsDesc = prometheus.NewDesc("keyfold_join_results_total",
+		"Join results that joined two events (a replay emits its results again, with the same ids), by join.", []string{"join"}, nil)
+	joinUnmatchedDesc = prometheus.NewDesc("keyfold_join_unmatched_total",
+		"Join results of one event with the other side empty (left and outer joins), by join.", []string{"join"}, nil)
+	joinLateDesc = prometheus.NewDesc("keyfold_join_late_events_total",
+		"Events too late to be joined (behind the join's watermark by more than its allowed_lateness), by join.", []string{"join"}, nil)
+	joinBufferedDesc = prometheus.NewDesc("keyfold_join_buffered_events",
+		"Events the join's keys held in this node's memory buffer now, by join.", []string{"join"}, nil)
 )
 
 // pipelineCollector reports the per-pipeline counters, read at each scrape.
@@ -138,10 +147,21 @@ func (c pipelineCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- pipelineHandlerFailuresDesc
 	ch <- pipelineCallsDesc
 	ch <- pipelineCallFailuresDesc
+	ch <- joinResultsDesc
+	ch <- joinUnmatchedDesc
+	ch <- joinLateDesc
+	ch <- joinBufferedDesc
 }
 
 func (c pipelineCollector) Collect(ch chan<- prometheus.Metric) {
 	for name, ps := range c.stats().Pipelines {
+		if ps.Join {
+			ch <- prometheus.MustNewConstMetric(joinResultsDesc, prometheus.CounterValue, float64(ps.Emitted-ps.Unmatched), name)
+			ch <- prometheus.MustNewConstMetric(joinUnmatchedDesc, prometheus.CounterValue, float64(ps.Unmatched), name)
+			ch <- prometheus.MustNewConstMetric(joinLateDesc, prometheus.CounterValue, float64(ps.Late), name)
+			ch <- prometheus.MustNewConstMetric(joinBufferedDesc, prometheus.GaugeValue, float64(ps.Buffered), name)
+			continue
+		}
 		ch <- prometheus.MustNewConstMetric(pipelineEventsDesc, prometheus.CounterValue, float64(ps.Events), name)
 		ch <- prometheus.MustNewConstMetric(pipelineDupsDesc, prometheus.CounterValue, float64(ps.Duplicates), name)
 		ch <- prometheus.MustNewConstMetric(pipelineLateDesc, prometheus.CounterValue, float64(ps.Late), name)

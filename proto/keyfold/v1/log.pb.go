@@ -481,7 +481,10 @@ type KeyState struct {
 	LateWindows []*WindowLate `protobuf:"bytes,12,rep,name=late_windows,json=lateWindows,proto3" json:"late_windows,omitempty"`
 	// The state of the pipeline's Go handler (keyfold.Handle), if it has one
 	// and the key holds any.
-	Handler       *HandlerState `protobuf:"bytes,13,opt,name=handler,proto3" json:"handler,omitempty"`
+	Handler *HandlerState `protobuf:"bytes,13,opt,name=handler,proto3" json:"handler,omitempty"`
+	// For a join (its own "pipeline" of keys, named by the join): the events
+	// each side buffers.
+	Join          *JoinState `protobuf:"bytes,14,opt,name=join,proto3" json:"join,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -607,6 +610,159 @@ func (x *KeyState) GetHandler() *HandlerState {
 	return nil
 }
 
+func (x *KeyState) GetJoin() *JoinState {
+	if x != nil {
+		return x.Join
+	}
+	return nil
+}
+
+// JoinState is what one key of a join holds: each side's buffered events
+// (interval join: those that may still match; temporal join: the left
+// events waiting for the watermark, and the right side's versions still
+// needed), ordered by (time, id). The key's seq, duplicates, watermark and
+// late count are those of its KeyState.
+type JoinState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Left  []*JoinEvent           `protobuf:"bytes,1,rep,name=left,proto3" json:"left,omitempty"`
+	Right []*JoinEvent           `protobuf:"bytes,2,rep,name=right,proto3" json:"right,omitempty"`
+	// Results emitted so far: matches, and unmatched events with the other
+	// side empty.
+	Results       uint64 `protobuf:"varint,3,opt,name=results,proto3" json:"results,omitempty"`
+	Unmatched     uint64 `protobuf:"varint,4,opt,name=unmatched,proto3" json:"unmatched,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinState) Reset() {
+	*x = JoinState{}
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinState) ProtoMessage() {}
+
+func (x *JoinState) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinState.ProtoReflect.Descriptor instead.
+func (*JoinState) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *JoinState) GetLeft() []*JoinEvent {
+	if x != nil {
+		return x.Left
+	}
+	return nil
+}
+
+func (x *JoinState) GetRight() []*JoinEvent {
+	if x != nil {
+		return x.Right
+	}
+	return nil
+}
+
+func (x *JoinState) GetResults() uint64 {
+	if x != nil {
+		return x.Results
+	}
+	return 0
+}
+
+func (x *JoinState) GetUnmatched() uint64 {
+	if x != nil {
+		return x.Unmatched
+	}
+	return 0
+}
+
+// JoinEvent is one buffered event of a join's side.
+type JoinEvent struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Id     string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	TimeMs int64                  `protobuf:"varint,2,opt,name=time_ms,json=timeMs,proto3" json:"time_ms,omitempty"`
+	// The side's configured fields, as a JSON object.
+	FieldsJson []byte `protobuf:"bytes,3,opt,name=fields_json,json=fieldsJson,proto3" json:"fields_json,omitempty"`
+	// It matched at least one event of the other side.
+	Matched       bool `protobuf:"varint,4,opt,name=matched,proto3" json:"matched,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinEvent) Reset() {
+	*x = JoinEvent{}
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinEvent) ProtoMessage() {}
+
+func (x *JoinEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinEvent.ProtoReflect.Descriptor instead.
+func (*JoinEvent) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *JoinEvent) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *JoinEvent) GetTimeMs() int64 {
+	if x != nil {
+		return x.TimeMs
+	}
+	return 0
+}
+
+func (x *JoinEvent) GetFieldsJson() []byte {
+	if x != nil {
+		return x.FieldsJson
+	}
+	return nil
+}
+
+func (x *JoinEvent) GetMatched() bool {
+	if x != nil {
+		return x.Matched
+	}
+	return false
+}
+
 // HandlerState is a Go handler's part of a key's state.
 type HandlerState struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -633,7 +789,7 @@ type HandlerState struct {
 
 func (x *HandlerState) Reset() {
 	*x = HandlerState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -645,7 +801,7 @@ func (x *HandlerState) String() string {
 func (*HandlerState) ProtoMessage() {}
 
 func (x *HandlerState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[7]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -658,7 +814,7 @@ func (x *HandlerState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandlerState.ProtoReflect.Descriptor instead.
 func (*HandlerState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{7}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *HandlerState) GetData() []byte {
@@ -733,7 +889,7 @@ type HandlerReply struct {
 
 func (x *HandlerReply) Reset() {
 	*x = HandlerReply{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -745,7 +901,7 @@ func (x *HandlerReply) String() string {
 func (*HandlerReply) ProtoMessage() {}
 
 func (x *HandlerReply) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[8]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -758,7 +914,7 @@ func (x *HandlerReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandlerReply.ProtoReflect.Descriptor instead.
 func (*HandlerReply) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{8}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HandlerReply) GetId() string {
@@ -803,7 +959,7 @@ type HandlerTimer struct {
 
 func (x *HandlerTimer) Reset() {
 	*x = HandlerTimer{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -815,7 +971,7 @@ func (x *HandlerTimer) String() string {
 func (*HandlerTimer) ProtoMessage() {}
 
 func (x *HandlerTimer) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[9]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -828,7 +984,7 @@ func (x *HandlerTimer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandlerTimer.ProtoReflect.Descriptor instead.
 func (*HandlerTimer) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{9}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *HandlerTimer) GetName() string {
@@ -863,7 +1019,7 @@ type WindowLate struct {
 
 func (x *WindowLate) Reset() {
 	*x = WindowLate{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -875,7 +1031,7 @@ func (x *WindowLate) String() string {
 func (*WindowLate) ProtoMessage() {}
 
 func (x *WindowLate) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[10]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -888,7 +1044,7 @@ func (x *WindowLate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowLate.ProtoReflect.Descriptor instead.
 func (*WindowLate) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{10}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WindowLate) GetName() string {
@@ -920,7 +1076,7 @@ type WaitingEvent struct {
 
 func (x *WaitingEvent) Reset() {
 	*x = WaitingEvent{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -932,7 +1088,7 @@ func (x *WaitingEvent) String() string {
 func (*WaitingEvent) ProtoMessage() {}
 
 func (x *WaitingEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[11]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -945,7 +1101,7 @@ func (x *WaitingEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitingEvent.ProtoReflect.Descriptor instead.
 func (*WaitingEvent) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{11}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WaitingEvent) GetTimeMs() int64 {
@@ -989,7 +1145,7 @@ type PatternState struct {
 
 func (x *PatternState) Reset() {
 	*x = PatternState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1001,7 +1157,7 @@ func (x *PatternState) String() string {
 func (*PatternState) ProtoMessage() {}
 
 func (x *PatternState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[12]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1014,7 +1170,7 @@ func (x *PatternState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PatternState.ProtoReflect.Descriptor instead.
 func (*PatternState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{12}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PatternState) GetName() string {
@@ -1084,7 +1240,7 @@ type WindowState struct {
 
 func (x *WindowState) Reset() {
 	*x = WindowState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1096,7 +1252,7 @@ func (x *WindowState) String() string {
 func (*WindowState) ProtoMessage() {}
 
 func (x *WindowState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[13]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1109,7 +1265,7 @@ func (x *WindowState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowState.ProtoReflect.Descriptor instead.
 func (*WindowState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{13}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WindowState) GetName() string {
@@ -1181,7 +1337,7 @@ type ResultRef struct {
 
 func (x *ResultRef) Reset() {
 	*x = ResultRef{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[14]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +1349,7 @@ func (x *ResultRef) String() string {
 func (*ResultRef) ProtoMessage() {}
 
 func (x *ResultRef) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[14]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +1362,7 @@ func (x *ResultRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResultRef.ProtoReflect.Descriptor instead.
 func (*ResultRef) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{14}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ResultRef) GetStartMs() int64 {
@@ -1266,7 +1422,7 @@ type Output struct {
 
 func (x *Output) Reset() {
 	*x = Output{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[15]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1278,7 +1434,7 @@ func (x *Output) String() string {
 func (*Output) ProtoMessage() {}
 
 func (x *Output) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[15]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1291,7 +1447,7 @@ func (x *Output) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Output.ProtoReflect.Descriptor instead.
 func (*Output) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{15}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Output) GetId() string {
@@ -1389,7 +1545,7 @@ type SeenBucket struct {
 
 func (x *SeenBucket) Reset() {
 	*x = SeenBucket{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[16]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1401,7 +1557,7 @@ func (x *SeenBucket) String() string {
 func (*SeenBucket) ProtoMessage() {}
 
 func (x *SeenBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[16]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1414,7 +1570,7 @@ func (x *SeenBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeenBucket.ProtoReflect.Descriptor instead.
 func (*SeenBucket) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{16}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SeenBucket) GetIds() []*SeenID {
@@ -1446,7 +1602,7 @@ type AggregateState struct {
 
 func (x *AggregateState) Reset() {
 	*x = AggregateState{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[17]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1458,7 +1614,7 @@ func (x *AggregateState) String() string {
 func (*AggregateState) ProtoMessage() {}
 
 func (x *AggregateState) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[17]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1471,7 +1627,7 @@ func (x *AggregateState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AggregateState.ProtoReflect.Descriptor instead.
 func (*AggregateState) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{17}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AggregateState) GetName() string {
@@ -1527,7 +1683,7 @@ type SeenID struct {
 
 func (x *SeenID) Reset() {
 	*x = SeenID{}
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[18]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1539,7 +1695,7 @@ func (x *SeenID) String() string {
 func (*SeenID) ProtoMessage() {}
 
 func (x *SeenID) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_log_proto_msgTypes[18]
+	mi := &file_proto_keyfold_v1_log_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1552,7 +1708,7 @@ func (x *SeenID) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeenID.ProtoReflect.Descriptor instead.
 func (*SeenID) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{18}
+	return file_proto_keyfold_v1_log_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SeenID) GetId() string {
@@ -1606,7 +1762,7 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
 	"\bposition\x18\x03 \x01(\x04R\bposition\x12*\n" +
-	"\x05state\x18\x04 \x01(\v2\x14.keyfold.v1.KeyStateR\x05state\"\x9d\x04\n" +
+	"\x05state\x18\x04 \x01(\v2\x14.keyfold.v1.KeyStateR\x05state\"\xc8\x04\n" +
 	"\bKeyState\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\x12:\n" +
@@ -1625,7 +1781,19 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	" \x03(\v2\x18.keyfold.v1.WaitingEventR\awaiting\x124\n" +
 	"\bpatterns\x18\v \x03(\v2\x18.keyfold.v1.PatternStateR\bpatterns\x129\n" +
 	"\flate_windows\x18\f \x03(\v2\x16.keyfold.v1.WindowLateR\vlateWindows\x122\n" +
-	"\ahandler\x18\r \x01(\v2\x18.keyfold.v1.HandlerStateR\ahandler\"\x87\x02\n" +
+	"\ahandler\x18\r \x01(\v2\x18.keyfold.v1.HandlerStateR\ahandler\x12)\n" +
+	"\x04join\x18\x0e \x01(\v2\x15.keyfold.v1.JoinStateR\x04join\"\x9b\x01\n" +
+	"\tJoinState\x12)\n" +
+	"\x04left\x18\x01 \x03(\v2\x15.keyfold.v1.JoinEventR\x04left\x12+\n" +
+	"\x05right\x18\x02 \x03(\v2\x15.keyfold.v1.JoinEventR\x05right\x12\x18\n" +
+	"\aresults\x18\x03 \x01(\x04R\aresults\x12\x1c\n" +
+	"\tunmatched\x18\x04 \x01(\x04R\tunmatched\"o\n" +
+	"\tJoinEvent\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
+	"\atime_ms\x18\x02 \x01(\x03R\x06timeMs\x12\x1f\n" +
+	"\vfields_json\x18\x03 \x01(\fR\n" +
+	"fieldsJson\x12\x18\n" +
+	"\amatched\x18\x04 \x01(\bR\amatched\"\x87\x02\n" +
 	"\fHandlerState\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\rR\aversion\x12\x18\n" +
@@ -1721,7 +1889,7 @@ func file_proto_keyfold_v1_log_proto_rawDescGZIP() []byte {
 	return file_proto_keyfold_v1_log_proto_rawDescData
 }
 
-var file_proto_keyfold_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_proto_keyfold_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_proto_keyfold_v1_log_proto_goTypes = []any{
 	(*LogRecord)(nil),      // 0: keyfold.v1.LogRecord
 	(*Watermark)(nil),      // 1: keyfold.v1.Watermark
@@ -1730,18 +1898,20 @@ var file_proto_keyfold_v1_log_proto_goTypes = []any{
 	(*Input)(nil),          // 4: keyfold.v1.Input
 	(*Snapshot)(nil),       // 5: keyfold.v1.Snapshot
 	(*KeyState)(nil),       // 6: keyfold.v1.KeyState
-	(*HandlerState)(nil),   // 7: keyfold.v1.HandlerState
-	(*HandlerReply)(nil),   // 8: keyfold.v1.HandlerReply
-	(*HandlerTimer)(nil),   // 9: keyfold.v1.HandlerTimer
-	(*WindowLate)(nil),     // 10: keyfold.v1.WindowLate
-	(*WaitingEvent)(nil),   // 11: keyfold.v1.WaitingEvent
-	(*PatternState)(nil),   // 12: keyfold.v1.PatternState
-	(*WindowState)(nil),    // 13: keyfold.v1.WindowState
-	(*ResultRef)(nil),      // 14: keyfold.v1.ResultRef
-	(*Output)(nil),         // 15: keyfold.v1.Output
-	(*SeenBucket)(nil),     // 16: keyfold.v1.SeenBucket
-	(*AggregateState)(nil), // 17: keyfold.v1.AggregateState
-	(*SeenID)(nil),         // 18: keyfold.v1.SeenID
+	(*JoinState)(nil),      // 7: keyfold.v1.JoinState
+	(*JoinEvent)(nil),      // 8: keyfold.v1.JoinEvent
+	(*HandlerState)(nil),   // 9: keyfold.v1.HandlerState
+	(*HandlerReply)(nil),   // 10: keyfold.v1.HandlerReply
+	(*HandlerTimer)(nil),   // 11: keyfold.v1.HandlerTimer
+	(*WindowLate)(nil),     // 12: keyfold.v1.WindowLate
+	(*WaitingEvent)(nil),   // 13: keyfold.v1.WaitingEvent
+	(*PatternState)(nil),   // 14: keyfold.v1.PatternState
+	(*WindowState)(nil),    // 15: keyfold.v1.WindowState
+	(*ResultRef)(nil),      // 16: keyfold.v1.ResultRef
+	(*Output)(nil),         // 17: keyfold.v1.Output
+	(*SeenBucket)(nil),     // 18: keyfold.v1.SeenBucket
+	(*AggregateState)(nil), // 19: keyfold.v1.AggregateState
+	(*SeenID)(nil),         // 20: keyfold.v1.SeenID
 }
 var file_proto_keyfold_v1_log_proto_depIdxs = []int32{
 	3,  // 0: keyfold.v1.LogRecord.keys:type_name -> keyfold.v1.KeyInputs
@@ -1749,23 +1919,26 @@ var file_proto_keyfold_v1_log_proto_depIdxs = []int32{
 	1,  // 2: keyfold.v1.GroupClock.pipelines:type_name -> keyfold.v1.Watermark
 	4,  // 3: keyfold.v1.KeyInputs.inputs:type_name -> keyfold.v1.Input
 	6,  // 4: keyfold.v1.Snapshot.state:type_name -> keyfold.v1.KeyState
-	17, // 5: keyfold.v1.KeyState.aggregates:type_name -> keyfold.v1.AggregateState
-	18, // 6: keyfold.v1.KeyState.seen:type_name -> keyfold.v1.SeenID
-	13, // 7: keyfold.v1.KeyState.windows:type_name -> keyfold.v1.WindowState
-	11, // 8: keyfold.v1.KeyState.waiting:type_name -> keyfold.v1.WaitingEvent
-	12, // 9: keyfold.v1.KeyState.patterns:type_name -> keyfold.v1.PatternState
-	10, // 10: keyfold.v1.KeyState.late_windows:type_name -> keyfold.v1.WindowLate
-	7,  // 11: keyfold.v1.KeyState.handler:type_name -> keyfold.v1.HandlerState
-	9,  // 12: keyfold.v1.HandlerState.timers:type_name -> keyfold.v1.HandlerTimer
-	8,  // 13: keyfold.v1.HandlerState.replies:type_name -> keyfold.v1.HandlerReply
-	17, // 14: keyfold.v1.WindowState.aggregates:type_name -> keyfold.v1.AggregateState
-	14, // 15: keyfold.v1.WindowState.superseded:type_name -> keyfold.v1.ResultRef
-	18, // 16: keyfold.v1.SeenBucket.ids:type_name -> keyfold.v1.SeenID
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	19, // 5: keyfold.v1.KeyState.aggregates:type_name -> keyfold.v1.AggregateState
+	20, // 6: keyfold.v1.KeyState.seen:type_name -> keyfold.v1.SeenID
+	15, // 7: keyfold.v1.KeyState.windows:type_name -> keyfold.v1.WindowState
+	13, // 8: keyfold.v1.KeyState.waiting:type_name -> keyfold.v1.WaitingEvent
+	14, // 9: keyfold.v1.KeyState.patterns:type_name -> keyfold.v1.PatternState
+	12, // 10: keyfold.v1.KeyState.late_windows:type_name -> keyfold.v1.WindowLate
+	9,  // 11: keyfold.v1.KeyState.handler:type_name -> keyfold.v1.HandlerState
+	7,  // 12: keyfold.v1.KeyState.join:type_name -> keyfold.v1.JoinState
+	8,  // 13: keyfold.v1.JoinState.left:type_name -> keyfold.v1.JoinEvent
+	8,  // 14: keyfold.v1.JoinState.right:type_name -> keyfold.v1.JoinEvent
+	11, // 15: keyfold.v1.HandlerState.timers:type_name -> keyfold.v1.HandlerTimer
+	10, // 16: keyfold.v1.HandlerState.replies:type_name -> keyfold.v1.HandlerReply
+	19, // 17: keyfold.v1.WindowState.aggregates:type_name -> keyfold.v1.AggregateState
+	16, // 18: keyfold.v1.WindowState.superseded:type_name -> keyfold.v1.ResultRef
+	20, // 19: keyfold.v1.SeenBucket.ids:type_name -> keyfold.v1.SeenID
+	20, // [20:20] is the sub-list for method output_type
+	20, // [20:20] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_proto_keyfold_v1_log_proto_init() }
@@ -1779,7 +1952,7 @@ func file_proto_keyfold_v1_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_keyfold_v1_log_proto_rawDesc), len(file_proto_keyfold_v1_log_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
