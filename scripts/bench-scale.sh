@@ -18,6 +18,8 @@
 #   RUNS=3 DURATION=8s DISTS="uniform zipf" PHASES="first steady" CONFIG=examples/bench.yaml
 #   NODE_BIN=path: run the nodes from another keyfold binary (an older build,
 #   for a before/after comparison under the same load generator)
+#   RATE=events/s: offer this rate instead of loading as fast as acks come
+#   (keyfold bench --rate), to read the ack latency at a given load
 # Prints one JSON line per measurement to $OUT (default: a temp file) and a
 # table of medians with the ratios to naive. Everything it starts is stopped
 # by PID when it exits.
@@ -30,7 +32,7 @@ duration=${DURATION:-8s}
 read -ra dists <<<"${DISTS:-uniform zipf}"
 read -ra phases <<<"${PHASES:-first steady}"
 config=${CONFIG:-$root/examples/bench.yaml}
-load=(--stream --window 8 --concurrency 4 --batch 100 --duration "$duration")
+load=(--stream --window 8 --concurrency 4 --batch 100 --duration "$duration" ${RATE:+--rate "$RATE"})
 
 work=$(mktemp -d)
 out=${OUT:-$work/results.jsonl}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -70,6 +71,9 @@ measured apart.`,
 					}
 				}
 			}
+			if !(o.rate >= 0) || math.IsInf(o.rate, 1) {
+				return fmt.Errorf("--rate must be a number of events per second, 0 or more (got %v)", o.rate)
+			}
 			if o.stream && o.grpc == "" && o.naiveRedis == "" {
 				return errors.New("--stream loads over gRPC (or Redis by hand): give the node's --addr")
 			}
@@ -93,6 +97,7 @@ measured apart.`,
 	f.IntVar(&o.batch, "batch", 100, "events per request")
 	f.IntVar(&o.concurrency, "concurrency", 8, "concurrent clients")
 	f.DurationVar(&o.duration, "duration", 10*time.Second, "how long to measure")
+	f.Float64Var(&o.rate, "rate", 0, "events/s to offer in the measured phase, all clients together (0: as fast as the target acks); latency counts from each batch's scheduled time, so a target that falls behind shows it")
 	f.StringVar(&o.metrics, "metrics", "", "the node's HTTP base URL, to report its memory from /metrics after the run")
 	f.StringVar(&o.redisInfo, "redis-info", "", "a Redis URL, to report its used_memory per key after the run")
 	f.BoolVar(&o.json, "json", false, "print the figures as one JSON object")
@@ -108,6 +113,7 @@ type benchOptions struct {
 	dist                            string
 	zipfS                           float64
 	preload                         bool
+	rate                            float64 // events/s offered while measuring; 0: closed loop
 	warmup, duration                time.Duration
 	metrics, redisInfo              string
 	json                            bool
@@ -178,6 +184,7 @@ type benchResult struct {
 	P99Ms      float64 `json:"p99_ms"`
 	MaxMs      float64 `json:"max_ms"`
 	PreloadedS float64 `json:"preload_seconds,omitempty"`
+	Rate       float64 `json:"rate,omitempty"` // events/s offered (--rate)
 	memoryStats
 }
 
@@ -205,12 +212,12 @@ func bench(ctx context.Context, o benchOptions, out io.Writer) error {
 		}
 	}()
 	var seq atomic.Int64 // event numbers, unique in the run
-	res := benchResult{Target: target, Keys: o.keys, Dist: o.dist}
+	res := benchResult{Target: target, Keys: o.keys, Dist: o.dist, Rate: o.rate}
 
 	if o.preload {
 		start := time.Now()
 		var next atomic.Int64
-		if _, _, err := loadPhase(ctx, o, sinks, &seq, 0, func(int) keyPicker {
+		if _, _, err := loadPhase(ctx, o, sinks, &seq, 0, 0, func(int) keyPicker {
 			return func() int {
 				k := int(next.Add(1) - 1)
 				if k >= o.keys {
@@ -225,12 +232,12 @@ func bench(ctx context.Context, o benchOptions, out io.Writer) error {
 	}
 	pickers := func(i int) keyPicker { p, _ := newKeyPicker(o, uint64(i)+1); return p }
 	if o.warmup > 0 {
-		if _, _, err := loadPhase(ctx, o, sinks, &seq, o.warmup, pickers); err != nil {
+		if _, _, err := loadPhase(ctx, o, sinks, &seq, o.warmup, 0, pickers); err != nil {
 			return fmt.Errorf("bench: warmup: %w", err)
 		}
 	}
 	start := time.Now()
-	events, latencies, err := loadPhase(ctx, o, sinks, &seq, o.duration, pickers)
+	events, latencies, err := loadPhase(ctx, o, sinks, &seq, o.duration, o.rate, pickers)
 	// Acks that came after the phase's end are not counted, nor is the
 	// time spent waiting for them.
 	elapsed := min(time.Since(start), o.duration)
@@ -263,8 +270,12 @@ func bench(ctx context.Context, o benchOptions, out io.Writer) error {
 }
 
 // loadPhase runs every client for d (0: until its picker returns -1) and
-// returns the events acknowledged and each batch's ack latency.
-func loadPhase(ctx context.Context, o benchOptions, sinks []sink, seq *atomic.Int64, d time.Duration, picker func(int) keyPicker) (int64, []time.Duration, error) {
+// returns the events acknowledged and each batch's ack latency. With a rate
+// (events/s, all clients together) each client sends its batches on a
+// schedule instead of as fast as they are acknowledged, and a batch's
+// latency counts from its scheduled time (a send held up by a full window
+// is late, not excused: no coordinated omission).
+func loadPhase(ctx context.Context, o benchOptions, sinks []sink, seq *atomic.Int64, d time.Duration, rate float64, picker func(int) keyPicker) (int64, []time.Duration, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if d > 0 {
@@ -291,6 +302,11 @@ func loadPhase(ctx context.Context, o benchOptions, sinks []sink, seq *atomic.In
 		mu.Unlock()
 		cancel()
 	}
+	var every time.Duration // a client's batches are this far apart (rate > 0)
+	if rate > 0 {
+		every = time.Duration(float64(time.Second) * float64(o.batch*len(sinks)) / rate)
+	}
+	begin := time.Now()
 	for i, s := range sinks {
 		pick := picker(i)
 		wg.Add(1)
@@ -299,7 +315,22 @@ func loadPhase(ctx context.Context, o benchOptions, sinks []sink, seq *atomic.In
 			var mine []time.Duration
 			var inflight sync.WaitGroup
 			var mineMu sync.Mutex
+			// The clients' schedules are staggered over one interval.
+			due := begin.Add(every * time.Duration(i) / time.Duration(len(sinks)))
 			for ctx.Err() == nil {
+				if every > 0 {
+					if wait := time.Until(due); wait > 0 {
+						t := time.NewTimer(wait)
+						select {
+						case <-t.C:
+						case <-ctx.Done():
+							t.Stop()
+						}
+						if ctx.Err() != nil {
+							break
+						}
+					}
+				}
 				batch := make([]benchEvent, 0, o.batch)
 				for range o.batch {
 					k := pick()
@@ -312,6 +343,9 @@ func loadPhase(ctx context.Context, o benchOptions, sinks []sink, seq *atomic.In
 					break
 				}
 				t0 := time.Now()
+				if every > 0 {
+					t0, due = due, due.Add(every)
+				}
 				inflight.Add(1)
 				n := int64(len(batch))
 				err := s.send(ctx, batch, func(err error) {

@@ -199,6 +199,21 @@ func TestBench(t *testing.T) {
 		}
 	}
 
+	// An offered rate: the clients send on a schedule, so no more than the
+	// rate's events go out (a batch's worth of slack per client), and the
+	// result says what was offered. A rate that is not one is refused.
+	out, err = runCLI(t, "bench", "--addr", grpcAddr, "--stream", "--rate", "500", "--keys", "50",
+		"--duration", "1s", "--batch", "10", "--concurrency", "2", "--json")
+	res = benchResult{}
+	if err != nil || json.Unmarshal([]byte(out), &res) != nil || res.Rate != 500 || res.Events == 0 || res.Events > 500+2*10 {
+		t.Fatalf("bench --rate 500 for 1s: %v\n%s", err, out)
+	}
+	for _, bad := range []string{"-1", "NaN", "+Inf"} {
+		if _, err := runCLI(t, "bench", "--addr", grpcAddr, "--rate", bad); err == nil || !strings.Contains(err.Error(), "--rate") {
+			t.Errorf("bench --rate %s: %v, want a refusal naming --rate", bad, err)
+		}
+	}
+
 	// The hand-written Redis design it is compared with, on a real Redis:
 	// every event counted once per key, ids remembered.
 	rs := redistest.Start(t)
