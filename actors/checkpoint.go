@@ -70,9 +70,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 			// Snapshotted here, outside h.mu: meanwhile the key is held as
 			// if stopping, so what is sent to it waits (resident.go).
 			h.unparkLocked(pg)
-			st := &stoppingGrain{g: pg}
-			pg.stop = st
-			h.stopping[id] = st
+			h.holdLocked(pg)
 			parked = append(parked, pg)
 		} else {
 			h.sendLocked(id, g, &snapshotMsg{reply: replies}) // active or stopping
@@ -193,9 +191,7 @@ func (h *Host) passivate() {
 // nothing is sent after it because the grain leaves the registry under h.mu.
 func (h *Host) stopLocked(a *activation) {
 	h.deactivateLocked(a)
-	st := &stoppingGrain{g: a.g} // it parks once stopped (resident.go)
-	a.g.stop = st
-	h.stopping[a.id] = st
+	h.holdLocked(a.g) // it parks once stopped (resident.go)
 	h.system.Root.Poison(a.pid)
 	h.stats.passivated.Add(1)
 }

@@ -26,12 +26,13 @@ func decodeRecord(data []byte) (*keyfoldv1.LogRecord, error) {
 // logged under their sides (deriveJoins).
 func encodeRecord(keys []*keyBatch, wms []*keyfoldv1.Watermark) ([]byte, error) {
 	size := 0
-	for _, kb := range keys {
-		if kb.derived && !kb.fire {
+	sizes := make([]int, len(keys)) // each listed key's KeyInputs, measured once
+	for i, kb := range keys {
+		if !listed(kb) {
 			continue
 		}
-		n := keyInputsSize(kb)
-		size += 1 + protowire.SizeVarint(uint64(n)) + n
+		sizes[i] = keyInputsSize(kb)
+		size += 1 + protowire.SizeVarint(uint64(sizes[i])) + sizes[i]
 	}
 	wmData := make([][]byte, len(wms))
 	for i, w := range wms {
@@ -42,12 +43,12 @@ func encodeRecord(keys []*keyBatch, wms []*keyfoldv1.Watermark) ([]byte, error) 
 		size += 1 + protowire.SizeBytes(len(wmData[i]))
 	}
 	b := make([]byte, 0, size)
-	for _, kb := range keys {
-		if kb.derived && !kb.fire {
+	for i, kb := range keys {
+		if !listed(kb) {
 			continue
 		}
 		b = protowire.AppendTag(b, 2, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(keyInputsSize(kb)))
+		b = protowire.AppendVarint(b, uint64(sizes[i]))
 		b = appendStringField(b, 1, kb.id.pipeline)
 		b = appendStringField(b, 2, kb.id.key)
 		for _, s := range kb.msg.segs {
@@ -67,6 +68,10 @@ func encodeRecord(keys []*keyBatch, wms []*keyfoldv1.Watermark) ([]byte, error) 
 	}
 	return b, nil
 }
+
+// listed reports whether the record lists the key: every key but a join's
+// that only takes its sides' events.
+func listed(kb *keyBatch) bool { return !kb.derived || kb.fire }
 
 // keyInputsSize is the encoded size of a key's keyfold.v1.KeyInputs.
 func keyInputsSize(kb *keyBatch) int {

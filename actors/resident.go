@@ -51,6 +51,14 @@ type stoppingGrain struct {
 	waiting []any
 }
 
+// holdLocked makes g's key stopping: what is sent to it waits until
+// parkLocked hands the grain on. h.mu must be held.
+func (h *Host) holdLocked(g *grain) {
+	st := &stoppingGrain{g: g}
+	g.stop = st
+	h.stopping[g.id] = st
+}
+
 // errDropped answers what waited for a grain whose group was dropped while
 // its actor stopped: the take-over replays the group's log.
 var errDropped = errors.New("actors: the key's group was dropped")

@@ -109,14 +109,7 @@ func FuzzJoin(f *testing.F) {
 		var prefix fold.State
 		applyJoinOps(t, p, &prefix, ops[:at])
 		outs := outputs(t, p, &prefix)
-		b, err := p.MarshalState(&prefix)
-		if err != nil {
-			t.Fatal(err)
-		}
-		restored, err := p.UnmarshalState(b)
-		if err != nil {
-			t.Fatal(err)
-		}
+		restored, _ := roundTrip(t, p, &prefix)
 		applyJoinOps(t, p, &restored, ops[at:])
 		if outs = append(outs, outputs(t, p, &restored)...); !slices.Equal(outs, fullOut) {
 			t.Fatalf("results with a snapshot after %d inputs:\n%s\nfull replay:\n%s", at, strings.Join(outs, "\n"), strings.Join(fullOut, "\n"))
