@@ -259,12 +259,18 @@ func (g *grain) apply(m *applyMsg) {
 				dups++
 			}
 		}
+		// Duplicates count what the replies say: a replay skips a logged
+		// duplicate again, which its first process counted already.
+		counted := dups
+		if s.w == nil {
+			counted = 0
+		}
 		if !g.pipeline.IsJoin() { // counted by their side
 			g.host.stats.events.Add(int64(events))
-			g.host.stats.duplicates.Add(int64(dups))
+			g.host.stats.duplicates.Add(int64(counted))
 		}
 		g.pstats.events.Add(int64(events))
-		g.pstats.duplicates.Add(int64(dups))
+		g.pstats.duplicates.Add(int64(counted))
 		s.w.finish(dups, nil)
 	}
 	g.pos = m.pos

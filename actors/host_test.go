@@ -257,6 +257,10 @@ func TestRecoverReplaysUncheckpointedTail(t *testing.T) {
 	for i := range 50 {
 		hs.ingest(event("a", fmt.Sprint(i), 1), event(fmt.Sprintf("k%d", i%7), "", i))
 	}
+	// A resent event: logged, skipped, counted once by this host.
+	if r := hs.ingest(event("a", "7", 1)); r.Duplicates != 1 || hs.host.Stats().Duplicates != 1 {
+		t.Fatalf("resend: %+v, host counted %d duplicates", r, hs.host.Stats().Duplicates)
+	}
 	if err := hs.shutdown(); err == nil {
 		t.Fatal("shutdown with a failing checkpoint reported no error")
 	}
@@ -266,11 +270,16 @@ func TestRecoverReplaysUncheckpointedTail(t *testing.T) {
 	hs2 := start(t, openStore(t, dir), actors.Config{})
 	defer hs2.shutdown()
 	// Each ingest wrote one record per key group it touched.
-	if st := hs2.host.Stats(); st.Replayed < 50 || st.Replayed > 100 {
-		t.Errorf("replayed %d records, want 50..100", st.Replayed)
+	if st := hs2.host.Stats(); st.Replayed < 51 || st.Replayed > 101 {
+		t.Errorf("replayed %d records, want 51..101", st.Replayed)
 	}
 	if v := hs2.query("a"); v.Seq != 50 || v.Aggregates["n"] != uint64(50) {
 		t.Errorf("a after replay = %+v", v)
+	}
+	// The replay (applied by now: a was queried) skipped the logged
+	// duplicate again; the counter says what this host's replies reported.
+	if st := hs2.host.Stats(); st.Duplicates != 0 || st.Pipelines["p"].Duplicates != 0 {
+		t.Errorf("after replay the host counted %d duplicates (pipeline %d), want 0", st.Duplicates, st.Pipelines["p"].Duplicates)
 	}
 	if r := hs2.ingest(event("a", "49", 1)); r.Duplicates != 1 {
 		t.Errorf("id applied before the crash not deduplicated after replay: %+v", r)

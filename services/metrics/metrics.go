@@ -23,7 +23,7 @@ func RegisterHost(reg prometheus.Registerer, stats func() actors.Stats) error {
 	}
 	for _, c := range []prometheus.Collector{
 		counter("events_applied_total", "Events applied to keys, duplicates included.", func(s actors.Stats) float64 { return float64(s.Events) }),
-		counter("duplicates_total", "Events skipped because their id was already applied to the key.", func(s actors.Stats) float64 { return float64(s.Duplicates) }),
+		counter("duplicates_total", "Events skipped because their id was already applied to the key, as the ingest replies reported them (a replay does not count a logged duplicate again).", func(s actors.Stats) float64 { return float64(s.Duplicates) }),
 		counter("commits_total", "Group commits: synced appends to the key-group logs.", func(s actors.Stats) float64 { return float64(s.Commits) }),
 		counter("checkpoints_total", "Key-group checkpoints written.", func(s actors.Stats) float64 { return float64(s.Checkpoints) }),
 		counter("replayed_records_total", "Log records replayed by key-group take-overs (at start and after a loss).", func(s actors.Stats) float64 { return float64(s.Replayed) }),
