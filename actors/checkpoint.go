@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,27 +21,133 @@ const checkpointParallelism = 16
 
 // checkpoint writes, for every group with changed keys, the snapshots of
 // those keys and then advances the group's checkpoint position (trimming its
-// log), so replay after a crash starts there.
+// log), so replay after a crash starts there. It is the last one, at
+// drain; while serving, checkpointDue picks the groups.
 func (h *Host) checkpoint(ctx context.Context) error {
-	h.logged.Store(0)         // what is logged from here on is the next one's
-	var groups errgroup.Group // every group is tried; the first error is returned
-	groups.SetLimit(checkpointParallelism)
+	h.mu.Lock()
+	var all []uint32
 	for g := range h.cfg.Groups {
-		h.mu.Lock()
-		gs := &h.groups[g]
-		skip := !gs.ready || (gs.dispatched <= gs.checkpoint && len(gs.dirty) == 0)
-		h.mu.Unlock()
-		if !skip {
-			groups.Go(func() error { return h.checkpointGroup(ctx, g) })
+		if h.groups[g].changedLocked() {
+			all = append(all, g)
 		}
 	}
-	return groups.Wait()
+	h.mu.Unlock()
+	return h.checkpointGroups(ctx, all)
 }
+
+// Checkpoints are paced: instead of every group at once when the bound is
+// reached (a burst of snapshots that starves ingest for seconds at a
+// million keys), each round checkpoints only the groups that are due:
+//
+//   - those whose last checkpoint began CheckpointInterval ago (a quiet
+//     group's changes are stored within about that time),
+//   - those with CheckpointRecords records above their checkpoint,
+//   - those of dirty keys that stood in the way of the memory budget
+//     (resident.go: only clean keys leave memory),
+//   - and, once the log above all checkpoints reaches CheckpointBytes,
+//     the groups with the most of it, until what is left is three
+//     quarters of the bound.
+//
+// So the log a restart replays stays below about CheckpointBytes, and a
+// round writes the snapshots of a few groups: under a steady load, the
+// groups with the longest logs, each about twice the average, so a key
+// changed several times in that stretch is written once.
+func (h *Host) checkpointDue(ctx context.Context) error {
+	now := time.Now()
+	h.mu.Lock()
+	type candidate struct {
+		g      uint32
+		logged int64
+	}
+	var due []uint32
+	var rest []candidate
+	left := h.logged // what stays above the checkpoints after this round
+	pressured := h.pressured
+	h.pressured = nil
+	for g := range h.cfg.Groups {
+		gs := &h.groups[g]
+		if !gs.changedLocked() {
+			continue
+		}
+		if pressured[g] || now.Sub(gs.checkpointed) >= h.cfg.CheckpointInterval || gs.dispatched-gs.checkpoint >= uint64(h.cfg.CheckpointRecords) {
+			due = append(due, g)
+			left -= gs.appended - gs.covered
+		} else {
+			rest = append(rest, candidate{g, gs.appended - gs.covered})
+		}
+	}
+	h.mu.Unlock()
+	if target := h.cfg.CheckpointBytes * 3 / 4; left > target {
+		slices.SortFunc(rest, func(a, b candidate) int { return cmp.Compare(b.logged, a.logged) })
+		for _, c := range rest {
+			if left <= target {
+				break
+			}
+			due = append(due, c.g)
+			left -= c.logged
+		}
+	}
+	if len(due) == 0 {
+		return nil
+	}
+	begin := time.Now()
+	err := h.checkpointGroups(ctx, due)
+	h.log.Debug("checkpoint round", "groups", len(due), "took", time.Since(begin), "err", err)
+	return err
+}
+
+// checkpointGroups checkpoints groups, checkpointParallelism at a time;
+// every group is tried, and the first error is returned.
+func (h *Host) checkpointGroups(ctx context.Context, groups []uint32) error {
+	var eg errgroup.Group
+	eg.SetLimit(checkpointParallelism)
+	for _, g := range groups {
+		eg.Go(func() error { return h.checkpointGroup(ctx, g) })
+	}
+	return eg.Wait()
+}
+
+// changedLocked reports whether a served group has anything to checkpoint.
+func (gs *groupState) changedLocked() bool {
+	return gs.ready && (gs.dispatched > gs.checkpoint || len(gs.dirty) > 0)
+}
+
+// appendedLocked counts n bytes of log handed to gs's grains.
+func (h *Host) appendedLocked(gs *groupState, n int) {
+	gs.appended += int64(n)
+	h.logged += int64(n)
+}
+
+// coveredLocked records that gs's checkpoint covers its first through
+// bytes of log (of those appended since its take-over). Checkpoints of a
+// group may overlap (a release's and the loop's): the later position wins.
+func (h *Host) coveredLocked(gs *groupState, through int64) {
+	if through > gs.covered {
+		h.logged -= through - gs.covered
+		gs.covered = through
+	}
+}
+
+// resetLoggedLocked forgets gs's log (its group is dropped or claimed
+// again: a take-over counts what it replays).
+func (h *Host) resetLoggedLocked(gs *groupState) {
+	h.logged -= gs.appended - gs.covered
+	gs.appended, gs.covered = 0, 0
+}
+
+// checkpointChunk is how many keys a checkpoint handles per hold of h.mu:
+// a group's thousands of dirty keys in one hold kept the commit loop (so
+// every ack) waiting for hundreds of milliseconds at a million keys.
+const checkpointChunk = 256
 
 // checkpointGroup checkpoints one group. Snapshot requests are sent under
 // h.mu, after every record up to gs.dispatched was sent to its keys, so each
 // reply reflects at least those records: the log can be trimmed through the
-// dispatched position read under the same lock.
+// dispatched position read under the same lock. The keys are asked a chunk
+// at a time, h.mu released in between: a key asked later may reflect later
+// records too, which only keeps it dirty (its position is above through's
+// records only if it got more), and one that turned clean meanwhile (an
+// overlapping checkpoint) is skipped.
 func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	h.mu.Lock()
 	gs := &h.groups[g]
@@ -49,6 +156,8 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 		return nil
 	}
 	through, epoch := gs.dispatched, gs.epoch
+	covers := gs.appended // the bytes of log through covers
+	gs.checkpointed = time.Now()
 	var clock []byte // the group's clocks as of through
 	if len(gs.clocks) > 0 {
 		gc := &keyfoldv1.GroupClock{}
@@ -62,32 +171,51 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 			return fmt.Errorf("actors: checkpoint group %d: encode clock: %w", g, err)
 		}
 	}
-	replies := make(chan snapshotReply, len(gs.dirty))
+	ids := make([]keyID, 0, len(gs.dirty))
+	for id := range gs.dirty {
+		ids = append(ids, id)
+	}
+	replies := make(chan snapshotReply, len(ids))
 	n := 0
 	var parked []*grain
-	for id := range gs.dirty {
-		if pg := h.parkedLocked(id, g); pg != nil {
-			// Snapshotted here, outside h.mu: meanwhile the key is held as
-			// if stopping, so what is sent to it waits (resident.go).
-			h.unparkLocked(pg)
-			h.holdLocked(pg)
-			parked = append(parked, pg)
-		} else {
-			h.sendLocked(id, g, &snapshotMsg{reply: replies}) // active or stopping
+	for len(ids) > 0 {
+		if gs.epoch != epoch || !gs.ready {
+			h.mu.Unlock()
+			return nil // lost meanwhile: its keys are gone (the replies sent are dropped)
 		}
-		n++
-	}
-	h.mu.Unlock()
-	if len(parked) > 0 {
-		for _, pg := range parked {
-			replies <- pg.snapshot()
-		}
-		h.mu.Lock()
-		for _, pg := range parked {
-			h.parkLocked(pg) // back, or to a new actor if inputs waited
+		chunk := ids[:min(checkpointChunk, len(ids))]
+		ids = ids[len(chunk):]
+		parked = parked[:0]
+		for _, id := range chunk {
+			if _, dirty := gs.dirty[id]; !dirty {
+				continue
+			}
+			if pg := h.parkedLocked(id, g); pg != nil {
+				// Snapshotted here, outside h.mu: meanwhile the key is held as
+				// if stopping, so what is sent to it waits (resident.go).
+				h.unparkLocked(pg)
+				h.holdLocked(pg)
+				parked = append(parked, pg)
+			} else {
+				h.sendLocked(id, g, &snapshotMsg{reply: replies}) // active or stopping
+			}
+			n++
 		}
 		h.mu.Unlock()
+		if len(parked) > 0 {
+			for _, pg := range parked {
+				replies <- pg.snapshot()
+			}
+			h.mu.Lock()
+			for _, pg := range parked {
+				h.reparkLocked(pg) // back, or to a new actor if inputs waited
+			}
+			h.mu.Unlock()
+		}
+		h.mu.Lock()
 	}
+	h.evictLocked() // once for the keys parked again
+	h.mu.Unlock()
 
 	d := persistence.CheckpointData{Snapshots: make([]persistence.Snapshot, 0, n+1), Through: through}
 	if clock != nil {
@@ -161,6 +289,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	if through > gs.checkpoint {
 		gs.checkpoint = through
 	}
+	h.coveredLocked(gs, covers)
 	h.evictLocked() // the keys it cleaned may leave memory now
 	return nil
 }

@@ -190,7 +190,6 @@ func (h *Host) commit(reqs []*ingestReq) {
 	// The keys to activate are read while the append syncs.
 	pf := h.prefetchLocked(groups)
 	h.mu.Unlock()
-	bytes := 0 // logged by this commit, towards the next checkpoint (CheckpointBytes)
 	for i, gb := range groups {
 		data, err := encodeRecord(gb.keys, gb.watermarks)
 		if err != nil { // cannot happen for these messages
@@ -202,7 +201,6 @@ func (h *Host) commit(reqs []*ingestReq) {
 			return
 		}
 		entries[i].Data = data
-		bytes += len(data)
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
@@ -265,12 +263,12 @@ func (h *Host) commit(reqs []*ingestReq) {
 			h.loggedClockLocked(gb.group, w)
 		}
 		gs.dispatched = pos
+		h.appendedLocked(gs, len(entries[i].Data))
 		if pos-gs.checkpoint >= uint64(h.cfg.CheckpointRecords) {
 			h.nudgeCheckpoint()
 		}
 	}
-	// (The bytes count whether or not the other bound nudges too.)
-	if logged := h.logged.Add(int64(bytes)); logged >= h.cfg.CheckpointBytes {
+	if h.logged >= h.cfg.CheckpointBytes {
 		h.nudgeCheckpoint()
 	}
 	if len(h.active) > h.cfg.MaxActive {

@@ -52,10 +52,14 @@ type Host struct {
 
 	checkpointNow chan struct{} // nudges the checkpoint loop
 	passivateNow  chan struct{} // asks it to passivate only
-	// logged counts the bytes appended since the last checkpoint began
-	// (see CheckpointBytes).
-	logged  atomic.Int64
-	lostNow chan struct{} // wakes the take-over loop
+	// logged is the sum of the groups' logged bytes (groupState.logged):
+	// what a restart would replay. Guarded by mu.
+	logged int64
+	// pressured are the groups of dirty keys that stood in the way of the
+	// memory budget (resident.go): the next checkpoint round cleans them,
+	// even below CheckpointBytes. Guarded by mu.
+	pressured map[uint32]bool
+	lostNow   chan struct{} // wakes the take-over loop
 
 	failed   atomic.Pointer[error]
 	failOnce sync.Once
@@ -118,6 +122,13 @@ type groupState struct {
 	lastErr    error                // why the group was lost or its last take-over failed
 	checkpoint persistence.Position // checkpoint position in the store
 	dispatched persistence.Position // last record handed to the grains
+	// appended counts the bytes of the records handed to the grains since
+	// the group's take-over (appended or replayed), covered those of them
+	// its checkpoint covers; appended-covered is its log above the
+	// checkpoint. checkpointed is when its last checkpoint began (or its
+	// take-over). They decide when it is checkpointed next (checkpoint.go).
+	appended, covered int64
+	checkpointed      time.Time
 	// dirty holds, for each key whose state is newer than its snapshot, the
 	// last position handed to it.
 	dirty map[keyID]persistence.Position
@@ -232,7 +243,9 @@ func (h *Host) Run(ctx context.Context) error {
 			h.outputLoop(ctx)
 		}
 	}()
-	ticker := time.NewTicker(h.cfg.CheckpointInterval)
+	// Groups are checkpointed a few at a time as they come due
+	// (checkpointDue), so the ticker looks more often than the interval.
+	ticker := time.NewTicker(max(h.cfg.CheckpointInterval/8, min(h.cfg.CheckpointInterval, time.Millisecond)))
 	defer ticker.Stop()
 loop:
 	for {
@@ -248,7 +261,7 @@ loop:
 			h.passivate()
 			continue
 		}
-		if err := h.checkpoint(ctx); err != nil && ctx.Err() == nil {
+		if err := h.checkpointDue(ctx); err != nil && ctx.Err() == nil {
 			// The changed keys stay dirty and are retried at the next
 			// checkpoint; only replay after a crash grows meanwhile. (A
 			// fenced group was lost and is being taken over again.) Clean

@@ -235,6 +235,8 @@ func (h *Host) takeOver(ctx context.Context, g uint32) error {
 		h.mu.Lock()
 		gs := &h.groups[g]
 		gs.epoch, gs.checkpoint, gs.dispatched, gs.spoiled = st.Epoch, st.Checkpoint, st.Checkpoint, nil
+		h.resetLoggedLocked(gs) // what the replay reads counts again
+		gs.checkpointed = time.Now()
 		// Never checkpointed: no key of it has a snapshot (a checkpoint
 		// writes snapshots and advances its position in one write).
 		gs.complete = st.Checkpoint == 0
@@ -395,6 +397,7 @@ func (h *Host) dropGroupsLocked(groups map[uint32]bool) {
 		h.dropParkedLocked(g)
 		gs.complete = false
 		clear(gs.dirty)
+		h.resetLoggedLocked(gs)
 		gs.clocks, gs.timers, gs.expiry = nil, nil, nil // a take-over reads them again
 	}
 }
@@ -510,5 +513,6 @@ func (h *Host) replay(g uint32, pos persistence.Position, data []byte) error {
 		h.groups[g].dirty[id] = pos
 	}
 	h.groups[g].dispatched = pos
+	h.appendedLocked(&h.groups[g], len(data))
 	return nil
 }

@@ -74,13 +74,22 @@ type resident struct {
 }
 
 // parkLocked puts a stopped grain in the resident tier, if it is still the
-// key's latest incarnation and its group's, after what waited for it; h.mu
-// must be held, by the grain's only user: its actor (actor.Stopped), or a
-// checkpoint that took it out of the tier to snapshot it.
+// key's latest incarnation and its group's, after what waited for it, and
+// keeps the tier within its budget; h.mu must be held, by the grain's only
+// user: its actor (actor.Stopped).
 func (h *Host) parkLocked(g *grain) {
+	if h.reparkLocked(g) {
+		h.evictLocked()
+	}
+}
+
+// reparkLocked is parkLocked without the budget's eviction, for a
+// checkpoint that took grains out of the tier to snapshot them: it evicts
+// once for all. It reports whether g went to the tier.
+func (h *Host) reparkLocked(g *grain) bool {
 	st := g.stop
 	if st == nil {
-		return // stopped with the host, or dropped: nothing waits
+		return false // stopped with the host, or dropped: nothing waits
 	}
 	g.stop = nil
 	current := h.stopping[g.id] == st
@@ -98,7 +107,7 @@ func (h *Host) parkLocked(g *grain) {
 			g.handle(m)
 		}
 		g.leaveMemory()
-		return
+		return false
 	}
 	for i, m := range st.waiting {
 		if needsActor(m) {
@@ -108,7 +117,7 @@ func (h *Host) parkLocked(g *grain) {
 			for _, m := range st.waiting[i:] {
 				h.system.Root.Send(a.pid, m)
 			}
-			return
+			return false
 		}
 		g.handle(m) // a snapshot, a query, a save: no actor needed
 	}
@@ -116,7 +125,7 @@ func (h *Host) parkLocked(g *grain) {
 		if _, dirty := gs.dirty[g.id]; !dirty {
 			gs.complete = false // the key leaves memory
 			g.leaveMemory()
-			return
+			return false
 		}
 	}
 	g.rsize = int64(grainBytes + len(g.id.pipeline) + len(g.id.key) + g.state.MemSize())
@@ -127,7 +136,7 @@ func (h *Host) parkLocked(g *grain) {
 	r := &h.resident
 	r.order.pushFront(g)
 	r.bytes += g.rsize
-	h.evictLocked()
+	return true
 }
 
 // needsActor reports whether a grain's message must be processed by its
@@ -157,6 +166,11 @@ func (h *Host) evictLocked() {
 		prev := g.order.prev
 		gs := &h.groups[g.group]
 		if _, dirty := gs.dirty[g.id]; dirty {
+			// Its group is checkpointed next (checkpointDue), so it can leave.
+			if h.pressured == nil {
+				h.pressured = make(map[uint32]bool)
+			}
+			h.pressured[g.group] = true
 			if passed++; passed > evictPasses {
 				h.nudgeCheckpoint()
 				return

@@ -74,11 +74,15 @@ type Stats struct {
 	Commits       int64 // group commits (synced appends)
 	Checkpoints   int64 // group checkpoints written
 	Replayed      int64 // log records replayed by take-overs (at start and after a loss)
-	Activations   int64 // actors started: from the resident tier or the store
-	Unparked      int64 // activations from the resident tier (no store read)
-	Passivated    int64
-	GroupsLost    int64 // key groups lost (failed or fenced write) and taken over again
-	TimersFired   int64 // keys woken because a timer was due
+	// LoggedBytes is the size of the log records above the groups'
+	// checkpoints: what a restart would replay (about CheckpointBytes at
+	// most, see checkpointDue).
+	LoggedBytes int64
+	Activations int64 // actors started: from the resident tier or the store
+	Unparked    int64 // activations from the resident tier (no store read)
+	Passivated  int64
+	GroupsLost  int64 // key groups lost (failed or fenced write) and taken over again
+	TimersFired int64 // keys woken because a timer was due
 	// GroupsUnavailable is the number of key groups not being served now:
 	// being recovered or taken over again.
 	GroupsUnavailable int
@@ -91,7 +95,7 @@ type Stats struct {
 // Stats returns the host's counters.
 func (h *Host) Stats() Stats {
 	h.mu.Lock()
-	n, dirty, unavailable, takingOver := len(h.active), 0, 0, 0
+	n, dirty, unavailable, takingOver, logged := len(h.active), 0, 0, 0, h.logged
 	resident, residentBytes := h.resident.order.n, h.resident.bytes
 	for i := range h.groups {
 		gs := &h.groups[i]
@@ -129,6 +133,7 @@ func (h *Host) Stats() Stats {
 		Commits:       h.stats.commits.Load(),
 		Checkpoints:   h.stats.checkpoints.Load(),
 		Replayed:      h.stats.replayed.Load(),
+		LoggedBytes:   logged,
 		Activations:   h.stats.activations.Load(),
 		Passivated:    h.stats.passivated.Load(),
 		GroupsLost:    h.stats.groupsLost.Load(),

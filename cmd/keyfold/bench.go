@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -97,6 +99,7 @@ measured apart.`,
 	f.IntVar(&o.batch, "batch", 100, "events per request")
 	f.IntVar(&o.concurrency, "concurrency", 8, "concurrent clients")
 	f.DurationVar(&o.duration, "duration", 10*time.Second, "how long to measure")
+	f.StringVar(&o.trace, "trace", "", "write every acknowledged batch of the measured phase to this file, one line each: when it was due (ms since the phase began) and its ack latency (ms), to see when a target stalls")
 	f.Float64Var(&o.rate, "rate", 0, "events/s to offer in the measured phase, all clients together (0: as fast as the target acks); latency counts from each batch's scheduled time, so a target that falls behind shows it")
 	f.StringVar(&o.metrics, "metrics", "", "the node's HTTP base URL, to report its memory from /metrics after the run")
 	f.StringVar(&o.redisInfo, "redis-info", "", "a Redis URL, to report its used_memory per key after the run")
@@ -117,6 +120,15 @@ type benchOptions struct {
 	warmup, duration                time.Duration
 	metrics, redisInfo              string
 	json                            bool
+	trace                           string // a file for every ack of the measured phase
+}
+
+// traceWriter is w as an io.Writer, nil when w is (not a typed nil).
+func traceWriter(w *bufio.Writer) io.Writer {
+	if w == nil {
+		return nil
+	}
+	return w
 }
 
 // benchEvent is one synthetic event before a sink renders it: its key's
@@ -225,19 +237,29 @@ func bench(ctx context.Context, o benchOptions, out io.Writer) error {
 				}
 				return k
 			}
-		}); err != nil {
+		}, nil); err != nil {
 			return fmt.Errorf("bench: preload: %w", err)
 		}
 		res.PreloadedS = time.Since(start).Seconds()
 	}
 	pickers := func(i int) keyPicker { p, _ := newKeyPicker(o, uint64(i)+1); return p }
 	if o.warmup > 0 {
-		if _, _, err := loadPhase(ctx, o, sinks, &seq, o.warmup, 0, pickers); err != nil {
+		if _, _, err := loadPhase(ctx, o, sinks, &seq, o.warmup, 0, pickers, nil); err != nil {
 			return fmt.Errorf("bench: warmup: %w", err)
 		}
 	}
+	var trace *bufio.Writer
+	if o.trace != "" {
+		f, err := os.Create(o.trace)
+		if err != nil {
+			return fmt.Errorf("bench: --trace: %w", err)
+		}
+		defer f.Close()
+		trace = bufio.NewWriter(f)
+		defer trace.Flush()
+	}
 	start := time.Now()
-	events, latencies, err := loadPhase(ctx, o, sinks, &seq, o.duration, o.rate, pickers)
+	events, latencies, err := loadPhase(ctx, o, sinks, &seq, o.duration, o.rate, pickers, traceWriter(trace))
 	// Acks that came after the phase's end are not counted, nor is the
 	// time spent waiting for them.
 	elapsed := min(time.Since(start), o.duration)
@@ -275,7 +297,7 @@ func bench(ctx context.Context, o benchOptions, out io.Writer) error {
 // schedule instead of as fast as they are acknowledged, and a batch's
 // latency counts from its scheduled time (a send held up by a full window
 // is late, not excused: no coordinated omission).
-func loadPhase(ctx context.Context, o benchOptions, sinks []sink, seq *atomic.Int64, d time.Duration, rate float64, picker func(int) keyPicker) (int64, []time.Duration, error) {
+func loadPhase(ctx context.Context, o benchOptions, sinks []sink, seq *atomic.Int64, d time.Duration, rate float64, picker func(int) keyPicker, trace io.Writer) (int64, []time.Duration, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if d > 0 {
@@ -307,6 +329,11 @@ func loadPhase(ctx context.Context, o benchOptions, sinks []sink, seq *atomic.In
 		every = time.Duration(float64(time.Second) * float64(o.batch*len(sinks)) / rate)
 	}
 	begin := time.Now()
+	var traceMu sync.Mutex
+	if trace != nil {
+		fmt.Fprintf(trace, "# begin %s (unix ms %d); then per acknowledged batch: ms since begin it was due (sent), ack latency ms\n",
+			begin.UTC().Format(time.RFC3339Nano), begin.UnixMilli())
+	}
 	for i, s := range sinks {
 		pick := picker(i)
 		wg.Add(1)
@@ -355,6 +382,11 @@ func loadPhase(ctx context.Context, o benchOptions, sinks []sink, seq *atomic.In
 						return
 					}
 					if ctx.Err() == nil {
+						if trace != nil {
+							traceMu.Lock()
+							fmt.Fprintf(trace, "%d %d\n", t0.Sub(begin).Milliseconds(), time.Since(t0).Milliseconds())
+							traceMu.Unlock()
+						}
 						mineMu.Lock()
 						mine = append(mine, time.Since(t0))
 						mineMu.Unlock()

@@ -202,11 +202,28 @@ func TestBench(t *testing.T) {
 	// An offered rate: the clients send on a schedule, so no more than the
 	// rate's events go out (a batch's worth of slack per client), and the
 	// result says what was offered. A rate that is not one is refused.
+	// --trace writes one line per acknowledged batch: when it was due, on
+	// the schedule, and its latency.
+	trace := filepath.Join(t.TempDir(), "trace.txt")
 	out, err = runCLI(t, "bench", "--addr", grpcAddr, "--stream", "--rate", "500", "--keys", "50",
-		"--duration", "1s", "--batch", "10", "--concurrency", "2", "--json")
+		"--duration", "1s", "--batch", "10", "--concurrency", "2", "--json", "--trace", trace)
 	res = benchResult{}
 	if err != nil || json.Unmarshal([]byte(out), &res) != nil || res.Rate != 500 || res.Events == 0 || res.Events > 500+2*10 {
 		t.Fatalf("bench --rate 500 for 1s: %v\n%s", err, out)
+	}
+	lines, err := os.ReadFile(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acks := strings.Split(strings.TrimSpace(string(lines)), "\n")
+	if len(acks) != res.Requests+1 || !strings.HasPrefix(acks[0], "# begin ") {
+		t.Fatalf("trace of %d requests: %d lines, starting %q", res.Requests, len(acks), acks[0])
+	}
+	for i, l := range acks[1:] {
+		var due, lat int64
+		if _, err := fmt.Sscanf(l, "%d %d", &due, &lat); err != nil || due < 0 || due > 1000 || lat < 0 {
+			t.Fatalf("trace line %d %q: %v", i+1, l, err)
+		}
 	}
 	for _, bad := range []string{"-1", "NaN", "+Inf"} {
 		if _, err := runCLI(t, "bench", "--addr", grpcAddr, "--rate", bad); err == nil || !strings.Contains(err.Error(), "--rate") {

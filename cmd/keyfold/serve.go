@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 	"time"
@@ -31,6 +34,7 @@ func newServe() *cobra.Command {
 		advertise  string
 		peers      []string
 		lease      time.Duration
+		pprofAddr  string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -106,6 +110,13 @@ it does not exit.`,
 			if err != nil {
 				return err
 			}
+			if pprofAddr != "" {
+				stop, err := servePprof(pprofAddr, logger)
+				if err != nil {
+					return err
+				}
+				defer stop()
+			}
 			return node.Run(cmd.Context())
 		},
 	}
@@ -125,7 +136,27 @@ it does not exit.`,
 	f.DurationVar(&lease, "cluster-lease", 0, "failure detection: a member that stops renewing its lease is dropped after this (default 3s)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	f.StringVar(&pprofAddr, "pprof", "", "serve Go's profiles (net/http/pprof, /debug/pprof/) on this address, apart from the API (off by default: they expose the process's internals)")
 	return cmd
+}
+
+// servePprof serves net/http/pprof's handlers on a listener of their own, so
+// that profiles are never reachable on the API's address.
+func servePprof(addr string, logger *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--pprof: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	logger.Info("listening", "pprof", ln.Addr().String())
+	go func() { _ = srv.Serve(ln) }()
+	return func() { _ = srv.Close() }, nil
 }
 
 // redisLogger hands go-redis's messages to slog at debug level.

@@ -118,6 +118,10 @@ func (o Options) pebbleOptions(s *Store) *pebble.Options {
 			DataCorruption: func(info pebble.DataCorruptionInfo) {
 				o.Logger.Error("pebble data corruption", "err", info.String())
 			},
+			// Writes wait while flushes or compactions fall behind: every
+			// append (so every ack) waits with them.
+			WriteStallBegin: s.stallBegin,
+			WriteStallEnd:   s.stallEnd,
 		},
 	}
 	// Bloom filters (10 bits a key, ~1% false positives) on every level: an

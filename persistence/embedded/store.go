@@ -43,6 +43,8 @@ type Store struct {
 	disk   diskState
 	bgLogs logLimit
 
+	stall stallState
+
 	groupsMu sync.Mutex
 	groups   map[uint32]*group
 

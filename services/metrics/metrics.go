@@ -35,6 +35,7 @@ func RegisterHost(reg prometheus.Registerer, stats func() actors.Stats) error {
 		gauge("resident_keys", "Keys held in memory without an actor (passivated, within max_memory).", func(s actors.Stats) float64 { return float64(s.ResidentKeys) }),
 		gauge("resident_bytes", "Estimated memory of the keys held without an actor.", func(s actors.Stats) float64 { return float64(s.ResidentBytes) }),
 		counter("activations_resident_total", "Key actors activated from memory (the resident tier), without a store read.", func(s actors.Stats) float64 { return float64(s.Unparked) }),
+		gauge("log_bytes_unchecked", "Bytes of the key-group logs above their checkpoints: what a restart would replay (about checkpoint_bytes at most).", func(s actors.Stats) float64 { return float64(s.LoggedBytes) }),
 		gauge("dirty_keys", "Keys changed since their last snapshot.", func(s actors.Stats) float64 { return float64(s.DirtyKeys) }),
 		counter("timers_fired_total", "Keys woken because a window timer was due.", func(s actors.Stats) float64 { return float64(s.TimersFired) }),
 		pipelineCollector{stats},
