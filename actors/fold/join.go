@@ -289,15 +289,16 @@ type joinState struct {
 
 // joinEvent is one buffered event of a side.
 type joinEvent struct {
-	t       int64
-	id      string
-	fields  []byte // JSON object
-	matched bool
+	t      int64
+	id     string
+	fields []byte // JSON object
 	// Window joins: how many of the sliding windows that hold it, the
 	// earliest, were gone when it came (it joined the others); for a
 	// session, whether its session closed since (see joinsession.go).
-	missed uint32
-	sealed bool
+	// Next to matched, so the event takes no more room than without.
+	missed  uint32
+	matched bool
+	sealed  bool
 }
 
 func compareJoinEvents(a, b joinEvent) int {

@@ -1,6 +1,9 @@
 package fold
 
-import "slices"
+import (
+	"math"
+	"slices"
+)
 
 // Session window joins.
 //
@@ -89,6 +92,15 @@ func (p *Pipeline) sessionArrive(s *State, key string, side, i int, e joinEvent)
 // events alone if the mode says so.
 func (p *Pipeline) closeSessions(s *State, key string) {
 	js, gap := s.join, p.join.gap
+	first := int64(math.MaxInt64) // the first event's time: no session ends before it
+	for _, es := range js.sides {
+		if len(es) > 0 {
+			first = min(first, es[0].t)
+		}
+	}
+	if first == math.MaxInt64 || first+gap >= s.wm {
+		return // nothing to close, nor to drop (a session is dropped after it closed)
+	}
 	spans := p.sessions(js)
 	for _, sp := range spans {
 		if sp.last+gap >= s.wm {
