@@ -156,7 +156,8 @@ func (p *Pipeline) emitSession(s *State, key string, sp span, want func(l, r *jo
 }
 
 // sessionTimer returns the watermark at which the key next has a session
-// to close or to drop, 0 if none.
+// to close or to drop, 0 if none. It is past the watermark even if a state
+// restored under another configuration holds a session due already.
 func (p *Pipeline) sessionTimer(s *State) int64 {
 	js, gap := s.join, p.join.gap
 	spans := p.sessions(js)
@@ -169,8 +170,9 @@ func (p *Pipeline) sessionTimer(s *State) int64 {
 		ra, rb := js.within(1, sp)
 		unsealed := func(es []joinEvent) bool { return slices.ContainsFunc(es, func(e joinEvent) bool { return !e.sealed }) }
 		if unsealed(js.sides[0][la:lb]) || unsealed(js.sides[1][ra:rb]) {
-			return min(next, sp.last+gap+1) // the first one to close
+			next = min(next, sp.last+gap+1) // the first one to close
+			break
 		}
 	}
-	return next
+	return max(next, s.wm+1)
 }
