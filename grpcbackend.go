@@ -47,6 +47,8 @@ func (b grpcBackend) Call(ctx context.Context, req *keyfoldv1.CallRequest) (*key
 
 func (b grpcBackend) Pipelines() []*keyfoldv1.PipelineInfo { return b.n.describePipelines() }
 
+func (b grpcBackend) Joins() []*keyfoldv1.JoinInfo { return b.n.describeJoins() }
+
 func (b grpcBackend) Outputs(ctx context.Context, pipeline, after string, limit int) ([]*keyfoldv1.OutputEntry, error) {
 	outs, err := b.n.storedOutputs(ctx, pipeline, after, limit)
 	if err != nil {

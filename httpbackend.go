@@ -49,6 +49,8 @@ func (b httpBackend) Subscribe(ctx context.Context, pipeline, after string, fn f
 
 func (b httpBackend) Pipelines() []*keyfoldv1.PipelineInfo { return b.n.describePipelines() }
 
+func (b httpBackend) Joins() []*keyfoldv1.JoinInfo { return b.n.describeJoins() }
+
 func (b httpBackend) Serving() bool { return b.n.Serving() }
 
 func (b httpBackend) Cluster(ctx context.Context, pipeline, key string) (any, error) {

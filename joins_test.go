@@ -33,6 +33,12 @@ func TestJoinsConfig(t *testing.T) {
 	if j := cfg.Joins["paid_orders"]; j.Type != "interval" || j.Left.Pipeline != "orders" || *j.Upper != time.Hour || j.AllowedLateness != time.Minute {
 		t.Errorf("paid_orders parsed as %+v", j)
 	}
+	if j := cfg.Joins["order_sessions"]; j.Type != "window" || j.Window != "session" || j.Gap != 10*time.Minute {
+		t.Errorf("order_sessions parsed as %+v", j)
+	}
+	if j := cfg.Joins["paid_per_hour"]; j.Window != "sliding" || j.Size != time.Hour || j.Slide != 15*time.Minute {
+		t.Errorf("paid_per_hour parsed as %+v", j)
+	}
 	_, err = keyfold.ParseConfig([]byte(`
 pipelines:
   orders: {key: k, time: ts, id: id}
@@ -51,6 +57,19 @@ joins:
     type: temporal
     left: {pipeline: payments}
     right: {pipeline: nowhere}
+  slid:
+    type: window
+    window: sliding
+    size: 10s
+    slide: 3s
+    left: {pipeline: orders}
+    right: {pipeline: payments}
+  sess:
+    type: window
+    window: session
+    size: 1m
+    left: {pipeline: orders}
+    right: {pipeline: payments}
 `))
 	if err == nil {
 		t.Fatal("ParseConfig accepted broken joins")
@@ -61,6 +80,9 @@ joins:
 		`join "typo": left (line 13): unknown key "feilds" (known: fields, pipeline)`,
 		`join "orders" (line 15): a pipeline has the same name`,
 		`join "orders": right (line 18): pipeline "nowhere" is not defined`,
+		`join "slid": slide (line 23): size 10s must be a multiple of slide 3s`,
+		`join "sess": gap (line 26): session gap is required and must be positive: a window join without it has no time bound`,
+		`join "sess": size (line 29): session windows take no size`,
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("errors lack %q:\n%v", want, err)

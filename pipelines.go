@@ -74,6 +74,44 @@ func describePipeline(name string, spec PipelineConfig, p *fold.Pipeline) *keyfo
 	return info
 }
 
+// describeJoins describes the node's joins, sorted by name, as both
+// transports answer them (ListPipelines' and GET /v1/pipelines' joins).
+func (n *Node) describeJoins() []*keyfoldv1.JoinInfo {
+	out := make([]*keyfoldv1.JoinInfo, 0, len(n.cfg.Joins))
+	for _, name := range slices.Sorted(maps.Keys(n.cfg.Joins)) {
+		out = append(out, describeJoin(name, n.cfg.Joins[name], n.pipelines[name]))
+	}
+	return out
+}
+
+// describeJoin describes one join: its configuration spec (validated) with
+// the defaults filled in; what its kind takes none of stays unset.
+func describeJoin(name string, spec JoinConfig, p *fold.Pipeline) *keyfoldv1.JoinInfo {
+	side := func(s fold.JoinSideSpec) *keyfoldv1.JoinSideInfo {
+		return &keyfoldv1.JoinSideInfo{Pipeline: s.Pipeline, Fields: s.Fields}
+	}
+	info := &keyfoldv1.JoinInfo{
+		Name: name, Kind: spec.Type, Mode: cmp.Or(spec.Mode, "inner"), Left: side(spec.Left), Right: side(spec.Right),
+		OutOfOrderness:  durationpb.New(spec.OutOfOrderness),
+		IdleTimeout:     durationpb.New(cmp.Or(spec.IdleTimeout, fold.DefaultIdleTimeout)),
+		OutputRetention: durationpb.New(p.OutputRetention()),
+	}
+	switch spec.Type {
+	case "interval":
+		info.Lower, info.Upper = durationpb.New(*spec.Lower), durationpb.New(*spec.Upper)
+	case "window":
+		info.Window = cmp.Or(spec.Window, "tumbling")
+		info.Size, info.Gap = optDuration(spec.Size), optDuration(spec.Gap)
+		if info.Window == "sliding" {
+			info.Slide = optDuration(spec.Slide)
+		}
+	}
+	if spec.Type != "temporal" {
+		info.AllowedLateness = durationpb.New(spec.AllowedLateness)
+	}
+	return info
+}
+
 // optDuration is d as a message, or nil (unset) for 0: a window's size,
 // slide or gap is 0 exactly when its kind takes none.
 func optDuration(d time.Duration) *durationpb.Duration {

@@ -60,6 +60,7 @@ func (d decodeOnly) Query(context.Context, string, string) (*keyfoldv1.GetStateR
 }
 func (d decodeOnly) Delete(context.Context, string, string) error { return nil }
 func (d decodeOnly) Pipelines() []*keyfoldv1.PipelineInfo         { return nil }
+func (d decodeOnly) Joins() []*keyfoldv1.JoinInfo                 { return nil }
 
 type donePending keyfold.IngestResult
 
@@ -83,6 +84,7 @@ func (d decodeOnlyHTTP) Query(context.Context, string, string) (any, error) { re
 func (d decodeOnlyHTTP) Serving() bool                                      { return true }
 func (d decodeOnlyHTTP) Delete(context.Context, string, string) error       { return nil }
 func (d decodeOnlyHTTP) Pipelines() []*keyfoldv1.PipelineInfo               { return nil }
+func (d decodeOnlyHTTP) Joins() []*keyfoldv1.JoinInfo                       { return nil }
 
 // endpoints are where each transport listens.
 type endpoints struct{ http, grpc string }

@@ -1,11 +1,15 @@
 package actors_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/url"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,11 +22,22 @@ const (
 	joinLower = 0
 	joinUpper = 5_000
 	joinOOO   = 2_000
+	// The window joins': sliding windows of 4s every 1s, sessions of 2s.
+	joinSize, joinSlide = 4_000, 1_000
+	joinGap             = 2_000
 )
 
-// joinPipelines are orders and payments joined by an outer interval join
-// "paid": payment.ts - order.ts in [0, 5s].
+// joinPipelines are orders and payments joined by an interval join "paid":
+// payment.ts - order.ts in [0, 5s].
 func joinPipelines(t testing.TB, mode string) map[string]*fold.Pipeline {
+	t.Helper()
+	return joinPipelinesOf(t, "interval", mode)
+}
+
+// joinPipelinesOf are orders and payments joined by "paid", of the kind:
+// interval (see joinPipelines), sliding or session (joinSize, joinSlide,
+// joinGap).
+func joinPipelinesOf(t testing.TB, kind, mode string) map[string]*fold.Pipeline {
 	t.Helper()
 	ps := map[string]*fold.Pipeline{}
 	for _, name := range []string{"orders", "payments"} {
@@ -33,12 +48,21 @@ func joinPipelines(t testing.TB, mode string) map[string]*fold.Pipeline {
 		ps[name] = p
 	}
 	lower, upper := time.Duration(joinLower)*time.Millisecond, time.Duration(joinUpper)*time.Millisecond
-	j, err := fold.CompileJoin("paid", fold.JoinSpec{
+	spec := fold.JoinSpec{
 		Type: "interval", Mode: mode, Lower: &lower, Upper: &upper,
 		Left:           fold.JoinSideSpec{Pipeline: "orders", Fields: []string{"v"}},
 		Right:          fold.JoinSideSpec{Pipeline: "payments", Fields: []string{"v"}},
 		OutOfOrderness: joinOOO * time.Millisecond, IdleTimeout: time.Second,
-	}, ps)
+	}
+	switch kind {
+	case "sliding":
+		spec.Type, spec.Window, spec.Lower, spec.Upper = "window", "sliding", nil, nil
+		spec.Size, spec.Slide = joinSize*time.Millisecond, joinSlide*time.Millisecond
+	case "session":
+		spec.Type, spec.Window, spec.Lower, spec.Upper = "window", "session", nil, nil
+		spec.Gap = joinGap * time.Millisecond
+	}
+	j, err := fold.CompileJoin("paid", spec, ps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,9 +75,36 @@ type sideEvent struct {
 	timedEvent
 }
 
-// joinOracle is the outer interval join of events computed in one batch:
-// result id -> the ids it joins.
-func joinOracle(events []sideEvent) map[string]string {
+// oracleID names a result of "paid" as the README says join results are
+// named: join/key/left/right, each side id@time (Unix ms) or empty, key and
+// ids path-escaped; a sliding window's match adds /start-end.
+func oracleID(key string, l, r *sideEvent, window string) string {
+	ref := func(e *sideEvent) string {
+		if e == nil {
+			return ""
+		}
+		return fmt.Sprintf("%s@%d", url.PathEscape(e.id), e.ts)
+	}
+	return "paid/" + url.PathEscape(key) + "/" + ref(l) + "/" + ref(r) + window
+}
+
+// joinOracle is the outer join of events of the kind (interval, sliding
+// or session), computed in one batch: result id -> the ids it joins.
+func joinOracle(kind string, events []sideEvent) map[string]string {
+	// Sessions: per key, the events of both sides by time, each within
+	// joinGap of the one before.
+	session := map[string]int{}
+	if kind == "session" {
+		byTime := slices.Clone(events)
+		slices.SortStableFunc(byTime, func(a, b sideEvent) int { return cmp.Or(strings.Compare(a.key, b.key), cmp.Compare(a.ts, b.ts)) })
+		n := 0
+		for i, e := range byTime {
+			if i > 0 && (e.key != byTime[i-1].key || e.ts-byTime[i-1].ts > joinGap) {
+				n++
+			}
+			session[e.id] = n
+		}
+	}
 	out := map[string]string{}
 	matched := map[string]bool{}
 	for _, o := range events {
@@ -61,22 +112,37 @@ func joinOracle(events []sideEvent) map[string]string {
 			continue
 		}
 		for _, p := range events {
-			if d := p.ts - o.ts; p.side == "payments" && p.key == o.key && d >= joinLower && d <= joinUpper {
-				out[fold.JoinOutputID("paid", o.key, &fold.JoinEvent{ID: o.id, TimeMs: o.ts}, &fold.JoinEvent{ID: p.id, TimeMs: p.ts})] = o.id + "+" + p.id
+			if p.side != "payments" || p.key != o.key {
+				continue
+			}
+			var windows []string // the results of the pair: one, or one a window (sliding)
+			switch d := p.ts - o.ts; kind {
+			case "interval":
+				if d >= joinLower && d <= joinUpper {
+					windows = []string{""}
+				}
+			case "session":
+				if session[o.id] == session[p.id] {
+					windows = []string{""}
+				}
+			case "sliding": // the windows [start, start+size) holding both
+				for start := min(o.ts, p.ts) / joinSlide * joinSlide; start > max(o.ts, p.ts)-joinSize; start -= joinSlide {
+					windows = append(windows, fmt.Sprintf("/%d-%d", start, start+joinSize))
+				}
+			}
+			for _, w := range windows {
+				out[oracleID(o.key, &o, &p, w)] = o.id + "+" + p.id
 				matched[o.id], matched[p.id] = true, true
 			}
 		}
 	}
 	for _, e := range events {
-		if !matched[e.id] {
-			var l, r *fold.JoinEvent
-			if e.side == "payments" {
-				r = &fold.JoinEvent{ID: e.id, TimeMs: e.ts}
-				out[fold.JoinOutputID("paid", e.key, l, r)] = "+" + e.id
-			} else {
-				l = &fold.JoinEvent{ID: e.id, TimeMs: e.ts}
-				out[fold.JoinOutputID("paid", e.key, l, r)] = e.id + "+"
-			}
+		switch {
+		case matched[e.id]:
+		case e.side == "payments":
+			out[oracleID(e.key, nil, &e, "")] = "+" + e.id
+		default:
+			out[oracleID(e.key, &e, nil, "")] = e.id + "+"
 		}
 	}
 	return out
@@ -118,14 +184,21 @@ func joinOutputs(t *testing.T, h *actors.Host) map[string]string {
 	}
 }
 
-// TestJoinOracle: an outer interval join over a seeded out-of-order stream
-// of two inputs and 120 keys, crossing a take-over by a second host (the
-// first one stops without a final checkpoint, as after a crash), equals the
-// batch computation: every match once, every unmatched event once and
+// TestJoinOracle: an outer interval, sliding window or session window join
+// over a seeded out-of-order stream of two inputs and 120 keys, crossing a
+// take-over by a second host (the first one stops without a final
+// checkpoint, as after a crash), equals the batch computation: every match
+// once (a sliding window's once a window), every unmatched event once and
 // never one that matched, quiet keys closed by their timers.
-func TestJoinOracle(t *testing.T) { tiers(t, testJoinOracle) }
+func TestJoinOracle(t *testing.T) {
+	for _, kind := range []string{"interval", "sliding", "session"} {
+		t.Run(kind, func(t *testing.T) {
+			tiers(t, func(t *testing.T, maxMemory int64) { testJoinOracle(t, kind, maxMemory) })
+		})
+	}
+}
 
-func testJoinOracle(t *testing.T, maxMemory int64) {
+func testJoinOracle(t *testing.T, kind string, maxMemory int64) {
 	rng := rand.New(rand.NewPCG(17, 3))
 	var events []sideEvent
 	ts := winBase
@@ -146,7 +219,7 @@ func testJoinOracle(t *testing.T, maxMemory int64) {
 	clock := &fakeClock{}
 	clock.set(winBase)
 	cfg := actors.Config{
-		Pipelines: joinPipelines(t, "outer"), Now: clock.Now,
+		Pipelines: joinPipelinesOf(t, kind, "outer"), Now: clock.Now,
 		CheckpointInterval: 20 * time.Millisecond, MaxActive: 40, IdleTimeout: time.Hour, MaxMemory: maxMemory,
 		WatermarkInterval: 5 * time.Millisecond, OutputInterval: time.Millisecond,
 	}
@@ -177,12 +250,13 @@ func testJoinOracle(t *testing.T, maxMemory int64) {
 		}
 	}
 	clock.set(ts + 60_000) // idle: every interval closes, quiet keys too
-	want := joinOracle(events)
-	var got map[string]string
-	eventually(t, "every join result", func() bool {
-		got = joinOutputs(t, hs.host)
-		return len(got) >= len(want)
-	})
+	want := joinOracle(kind, events)
+	// Poll until every result is in, or until the deadline: then the
+	// comparison says which are missing.
+	got := joinOutputs(t, hs.host)
+	for deadline := time.Now().Add(20 * time.Second); len(got) < len(want) && time.Now().Before(deadline); got = joinOutputs(t, hs.host) {
+		time.Sleep(5 * time.Millisecond)
+	}
 	sameResults(t, got, want)
 	st := hs.host.Stats().Pipelines["paid"]
 	if st.Late != 0 {

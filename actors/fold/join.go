@@ -50,11 +50,14 @@ import (
 // and the latest one before it: all that a left event still to come can
 // need.
 //
-// Window join: a left and a right event in the same tumbling window match;
-// they are joined when W reaches the window's end (later ones, within
-// allowed_lateness, at once). An event is late, and a window's events leave,
-// when W is at or past its end plus allowed_lateness: as for the interval
-// join, only then is an event that matched nothing emitted alone.
+// Window join: a left and a right event in the same window match; they are
+// joined when the window closes (later ones, within allowed_lateness, at
+// once). Tumbling and sliding windows are pipeline windows' (epoch-aligned,
+// end-exclusive) and close when W reaches their end; an event joins those
+// of its windows that are not gone (W at or past end plus
+// allowed_lateness), is late when they all are, and leaves when its last
+// one is gone: as for the interval join, only then is an event that
+// matched nothing emitted alone. Sessions are in joinsession.go.
 //
 // Sides are told apart by index: 0 is left, 1 is right.
 
@@ -72,11 +75,19 @@ type JoinSpec struct {
 	// buffer forever.
 	Lower *time.Duration `yaml:"lower"`
 	Upper *time.Duration `yaml:"upper"`
-	// Size is a window join's tumbling window (aligned to the Unix epoch,
-	// end-exclusive): a left and a right event in the same window match.
-	Size time.Duration `yaml:"size"`
+	// Window is a window join's kind of window, spelled as a pipeline's
+	// windows: tumbling (the default; size), sliding (size and slide) or
+	// session (gap). A left and a right event in the same window match.
+	Window string `yaml:"window"`
+	// Size is a tumbling or sliding window's length (aligned to the Unix
+	// epoch, end-exclusive); Slide how often a sliding window starts (Size
+	// a multiple of it); Gap how far apart in event time the events of a
+	// session may be (both sides', in time order).
+	Size  time.Duration `yaml:"size"`
+	Slide time.Duration `yaml:"slide"`
+	Gap   time.Duration `yaml:"gap"`
 	// OutOfOrderness, AllowedLateness, IdleTimeout and OutputRetention are
-	// the join's own, as a pipeline's (allowed_lateness: interval only).
+	// the join's own, as a pipeline's (allowed_lateness: not temporal).
 	OutOfOrderness  time.Duration `yaml:"out_of_orderness"`
 	AllowedLateness time.Duration `yaml:"allowed_lateness"`
 	IdleTimeout     time.Duration `yaml:"idle_timeout"`
@@ -116,7 +127,10 @@ type join struct {
 	fields       [2][][]string // split paths
 	names        [2][]string   // the fields as configured
 	lower, upper int64         // ms
-	size         int64         // window join, ms
+	// Window joins: the kind of window, and its size, slide (tumbling: the
+	// size) and gap, ms.
+	window           windowKind
+	size, slide, gap int64
 }
 
 // CompileJoin validates a join against the compiled pipelines it names and
@@ -211,16 +225,20 @@ func CompileJoin(name string, spec JoinSpec, pipelines map[string]*Pipeline) (*P
 			bad("lower", "%v is above upper %v: no pair could match", *spec.Lower, *spec.Upper)
 		}
 	case windowJoin:
-		switch {
-		case spec.Size <= 0:
-			bad("", "a window join needs size, its tumbling window: without a time bound it would buffer every event forever")
-		case spec.Size%time.Millisecond != 0 || spec.Size > MaxWindowSpan:
-			bad("size", "must be whole milliseconds, at most %v (got %v)", MaxWindowSpan, spec.Size)
+		j.window = windowKinds[cmp.Or(spec.Window, "tumbling")]
+		if j.window == 0 {
+			bad("window", "must be tumbling, sliding or session (got %q)", spec.Window)
+			break
 		}
+		windowShape(j.window, spec.Size, spec.Slide, spec.Gap, func(field string) string { return field },
+			": a window join without it has no time bound and would buffer every event forever", bad)
 		if spec.Lower != nil || spec.Upper != nil {
 			bad("", "a window join takes no lower or upper: events in the same window match")
 		}
-		j.size = spec.Size.Milliseconds()
+		j.size, j.slide, j.gap = spec.Size.Milliseconds(), spec.Slide.Milliseconds(), spec.Gap.Milliseconds()
+		if j.window == tumbling {
+			j.slide = j.size
+		}
 	case temporalJoin:
 		if spec.Lower != nil || spec.Upper != nil {
 			bad("", "a temporal join takes no lower or upper: it joins each left event with the right version as of its time")
@@ -229,8 +247,15 @@ func CompileJoin(name string, spec JoinSpec, pipelines map[string]*Pipeline) (*P
 			bad("allowed_lateness", "a temporal join takes none: an event behind the watermark is late")
 		}
 	}
-	if j.kind != windowJoin && spec.Size != 0 {
-		bad("size", "only a window join takes a size")
+	if j.kind != windowJoin {
+		for _, f := range []struct {
+			entry string
+			set   bool
+		}{{"window", spec.Window != ""}, {"size", spec.Size != 0}, {"slide", spec.Slide != 0}, {"gap", spec.Gap != 0}} {
+			if f.set {
+				bad(f.entry, "only a window join takes a %s", f.entry)
+			}
+		}
 	}
 	// The join's clock runs on event time (its sides' time fields): its
 	// pipeline has a time field for what the clock does, none that is read.
@@ -240,7 +265,7 @@ func CompileJoin(name string, spec JoinSpec, pipelines map[string]*Pipeline) (*P
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	p.fingerprint = fingerprintOf(name, Spec{Key: "(join)", Time: "(join) " + fmt.Sprint(spec.Type, spec.Mode, spec.Left, spec.Right, j.lower, j.upper)})
+	p.fingerprint = fingerprintOf(name, Spec{Key: "(join)", Time: "(join) " + fmt.Sprint(spec.Type, spec.Mode, spec.Left, spec.Right, j.lower, j.upper, j.window, j.size, j.slide, j.gap)})
 	return p, nil
 }
 
@@ -264,10 +289,16 @@ type joinState struct {
 
 // joinEvent is one buffered event of a side.
 type joinEvent struct {
-	t       int64
-	id      string
-	fields  []byte // JSON object
+	t      int64
+	id     string
+	fields []byte // JSON object
+	// Window joins: how many of the sliding windows that hold it, the
+	// earliest, were gone when it came (it joined the others); for a
+	// session, whether its session closed since (see joinsession.go).
+	// Next to matched, so the event takes no more room than without.
+	missed  uint32
 	matched bool
+	sealed  bool
 }
 
 func compareJoinEvents(a, b joinEvent) int {
@@ -301,45 +332,45 @@ func (p *Pipeline) ApplySide(s *State, side int, ev *Event, nowMs int64) (duplic
 		return true
 	}
 	s.seq++
-	late := t < ts.wm-p.lateness
-	switch p.join.kind {
-	case temporalJoin:
+	late := t < ts.wm-p.lateness // interval and session joins
+	switch {
+	case p.join.kind == temporalJoin:
 		late = t < ts.wm
-	case windowJoin:
-		late = p.join.until(side, t)+p.lateness <= ts.wm // its window is gone
+	case p.join.kind == windowJoin && p.join.window != session:
+		e.missed = p.join.missed(t, ts.wm-p.lateness)
+		late = int64(e.missed) == p.join.size/p.join.slide // its windows are all gone
 	}
 	if late {
 		ts.late++
 		return false
 	}
 	e.fields = p.join.project(side, ev.Raw)
-	if p.join.kind == temporalJoin {
+	switch {
+	case p.join.kind == temporalJoin:
 		js.sides[side] = slices.Insert(js.sides[side], i, e)
 		return false
+	case p.join.kind == windowJoin && p.join.window == session:
+		p.sessionArrive(s, ev.Key, side, i, e) // joinsession.go
+		return false
+	case p.join.kind == windowJoin:
+		js.sides[side] = slices.Insert(js.sides[side], i, e)
+		p.windowArrive(s, ev.Key, side, i) // joinwindow.go
+		return false
 	}
-	// Interval: match against the other side's buffered events, in order;
-	// window: the same, if the window is complete (else at its close).
+	// Interval: match against the other side's buffered events, in order.
 	o := 1 - side
 	lo, hi := t+p.join.lower, t+p.join.upper // partner times, for a left event
 	if side == 1 {
 		lo, hi = t-p.join.upper, t-p.join.lower
-	}
-	if p.join.kind == windowJoin {
-		lo = t - mod(t, p.join.size)
-		hi = lo + p.join.size - 1
-		if hi >= ts.wm { // not complete: joined when it closes
-			js.sides[side] = slices.Insert(js.sides[side], i, e)
-			return false
-		}
 	}
 	other := js.sides[o]
 	k, _ := slices.BinarySearchFunc(other, joinEvent{t: lo}, compareJoinEvents)
 	for ; k < len(other) && other[k].t <= hi; k++ {
 		other[k].matched, e.matched = true, true
 		if side == 0 {
-			p.emitJoin(s, ev.Key, &e, &other[k])
+			p.emitJoin(s, ev.Key, &e, &other[k], nil)
 		} else {
-			p.emitJoin(s, ev.Key, &other[k], &e)
+			p.emitJoin(s, ev.Key, &other[k], &e, nil)
 		}
 	}
 	js.sides[side] = slices.Insert(js.sides[side], i, e)
@@ -398,10 +429,11 @@ func (j *join) project(side int, raw []byte) []byte {
 }
 
 // until returns the watermark from which an event of side at time t can
-// have no partner still on time: just past its last partner time.
+// have no partner still on time: just past its last partner time (not for
+// sessions: see joinsession.go).
 func (j *join) until(side int, t int64) int64 {
-	if j.kind == windowJoin { // its window's end: partners are in it
-		return t - mod(t, j.size) + j.size
+	if j.kind == windowJoin { // its last window's end: partners are in it
+		return j.lastStart(t) + j.size
 	}
 	if side == 0 {
 		return t + j.upper + 1
@@ -433,9 +465,9 @@ func (p *Pipeline) expireJoin(s *State, key string) {
 		js.sides[side] = js.sides[side][1:]
 		if !e.matched && (p.join.mode == outerJoin || p.join.mode == leftJoin && side == 0) {
 			if side == 0 {
-				p.emitJoin(s, key, &e, nil)
+				p.emitJoin(s, key, &e, nil, nil)
 			} else {
-				p.emitJoin(s, key, nil, &e)
+				p.emitJoin(s, key, nil, &e, nil)
 			}
 		}
 	}
@@ -455,9 +487,9 @@ func (p *Pipeline) runTemporal(s *State, key string) {
 		v, _ := slices.BinarySearchFunc(right, joinEvent{t: l.t + 1}, compareJoinEvents)
 		switch {
 		case v > 0:
-			p.emitJoin(s, key, l, &right[v-1])
+			p.emitJoin(s, key, l, &right[v-1], nil)
 		case p.join.mode == leftJoin:
-			p.emitJoin(s, key, l, nil)
+			p.emitJoin(s, key, l, nil, nil)
 		}
 	}
 	js.sides[0] = slices.Delete(left, 0, n)
@@ -480,33 +512,13 @@ func (p *Pipeline) advanceJoin(s *State, key string, old int64) {
 		p.runTemporal(s, key)
 		return
 	case windowJoin:
-		p.closeWindows(s, key, old)
+		if p.join.window == session {
+			p.closeSessions(s, key) // joinsession.go
+			return
+		}
+		p.closeWindows(s, key, old) // joinwindow.go
 	}
 	p.expireJoin(s, key)
-}
-
-// closeWindows joins the events of the windows whose end the watermark
-// passed since old, in end order: every left event with every right one.
-func (p *Pipeline) closeWindows(s *State, key string, old int64) {
-	js, size := s.join, p.join.size
-	left, right := js.sides[0], js.sides[1]
-	for a := 0; a < len(left); {
-		end := p.join.until(0, left[a].t)
-		b := a
-		for b < len(left) && left[b].t < end {
-			b++
-		}
-		if end > old && end <= s.wm {
-			r, _ := slices.BinarySearchFunc(right, joinEvent{t: end - size}, compareJoinEvents)
-			for k := a; k < b; k++ {
-				for q := r; q < len(right) && right[q].t < end; q++ {
-					left[k].matched, right[q].matched = true, true
-					p.emitJoin(s, key, &left[k], &right[q])
-				}
-			}
-		}
-		a = b
-	}
 }
 
 // mod is t mod m in [0, m), for negative t too.
@@ -519,11 +531,14 @@ func (p *Pipeline) joinTimer(s *State) int64 {
 		return 0
 	}
 	js := s.join
-	if p.join.kind == temporalJoin {
+	switch {
+	case p.join.kind == temporalJoin:
 		if len(js.sides[0]) == 0 {
 			return 0
 		}
 		return js.sides[0][0].t + 1
+	case p.join.kind == windowJoin && p.join.window == session:
+		return p.sessionTimer(s) // joinsession.go
 	}
 	var next int64
 	for i := range 2 {
@@ -533,17 +548,9 @@ func (p *Pipeline) joinTimer(s *State) int64 {
 			}
 		}
 	}
-	if p.join.kind == windowJoin && len(js.sides[0]) > 0 {
-		// The first window of left events still to close (a window of right
-		// events alone closes to nothing: it only leaves).
-		k, _ := slices.BinarySearchFunc(js.sides[0], joinEvent{t: s.wm - mod(s.wm, p.join.size)}, compareJoinEvents)
-		for ; k < len(js.sides[0]); k++ {
-			if end := p.join.until(0, js.sides[0][k].t); end > s.wm {
-				if end < next {
-					next = end
-				}
-				break
-			}
+	if p.join.kind == windowJoin {
+		if end := p.nextWindowEnd(s); end != 0 && end < next {
+			next = end // joinwindow.go
 		}
 	}
 	return next
@@ -555,8 +562,9 @@ func (j *join) kindName() string {
 }
 
 // emitJoin records a result: a match, or (one of l and r nil) an event
-// alone.
-func (p *Pipeline) emitJoin(s *State, key string, l, r *joinEvent) {
+// alone; w is the window of a sliding window join's match (nil for any
+// other result), part of its id and shown in it.
+func (p *Pipeline) emitJoin(s *State, key string, l, r *joinEvent, w *joinWindow) {
 	js := s.join
 	// {"left":{"fields":…,"id":…,"time":…},"right":…}, as json.Marshal
 	// would write the maps (keys sorted), appended directly: encoding maps
@@ -566,6 +574,13 @@ func (p *Pipeline) emitJoin(s *State, key string, l, r *joinEvent) {
 	values = l.appendJSON(values)
 	values = append(values, `,"right":`...)
 	values = r.appendJSON(values)
+	if w != nil {
+		values = append(values, `,"window":{"end":`...)
+		values = appendTimeJSON(values, w.end)
+		values = append(values, `,"start":`...)
+		values = appendTimeJSON(values, w.start)
+		values = append(values, '}')
+	}
 	values = append(values, '}')
 	o := &keyfoldv1.Output{
 		Pipeline:    p.name,
@@ -587,6 +602,9 @@ func (p *Pipeline) emitJoin(s *State, key string, l, r *joinEvent) {
 		js.unmatched++
 	}
 	o.Id = JoinOutputID(p.name, key, l.ref(), r.ref())
+	if w != nil {
+		o.Id += "/" + strconv.FormatInt(w.start, 10) + "-" + strconv.FormatInt(w.end, 10)
+	}
 	s.out = append(s.out, o)
 }
 
@@ -611,9 +629,16 @@ func (e *joinEvent) appendJSON(b []byte) []byte {
 	b = append(b, `,"id":`...)
 	id, _ := json.Marshal(e.id) // a string: cannot fail
 	b = append(b, id...)
-	b = append(b, `,"time":"`...)
-	b = time.UnixMilli(e.t).UTC().AppendFormat(b, time.RFC3339Nano)
-	return append(b, `"}`...)
+	b = append(b, `,"time":`...)
+	b = appendTimeJSON(b, e.t)
+	return append(b, '}')
+}
+
+// appendTimeJSON appends Unix ms t as a JSON string, RFC 3339 in UTC.
+func appendTimeJSON(b []byte, t int64) []byte {
+	b = append(b, '"')
+	b = time.UnixMilli(t).UTC().AppendFormat(b, time.RFC3339Nano)
+	return append(b, '"')
 }
 
 // JoinEvent names an event a join result joins: its id and event time.
@@ -634,7 +659,9 @@ func (e *joinEvent) ref() *JoinEvent {
 // the left and right events it joins as id@time (Unix ms; empty for a side
 // it lacks), key and ids path-escaped. An event is one id at one time (the
 // join buffers and deduplicates events by both), so the same events always
-// give the same id and the same content, whatever replays or resends.
+// give the same id and the same content, whatever replays or resends. A
+// sliding window join's match adds "/start-end", its window (Unix ms): a
+// pair in two overlapping windows is two results.
 func JoinOutputID(name, key string, left, right *JoinEvent) string {
 	side := func(e *JoinEvent) string {
 		if e == nil {
@@ -648,6 +675,7 @@ func JoinOutputID(name, key string, left, right *JoinEvent) string {
 // JoinView is what a query shows of a join's key.
 type JoinView struct {
 	Type      string         `json:"type"`
+	Window    string         `json:"window,omitempty"` // window joins: tumbling, sliding or session
 	Mode      string         `json:"mode"`
 	Results   uint64         `json:"results"`
 	Unmatched uint64         `json:"unmatched"`
@@ -669,6 +697,9 @@ func (p *Pipeline) Join(s *State) *JoinView {
 		return nil
 	}
 	v := &JoinView{Type: p.join.kindName(), Mode: [...]string{"", "inner", "left", "outer"}[p.join.mode]}
+	if p.join.window != 0 {
+		v.Window = p.join.window.String()
+	}
 	var js joinState
 	if s.timeState != nil && s.join != nil {
 		js = *s.join
@@ -706,7 +737,7 @@ func joinProto(s *State) *keyfoldv1.JoinState {
 		}
 		out := make([]*keyfoldv1.JoinEvent, len(es))
 		for i, e := range es {
-			out[i] = &keyfoldv1.JoinEvent{Id: e.id, TimeMs: e.t, FieldsJson: e.fields, Matched: e.matched}
+			out[i] = &keyfoldv1.JoinEvent{Id: e.id, TimeMs: e.t, FieldsJson: e.fields, Matched: e.matched, WindowsMissed: e.missed, Sealed: e.sealed}
 		}
 		return out
 	}
@@ -723,7 +754,7 @@ func (p *Pipeline) restoreJoin(s *State, st *keyfoldv1.JoinState) {
 	js := &joinState{results: st.Results, unmatched: st.Unmatched}
 	for i, es := range [2][]*keyfoldv1.JoinEvent{st.Left, st.Right} {
 		for _, e := range es {
-			js.sides[i] = append(js.sides[i], joinEvent{t: e.TimeMs, id: e.Id, fields: e.FieldsJson, matched: e.Matched})
+			js.sides[i] = append(js.sides[i], joinEvent{t: e.TimeMs, id: e.Id, fields: e.FieldsJson, matched: e.Matched, missed: e.WindowsMissed, sealed: e.Sealed})
 		}
 		slices.SortFunc(js.sides[i], compareJoinEvents)
 		js.sides[i] = slices.CompactFunc(js.sides[i], func(a, b joinEvent) bool { return compareJoinEvents(a, b) == 0 })

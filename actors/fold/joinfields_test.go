@@ -36,7 +36,7 @@ func fillNonZero(t *testing.T, v reflect.Value, seed *int) {
 		v.SetString(string(rune('a' + *seed%26)))
 	case reflect.Int, reflect.Int64:
 		v.SetInt(int64(*seed) * 1000)
-	case reflect.Uint64:
+	case reflect.Uint64, reflect.Uint32:
 		v.SetUint(uint64(*seed))
 	case reflect.Bool:
 		v.SetBool(true)

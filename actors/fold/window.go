@@ -104,41 +104,9 @@ func (p *Pipeline) compileTime(spec Spec, bad func(entry, format string, args ..
 			continue
 		}
 		w := window{name: n, kind: kind, size: ws.Size.Milliseconds(), slide: ws.Slide.Milliseconds(), gap: ws.Gap.Milliseconds()}
-		positive := func(field string, d time.Duration) {
-			switch {
-			case d <= 0:
-				bad(entry, "%s %s is required and must be positive", ws.Type, field)
-			case d%time.Millisecond != 0 || d > MaxWindowSpan:
-				bad(entry, "%s must be whole milliseconds, at most %v (got %v)", field, MaxWindowSpan, d)
-			}
-		}
-		absent := func(field string, d time.Duration) {
-			if d != 0 {
-				bad(entry, "%s windows take no %s", ws.Type, field)
-			}
-		}
-		switch kind {
-		case tumbling:
-			positive("size", ws.Size)
-			absent("slide", ws.Slide)
-			absent("gap", ws.Gap)
+		windowShape(kind, ws.Size, ws.Slide, ws.Gap, func(string) string { return entry }, "", bad)
+		if kind == tumbling {
 			w.slide = w.size
-		case sliding:
-			positive("size", ws.Size)
-			positive("slide", ws.Slide)
-			absent("gap", ws.Gap)
-			if ws.Size > 0 && ws.Slide > 0 {
-				switch {
-				case ws.Size%ws.Slide != 0:
-					bad(entry, "size %v must be a multiple of slide %v", ws.Size, ws.Slide)
-				case ws.Size/ws.Slide > MaxSlidingRatio:
-					bad(entry, "size/slide is %d: at most %d (each event joins that many windows)", ws.Size/ws.Slide, MaxSlidingRatio)
-				}
-			}
-		case session:
-			positive("gap", ws.Gap)
-			absent("size", ws.Size)
-			absent("slide", ws.Slide)
 		}
 		if ws.Aggregates == nil {
 			for i := range p.aggs {
@@ -159,6 +127,52 @@ func (p *Pipeline) compileTime(spec Spec, bad func(entry, format string, args ..
 			seen[a] = true
 		}
 		p.windows = append(p.windows, w)
+	}
+}
+
+// windowShape checks the size, slide and gap of a window of the kind, as
+// pipeline windows and window joins spell them: each kind takes its own and
+// no other, each whole milliseconds up to MaxWindowSpan, a sliding window's
+// size a multiple of its slide at most MaxSlidingRatio times. at names the
+// entry a field's problem is reported under; why is added to the problem
+// of a size or gap that is missing.
+func windowShape(kind windowKind, size, slide, gap time.Duration, at func(field string) string, why string, bad func(entry, format string, args ...any)) {
+	positive := func(field string, d time.Duration) {
+		switch {
+		case d <= 0 && field != "slide":
+			bad(at(field), "%s %s is required and must be positive%s", kind, field, why)
+		case d <= 0:
+			bad(at(field), "%s %s is required and must be positive", kind, field)
+		case d%time.Millisecond != 0 || d > MaxWindowSpan:
+			bad(at(field), "%s must be whole milliseconds, at most %v (got %v)", field, MaxWindowSpan, d)
+		}
+	}
+	absent := func(field string, d time.Duration) {
+		if d != 0 {
+			bad(at(field), "%s windows take no %s", kind, field)
+		}
+	}
+	switch kind {
+	case tumbling:
+		positive("size", size)
+		absent("slide", slide)
+		absent("gap", gap)
+	case sliding:
+		positive("size", size)
+		positive("slide", slide)
+		absent("gap", gap)
+		if size > 0 && slide > 0 {
+			switch {
+			case size%slide != 0:
+				bad(at("slide"), "size %v must be a multiple of slide %v", size, slide)
+			case size/slide > MaxSlidingRatio:
+				bad(at("slide"), "size/slide is %d: at most %d (each event joins that many windows)", size/slide, MaxSlidingRatio)
+			}
+		}
+	case session:
+		positive("gap", gap)
+		absent("size", size)
+		absent("slide", slide)
 	}
 }
 

@@ -8,19 +8,20 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"slices"
 	"sort"
 	"testing"
 	"time"
 
 	_ "github.com/ncruces/go-sqlite3/driver" // the oracle's SQL engine
-
-	"github.com/keyfold/keyfold/actors/fold"
 )
 
-// The join of TestJoinCrashOracle: orders and payments with the same key
-// match when payment.ts - order.ts is in [-2s, 2s]; outer, so every event
-// that matched nothing is emitted alone.
+// The joins of TestJoinCrashOracle, all outer (every event that matched
+// nothing is emitted alone): orders and payments with the same key match
+// when payment.ts - order.ts is in [-2s, 2s] (paid), when in the same
+// session of events each within 2s of the one before (sessions), and in
+// each 2s window, starting every 500ms, that holds both (sliding).
 const joinCrashYAML = `
 pipelines:
   orders:   {key: k, time: ts, id: id, aggregates: {n: {op: count}}}
@@ -36,7 +37,43 @@ joins:
     out_of_orderness: 1s
     allowed_lateness: 3s
     idle_timeout: 3s
+  sessions:
+    type: window
+    window: session
+    mode: outer
+    gap: 2s
+    left:  {pipeline: orders, fields: [v]}
+    right: {pipeline: payments, fields: [v]}
+    out_of_orderness: 1s
+    allowed_lateness: 3s
+    idle_timeout: 3s
+  sliding:
+    type: window
+    window: sliding
+    mode: outer
+    size: 2s
+    slide: 500ms
+    left:  {pipeline: orders, fields: [v]}
+    right: {pipeline: payments, fields: [v]}
+    out_of_orderness: 1s
+    allowed_lateness: 3s
+    idle_timeout: 3s
 `
+
+// joinCrashPairs are, by join, the SQL of the pairs it matches, over the
+// tables o (orders), p (payments), s (both, with each event's session sid)
+// and n (0 to 3): key, order id and time, payment id and time, and the
+// window's start (sliding; NULL for the others).
+var joinCrashPairs = map[string]string{
+	"paid": `SELECT o.k, o.id, o.ts, p.id, p.ts, NULL FROM o JOIN p ON o.k = p.k AND p.ts - o.ts BETWEEN -2000 AND 2000`,
+	"sessions": `SELECT a.k, a.id, a.ts, b.id, b.ts, NULL FROM s a JOIN s b ON a.k = b.k AND a.sid = b.sid
+		WHERE a.side = 'orders' AND b.side = 'payments'`,
+	// The windows [ws, ws+2000), ws a multiple of 500, holding both: from
+	// the last one starting at or before the earlier event, back.
+	"sliding": `SELECT k, oid, ots, pid, pts, ws FROM (
+		SELECT o.k AS k, o.id AS oid, o.ts AS ots, p.id AS pid, p.ts AS pts, (min(o.ts, p.ts) / 500 - n.i) * 500 AS ws
+		FROM o JOIN p ON o.k = p.k CROSS JOIN n) WHERE ws > max(ots, pts) - 2000`,
+}
 
 type joinEv struct {
 	side string
@@ -147,12 +184,27 @@ func TestJoinCrashOracle(t *testing.T) {
 		t.Fatal("the node was never killed")
 	}
 
-	want := sqliteJoin(t, events, stream)
+	late := 0
+	for _, e := range stream {
+		if e.late {
+			late++
+		}
+	}
+	for _, join := range []string{"paid", "sessions", "sliding"} {
+		got := joinCrashResults(t, n, join, sqliteJoin(t, join, events, stream))
+		t.Logf("%s: %d results from %d events (%d of them late) over 300 keys, across a kill -9", join, len(got), len(stream), late)
+	}
+}
+
+// joinCrashResults reads the join's results until there are as many as
+// want has, and checks them against it: each id once, with one content.
+func joinCrashResults(t *testing.T, n *node, join string, want map[string]bool) map[string]string {
+	t.Helper()
 	// Input goes idle: the join's watermark advances with processing time
 	// after idle_timeout and every buffered event leaves.
 	var got map[string]string
-	waitUntil(t, 90*time.Second, "every join result", func() (bool, error) {
-		outs, err := n.allOutputs("paid", 1000)
+	waitUntil(t, 90*time.Second, "every result of "+join, func() (bool, error) {
+		outs, err := n.allOutputs(join, 1000)
 		if err != nil {
 			return false, err
 		}
@@ -176,18 +228,14 @@ func TestJoinCrashOracle(t *testing.T) {
 			t.Errorf("unexpected result %s: %s", id, c)
 		}
 	}
-	late := 0
-	for _, e := range stream {
-		if e.late {
-			late++
-		}
-	}
-	t.Logf("%d results from %d events (%d of them late) over 300 keys, across a kill -9", len(got), len(stream), late)
+	return got
 }
 
 // sqliteJoin computes the join's result ids with SQL over the events that
-// were not late: matches, then orders and payments that matched nothing.
-func sqliteJoin(t *testing.T, events, stream []joinEv) map[string]bool {
+// were not late: matches (joinCrashPairs), then orders and payments that
+// matched nothing. Ids are named as the README says: join/key/left/right,
+// each side id@ms or empty, a sliding window's match with /start-end.
+func sqliteJoin(t *testing.T, join string, events, stream []joinEv) map[string]bool {
 	t.Helper()
 	db, err := sql.Open("sqlite3", "file:"+t.TempDir()+"/oracle.db")
 	if err != nil {
@@ -216,10 +264,14 @@ func sqliteJoin(t *testing.T, events, stream []joinEv) map[string]bool {
 	}
 	rows, err := db.Query(`
 		WITH o AS (SELECT * FROM ev WHERE side = 'orders'), p AS (SELECT * FROM ev WHERE side = 'payments'),
-		m AS (SELECT o.k, o.id AS oid, o.ts AS ots, p.id AS pid, p.ts AS pts FROM o JOIN p ON o.k = p.k AND p.ts - o.ts BETWEEN -2000 AND 2000)
-		SELECT k, oid, ots, pid, pts FROM m
-		UNION ALL SELECT k, id, ts, NULL, NULL FROM o WHERE id NOT IN (SELECT oid FROM m)
-		UNION ALL SELECT k, NULL, NULL, id, ts FROM p WHERE id NOT IN (SELECT pid FROM m)`)
+		-- sessions: per key, by time, a new one after a gap of more than 2s
+		s AS (SELECT *, SUM(brk) OVER (PARTITION BY k ORDER BY ts, side, id ROWS UNBOUNDED PRECEDING) AS sid FROM (
+			SELECT *, CASE WHEN ts - LAG(ts) OVER (PARTITION BY k ORDER BY ts, side, id) > 2000 THEN 1 ELSE 0 END AS brk FROM ev)),
+		n AS (SELECT 0 AS i UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3),
+		m (k, oid, ots, pid, pts, ws) AS (` + joinCrashPairs[join] + `)
+		SELECT k, oid, ots, pid, pts, ws FROM m
+		UNION ALL SELECT k, id, ts, NULL, NULL, NULL FROM o WHERE id NOT IN (SELECT oid FROM m)
+		UNION ALL SELECT k, NULL, NULL, id, ts, NULL FROM p WHERE id NOT IN (SELECT pid FROM m)`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,18 +280,21 @@ func sqliteJoin(t *testing.T, events, stream []joinEv) map[string]bool {
 	for rows.Next() {
 		var k string
 		var oid, pid sql.NullString
-		var ots, pts sql.NullInt64
-		if err := rows.Scan(&k, &oid, &ots, &pid, &pts); err != nil {
+		var ots, pts, ws sql.NullInt64
+		if err := rows.Scan(&k, &oid, &ots, &pid, &pts, &ws); err != nil {
 			t.Fatal(err)
 		}
-		var l, r *fold.JoinEvent
-		if oid.Valid {
-			l = &fold.JoinEvent{ID: oid.String, TimeMs: ots.Int64}
+		ref := func(id sql.NullString, ts sql.NullInt64) string {
+			if !id.Valid {
+				return ""
+			}
+			return fmt.Sprintf("%s@%d", url.PathEscape(id.String), ts.Int64)
 		}
-		if pid.Valid {
-			r = &fold.JoinEvent{ID: pid.String, TimeMs: pts.Int64}
+		id := join + "/" + url.PathEscape(k) + "/" + ref(oid, ots) + "/" + ref(pid, pts)
+		if ws.Valid {
+			id += fmt.Sprintf("/%d-%d", ws.Int64, ws.Int64+2000)
 		}
-		want[fold.JoinOutputID("paid", k, l, r)] = true
+		want[id] = true
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)

@@ -192,14 +192,64 @@ func TestListPipelines(t *testing.T) {
 			{Name: "no_recovery", Kind: "absence", After: "type == 'login_failed'", Absent: "type == 'login_ok'", Within: d(15 * time.Minute)},
 		},
 	}}
+	equalMessages(t, "pipeline", got, want)
+}
+
+// equalMessages checks a list of messages against the one expected.
+func equalMessages[M proto.Message](t *testing.T, what string, got, want []M) {
+	t.Helper()
 	if len(got) != len(want) {
-		t.Fatalf("%d pipelines, want %d: %v", len(got), len(want), got)
+		t.Fatalf("%d %ss, want %d: %v", len(got), what, len(want), got)
 	}
 	for i := range want {
 		if !proto.Equal(got[i], want[i]) {
-			t.Errorf("pipeline %d:\n got %v\nwant %v", i, prototext.Format(got[i]), prototext.Format(want[i]))
+			t.Errorf("%s %d:\n got %v\nwant %v", what, i, prototext.Format(got[i]), prototext.Format(want[i]))
 		}
 	}
+}
+
+// TestListJoins: ListPipelines lists the joins after the pipelines, each
+// with its kind, mode and two sides, the bounds of its kind and its
+// event-time settings with the defaults filled in, what its kind does not
+// take left unset.
+func TestListJoins(t *testing.T) {
+	cfg := servicetest.Config(t, servicetest.JoinsYAML)
+	cfg.GRPCAddr = "127.0.0.1:0"
+	n := servicetest.Run(t, cfg)
+	c := dial(t, n.GRPCAddr(), client.Options{})
+
+	pipelines, err := c.Pipelines(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pipelines) != 2 || pipelines[0].Name != "orders" || pipelines[1].Name != "payments" {
+		t.Errorf("pipelines %v, want orders and payments (the joins are listed apart)", pipelines)
+	}
+	got, err := c.Joins(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := durationpb.New
+	side := func(p string, fields ...string) *keyfoldv1.JoinSideInfo {
+		return &keyfoldv1.JoinSideInfo{Pipeline: p, Fields: fields}
+	}
+	want := []*keyfoldv1.JoinInfo{{
+		Name: "paid", Kind: "interval", Mode: "left", Left: side("orders", "amount"), Right: side("payments", "amount", "method"),
+		Lower: d(0), Upper: d(time.Hour),
+		OutOfOrderness: d(0), AllowedLateness: d(time.Minute), IdleTimeout: d(30 * time.Second), OutputRetention: d(24 * time.Hour),
+	}, {
+		Name: "per_hour", Kind: "window", Mode: "inner", Left: side("orders"), Right: side("payments"),
+		Window: "sliding", Size: d(time.Hour), Slide: d(15 * time.Minute),
+		OutOfOrderness: d(0), AllowedLateness: d(0), IdleTimeout: d(30 * time.Second), OutputRetention: d(24 * time.Hour),
+	}, {
+		Name: "rated", Kind: "temporal", Mode: "inner", Left: side("payments"), Right: side("orders", "amount"),
+		OutOfOrderness: d(0), IdleTimeout: d(time.Minute), OutputRetention: d(24 * time.Hour),
+	}, {
+		Name: "sessions", Kind: "window", Mode: "outer", Left: side("orders"), Right: side("payments"),
+		Window: "session", Gap: d(10 * time.Minute),
+		OutOfOrderness: d(5 * time.Second), AllowedLateness: d(0), IdleTimeout: d(30 * time.Second), OutputRetention: d(24 * time.Hour),
+	}}
+	equalMessages(t, "join", got, want)
 }
 
 // TestIngestStream: batches are applied and acknowledged in the order sent

@@ -44,6 +44,7 @@ func (b *stalledBackend) Query(context.Context, string, string) (*keyfoldv1.GetS
 }
 func (b *stalledBackend) Delete(context.Context, string, string) error { return nil }
 func (b *stalledBackend) Pipelines() []*keyfoldv1.PipelineInfo         { return nil }
+func (b *stalledBackend) Joins() []*keyfoldv1.JoinInfo                 { return nil }
 
 type stalledPending struct {
 	b *stalledBackend

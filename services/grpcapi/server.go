@@ -40,6 +40,8 @@ type Backend interface {
 	Call(ctx context.Context, req *keyfoldv1.CallRequest) (*keyfoldv1.CallResponse, error)
 	// Pipelines describes the configured pipelines.
 	Pipelines() []*keyfoldv1.PipelineInfo
+	// Joins describes the configured joins.
+	Joins() []*keyfoldv1.JoinInfo
 	// Outputs returns up to limit results of a pipeline stored after
 	// cursor after ("" from the oldest kept), oldest first.
 	Outputs(ctx context.Context, pipeline, after string, limit int) ([]*keyfoldv1.OutputEntry, error)
@@ -256,7 +258,7 @@ func (s *server) GetCluster(ctx context.Context, req *keyfoldv1.GetClusterReques
 }
 
 func (s *server) ListPipelines(context.Context, *keyfoldv1.ListPipelinesRequest) (*keyfoldv1.ListPipelinesResponse, error) {
-	return &keyfoldv1.ListPipelinesResponse{Pipelines: s.b.Pipelines()}, nil
+	return &keyfoldv1.ListPipelinesResponse{Pipelines: s.b.Pipelines(), Joins: s.b.Joins()}, nil
 }
 
 // status turns an error into a gRPC status: the code from the shared table,

@@ -1,6 +1,7 @@
 package httpapi_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -225,7 +226,54 @@ func TestDeleteKey(t *testing.T) {
 // name, in the JSON of gRPC's ListPipelinesResponse: the same description
 // over both transports, and through both Go clients.
 func TestListPipelines(t *testing.T) {
-	cfg := servicetest.Config(t, servicetest.DescribedYAML)
+	got := listPipelines(t, servicetest.DescribedYAML)
+	// The whole answer, as the README documents it: fields that do not
+	// apply are left out, durations are protobuf's JSON strings.
+	want := `{"pipelines":[` +
+		`{"name":"clicks","key_field":"page","aggregates":[{"name":"hits","op":"count"}]},` +
+		`{"name":"logins","key_field":"user_id","id_field":"event_id","time_field":"ts",` +
+		`"aggregates":[{"name":"amount","op":"sum","field":"amount"},{"name":"failed","op":"count","where":"type == 'login_failed'"},{"name":"total","op":"count"}],` +
+		`"dedup_window":"86400s","ttl":"2592000s","out_of_orderness":"5s","allowed_lateness":"60s","idle_timeout":"30s","output_retention":"86400s",` +
+		`"windows":[{"name":"last_hour","kind":"sliding","size":"3600s","slide":"300s","aggregates":["total"]},` +
+		`{"name":"per_minute","kind":"tumbling","size":"60s","aggregates":["total","amount"]},` +
+		`{"name":"sessions","kind":"session","gap":"1800s","aggregates":["amount","failed","total"]}],` +
+		`"patterns":[{"name":"brute_force","kind":"threshold","where":"type == 'login_failed'","count":3,"within":"300s"},` +
+		`{"name":"fail_then_ok","kind":"sequence","sequence":["type == 'login_failed'","type == 'login_ok'"],"within":"600s"},` +
+		`{"name":"no_recovery","kind":"absence","after":"type == 'login_failed'","absent":"type == 'login_ok'","within":"900s"}]}]}`
+	if got != want {
+		t.Errorf("GET /v1/pipelines:\n got %s\nwant %s", got, want)
+	}
+}
+
+// TestListJoins: GET /v1/pipelines lists the joins apart from the
+// pipelines, each with its kind, mode and two sides (the JSON of gRPC's
+// JoinInfo), and both Go clients read the same joins.
+func TestListJoins(t *testing.T) {
+	got := listPipelines(t, servicetest.JoinsYAML)
+	times := `"out_of_orderness":"0s","allowed_lateness":"0s","idle_timeout":"30s","output_retention":"86400s"`
+	want := `{"pipelines":[` +
+		`{"name":"orders","key_field":"order_id","id_field":"event_id","time_field":"ts","dedup_window":"86400s"},` +
+		`{"name":"payments","key_field":"order_id","id_field":"event_id","time_field":"ts","dedup_window":"86400s"}],` +
+		`"joins":[` +
+		`{"name":"paid","kind":"interval","mode":"left","left":{"pipeline":"orders","fields":["amount"]},"right":{"pipeline":"payments","fields":["amount","method"]},` +
+		`"lower":"0s","upper":"3600s","out_of_orderness":"0s","allowed_lateness":"60s","idle_timeout":"30s","output_retention":"86400s"},` +
+		`{"name":"per_hour","kind":"window","mode":"inner","left":{"pipeline":"orders"},"right":{"pipeline":"payments"},` +
+		`"window":"sliding","size":"3600s","slide":"900s",` + times + `},` +
+		`{"name":"rated","kind":"temporal","mode":"inner","left":{"pipeline":"payments"},"right":{"pipeline":"orders","fields":["amount"]},` +
+		`"out_of_orderness":"0s","idle_timeout":"60s","output_retention":"86400s"},` +
+		`{"name":"sessions","kind":"window","mode":"outer","left":{"pipeline":"orders"},"right":{"pipeline":"payments"},` +
+		`"window":"session","gap":"600s","out_of_orderness":"5s","allowed_lateness":"0s","idle_timeout":"30s","output_retention":"86400s"}]}`
+	if got != want {
+		t.Errorf("GET /v1/pipelines:\n got %s\nwant %s", got, want)
+	}
+}
+
+// listPipelines runs a node on the configuration and returns its answer
+// to GET /v1/pipelines, having checked that the HTTP client reads from it
+// the pipelines and joins the gRPC client does.
+func listPipelines(t *testing.T, yaml string) string {
+	t.Helper()
+	cfg := servicetest.Config(t, yaml)
 	cfg.HTTPAddr, cfg.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
 	n := servicetest.Run(t, cfg)
 	base := "http://" + n.HTTPAddr()
@@ -242,44 +290,35 @@ func TestListPipelines(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/json" {
 		t.Fatalf("GET /v1/pipelines: %s, Content-Type %q: %s", resp.Status, resp.Header.Get("Content-Type"), body)
 	}
-	// The whole answer, as the README documents it: fields that do not
-	// apply are left out, durations are protobuf's JSON strings.
-	want := `{"pipelines":[` +
-		`{"name":"clicks","key_field":"page","aggregates":[{"name":"hits","op":"count"}]},` +
-		`{"name":"logins","key_field":"user_id","id_field":"event_id","time_field":"ts",` +
-		`"aggregates":[{"name":"amount","op":"sum","field":"amount"},{"name":"failed","op":"count","where":"type == 'login_failed'"},{"name":"total","op":"count"}],` +
-		`"dedup_window":"86400s","ttl":"2592000s","out_of_orderness":"5s","allowed_lateness":"60s","idle_timeout":"30s","output_retention":"86400s",` +
-		`"windows":[{"name":"last_hour","kind":"sliding","size":"3600s","slide":"300s","aggregates":["total"]},` +
-		`{"name":"per_minute","kind":"tumbling","size":"60s","aggregates":["total","amount"]},` +
-		`{"name":"sessions","kind":"session","gap":"1800s","aggregates":["amount","failed","total"]}],` +
-		`"patterns":[{"name":"brute_force","kind":"threshold","where":"type == 'login_failed'","count":3,"within":"300s"},` +
-		`{"name":"fail_then_ok","kind":"sequence","sequence":["type == 'login_failed'","type == 'login_ok'"],"within":"600s"},` +
-		`{"name":"no_recovery","kind":"absence","after":"type == 'login_failed'","absent":"type == 'login_ok'","within":"900s"}]}]}`
-	if got := strings.TrimSpace(string(body)); got != want {
-		t.Errorf("GET /v1/pipelines:\n got %s\nwant %s", got, want)
-	}
 
-	// The HTTP client reads what the gRPC client does.
 	hc := &httpapi.Client{Base: base}
-	viaHTTP, err := hc.Pipelines(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
 	gc, err := client.Dial(n.GRPCAddr(), client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer gc.Close()
-	viaGRPC, err := gc.Pipelines(t.Context())
+	sameOverBoth(t, "pipeline", hc.Pipelines, gc.Pipelines)
+	sameOverBoth(t, "join", hc.Joins, gc.Joins)
+	return strings.TrimSpace(string(body))
+}
+
+// sameOverBoth checks that the HTTP client's list equals the gRPC one's.
+func sameOverBoth[M proto.Message](t *testing.T, what string, viaHTTP, viaGRPC func(context.Context) ([]M, error)) {
+	t.Helper()
+	h, err := viaHTTP(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(viaHTTP) != len(viaGRPC) {
-		t.Fatalf("%d pipelines over HTTP, %d over gRPC", len(viaHTTP), len(viaGRPC))
+	g, err := viaGRPC(t.Context())
+	if err != nil {
+		t.Fatal(err)
 	}
-	for i := range viaGRPC {
-		if !proto.Equal(viaHTTP[i], viaGRPC[i]) {
-			t.Errorf("pipeline %d:\n HTTP %v\n gRPC %v", i, viaHTTP[i], viaGRPC[i])
+	if len(h) != len(g) {
+		t.Fatalf("%d %ss over HTTP, %d over gRPC", len(h), what, len(g))
+	}
+	for i := range g {
+		if !proto.Equal(h[i], g[i]) {
+			t.Errorf("%s %d:\n HTTP %v\n gRPC %v", what, i, h[i], g[i])
 		}
 	}
 }

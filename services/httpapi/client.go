@@ -86,6 +86,18 @@ func (c *Client) Call(ctx context.Context, pipeline, key string, req CallRequest
 // Pipelines describes the node's pipelines, sorted by name (GET
 // /v1/pipelines): the same messages as the gRPC client's Pipelines.
 func (c *Client) Pipelines(ctx context.Context) ([]*keyfoldv1.PipelineInfo, error) {
+	res, err := c.listPipelines(ctx)
+	return res.GetPipelines(), err
+}
+
+// Joins describes the node's joins, sorted by name (GET /v1/pipelines'
+// joins): the same messages as the gRPC client's Joins.
+func (c *Client) Joins(ctx context.Context) ([]*keyfoldv1.JoinInfo, error) {
+	res, err := c.listPipelines(ctx)
+	return res.GetJoins(), err
+}
+
+func (c *Client) listPipelines(ctx context.Context) (*keyfoldv1.ListPipelinesResponse, error) {
 	var raw json.RawMessage
 	if err := c.do(ctx, http.MethodGet, "/v1/pipelines", nil, &raw); err != nil {
 		return nil, err
@@ -96,7 +108,7 @@ func (c *Client) Pipelines(ctx context.Context) ([]*keyfoldv1.PipelineInfo, erro
 	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(raw, &res); err != nil {
 		return nil, fmt.Errorf("GET /v1/pipelines: %w", err)
 	}
-	return res.Pipelines, nil
+	return &res, nil
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body io.Reader, out any) error {

@@ -60,9 +60,11 @@ type Backend interface {
 	// Cluster describes the cluster and, if key is set, the owner of
 	// pipeline's key.
 	Cluster(ctx context.Context, pipeline, key string) (any, error)
-	// Pipelines describes the configured pipelines, sorted by name: the
-	// messages gRPC's ListPipelines returns, served as their JSON.
+	// Pipelines and Joins describe the configured pipelines and joins,
+	// sorted by name: the messages gRPC's ListPipelines returns, served as
+	// their JSON.
 	Pipelines() []*keyfoldv1.PipelineInfo
+	Joins() []*keyfoldv1.JoinInfo
 }
 
 // Output is one output: its cursor and its JSON form.
@@ -408,7 +410,7 @@ func (s *server) query(w http.ResponseWriter, r *http.Request) {
 var pipelinesJSON = protojson.MarshalOptions{UseProtoNames: true}
 
 func (s *server) pipelines(w http.ResponseWriter, r *http.Request) {
-	b, err := pipelinesJSON.Marshal(&keyfoldv1.ListPipelinesResponse{Pipelines: s.b.Pipelines()})
+	b, err := pipelinesJSON.Marshal(&keyfoldv1.ListPipelinesResponse{Pipelines: s.b.Pipelines(), Joins: s.b.Joins()})
 	if err != nil {
 		s.fail(w, r, fmt.Errorf("encoding the pipelines: %w", err))
 		return

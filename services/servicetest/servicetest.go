@@ -91,3 +91,42 @@ pipelines:
     aggregates:
       hits: { op: count }
 `
+
+// JoinsYAML configures two pipelines and a join of each kind (interval,
+// sliding window, session window, temporal), with the settings a join
+// description (gRPC ListPipelines' joins, GET /v1/pipelines' joins)
+// reports: the tests of both transports describe these.
+const JoinsYAML = `
+pipelines:
+  orders:   { key: order_id, time: ts, id: event_id }
+  payments: { key: order_id, time: ts, id: event_id }
+joins:
+  paid:
+    type: interval
+    mode: left
+    left:  { pipeline: orders,   fields: [amount] }
+    right: { pipeline: payments, fields: [amount, method] }
+    lower: 0s
+    upper: 1h
+    allowed_lateness: 1m
+  per_hour:
+    type: window
+    window: sliding
+    size: 1h
+    slide: 15m
+    left:  { pipeline: orders }
+    right: { pipeline: payments }
+  sessions:
+    type: window
+    window: session
+    mode: outer
+    gap: 10m
+    out_of_orderness: 5s
+    left:  { pipeline: orders }
+    right: { pipeline: payments }
+  rated:
+    type: temporal
+    left:  { pipeline: payments }
+    right: { pipeline: orders, fields: [amount] }
+    idle_timeout: 1m
+`

@@ -618,7 +618,7 @@ func (x *KeyState) GetJoin() *JoinState {
 }
 
 // JoinState is what one key of a join holds: each side's buffered events
-// (interval join: those that may still match; temporal join: the left
+// (interval and window joins: those that may still match; temporal join: the left
 // events waiting for the watermark, and the right side's versions still
 // needed), ordered by (time, id). The key's seq, duplicates, watermark and
 // late count are those of its KeyState.
@@ -700,7 +700,13 @@ type JoinEvent struct {
 	// The side's configured fields, as a JSON object.
 	FieldsJson []byte `protobuf:"bytes,3,opt,name=fields_json,json=fieldsJson,proto3" json:"fields_json,omitempty"`
 	// It matched at least one event of the other side.
-	Matched       bool `protobuf:"varint,4,opt,name=matched,proto3" json:"matched,omitempty"`
+	Matched bool `protobuf:"varint,4,opt,name=matched,proto3" json:"matched,omitempty"`
+	// Sliding (and tumbling) window joins: how many of the windows that hold
+	// it, the earliest ones, were gone when it arrived; it joined the others.
+	WindowsMissed uint32 `protobuf:"varint,5,opt,name=windows_missed,json=windowsMissed,proto3" json:"windows_missed,omitempty"`
+	// Session window joins: its session has closed since it arrived, and its
+	// pairs with the other sealed events of its session were emitted.
+	Sealed        bool `protobuf:"varint,6,opt,name=sealed,proto3" json:"sealed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -759,6 +765,20 @@ func (x *JoinEvent) GetFieldsJson() []byte {
 func (x *JoinEvent) GetMatched() bool {
 	if x != nil {
 		return x.Matched
+	}
+	return false
+}
+
+func (x *JoinEvent) GetWindowsMissed() uint32 {
+	if x != nil {
+		return x.WindowsMissed
+	}
+	return 0
+}
+
+func (x *JoinEvent) GetSealed() bool {
+	if x != nil {
+		return x.Sealed
 	}
 	return false
 }
@@ -1787,13 +1807,15 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\x04left\x18\x01 \x03(\v2\x15.keyfold.v1.JoinEventR\x04left\x12+\n" +
 	"\x05right\x18\x02 \x03(\v2\x15.keyfold.v1.JoinEventR\x05right\x12\x18\n" +
 	"\aresults\x18\x03 \x01(\x04R\aresults\x12\x1c\n" +
-	"\tunmatched\x18\x04 \x01(\x04R\tunmatched\"o\n" +
+	"\tunmatched\x18\x04 \x01(\x04R\tunmatched\"\xae\x01\n" +
 	"\tJoinEvent\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\atime_ms\x18\x02 \x01(\x03R\x06timeMs\x12\x1f\n" +
 	"\vfields_json\x18\x03 \x01(\fR\n" +
 	"fieldsJson\x12\x18\n" +
-	"\amatched\x18\x04 \x01(\bR\amatched\"\x87\x02\n" +
+	"\amatched\x18\x04 \x01(\bR\amatched\x12%\n" +
+	"\x0ewindows_missed\x18\x05 \x01(\rR\rwindowsMissed\x12\x16\n" +
+	"\x06sealed\x18\x06 \x01(\bR\x06sealed\"\x87\x02\n" +
 	"\fHandlerState\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\rR\aversion\x12\x18\n" +

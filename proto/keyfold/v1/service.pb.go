@@ -754,8 +754,12 @@ func (*ListPipelinesRequest) Descriptor() ([]byte, []int) {
 }
 
 type ListPipelinesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Pipelines     []*PipelineInfo        `protobuf:"bytes,1,rep,name=pipelines,proto3" json:"pipelines,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Pipelines []*PipelineInfo        `protobuf:"bytes,1,rep,name=pipelines,proto3" json:"pipelines,omitempty"`
+	// The joins, sorted by name. A join is read like a pipeline, by its name
+	// (its keys' state, its results), but takes no events of its own: its
+	// sides' pipelines feed it.
+	Joins         []*JoinInfo `protobuf:"bytes,2,rep,name=joins,proto3" json:"joins,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -793,6 +797,229 @@ func (*ListPipelinesResponse) Descriptor() ([]byte, []int) {
 func (x *ListPipelinesResponse) GetPipelines() []*PipelineInfo {
 	if x != nil {
 		return x.Pipelines
+	}
+	return nil
+}
+
+func (x *ListPipelinesResponse) GetJoins() []*JoinInfo {
+	if x != nil {
+		return x.Joins
+	}
+	return nil
+}
+
+// JoinInfo describes one join as the node runs it: its configuration with
+// the defaults filled in, what does not apply to its kind unset.
+type JoinInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Kind  string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"` // interval, window or temporal (its results' kind)
+	Mode  string                 `protobuf:"bytes,3,opt,name=mode,proto3" json:"mode,omitempty"` // inner, left or outer
+	Left  *JoinSideInfo          `protobuf:"bytes,4,opt,name=left,proto3" json:"left,omitempty"`
+	Right *JoinSideInfo          `protobuf:"bytes,5,opt,name=right,proto3" json:"right,omitempty"`
+	// interval: the bounds of right.time - left.time, both inclusive.
+	Lower *durationpb.Duration `protobuf:"bytes,6,opt,name=lower,proto3" json:"lower,omitempty"`
+	Upper *durationpb.Duration `protobuf:"bytes,7,opt,name=upper,proto3" json:"upper,omitempty"`
+	// window: tumbling, sliding or session, with the size (tumbling and
+	// sliding), slide (sliding) and gap (session), as a WindowInfo's.
+	Window string               `protobuf:"bytes,8,opt,name=window,proto3" json:"window,omitempty"`
+	Size   *durationpb.Duration `protobuf:"bytes,9,opt,name=size,proto3" json:"size,omitempty"`
+	Slide  *durationpb.Duration `protobuf:"bytes,10,opt,name=slide,proto3" json:"slide,omitempty"`
+	Gap    *durationpb.Duration `protobuf:"bytes,11,opt,name=gap,proto3" json:"gap,omitempty"`
+	// The join's own event-time settings, as a pipeline's
+	// (allowed_lateness: not for a temporal join).
+	OutOfOrderness  *durationpb.Duration `protobuf:"bytes,12,opt,name=out_of_orderness,json=outOfOrderness,proto3" json:"out_of_orderness,omitempty"`
+	AllowedLateness *durationpb.Duration `protobuf:"bytes,13,opt,name=allowed_lateness,json=allowedLateness,proto3" json:"allowed_lateness,omitempty"`
+	IdleTimeout     *durationpb.Duration `protobuf:"bytes,14,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
+	OutputRetention *durationpb.Duration `protobuf:"bytes,15,opt,name=output_retention,json=outputRetention,proto3" json:"output_retention,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *JoinInfo) Reset() {
+	*x = JoinInfo{}
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinInfo) ProtoMessage() {}
+
+func (x *JoinInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinInfo.ProtoReflect.Descriptor instead.
+func (*JoinInfo) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *JoinInfo) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *JoinInfo) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *JoinInfo) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *JoinInfo) GetLeft() *JoinSideInfo {
+	if x != nil {
+		return x.Left
+	}
+	return nil
+}
+
+func (x *JoinInfo) GetRight() *JoinSideInfo {
+	if x != nil {
+		return x.Right
+	}
+	return nil
+}
+
+func (x *JoinInfo) GetLower() *durationpb.Duration {
+	if x != nil {
+		return x.Lower
+	}
+	return nil
+}
+
+func (x *JoinInfo) GetUpper() *durationpb.Duration {
+	if x != nil {
+		return x.Upper
+	}
+	return nil
+}
+
+func (x *JoinInfo) GetWindow() string {
+	if x != nil {
+		return x.Window
+	}
+	return ""
+}
+
+func (x *JoinInfo) GetSize() *durationpb.Duration {
+	if x != nil {
+		return x.Size
+	}
+	return nil
+}
+
+func (x *JoinInfo) GetSlide() *durationpb.Duration {
+	if x != nil {
+		return x.Slide
+	}
+	return nil
+}
+
+func (x *JoinInfo) GetGap() *durationpb.Duration {
+	if x != nil {
+		return x.Gap
+	}
+	return nil
+}
+
+func (x *JoinInfo) GetOutOfOrderness() *durationpb.Duration {
+	if x != nil {
+		return x.OutOfOrderness
+	}
+	return nil
+}
+
+func (x *JoinInfo) GetAllowedLateness() *durationpb.Duration {
+	if x != nil {
+		return x.AllowedLateness
+	}
+	return nil
+}
+
+func (x *JoinInfo) GetIdleTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.IdleTimeout
+	}
+	return nil
+}
+
+func (x *JoinInfo) GetOutputRetention() *durationpb.Duration {
+	if x != nil {
+		return x.OutputRetention
+	}
+	return nil
+}
+
+// JoinSideInfo is one input of a join.
+type JoinSideInfo struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pipeline      string                 `protobuf:"bytes,1,opt,name=pipeline,proto3" json:"pipeline,omitempty"` // the pipeline whose events it takes
+	Fields        []string               `protobuf:"bytes,2,rep,name=fields,proto3" json:"fields,omitempty"`     // the fields of them its results carry
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinSideInfo) Reset() {
+	*x = JoinSideInfo{}
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinSideInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinSideInfo) ProtoMessage() {}
+
+func (x *JoinSideInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinSideInfo.ProtoReflect.Descriptor instead.
+func (*JoinSideInfo) Descriptor() ([]byte, []int) {
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *JoinSideInfo) GetPipeline() string {
+	if x != nil {
+		return x.Pipeline
+	}
+	return ""
+}
+
+func (x *JoinSideInfo) GetFields() []string {
+	if x != nil {
+		return x.Fields
 	}
 	return nil
 }
@@ -836,7 +1063,7 @@ type PipelineInfo struct {
 
 func (x *PipelineInfo) Reset() {
 	*x = PipelineInfo{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[13]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -848,7 +1075,7 @@ func (x *PipelineInfo) String() string {
 func (*PipelineInfo) ProtoMessage() {}
 
 func (x *PipelineInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[13]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -861,7 +1088,7 @@ func (x *PipelineInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PipelineInfo.ProtoReflect.Descriptor instead.
 func (*PipelineInfo) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{13}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PipelineInfo) GetName() string {
@@ -974,7 +1201,7 @@ type AggregateInfo struct {
 
 func (x *AggregateInfo) Reset() {
 	*x = AggregateInfo{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[14]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +1213,7 @@ func (x *AggregateInfo) String() string {
 func (*AggregateInfo) ProtoMessage() {}
 
 func (x *AggregateInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[14]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +1226,7 @@ func (x *AggregateInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AggregateInfo.ProtoReflect.Descriptor instead.
 func (*AggregateInfo) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{14}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AggregateInfo) GetName() string {
@@ -1047,7 +1274,7 @@ type WindowInfo struct {
 
 func (x *WindowInfo) Reset() {
 	*x = WindowInfo{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[15]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1059,7 +1286,7 @@ func (x *WindowInfo) String() string {
 func (*WindowInfo) ProtoMessage() {}
 
 func (x *WindowInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[15]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1072,7 +1299,7 @@ func (x *WindowInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowInfo.ProtoReflect.Descriptor instead.
 func (*WindowInfo) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{15}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WindowInfo) GetName() string {
@@ -1138,7 +1365,7 @@ type PatternInfo struct {
 
 func (x *PatternInfo) Reset() {
 	*x = PatternInfo{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[16]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1150,7 +1377,7 @@ func (x *PatternInfo) String() string {
 func (*PatternInfo) ProtoMessage() {}
 
 func (x *PatternInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[16]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1163,7 +1390,7 @@ func (x *PatternInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PatternInfo.ProtoReflect.Descriptor instead.
 func (*PatternInfo) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{16}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PatternInfo) GetName() string {
@@ -1236,7 +1463,7 @@ type ListOutputsRequest struct {
 
 func (x *ListOutputsRequest) Reset() {
 	*x = ListOutputsRequest{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[17]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1248,7 +1475,7 @@ func (x *ListOutputsRequest) String() string {
 func (*ListOutputsRequest) ProtoMessage() {}
 
 func (x *ListOutputsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[17]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1261,7 +1488,7 @@ func (x *ListOutputsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOutputsRequest.ProtoReflect.Descriptor instead.
 func (*ListOutputsRequest) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{17}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListOutputsRequest) GetPipeline() string {
@@ -1297,7 +1524,7 @@ type ListOutputsResponse struct {
 
 func (x *ListOutputsResponse) Reset() {
 	*x = ListOutputsResponse{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[18]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1309,7 +1536,7 @@ func (x *ListOutputsResponse) String() string {
 func (*ListOutputsResponse) ProtoMessage() {}
 
 func (x *ListOutputsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[18]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1322,7 +1549,7 @@ func (x *ListOutputsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOutputsResponse.ProtoReflect.Descriptor instead.
 func (*ListOutputsResponse) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{18}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListOutputsResponse) GetOutputs() []*OutputEntry {
@@ -1350,7 +1577,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[19]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1362,7 +1589,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[19]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1375,7 +1602,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{19}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SubscribeRequest) GetPipeline() string {
@@ -1407,7 +1634,7 @@ type OutputEntry struct {
 
 func (x *OutputEntry) Reset() {
 	*x = OutputEntry{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[20]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1419,7 +1646,7 @@ func (x *OutputEntry) String() string {
 func (*OutputEntry) ProtoMessage() {}
 
 func (x *OutputEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[20]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1432,7 +1659,7 @@ func (x *OutputEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputEntry.ProtoReflect.Descriptor instead.
 func (*OutputEntry) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{20}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *OutputEntry) GetCursor() string {
@@ -1468,7 +1695,7 @@ type GetClusterRequest struct {
 
 func (x *GetClusterRequest) Reset() {
 	*x = GetClusterRequest{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[21]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1480,7 +1707,7 @@ func (x *GetClusterRequest) String() string {
 func (*GetClusterRequest) ProtoMessage() {}
 
 func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[21]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1493,7 +1720,7 @@ func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterRequest) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{21}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetClusterRequest) GetPipeline() string {
@@ -1532,7 +1759,7 @@ type GetClusterResponse struct {
 
 func (x *GetClusterResponse) Reset() {
 	*x = GetClusterResponse{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[22]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1544,7 +1771,7 @@ func (x *GetClusterResponse) String() string {
 func (*GetClusterResponse) ProtoMessage() {}
 
 func (x *GetClusterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[22]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1557,7 +1784,7 @@ func (x *GetClusterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterResponse.ProtoReflect.Descriptor instead.
 func (*GetClusterResponse) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{22}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetClusterResponse) GetCluster() string {
@@ -1639,7 +1866,7 @@ type ClusterMember struct {
 
 func (x *ClusterMember) Reset() {
 	*x = ClusterMember{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[23]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1651,7 +1878,7 @@ func (x *ClusterMember) String() string {
 func (*ClusterMember) ProtoMessage() {}
 
 func (x *ClusterMember) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[23]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1664,7 +1891,7 @@ func (x *ClusterMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterMember.ProtoReflect.Descriptor instead.
 func (*ClusterMember) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{23}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ClusterMember) GetId() string {
@@ -1764,7 +1991,7 @@ type KeyOwner struct {
 
 func (x *KeyOwner) Reset() {
 	*x = KeyOwner{}
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[24]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1776,7 +2003,7 @@ func (x *KeyOwner) String() string {
 func (*KeyOwner) ProtoMessage() {}
 
 func (x *KeyOwner) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_keyfold_v1_service_proto_msgTypes[24]
+	mi := &file_proto_keyfold_v1_service_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1789,7 +2016,7 @@ func (x *KeyOwner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyOwner.ProtoReflect.Descriptor instead.
 func (*KeyOwner) Descriptor() ([]byte, []int) {
-	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{24}
+	return file_proto_keyfold_v1_service_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *KeyOwner) GetPipeline() string {
@@ -1885,9 +2112,30 @@ const file_proto_keyfold_v1_service_proto_rawDesc = "" +
 	"\fCallResponse\x12\x14\n" +
 	"\x05reply\x18\x01 \x01(\fR\x05reply\x12\x1c\n" +
 	"\tduplicate\x18\x02 \x01(\bR\tduplicate\"\x16\n" +
-	"\x14ListPipelinesRequest\"O\n" +
+	"\x14ListPipelinesRequest\"{\n" +
 	"\x15ListPipelinesResponse\x126\n" +
-	"\tpipelines\x18\x01 \x03(\v2\x18.keyfold.v1.PipelineInfoR\tpipelines\"\xc6\x05\n" +
+	"\tpipelines\x18\x01 \x03(\v2\x18.keyfold.v1.PipelineInfoR\tpipelines\x12*\n" +
+	"\x05joins\x18\x02 \x03(\v2\x14.keyfold.v1.JoinInfoR\x05joins\"\xba\x05\n" +
+	"\bJoinInfo\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\tR\x04mode\x12,\n" +
+	"\x04left\x18\x04 \x01(\v2\x18.keyfold.v1.JoinSideInfoR\x04left\x12.\n" +
+	"\x05right\x18\x05 \x01(\v2\x18.keyfold.v1.JoinSideInfoR\x05right\x12/\n" +
+	"\x05lower\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x05lower\x12/\n" +
+	"\x05upper\x18\a \x01(\v2\x19.google.protobuf.DurationR\x05upper\x12\x16\n" +
+	"\x06window\x18\b \x01(\tR\x06window\x12-\n" +
+	"\x04size\x18\t \x01(\v2\x19.google.protobuf.DurationR\x04size\x12/\n" +
+	"\x05slide\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\x05slide\x12+\n" +
+	"\x03gap\x18\v \x01(\v2\x19.google.protobuf.DurationR\x03gap\x12C\n" +
+	"\x10out_of_orderness\x18\f \x01(\v2\x19.google.protobuf.DurationR\x0eoutOfOrderness\x12D\n" +
+	"\x10allowed_lateness\x18\r \x01(\v2\x19.google.protobuf.DurationR\x0fallowedLateness\x12<\n" +
+	"\fidle_timeout\x18\x0e \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x12D\n" +
+	"\x10output_retention\x18\x0f \x01(\v2\x19.google.protobuf.DurationR\x0foutputRetention\"B\n" +
+	"\fJoinSideInfo\x12\x1a\n" +
+	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x16\n" +
+	"\x06fields\x18\x02 \x03(\tR\x06fields\"\xc6\x05\n" +
 	"\fPipelineInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tkey_field\x18\x02 \x01(\tR\bkeyField\x12\x19\n" +
@@ -2004,7 +2252,7 @@ func file_proto_keyfold_v1_service_proto_rawDescGZIP() []byte {
 	return file_proto_keyfold_v1_service_proto_rawDescData
 }
 
-var file_proto_keyfold_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_proto_keyfold_v1_service_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_proto_keyfold_v1_service_proto_goTypes = []any{
 	(*IngestRequest)(nil),         // 0: keyfold.v1.IngestRequest
 	(*IngestResponse)(nil),        // 1: keyfold.v1.IngestResponse
@@ -2019,66 +2267,80 @@ var file_proto_keyfold_v1_service_proto_goTypes = []any{
 	(*CallResponse)(nil),          // 10: keyfold.v1.CallResponse
 	(*ListPipelinesRequest)(nil),  // 11: keyfold.v1.ListPipelinesRequest
 	(*ListPipelinesResponse)(nil), // 12: keyfold.v1.ListPipelinesResponse
-	(*PipelineInfo)(nil),          // 13: keyfold.v1.PipelineInfo
-	(*AggregateInfo)(nil),         // 14: keyfold.v1.AggregateInfo
-	(*WindowInfo)(nil),            // 15: keyfold.v1.WindowInfo
-	(*PatternInfo)(nil),           // 16: keyfold.v1.PatternInfo
-	(*ListOutputsRequest)(nil),    // 17: keyfold.v1.ListOutputsRequest
-	(*ListOutputsResponse)(nil),   // 18: keyfold.v1.ListOutputsResponse
-	(*SubscribeRequest)(nil),      // 19: keyfold.v1.SubscribeRequest
-	(*OutputEntry)(nil),           // 20: keyfold.v1.OutputEntry
-	(*GetClusterRequest)(nil),     // 21: keyfold.v1.GetClusterRequest
-	(*GetClusterResponse)(nil),    // 22: keyfold.v1.GetClusterResponse
-	(*ClusterMember)(nil),         // 23: keyfold.v1.ClusterMember
-	(*KeyOwner)(nil),              // 24: keyfold.v1.KeyOwner
-	nil,                           // 25: keyfold.v1.GetStateResponse.AggregatesEntry
-	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
-	(*Output)(nil),                // 27: keyfold.v1.Output
+	(*JoinInfo)(nil),              // 13: keyfold.v1.JoinInfo
+	(*JoinSideInfo)(nil),          // 14: keyfold.v1.JoinSideInfo
+	(*PipelineInfo)(nil),          // 15: keyfold.v1.PipelineInfo
+	(*AggregateInfo)(nil),         // 16: keyfold.v1.AggregateInfo
+	(*WindowInfo)(nil),            // 17: keyfold.v1.WindowInfo
+	(*PatternInfo)(nil),           // 18: keyfold.v1.PatternInfo
+	(*ListOutputsRequest)(nil),    // 19: keyfold.v1.ListOutputsRequest
+	(*ListOutputsResponse)(nil),   // 20: keyfold.v1.ListOutputsResponse
+	(*SubscribeRequest)(nil),      // 21: keyfold.v1.SubscribeRequest
+	(*OutputEntry)(nil),           // 22: keyfold.v1.OutputEntry
+	(*GetClusterRequest)(nil),     // 23: keyfold.v1.GetClusterRequest
+	(*GetClusterResponse)(nil),    // 24: keyfold.v1.GetClusterResponse
+	(*ClusterMember)(nil),         // 25: keyfold.v1.ClusterMember
+	(*KeyOwner)(nil),              // 26: keyfold.v1.KeyOwner
+	nil,                           // 27: keyfold.v1.GetStateResponse.AggregatesEntry
+	(*durationpb.Duration)(nil),   // 28: google.protobuf.Duration
+	(*Output)(nil),                // 29: keyfold.v1.Output
 }
 var file_proto_keyfold_v1_service_proto_depIdxs = []int32{
 	4,  // 0: keyfold.v1.IngestStreamResponse.error:type_name -> keyfold.v1.BatchError
-	25, // 1: keyfold.v1.GetStateResponse.aggregates:type_name -> keyfold.v1.GetStateResponse.AggregatesEntry
-	13, // 2: keyfold.v1.ListPipelinesResponse.pipelines:type_name -> keyfold.v1.PipelineInfo
-	14, // 3: keyfold.v1.PipelineInfo.aggregates:type_name -> keyfold.v1.AggregateInfo
-	26, // 4: keyfold.v1.PipelineInfo.dedup_window:type_name -> google.protobuf.Duration
-	26, // 5: keyfold.v1.PipelineInfo.ttl:type_name -> google.protobuf.Duration
-	26, // 6: keyfold.v1.PipelineInfo.out_of_orderness:type_name -> google.protobuf.Duration
-	26, // 7: keyfold.v1.PipelineInfo.allowed_lateness:type_name -> google.protobuf.Duration
-	26, // 8: keyfold.v1.PipelineInfo.idle_timeout:type_name -> google.protobuf.Duration
-	26, // 9: keyfold.v1.PipelineInfo.output_retention:type_name -> google.protobuf.Duration
-	15, // 10: keyfold.v1.PipelineInfo.windows:type_name -> keyfold.v1.WindowInfo
-	16, // 11: keyfold.v1.PipelineInfo.patterns:type_name -> keyfold.v1.PatternInfo
-	26, // 12: keyfold.v1.WindowInfo.size:type_name -> google.protobuf.Duration
-	26, // 13: keyfold.v1.WindowInfo.slide:type_name -> google.protobuf.Duration
-	26, // 14: keyfold.v1.WindowInfo.gap:type_name -> google.protobuf.Duration
-	26, // 15: keyfold.v1.PatternInfo.within:type_name -> google.protobuf.Duration
-	20, // 16: keyfold.v1.ListOutputsResponse.outputs:type_name -> keyfold.v1.OutputEntry
-	27, // 17: keyfold.v1.OutputEntry.output:type_name -> keyfold.v1.Output
-	23, // 18: keyfold.v1.GetClusterResponse.members:type_name -> keyfold.v1.ClusterMember
-	24, // 19: keyfold.v1.GetClusterResponse.key:type_name -> keyfold.v1.KeyOwner
-	0,  // 20: keyfold.v1.Keyfold.Ingest:input_type -> keyfold.v1.IngestRequest
-	2,  // 21: keyfold.v1.Keyfold.IngestStream:input_type -> keyfold.v1.IngestStreamRequest
-	5,  // 22: keyfold.v1.Keyfold.GetState:input_type -> keyfold.v1.GetStateRequest
-	7,  // 23: keyfold.v1.Keyfold.DeleteKey:input_type -> keyfold.v1.DeleteKeyRequest
-	9,  // 24: keyfold.v1.Keyfold.Call:input_type -> keyfold.v1.CallRequest
-	11, // 25: keyfold.v1.Keyfold.ListPipelines:input_type -> keyfold.v1.ListPipelinesRequest
-	17, // 26: keyfold.v1.Keyfold.ListOutputs:input_type -> keyfold.v1.ListOutputsRequest
-	19, // 27: keyfold.v1.Keyfold.Subscribe:input_type -> keyfold.v1.SubscribeRequest
-	21, // 28: keyfold.v1.Keyfold.GetCluster:input_type -> keyfold.v1.GetClusterRequest
-	1,  // 29: keyfold.v1.Keyfold.Ingest:output_type -> keyfold.v1.IngestResponse
-	3,  // 30: keyfold.v1.Keyfold.IngestStream:output_type -> keyfold.v1.IngestStreamResponse
-	6,  // 31: keyfold.v1.Keyfold.GetState:output_type -> keyfold.v1.GetStateResponse
-	8,  // 32: keyfold.v1.Keyfold.DeleteKey:output_type -> keyfold.v1.DeleteKeyResponse
-	10, // 33: keyfold.v1.Keyfold.Call:output_type -> keyfold.v1.CallResponse
-	12, // 34: keyfold.v1.Keyfold.ListPipelines:output_type -> keyfold.v1.ListPipelinesResponse
-	18, // 35: keyfold.v1.Keyfold.ListOutputs:output_type -> keyfold.v1.ListOutputsResponse
-	20, // 36: keyfold.v1.Keyfold.Subscribe:output_type -> keyfold.v1.OutputEntry
-	22, // 37: keyfold.v1.Keyfold.GetCluster:output_type -> keyfold.v1.GetClusterResponse
-	29, // [29:38] is the sub-list for method output_type
-	20, // [20:29] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	27, // 1: keyfold.v1.GetStateResponse.aggregates:type_name -> keyfold.v1.GetStateResponse.AggregatesEntry
+	15, // 2: keyfold.v1.ListPipelinesResponse.pipelines:type_name -> keyfold.v1.PipelineInfo
+	13, // 3: keyfold.v1.ListPipelinesResponse.joins:type_name -> keyfold.v1.JoinInfo
+	14, // 4: keyfold.v1.JoinInfo.left:type_name -> keyfold.v1.JoinSideInfo
+	14, // 5: keyfold.v1.JoinInfo.right:type_name -> keyfold.v1.JoinSideInfo
+	28, // 6: keyfold.v1.JoinInfo.lower:type_name -> google.protobuf.Duration
+	28, // 7: keyfold.v1.JoinInfo.upper:type_name -> google.protobuf.Duration
+	28, // 8: keyfold.v1.JoinInfo.size:type_name -> google.protobuf.Duration
+	28, // 9: keyfold.v1.JoinInfo.slide:type_name -> google.protobuf.Duration
+	28, // 10: keyfold.v1.JoinInfo.gap:type_name -> google.protobuf.Duration
+	28, // 11: keyfold.v1.JoinInfo.out_of_orderness:type_name -> google.protobuf.Duration
+	28, // 12: keyfold.v1.JoinInfo.allowed_lateness:type_name -> google.protobuf.Duration
+	28, // 13: keyfold.v1.JoinInfo.idle_timeout:type_name -> google.protobuf.Duration
+	28, // 14: keyfold.v1.JoinInfo.output_retention:type_name -> google.protobuf.Duration
+	16, // 15: keyfold.v1.PipelineInfo.aggregates:type_name -> keyfold.v1.AggregateInfo
+	28, // 16: keyfold.v1.PipelineInfo.dedup_window:type_name -> google.protobuf.Duration
+	28, // 17: keyfold.v1.PipelineInfo.ttl:type_name -> google.protobuf.Duration
+	28, // 18: keyfold.v1.PipelineInfo.out_of_orderness:type_name -> google.protobuf.Duration
+	28, // 19: keyfold.v1.PipelineInfo.allowed_lateness:type_name -> google.protobuf.Duration
+	28, // 20: keyfold.v1.PipelineInfo.idle_timeout:type_name -> google.protobuf.Duration
+	28, // 21: keyfold.v1.PipelineInfo.output_retention:type_name -> google.protobuf.Duration
+	17, // 22: keyfold.v1.PipelineInfo.windows:type_name -> keyfold.v1.WindowInfo
+	18, // 23: keyfold.v1.PipelineInfo.patterns:type_name -> keyfold.v1.PatternInfo
+	28, // 24: keyfold.v1.WindowInfo.size:type_name -> google.protobuf.Duration
+	28, // 25: keyfold.v1.WindowInfo.slide:type_name -> google.protobuf.Duration
+	28, // 26: keyfold.v1.WindowInfo.gap:type_name -> google.protobuf.Duration
+	28, // 27: keyfold.v1.PatternInfo.within:type_name -> google.protobuf.Duration
+	22, // 28: keyfold.v1.ListOutputsResponse.outputs:type_name -> keyfold.v1.OutputEntry
+	29, // 29: keyfold.v1.OutputEntry.output:type_name -> keyfold.v1.Output
+	25, // 30: keyfold.v1.GetClusterResponse.members:type_name -> keyfold.v1.ClusterMember
+	26, // 31: keyfold.v1.GetClusterResponse.key:type_name -> keyfold.v1.KeyOwner
+	0,  // 32: keyfold.v1.Keyfold.Ingest:input_type -> keyfold.v1.IngestRequest
+	2,  // 33: keyfold.v1.Keyfold.IngestStream:input_type -> keyfold.v1.IngestStreamRequest
+	5,  // 34: keyfold.v1.Keyfold.GetState:input_type -> keyfold.v1.GetStateRequest
+	7,  // 35: keyfold.v1.Keyfold.DeleteKey:input_type -> keyfold.v1.DeleteKeyRequest
+	9,  // 36: keyfold.v1.Keyfold.Call:input_type -> keyfold.v1.CallRequest
+	11, // 37: keyfold.v1.Keyfold.ListPipelines:input_type -> keyfold.v1.ListPipelinesRequest
+	19, // 38: keyfold.v1.Keyfold.ListOutputs:input_type -> keyfold.v1.ListOutputsRequest
+	21, // 39: keyfold.v1.Keyfold.Subscribe:input_type -> keyfold.v1.SubscribeRequest
+	23, // 40: keyfold.v1.Keyfold.GetCluster:input_type -> keyfold.v1.GetClusterRequest
+	1,  // 41: keyfold.v1.Keyfold.Ingest:output_type -> keyfold.v1.IngestResponse
+	3,  // 42: keyfold.v1.Keyfold.IngestStream:output_type -> keyfold.v1.IngestStreamResponse
+	6,  // 43: keyfold.v1.Keyfold.GetState:output_type -> keyfold.v1.GetStateResponse
+	8,  // 44: keyfold.v1.Keyfold.DeleteKey:output_type -> keyfold.v1.DeleteKeyResponse
+	10, // 45: keyfold.v1.Keyfold.Call:output_type -> keyfold.v1.CallResponse
+	12, // 46: keyfold.v1.Keyfold.ListPipelines:output_type -> keyfold.v1.ListPipelinesResponse
+	20, // 47: keyfold.v1.Keyfold.ListOutputs:output_type -> keyfold.v1.ListOutputsResponse
+	22, // 48: keyfold.v1.Keyfold.Subscribe:output_type -> keyfold.v1.OutputEntry
+	24, // 49: keyfold.v1.Keyfold.GetCluster:output_type -> keyfold.v1.GetClusterResponse
+	41, // [41:50] is the sub-list for method output_type
+	32, // [32:41] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_proto_keyfold_v1_service_proto_init() }
@@ -2093,7 +2355,7 @@ func file_proto_keyfold_v1_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_keyfold_v1_service_proto_rawDesc), len(file_proto_keyfold_v1_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   26,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

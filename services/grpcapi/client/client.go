@@ -315,6 +315,15 @@ func (c *Client) Pipelines(ctx context.Context) ([]*keyfoldv1.PipelineInfo, erro
 	return resp.Pipelines, nil
 }
 
+// Joins lists the node's joins (ListPipelines' joins).
+func (c *Client) Joins(ctx context.Context) ([]*keyfoldv1.JoinInfo, error) {
+	resp, err := c.api.ListPipelines(ctx, &keyfoldv1.ListPipelinesRequest{})
+	if err != nil {
+		return nil, wrap(err)
+	}
+	return resp.Joins, nil
+}
+
 // Cluster describes the cluster as the node sees it: its members and
 // their key groups, and, if key is set, the member that owns pipeline's
 // key (pipeline may be "" when the node has one).
