@@ -57,3 +57,33 @@ func BenchmarkAppend(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkGet reads snapshots that are in the memtable, one key a call:
+// the read of a key's activation, where the store's own overhead shows most.
+func BenchmarkGet(b *testing.B) {
+	ctx := b.Context()
+	s := open(b, b.TempDir())
+	defer s.Close()
+	st, err := s.Claim(ctx, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := s.Append(ctx, []persistence.Entry{{Group: 1, Epoch: st.Epoch, Data: []byte("x")}}); err != nil {
+		b.Fatal(err)
+	}
+	const keys = 1024
+	var snaps []persistence.Snapshot
+	for k := range keys {
+		snaps = append(snaps, persistence.Snapshot{Key: fmt.Sprint(k), Data: make([]byte, 256)})
+	}
+	if err := s.Checkpoint(ctx, 1, st.Epoch, persistence.CheckpointData{Through: 1, Snapshots: snaps}); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		if _, err := s.Get(ctx, 1, snaps[i%keys].Key); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -42,11 +42,18 @@ import (
 //  4. What stays fatal. A Fatalf from one of Pebble's own goroutines (a
 //     MANIFEST write of a flush or compaction) cannot be recovered: the
 //     goroutine is parked and the store fails until the process restarts.
-//     Pebble panics outright, with its mutexes held, if it cannot close or
-//     create a WAL when a full memtable rotates: that ends the process.
-//     Both need the disk to fill beyond the reserve, which holds two
-//     memtables (the default memtable is smaller on small filesystems for
-//     that reason), so only another process taking the space leads there.
+//     So is a Fatalf on a commit's path before the commit error itself: a
+//     memtable rotation that cannot create the next WAL (the data
+//     directory was removed) parks the commit with Pebble's commit mutex
+//     held. Either may leave Pebble's locks held for good: no call waits
+//     for them, every call fails at once, Close too (see wedge.go).
+//     Pebble panics outright if it cannot close the WAL, or create the next
+//     one for another reason than a missing file, when a full memtable
+//     rotates: that ends the process (the panic unwinds through a deferred
+//     unlock of the DB mutex, which is not held there). A full disk leads
+//     to these only beyond the reserve, which holds two memtables (the
+//     default memtable is smaller on small filesystems for that reason),
+//     so only another process taking the space leads there.
 
 // diskState is what the last look at the filesystem found.
 type diskState struct {
@@ -138,8 +145,9 @@ func isNoSpace(err error) bool {
 	return err != nil && (errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT))
 }
 
-// write runs a Pebble commit. A fatal commit error (see pebbleLogger.Fatalf)
-// breaks the store and is returned.
+// write runs a Pebble commit, on a goroutine of its own (see inPebble: a
+// commit in a wedged Pebble never returns). A fatal commit error (see
+// pebbleLogger.Fatalf) breaks the store and is returned.
 //
 // Once the WAL failed, Pebble's log writer keeps the error, and a commit
 // that enters Pebble after it panics with it while holding Pebble's commit
@@ -147,25 +155,27 @@ func isNoSpace(err error) bool {
 // the WAL has not failed (walFile records it before Pebble sees it), and
 // fails the store instead; one that raced the failure anyway parks the
 // store (fails until the process restarts) rather than crashing the node.
-func (s *Store) write(commit func() error) (err error) {
+func (s *Store) write(commit func() error) error {
 	if e := s.disk.walErr.Load(); e != nil {
 		return s.fail(*e)
 	}
-	defer func() {
-		if r := recover(); r != nil {
-			switch f := r.(type) {
-			case fatalPanic:
-				err = s.fail(f.err)
-			case error: // from Pebble's WAL write, with its commit mutex held
-				s.log.Error("store failed: Pebble's WAL write failed during a commit", "dir", s.dir, "err", f.Error())
-				s.stuck(f)
-				err = s.broken
-			default:
-				panic(r)
+	return s.inPebble(func() (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				switch f := r.(type) {
+				case fatalPanic:
+					err = s.fail(f.err)
+				case error: // from Pebble's WAL write, with its commit mutex held
+					s.log.Error("store failed: Pebble's WAL write failed during a commit", "dir", s.dir, "err", f.Error())
+					s.stuck(f)
+					err = s.wedgedErr()
+				default:
+					panic(r)
+				}
 			}
-		}
-	}()
-	return commit()
+		}()
+		return commit()
+	})
 }
 
 // fail breaks the store after a fatal commit error and starts the reopen.
@@ -188,13 +198,22 @@ func (s *Store) fail(cause error) error {
 	return s.broken
 }
 
-// stuck breaks the store for good: one of Pebble's goroutines met a fatal
-// error and is parked.
+// stuck breaks the store for good: a goroutine in Pebble met a fatal error
+// and is parked, maybe holding Pebble's locks. Calls waiting for Pebble
+// return the error at once (see inPebble); the first cause is kept.
 func (s *Store) stuck(cause error) {
+	what := "Pebble cannot continue, restart the process (after freeing space if the disk is full)"
+	if _, err := s.opts.fs.Stat(s.dir); errors.Is(err, fs.ErrNotExist) {
+		what = "the data directory was removed under the store: Pebble cannot continue, restart the process"
+	}
 	s.life.Lock()
 	defer s.life.Unlock()
+	if s.parked {
+		return
+	}
 	s.parked = true
-	s.broken = fmt.Errorf("%w: %s: Pebble cannot continue, restart the process (after freeing space if the disk is full): %w", ErrFailed, s.dir, cause)
+	s.broken = fmt.Errorf("%w: %s: %s: %w", ErrFailed, s.dir, what, cause)
+	close(s.wedged)
 	if s.openFailed != nil {
 		select {
 		case s.openFailed <- s.broken:
@@ -294,13 +313,16 @@ func (s *Store) reopen() {
 	db := s.db
 	s.db = nil
 	s.life.Unlock()
-	if err := db.Close(); err != nil {
+	if err := s.inPebble(db.Close); err != nil {
 		s.log.Debug("closing the failed store", "dir", s.dir, "err", err.Error())
 	}
 	s.disk.walErr.Store(nil) // what the next Pebble's WAL meets is its own
 
 	backoff := 100 * time.Millisecond
 	for {
+		if s.isWedged() { // the old Pebble, or a new one's recovery, is parked
+			return
+		}
 		var err error
 		if err = s.checkSpace(0); err == nil {
 			if db, err = s.openDB(); err == nil {

@@ -7,7 +7,9 @@ import "errors"
 // failed WAL write, typically a full disk). Whether that write landed is
 // unknown; the store reopens itself in the background, once there is free
 // space, and the error wraps the cause (syscall.ENOSPC for a full disk).
-// A failure in one of Pebble's background jobs (a MANIFEST write) cannot be
-// recovered in the process: then the error says so and stays until the
-// process restarts.
+// A failure in one of Pebble's background jobs (a MANIFEST write), or in a
+// commit's WAL rotation (the data directory was removed), cannot be
+// recovered in the process: then the error says so ("restart the process")
+// and stays until the process restarts. Calls do not wait for the Pebble
+// that is left wedged: they, and Close, return the error at once.
 var ErrFailed = errors.New("embedded: store failed")

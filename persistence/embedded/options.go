@@ -156,11 +156,22 @@ const commitFatal = "pebble: fatal commit error"
 
 // Fatalf is called by Pebble when it cannot go on, and must not return
 // (Pebble would carry on as if nothing failed). A failed commit is reported
-// on the committing goroutine, which is one of the store's calls: Fatalf
-// panics with a fatalPanic that the call recovers (see Store.write). Any
-// other comes from one of Pebble's goroutines, which nothing can recover:
-// that goroutine is parked for good and the store fails until the process
-// restarts.
+// on the committing goroutine, which is one of the store's calls, with none
+// of Pebble's locks held: Fatalf panics with a fatalPanic that the call
+// recovers (see Store.write), and the store reopens Pebble. Any other is
+// parked for good and the store fails until the process restarts; calls
+// waiting for Pebble return at once (see wedge.go).
+//
+// That includes the other Fatalf calls on a committing goroutine, such as
+// base.MustExist's when a memtable rotation cannot create the next WAL (the
+// data directory was removed): they are not treated like the commit error,
+// because they come from inside Pebble's commit pipeline. Pebble's commit
+// mutex is held there, so a panic would leave it locked and every later
+// commit blocked all the same; and the rotation runs with the DB mutex
+// released under a deferred Unlock, so unwinding it would unlock an
+// unlocked mutex, a fatal runtime error that no recover catches (the
+// process would end). Parking keeps the process up; the goroutine parked is
+// the store's helper (inPebble), not the caller's.
 func (p pebbleLogger) Fatalf(format string, args ...any) {
 	err := fatalError(format, args)
 	if strings.HasPrefix(format, commitFatal) {
@@ -168,7 +179,7 @@ func (p pebbleLogger) Fatalf(format string, args ...any) {
 		// store logs it once (Store.fail), the others return that error.
 		panic(fatalPanic{err})
 	}
-	p.l.Error("pebble fatal error", "err", err.Error())
+	p.l.Error("pebble fatal error", "err", err.Error(), "detail", fmt.Sprintf(format, args...))
 	p.s.stuck(err)
 	select {}
 }
@@ -177,9 +188,11 @@ func (p pebbleLogger) Fatalf(format string, args ...any) {
 type fatalPanic struct{ err error }
 
 // fatalError is Fatalf's message as an error that wraps its first error
-// argument, so that errors.Is finds syscall.ENOSPC in it.
+// argument, so that errors.Is finds syscall.ENOSPC in it. Its message is
+// one line: %+v (base.MustExist's) would add the cause's stack trace, which
+// Fatalf logs as the detail.
 func fatalError(format string, args []any) error {
-	msg := fmt.Sprintf(format, args...)
+	msg := fmt.Sprintf(strings.ReplaceAll(format, "%+v", "%v"), args...)
 	for _, a := range args {
 		if e, ok := a.(error); ok {
 			return &wrapped{msg, e}

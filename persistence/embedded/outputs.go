@@ -50,7 +50,7 @@ func (s *Store) pipeline(name string) (*pipeline, error) {
 	s.pipelinesMu.Unlock()
 	p.mu.Lock()
 	if !p.loaded {
-		if err := s.loadPipeline(name, p); err != nil {
+		if err := s.inPebble(func() error { return s.loadPipeline(name, p) }); err != nil {
 			p.mu.Unlock()
 			return nil, fmt.Errorf("load output log: %w", err)
 		}
@@ -60,7 +60,8 @@ func (s *Store) pipeline(name string) (*pipeline, error) {
 }
 
 // loadPipeline reads a pipeline's last sequence number and time. Nothing of
-// it is in flight: ranges are taken from loaded pipelines only.
+// it is in flight: ranges are taken from loaded pipelines only. The caller
+// runs it in inPebble, holding p.mu.
 func (s *Store) loadPipeline(name string, p *pipeline) error {
 	trimmed, err := s.getUint64(outputTrimKey(name))
 	if err != nil && !errors.Is(err, pebble.ErrNotFound) {
@@ -201,13 +202,13 @@ func (s *Store) AppendOutputs(ctx context.Context, outputs []persistence.Output)
 		return fmt.Errorf("embedded: append outputs: %w", err)
 	}
 	b := s.db.NewBatch()
-	defer b.Close()
+	defer closeBatch(&b)
 	ranges, err := s.addOutputs(b, outputs)
 	defer endOutputs(ranges)
 	if err != nil {
 		return fmt.Errorf("embedded: append outputs: %w", err)
 	}
-	if err := s.write(func() error { return b.Commit(pebble.Sync) }); err != nil {
+	if err := s.commit(&b); err != nil {
 		return fmt.Errorf("embedded: append outputs: %w", err)
 	}
 	return nil
@@ -239,7 +240,11 @@ func (s *Store) ReadOutputs(ctx context.Context, name string, after string, limi
 	if seq >= visible {
 		return nil, nil
 	}
-	out, err := s.readOutputs(name, seq+1, visible, limit)
+	var out []persistence.OutputEntry
+	err = s.inPebble(func() (err error) {
+		out, err = s.readOutputs(name, seq+1, visible, limit)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("embedded: read outputs of %q: %w", name, err)
 	}
@@ -247,7 +252,7 @@ func (s *Store) ReadOutputs(ctx context.Context, name string, after string, limi
 }
 
 // readOutputs returns up to limit records of the pipeline with sequence
-// numbers from from through through.
+// numbers from from through through. The caller runs it in inPebble.
 func (s *Store) readOutputs(name string, from, through uint64, limit int) ([]persistence.OutputEntry, error) {
 	lower, upper := outputBounds(name, from, through)
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
@@ -307,56 +312,69 @@ func (s *Store) TrimOutputs(ctx context.Context, name string, before time.Time) 
 	}
 
 	// Records are in time order: count those before the cut.
-	cut := before.UnixMilli()
-	lower, upper := outputBounds(name, 0, visible)
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
-	if err != nil {
-		return 0, fmt.Errorf("embedded: trim outputs of %q: %w", name, err)
-	}
-	n, through := 0, uint64(0)
-	for valid := it.First(); valid; valid = it.Next() {
-		if n%256 == 0 {
-			if err := ctx.Err(); err != nil {
-				_ = it.Close()
-				return 0, fmt.Errorf("embedded: trim outputs of %q: %w", name, err)
-			}
-		}
-		v, err := it.ValueAndErr()
-		if err != nil {
-			_ = it.Close()
-			return 0, fmt.Errorf("embedded: trim outputs of %q: %w", name, err)
-		}
-		ms, _, err := decodeOutput(v)
-		if err != nil {
-			_ = it.Close()
-			return 0, fmt.Errorf("embedded: trim outputs of %q: %w", name, err)
-		}
-		if ms >= cut {
-			break
-		}
-		if through, err = outputSeq(it.Key()); err != nil {
-			_ = it.Close()
-			return 0, fmt.Errorf("embedded: trim outputs of %q: %w", name, err)
-		}
-		n++
-	}
-	if err := errors.Join(it.Error(), it.Close()); err != nil {
+	var n int
+	var through uint64
+	if err := s.inPebble(func() (err error) {
+		n, through, err = s.countBefore(ctx, name, visible, before.UnixMilli())
+		return err
+	}); err != nil {
 		return 0, fmt.Errorf("embedded: trim outputs of %q: %w", name, err)
 	}
 	if n == 0 {
 		return 0, nil
 	}
 	b := s.db.NewBatch()
-	defer b.Close()
-	lower, upper = outputBounds(name, 0, through)
+	defer closeBatch(&b)
+	lower, upper := outputBounds(name, 0, through)
 	if err := errors.Join(
 		b.DeleteRange(lower, upper, nil),
 		b.Set(outputTrimKey(name), encodeUint64(through), nil),
 	); err != nil {
 		return 0, fmt.Errorf("embedded: trim outputs of %q: %w", name, err)
 	}
-	if err := s.write(func() error { return b.Commit(pebble.Sync) }); err != nil {
+	if err := s.commit(&b); err != nil {
 		return 0, fmt.Errorf("embedded: trim outputs of %q: %w", name, err)
 	}
 	return n, nil
+}
+
+// countBefore returns how many of the pipeline's records through visible
+// were appended before the millisecond cut, and the sequence number of the
+// last of them. The caller runs it in inPebble.
+func (s *Store) countBefore(ctx context.Context, name string, visible uint64, cut int64) (n int, through uint64, err error) {
+	lower, upper := outputBounds(name, 0, visible)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	if err != nil {
+		return 0, 0, err
+	}
+	for valid := it.First(); valid; valid = it.Next() {
+		if n%256 == 0 {
+			if err := ctx.Err(); err != nil {
+				_ = it.Close()
+				return 0, 0, err
+			}
+		}
+		v, err := it.ValueAndErr()
+		if err != nil {
+			_ = it.Close()
+			return 0, 0, err
+		}
+		ms, _, err := decodeOutput(v)
+		if err != nil {
+			_ = it.Close()
+			return 0, 0, err
+		}
+		if ms >= cut {
+			break
+		}
+		if through, err = outputSeq(it.Key()); err != nil {
+			_ = it.Close()
+			return 0, 0, err
+		}
+		n++
+	}
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return 0, 0, err
+	}
+	return n, through, nil
 }

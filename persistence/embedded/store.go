@@ -31,8 +31,9 @@ type Store struct {
 	idle   sync.Cond // signalled when active drops to 0 after Close began or the store broke
 	db     *pebble.DB
 	closed bool
-	broken error // why calls fail until the reopen (ErrFailed …), or nil
-	parked bool  // a Pebble goroutine is parked (see pebbleLogger.Fatalf): db cannot be closed
+	broken error         // why calls fail until the reopen (ErrFailed …), or nil
+	parked bool          // a Pebble goroutine is parked (see pebbleLogger.Fatalf): db cannot be closed
+	wedged chan struct{} // closed when parked is set: calls stop waiting for Pebble (wedge.go)
 	active int
 	done   chan struct{} // closed when Close is over
 	stop   chan struct{} // closed when Close begins: ends a reopen
@@ -111,6 +112,7 @@ func Open(dir string, opts Options) (*Store, error) {
 		reserve:   -1,
 		done:      make(chan struct{}),
 		stop:      make(chan struct{}),
+		wedged:    make(chan struct{}),
 		groups:    map[uint32]*group{},
 		pipelines: map[string]*pipeline{},
 	}
@@ -148,7 +150,11 @@ func (s *Store) Dir() string { return s.dir }
 // checkFormat records the key layout's version in a new store and refuses
 // a store of another one.
 func (s *Store) checkFormat() error {
-	v, err := s.getUint64(metaFormatKey)
+	var v uint64
+	err := s.inPebble(func() (err error) {
+		v, err = s.getUint64(metaFormatKey)
+		return err
+	})
 	switch {
 	case errors.Is(err, pebble.ErrNotFound):
 		return s.write(func() error { return s.db.Set(metaFormatKey, encodeUint64(formatVersion), pebble.Sync) })
@@ -189,7 +195,9 @@ func (s *Store) Close() error {
 		// to the end of the process.
 		err = broken
 	case s.db != nil:
-		err = s.db.Close()
+		// Pebble may get stuck while it closes (a compaction it waits for
+		// parks): then inPebble gives up on it.
+		err = s.inPebble(s.db.Close)
 		if err != nil && broken != nil {
 			err = nil // the failure the calls were told about
 		}
@@ -247,7 +255,7 @@ func (s *Store) lockGroup(id uint32) (*group, error) {
 	g := s.group(id)
 	g.mu.Lock()
 	if !g.loaded {
-		if err := s.load(id, g); err != nil {
+		if err := s.inPebble(func() error { return s.load(id, g) }); err != nil {
 			g.mu.Unlock()
 			return nil, err
 		}
@@ -256,7 +264,9 @@ func (s *Store) lockGroup(id uint32) (*group, error) {
 	return g, nil
 }
 
-// load reads a group's epoch, checkpoint and last position.
+// load reads a group's epoch, checkpoint and last position. It calls
+// Pebble directly: the caller runs it in inPebble, holding g.mu until it
+// returns or the store is stuck (then g is never read again).
 func (s *Store) load(id uint32, g *group) error {
 	var err error
 	if g.epoch, err = s.getUint64(epochKey(id)); err != nil && !errors.Is(err, pebble.ErrNotFound) {
@@ -286,6 +296,7 @@ func (s *Store) load(id uint32, g *group) error {
 }
 
 // getUint64 reads an integer value; a missing key is pebble.ErrNotFound.
+// The caller runs it in inPebble.
 func (s *Store) getUint64(key []byte) (uint64, error) {
 	b, closer, err := s.db.Get(key)
 	if err != nil {
@@ -375,7 +386,7 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 		next[k] = g.last
 	}
 	b := s.db.NewBatch()
-	defer b.Close()
+	defer closeBatch(&b)
 	var key [logKeyLen]byte
 	for i, e := range entries {
 		k, _ := slices.BinarySearch(ids, e.Group)
@@ -391,7 +402,7 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 		}
 	}
 	if !b.Empty() {
-		if err := s.write(func() error { return b.Commit(pebble.Sync) }); err != nil {
+		if err := s.commit(&b); err != nil {
 			clear(pos)
 			return pos, fmt.Errorf("embedded: append: %w", err)
 		}
@@ -426,13 +437,13 @@ func (s *Store) Read(ctx context.Context, id uint32, after persistence.Position,
 		return fmt.Errorf("embedded: read group %d: %w", id, err)
 	}
 	if fnErr, err := readIter(ctx, it, fn); fnErr != nil || err != nil {
-		_ = it.Close()
+		_ = s.closeIter(it)
 		if fnErr != nil {
 			return fnErr // fn's own error, as it is
 		}
 		return fmt.Errorf("embedded: read group %d: %w", id, err)
 	}
-	if err := it.Close(); err != nil {
+	if err := s.closeIter(it); err != nil {
 		return fmt.Errorf("embedded: read group %d: %w", id, err)
 	}
 	return nil
@@ -503,7 +514,7 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 		return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
 	}
 	b := s.db.NewBatch()
-	defer b.Close()
+	defer closeBatch(&b)
 	for _, sn := range d.Snapshots {
 		if sn.Data == nil {
 			err = b.Delete(snapshotKey(id, sn.Key), nil)
@@ -542,7 +553,7 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 	if s.testHookCommit != nil {
 		s.testHookCommit(id)
 	}
-	if err := s.write(func() error { return b.Commit(pebble.Sync) }); err != nil {
+	if err := s.commit(&b); err != nil {
 		return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
 	}
 	if advance {
@@ -597,7 +608,7 @@ func (s *Store) Timers(ctx context.Context, id uint32, fn func(key string, due i
 	for valid := it.First(); valid; valid = it.Next() {
 		if n++; n%256 == 0 {
 			if err := ctx.Err(); err != nil {
-				_ = it.Close()
+				_ = s.closeIter(it)
 				return fmt.Errorf("embedded: timers of group %d: %w", id, err)
 			}
 		}
@@ -607,15 +618,15 @@ func (s *Store) Timers(ctx context.Context, id uint32, fn func(key string, due i
 			due, err = decodeUint64(v)
 		}
 		if err != nil {
-			_ = it.Close()
+			_ = s.closeIter(it)
 			return fmt.Errorf("embedded: timers of group %d: %w", id, err)
 		}
 		if err := fn(string(it.Key()[len(lower):]), int64(due)); err != nil {
-			_ = it.Close()
+			_ = s.closeIter(it)
 			return err // fn's own error, as it is
 		}
 	}
-	if err := errors.Join(it.Error(), it.Close()); err != nil {
+	if err := errors.Join(it.Error(), s.closeIter(it)); err != nil {
 		return fmt.Errorf("embedded: timers of group %d: %w", id, err)
 	}
 	return nil
@@ -637,7 +648,9 @@ func (s *Store) Get(ctx context.Context, id uint32, key string) ([]byte, error) 
 	return v, nil
 }
 
-// snapshot returns a copy of a stored snapshot, or pebble.ErrNotFound.
+// snapshot returns a copy of a stored snapshot, or pebble.ErrNotFound. It
+// runs on the caller's goroutine, not in inPebble (see wedge.go: point
+// reads).
 func (s *Store) snapshot(id uint32, key string) ([]byte, error) {
 	v, closer, err := s.db.Get(snapshotKey(id, key))
 	if err != nil {
@@ -676,7 +689,26 @@ func (s *Store) CheckGroups(ctx context.Context, groups, layout uint32) (uint32,
 	defer s.end()
 	s.metaMu.Lock()
 	defer s.metaMu.Unlock()
-	b, closer, err := s.db.Get(metaGroupsKey)
+	var stored, storedLayout uint32
+	err := s.inPebble(func() error {
+		b, closer, err := s.db.Get(metaGroupsKey)
+		if err != nil {
+			return err
+		}
+		stored, err = decodeUint32(b)
+		closer.Close()
+		if err != nil {
+			return err
+		}
+		if b, closer, err = s.db.Get(metaLayoutKey); err == nil {
+			storedLayout, err = decodeUint32(b)
+			closer.Close()
+		}
+		if err != nil && !errors.Is(err, pebble.ErrNotFound) {
+			return fmt.Errorf("layout: %w", err)
+		}
+		return nil // no layout: created before layouts were recorded (0)
+	})
 	if errors.Is(err, pebble.ErrNotFound) {
 		err := s.write(func() error {
 			batch := s.db.NewBatch()
@@ -693,21 +725,8 @@ func (s *Store) CheckGroups(ctx context.Context, groups, layout uint32) (uint32,
 	if err != nil {
 		return 0, fmt.Errorf("embedded: check groups: %w", err)
 	}
-	stored, err := decodeUint32(b)
-	closer.Close()
-	if err != nil {
-		return 0, fmt.Errorf("embedded: check groups: %w", err)
-	}
 	if stored != groups {
 		return 0, fmt.Errorf("embedded: check groups: %d, the store has %d: %w", groups, stored, persistence.ErrGroupsMismatch)
 	}
-	stored = 0 // created before layouts were recorded
-	if b, closer, err = s.db.Get(metaLayoutKey); err == nil {
-		stored, err = decodeUint32(b)
-		closer.Close()
-	}
-	if err != nil && !errors.Is(err, pebble.ErrNotFound) {
-		return 0, fmt.Errorf("embedded: check groups: layout: %w", err)
-	}
-	return stored, nil
+	return storedLayout, nil
 }
