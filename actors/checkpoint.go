@@ -1,7 +1,6 @@
 package actors
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,9 +20,15 @@ const checkpointParallelism = 16
 
 // checkpoint writes, for every group with changed keys, the snapshots of
 // those keys and then advances the group's checkpoint position (trimming its
-// log), so replay after a crash starts there. It is the last one, at
-// drain; while serving, checkpointDue picks the groups.
+// log), so replay after a crash starts there. The loop runs one every
+// CheckpointInterval, and earlier once the log above the checkpoints
+// reaches CheckpointBytes or a group's CheckpointRecords.
+//
+// (Checkpointing a few groups at a time as they come due, instead of all
+// at once, was tried and measured: the ack p99 at half load got worse, on
+// Redis 38 -> 484 ms. BENCHMARKS.md, session 9; branch paced-checkpoints.)
 func (h *Host) checkpoint(ctx context.Context) error {
+	begin := time.Now()
 	h.mu.Lock()
 	var all []uint32
 	for g := range h.cfg.Groups {
@@ -31,68 +36,10 @@ func (h *Host) checkpoint(ctx context.Context) error {
 			all = append(all, g)
 		}
 	}
+	logged := h.logged
 	h.mu.Unlock()
-	return h.checkpointGroups(ctx, all)
-}
-
-// Checkpoints are paced: instead of every group at once when the bound is
-// reached (a burst of snapshots that starves ingest for seconds at a
-// million keys), each round checkpoints only the groups that are due:
-//
-//   - those whose last checkpoint began CheckpointInterval ago (a quiet
-//     group's changes are stored within about that time),
-//   - those with CheckpointRecords records above their checkpoint,
-//   - those of dirty keys that stood in the way of the memory budget
-//     (resident.go: only clean keys leave memory),
-//   - and, once the log above all checkpoints reaches CheckpointBytes,
-//     the groups with the most of it, until what is left is three
-//     quarters of the bound.
-//
-// So the log a restart replays stays below about CheckpointBytes, and a
-// round writes the snapshots of a few groups: under a steady load, the
-// groups with the longest logs, each about twice the average, so a key
-// changed several times in that stretch is written once.
-func (h *Host) checkpointDue(ctx context.Context) error {
-	now := time.Now()
-	h.mu.Lock()
-	type candidate struct {
-		g      uint32
-		logged int64
-	}
-	var due []uint32
-	var rest []candidate
-	left := h.logged // what stays above the checkpoints after this round
-	pressured := h.pressured
-	h.pressured = nil
-	for g := range h.cfg.Groups {
-		gs := &h.groups[g]
-		if !gs.changedLocked() {
-			continue
-		}
-		if pressured[g] || now.Sub(gs.checkpointed) >= h.cfg.CheckpointInterval || gs.dispatched-gs.checkpoint >= uint64(h.cfg.CheckpointRecords) {
-			due = append(due, g)
-			left -= gs.appended - gs.covered
-		} else {
-			rest = append(rest, candidate{g, gs.appended - gs.covered})
-		}
-	}
-	h.mu.Unlock()
-	if target := h.cfg.CheckpointBytes * 3 / 4; left > target {
-		slices.SortFunc(rest, func(a, b candidate) int { return cmp.Compare(b.logged, a.logged) })
-		for _, c := range rest {
-			if left <= target {
-				break
-			}
-			due = append(due, c.g)
-			left -= c.logged
-		}
-	}
-	if len(due) == 0 {
-		return nil
-	}
-	begin := time.Now()
-	err := h.checkpointGroups(ctx, due)
-	h.log.Debug("checkpoint round", "groups", len(due), "took", time.Since(begin), "err", err)
+	err := h.checkpointGroups(ctx, all)
+	h.log.Debug("checkpoint", "groups", len(all), "log_bytes", logged, "took", time.Since(begin), "err", err)
 	return err
 }
 
@@ -157,8 +104,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	}
 	through, epoch := gs.dispatched, gs.epoch
 	covers := gs.appended // the bytes of log through covers
-	gs.checkpointed = time.Now()
-	var clock []byte // the group's clocks as of through
+	var clock []byte      // the group's clocks as of through
 	if len(gs.clocks) > 0 {
 		gc := &keyfoldv1.GroupClock{}
 		for _, w := range gs.clocks {

@@ -54,12 +54,8 @@ type Host struct {
 	passivateNow  chan struct{} // asks it to passivate only
 	// logged is the sum of the groups' logged bytes (groupState.logged):
 	// what a restart would replay. Guarded by mu.
-	logged int64
-	// pressured are the groups of dirty keys that stood in the way of the
-	// memory budget (resident.go): the next checkpoint round cleans them,
-	// even below CheckpointBytes. Guarded by mu.
-	pressured map[uint32]bool
-	lostNow   chan struct{} // wakes the take-over loop
+	logged  int64
+	lostNow chan struct{} // wakes the take-over loop
 
 	failed   atomic.Pointer[error]
 	failOnce sync.Once
@@ -124,11 +120,9 @@ type groupState struct {
 	dispatched persistence.Position // last record handed to the grains
 	// appended counts the bytes of the records handed to the grains since
 	// the group's take-over (appended or replayed), covered those of them
-	// its checkpoint covers; appended-covered is its log above the
-	// checkpoint. checkpointed is when its last checkpoint began (or its
-	// take-over). They decide when it is checkpointed next (checkpoint.go).
+	// its checkpoint covers: appended-covered is its log above the
+	// checkpoint, what a restart would replay (checkpoint.go).
 	appended, covered int64
-	checkpointed      time.Time
 	// dirty holds, for each key whose state is newer than its snapshot, the
 	// last position handed to it.
 	dirty map[keyID]persistence.Position
@@ -243,9 +237,7 @@ func (h *Host) Run(ctx context.Context) error {
 			h.outputLoop(ctx)
 		}
 	}()
-	// Groups are checkpointed a few at a time as they come due
-	// (checkpointDue), so the ticker looks more often than the interval.
-	ticker := time.NewTicker(max(h.cfg.CheckpointInterval/8, min(h.cfg.CheckpointInterval, time.Millisecond)))
+	ticker := time.NewTicker(h.cfg.CheckpointInterval)
 	defer ticker.Stop()
 loop:
 	for {
@@ -261,7 +253,7 @@ loop:
 			h.passivate()
 			continue
 		}
-		if err := h.checkpointDue(ctx); err != nil && ctx.Err() == nil {
+		if err := h.checkpoint(ctx); err != nil && ctx.Err() == nil {
 			// The changed keys stay dirty and are retried at the next
 			// checkpoint; only replay after a crash grows meanwhile. (A
 			// fenced group was lost and is being taken over again.) Clean
@@ -288,14 +280,16 @@ loop:
 	// being served; a lost group is replayed by its next owner).
 	drainCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	start, dirty := time.Now(), h.Stats().DirtyKeys
+	start, st := time.Now(), h.Stats()
 	if err := h.flushOutputs(drainCtx); err != nil {
 		return fmt.Errorf("actors: final outputs: %w", err)
 	}
 	if err := h.checkpoint(drainCtx); err != nil {
 		return fmt.Errorf("actors: final checkpoint: %w", err)
 	}
-	h.log.Info("final checkpoint written", "keys", dirty, "took", time.Since(start).Round(time.Millisecond))
+	// Groups not served (lost to a failing store, being taken over) have
+	// nothing to write: their next owner replays their logs.
+	h.log.Info("final checkpoint written", "keys", st.DirtyKeys, "unserved_groups", st.GroupsUnavailable, "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 

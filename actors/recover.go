@@ -236,7 +236,6 @@ func (h *Host) takeOver(ctx context.Context, g uint32) error {
 		gs := &h.groups[g]
 		gs.epoch, gs.checkpoint, gs.dispatched, gs.spoiled = st.Epoch, st.Checkpoint, st.Checkpoint, nil
 		h.resetLoggedLocked(gs) // what the replay reads counts again
-		gs.checkpointed = time.Now()
 		// Never checkpointed: no key of it has a snapshot (a checkpoint
 		// writes snapshots and advances its position in one write).
 		gs.complete = st.Checkpoint == 0

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"runtime"
 	"strings"
 	"time"
 
@@ -147,6 +148,10 @@ func servePprof(addr string, logger *slog.Logger) (stop func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("--pprof: %w", err)
 	}
+	// Contention is what a stall needs explained: sample one in 100 mutex
+	// waits and blocking events of a millisecond or more (cheap at that rate).
+	runtime.SetMutexProfileFraction(100)
+	runtime.SetBlockProfileRate(int(time.Millisecond))
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
