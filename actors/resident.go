@@ -166,11 +166,10 @@ func (h *Host) evictLocked() {
 		prev := g.order.prev
 		gs := &h.groups[g.group]
 		if _, dirty := gs.dirty[g.id]; dirty {
-			// Out of the way, to the front: the next eviction does not walk
-			// it again (walking the same dirty keys at every park held h.mu,
-			// and with it every ack, for long stretches at a million keys;
-			// a mutex profile showed it). Once clean it leaves in its turn.
-			r.order.touch(g)
+			// (This walk of the same dirty keys at every park is most of
+			// what h.mu is held for at a million keys, per a mutex profile;
+			// moving them to the front instead evicted clean keys still in
+			// use and halved throughput on Redis: BENCHMARKS.md, session 9.)
 			if passed++; passed > evictPasses {
 				h.nudgeCheckpoint()
 				return
