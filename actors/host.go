@@ -112,6 +112,10 @@ type groupState struct {
 	owned      bool
 	ready      bool
 	takingOver bool // a takeOver of the group is running
+	// replaying is set while a take-over replays the group's log, after its
+	// claim: the grains of its new epoch are current though the group is
+	// not ready yet (a passivation during the replay parks them).
+	replaying bool
 	// epoch is the group's epoch in the store: the incarnation of its keys.
 	epoch      persistence.Epoch
 	spoiled    error                // a key failed to activate during the take-over in progress

@@ -235,6 +235,7 @@ func (h *Host) takeOver(ctx context.Context, g uint32) error {
 		h.mu.Lock()
 		gs := &h.groups[g]
 		gs.epoch, gs.checkpoint, gs.dispatched, gs.spoiled = st.Epoch, st.Checkpoint, st.Checkpoint, nil
+		gs.replaying = true
 		h.resetLoggedLocked(gs) // what the replay reads counts again
 		// Never checkpointed: no key of it has a snapshot (a checkpoint
 		// writes snapshots and advances its position in one write).
@@ -253,7 +254,7 @@ func (h *Host) takeOver(ctx context.Context, g uint32) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	gs := &h.groups[g]
-	gs.takingOver = false
+	gs.takingOver, gs.replaying = false, false
 	if err == nil && gs.spoiled != nil { // a key could not load its snapshot
 		err = gs.spoiled
 	}

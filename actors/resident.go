@@ -97,7 +97,10 @@ func (h *Host) reparkLocked(g *grain) bool {
 		delete(h.stopping, g.id)
 	}
 	gs := &h.groups[g.group]
-	if !current || g.broken != nil || !gs.ready || gs.epoch != g.epoch {
+	if !current || g.broken != nil || !(gs.ready || gs.replaying) || gs.epoch != g.epoch {
+		// (A grain of the epoch a take-over is replaying is current: a
+		// passivation during the replay used to drop it here, and its
+		// key was lost from memory until the next replay.)
 		// Its group was dropped (or the host stopped): nothing of it
 		// stays, and what waited is answered as by a dropped grain.
 		if len(st.waiting) > 0 && g.broken == nil {
