@@ -71,9 +71,9 @@ type Config struct {
 	// CheckpointInterval bounds the time between checkpoints of a quiet
 	// node (default 30s).
 	CheckpointInterval time.Duration `yaml:"checkpoint_interval"`
-	// CheckpointBytes starts a checkpoint once the log above the
-	// checkpoints reaches this many bytes (default 64 MiB): it bounds the
-	// replay after a crash by the log's size.
+	// CheckpointBytes starts a checkpoint once this many bytes were logged
+	// since the last one began (default 64 MiB): it bounds the replay after
+	// a crash by the log's size.
 	CheckpointBytes int64 `yaml:"checkpoint_bytes"`
 	// IdleTimeout passivates keys idle this long (default 5m).
 	IdleTimeout time.Duration `yaml:"idle_timeout"`

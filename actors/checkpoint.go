@@ -29,6 +29,7 @@ const checkpointParallelism = 16
 // Redis 38 -> 484 ms. BENCHMARKS.md, session 9; branch paced-checkpoints.)
 func (h *Host) checkpoint(ctx context.Context) error {
 	begin := time.Now()
+	h.sinceCheckpoint.Store(0) // what is logged from here on is the next one's
 	h.mu.Lock()
 	var all []uint32
 	for g := range h.cfg.Groups {

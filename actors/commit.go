@@ -223,6 +223,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var lost map[uint32]persistence.Epoch
+	var bytes int64 // logged and handed to the grains, towards CheckpointBytes
 	for i, gb := range groups {
 		pos := persistence.Position(0)
 		if i < len(positions) {
@@ -264,11 +265,12 @@ func (h *Host) commit(reqs []*ingestReq) {
 		}
 		gs.dispatched = pos
 		h.appendedLocked(gs, len(entries[i].Data))
+		bytes += int64(len(entries[i].Data))
 		if pos-gs.checkpoint >= uint64(h.cfg.CheckpointRecords) {
 			h.nudgeCheckpoint()
 		}
 	}
-	if h.logged >= h.cfg.CheckpointBytes {
+	if h.sinceCheckpoint.Add(bytes) >= h.cfg.CheckpointBytes {
 		h.nudgeCheckpoint()
 	}
 	if len(h.active) > h.cfg.MaxActive {

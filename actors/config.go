@@ -27,8 +27,8 @@ type Config struct {
 	// CheckpointInterval bounds the time between checkpoints on a quiet
 	// node; under load CheckpointBytes and CheckpointRecords come first.
 	CheckpointInterval time.Duration
-	// CheckpointBytes triggers a checkpoint once the log above the groups'
-	// checkpoints reaches this many bytes (Stats.LoggedBytes): it bounds the replay after a crash by the
+	// CheckpointBytes triggers a checkpoint once this many bytes were logged
+	// since the last one began: it bounds the replay after a crash by the
 	// log's size, while a key changed many times between checkpoints is
 	// written once (a checkpoint's cost follows the keys that changed, not
 	// the events).

@@ -52,10 +52,15 @@ type Host struct {
 
 	checkpointNow chan struct{} // nudges the checkpoint loop
 	passivateNow  chan struct{} // asks it to passivate only
-	// logged is the sum of the groups' logged bytes (groupState.logged):
-	// what a restart would replay. Guarded by mu.
-	logged  int64
-	lostNow chan struct{} // wakes the take-over loop
+	// logged is the sum of the groups' log above their checkpoints
+	// (groupState.appended-covered): what a restart would replay. Guarded
+	// by mu. sinceCheckpoint counts the bytes logged since the last
+	// checkpoint began, its trigger (CheckpointBytes): a checkpoint that
+	// takes seconds is not followed at once by another because its groups'
+	// logs were still counted while it ran.
+	logged          int64
+	sinceCheckpoint atomic.Int64
+	lostNow         chan struct{} // wakes the take-over loop
 
 	failed   atomic.Pointer[error]
 	failOnce sync.Once
