@@ -83,19 +83,12 @@ func (h *Host) resetLoggedLocked(gs *groupState) {
 	gs.appended, gs.covered = 0, 0
 }
 
-// checkpointChunk is how many keys a checkpoint handles per hold of h.mu:
-// a group's thousands of dirty keys in one hold kept the commit loop (so
-// every ack) waiting for hundreds of milliseconds at a million keys.
-const checkpointChunk = 256
-
 // checkpointGroup checkpoints one group. Snapshot requests are sent under
 // h.mu, after every record up to gs.dispatched was sent to its keys, so each
 // reply reflects at least those records: the log can be trimmed through the
-// dispatched position read under the same lock. The keys are asked a chunk
-// at a time, h.mu released in between: a key asked later may reflect later
-// records too, which only keeps it dirty (its position is above through's
-// records only if it got more), and one that turned clean meanwhile (an
-// overlapping checkpoint) is skipped.
+// dispatched position read under the same lock. (Asking the keys a chunk
+// at a time, releasing h.mu in between, was tried and measured no better
+// at half load: BENCHMARKS.md, session 9.)
 func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	h.mu.Lock()
 	gs := &h.groups[g]
@@ -118,51 +111,32 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 			return fmt.Errorf("actors: checkpoint group %d: encode clock: %w", g, err)
 		}
 	}
-	ids := make([]keyID, 0, len(gs.dirty))
-	for id := range gs.dirty {
-		ids = append(ids, id)
-	}
-	replies := make(chan snapshotReply, len(ids))
+	replies := make(chan snapshotReply, len(gs.dirty))
 	n := 0
 	var parked []*grain
-	for len(ids) > 0 {
-		if gs.epoch != epoch || !gs.ready {
-			h.mu.Unlock()
-			return nil // lost meanwhile: its keys are gone (the replies sent are dropped)
+	for id := range gs.dirty {
+		if pg := h.parkedLocked(id, g); pg != nil {
+			// Snapshotted here, outside h.mu: meanwhile the key is held as
+			// if stopping, so what is sent to it waits (resident.go).
+			h.unparkLocked(pg)
+			h.holdLocked(pg)
+			parked = append(parked, pg)
+		} else {
+			h.sendLocked(id, g, &snapshotMsg{reply: replies}) // active or stopping
 		}
-		chunk := ids[:min(checkpointChunk, len(ids))]
-		ids = ids[len(chunk):]
-		parked = parked[:0]
-		for _, id := range chunk {
-			if _, dirty := gs.dirty[id]; !dirty {
-				continue
-			}
-			if pg := h.parkedLocked(id, g); pg != nil {
-				// Snapshotted here, outside h.mu: meanwhile the key is held as
-				// if stopping, so what is sent to it waits (resident.go).
-				h.unparkLocked(pg)
-				h.holdLocked(pg)
-				parked = append(parked, pg)
-			} else {
-				h.sendLocked(id, g, &snapshotMsg{reply: replies}) // active or stopping
-			}
-			n++
-		}
-		h.mu.Unlock()
-		if len(parked) > 0 {
-			for _, pg := range parked {
-				replies <- pg.snapshot()
-			}
-			h.mu.Lock()
-			for _, pg := range parked {
-				h.reparkLocked(pg) // back, or to a new actor if inputs waited
-			}
-			h.mu.Unlock()
+		n++
+	}
+	h.mu.Unlock()
+	if len(parked) > 0 {
+		for _, pg := range parked {
+			replies <- pg.snapshot()
 		}
 		h.mu.Lock()
+		for _, pg := range parked {
+			h.parkLocked(pg) // back, or to a new actor if inputs waited
+		}
+		h.mu.Unlock()
 	}
-	h.evictLocked() // once for the keys parked again
-	h.mu.Unlock()
 
 	d := persistence.CheckpointData{Snapshots: make([]persistence.Snapshot, 0, n+1), Through: through}
 	if clock != nil {

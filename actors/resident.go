@@ -76,16 +76,16 @@ type resident struct {
 // parkLocked puts a stopped grain in the resident tier, if it is still the
 // key's latest incarnation and its group's, after what waited for it, and
 // keeps the tier within its budget; h.mu must be held, by the grain's only
-// user: its actor (actor.Stopped).
+// user: its actor (actor.Stopped), or a checkpoint that took it out of the
+// tier to snapshot it.
 func (h *Host) parkLocked(g *grain) {
 	if h.reparkLocked(g) {
 		h.evictLocked()
 	}
 }
 
-// reparkLocked is parkLocked without the budget's eviction, for a
-// checkpoint that took grains out of the tier to snapshot them: it evicts
-// once for all. It reports whether g went to the tier.
+// reparkLocked is parkLocked without the budget's eviction. It reports
+// whether g went to the tier.
 func (h *Host) reparkLocked(g *grain) bool {
 	st := g.stop
 	if st == nil {
