@@ -21,8 +21,8 @@ const checkpointParallelism = 16
 // checkpoint writes, for every group with changed keys, the snapshots of
 // those keys and then advances the group's checkpoint position (trimming its
 // log), so replay after a crash starts there. The loop runs one every
-// CheckpointInterval, and earlier once the log above the checkpoints
-// reaches CheckpointBytes or a group's CheckpointRecords.
+// CheckpointInterval, and earlier once CheckpointBytes were logged since the
+// last one began or a group has CheckpointRecords above its checkpoint.
 //
 // (Checkpointing a few groups at a time as they come due, instead of all
 // at once, was tried and measured: the ack p99 at half load got worse, on
@@ -30,57 +30,23 @@ const checkpointParallelism = 16
 func (h *Host) checkpoint(ctx context.Context) error {
 	begin := time.Now()
 	h.sinceCheckpoint.Store(0) // what is logged from here on is the next one's
-	h.mu.Lock()
-	var all []uint32
+	var groups errgroup.Group  // every group is tried; the first error is returned
+	groups.SetLimit(checkpointParallelism)
+	n, logged := 0, int64(0)
 	for g := range h.cfg.Groups {
-		if h.groups[g].changedLocked() {
-			all = append(all, g)
+		h.mu.Lock()
+		gs := &h.groups[g]
+		skip := !gs.ready || (gs.dispatched <= gs.checkpoint && len(gs.dirty) == 0)
+		logged += gs.appended - gs.covered
+		h.mu.Unlock()
+		if !skip {
+			n++
+			groups.Go(func() error { return h.checkpointGroup(ctx, g) })
 		}
 	}
-	logged := h.logged
-	h.mu.Unlock()
-	err := h.checkpointGroups(ctx, all)
-	h.log.Debug("checkpoint", "groups", len(all), "log_bytes", logged, "took", time.Since(begin), "err", err)
+	err := groups.Wait()
+	h.log.Debug("checkpoint", "groups", n, "log_bytes", logged, "took", time.Since(begin), "err", err)
 	return err
-}
-
-// checkpointGroups checkpoints groups, checkpointParallelism at a time;
-// every group is tried, and the first error is returned.
-func (h *Host) checkpointGroups(ctx context.Context, groups []uint32) error {
-	var eg errgroup.Group
-	eg.SetLimit(checkpointParallelism)
-	for _, g := range groups {
-		eg.Go(func() error { return h.checkpointGroup(ctx, g) })
-	}
-	return eg.Wait()
-}
-
-// changedLocked reports whether a served group has anything to checkpoint.
-func (gs *groupState) changedLocked() bool {
-	return gs.ready && (gs.dispatched > gs.checkpoint || len(gs.dirty) > 0)
-}
-
-// appendedLocked counts n bytes of log handed to gs's grains.
-func (h *Host) appendedLocked(gs *groupState, n int) {
-	gs.appended += int64(n)
-	h.logged += int64(n)
-}
-
-// coveredLocked records that gs's checkpoint covers its first through
-// bytes of log (of those appended since its take-over). Checkpoints of a
-// group may overlap (a release's and the loop's): the later position wins.
-func (h *Host) coveredLocked(gs *groupState, through int64) {
-	if through > gs.covered {
-		h.logged -= through - gs.covered
-		gs.covered = through
-	}
-}
-
-// resetLoggedLocked forgets gs's log (its group is dropped or claimed
-// again: a take-over counts what it replays).
-func (h *Host) resetLoggedLocked(gs *groupState) {
-	h.logged -= gs.appended - gs.covered
-	gs.appended, gs.covered = 0, 0
 }
 
 // checkpointGroup checkpoints one group. Snapshot requests are sent under
@@ -210,7 +176,8 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	if through > gs.checkpoint {
 		gs.checkpoint = through
 	}
-	h.coveredLocked(gs, covers)
+	// Checkpoints of a group may overlap (a release's): the later one wins.
+	gs.covered = max(gs.covered, covers)
 	h.evictLocked() // the keys it cleaned may leave memory now
 	return nil
 }

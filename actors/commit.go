@@ -264,7 +264,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 			h.loggedClockLocked(gb.group, w)
 		}
 		gs.dispatched = pos
-		h.appendedLocked(gs, len(entries[i].Data))
+		gs.appended += int64(len(entries[i].Data))
 		bytes += int64(len(entries[i].Data))
 		if pos-gs.checkpoint >= uint64(h.cfg.CheckpointRecords) {
 			h.nudgeCheckpoint()

@@ -189,9 +189,7 @@ func TestRestartKeepsIdleAdvance(t *testing.T) {
 	appends := fs.Calls(faultstore.OpAppend)
 	clock.set(winBase + 10_000)
 	// (Not an eventually: without the logging this is the bug, shown below.)
-	for deadline := time.Now().Add(5 * time.Second); fs.Calls(faultstore.OpAppend) == appends && time.Now().Before(deadline); {
-		time.Sleep(5 * time.Millisecond)
-	}
+	pollUntil(5*time.Second, func() bool { return fs.Calls(faultstore.OpAppend) != appends })
 	// A crash: nothing but the log survives.
 	fs.InjectAll(faultstore.OpCheckpoint, faultstore.Fault{Err: errors.New("crashed")})
 	if err := hs.shutdown(); err == nil {

@@ -52,13 +52,8 @@ type Host struct {
 
 	checkpointNow chan struct{} // nudges the checkpoint loop
 	passivateNow  chan struct{} // asks it to passivate only
-	// logged is the sum of the groups' log above their checkpoints
-	// (groupState.appended-covered): what a restart would replay. Guarded
-	// by mu. sinceCheckpoint counts the bytes logged since the last
-	// checkpoint began, its trigger (CheckpointBytes): a checkpoint that
-	// takes seconds is not followed at once by another because its groups'
-	// logs were still counted while it ran.
-	logged          int64
+	// sinceCheckpoint counts the bytes logged since the last checkpoint
+	// began (see CheckpointBytes).
 	sinceCheckpoint atomic.Int64
 	lostNow         chan struct{} // wakes the take-over loop
 

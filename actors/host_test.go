@@ -123,13 +123,23 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // eventuallyWithin polls cond until it holds, failing t after d.
 func eventuallyWithin(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
+	if !pollUntil(d, cond) {
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// pollUntil polls cond until it holds or d passed, and reports whether it
+// held: for a test whose own check says better than a timeout what is
+// missing.
+func pollUntil(d time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			return false
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // the poll's interval
 	}
+	return true
 }
 
 func TestIngestQueryOrder(t *testing.T) {

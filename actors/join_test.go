@@ -253,10 +253,11 @@ func testJoinOracle(t *testing.T, kind string, maxMemory int64) {
 	want := joinOracle(kind, events)
 	// Poll until every result is in, or until the deadline: then the
 	// comparison says which are missing.
-	got := joinOutputs(t, hs.host)
-	for deadline := time.Now().Add(20 * time.Second); len(got) < len(want) && time.Now().Before(deadline); got = joinOutputs(t, hs.host) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	var got map[string]string
+	pollUntil(20*time.Second, func() bool {
+		got = joinOutputs(t, hs.host)
+		return len(got) >= len(want)
+	})
 	sameResults(t, got, want)
 	st := hs.host.Stats().Pipelines["paid"]
 	if st.Late != 0 {

@@ -236,7 +236,7 @@ func (h *Host) takeOver(ctx context.Context, g uint32) error {
 		gs := &h.groups[g]
 		gs.epoch, gs.checkpoint, gs.dispatched, gs.spoiled = st.Epoch, st.Checkpoint, st.Checkpoint, nil
 		gs.replaying = true
-		h.resetLoggedLocked(gs) // what the replay reads counts again
+		gs.appended, gs.covered = 0, 0 // what the replay reads counts again
 		// Never checkpointed: no key of it has a snapshot (a checkpoint
 		// writes snapshots and advances its position in one write).
 		gs.complete = st.Checkpoint == 0
@@ -397,7 +397,7 @@ func (h *Host) dropGroupsLocked(groups map[uint32]bool) {
 		h.dropParkedLocked(g)
 		gs.complete = false
 		clear(gs.dirty)
-		h.resetLoggedLocked(gs)
+		gs.appended, gs.covered = 0, 0
 		gs.clocks, gs.timers, gs.expiry = nil, nil, nil // a take-over reads them again
 	}
 }
@@ -513,6 +513,6 @@ func (h *Host) replay(g uint32, pos persistence.Position, data []byte) error {
 		h.groups[g].dirty[id] = pos
 	}
 	h.groups[g].dispatched = pos
-	h.appendedLocked(&h.groups[g], len(data))
+	h.groups[g].appended += int64(len(data))
 	return nil
 }

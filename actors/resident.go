@@ -74,22 +74,13 @@ type resident struct {
 }
 
 // parkLocked puts a stopped grain in the resident tier, if it is still the
-// key's latest incarnation and its group's, after what waited for it, and
-// keeps the tier within its budget; h.mu must be held, by the grain's only
-// user: its actor (actor.Stopped), or a checkpoint that took it out of the
-// tier to snapshot it.
+// key's latest incarnation and its group's, after what waited for it; h.mu
+// must be held, by the grain's only user: its actor (actor.Stopped), or a
+// checkpoint that took it out of the tier to snapshot it.
 func (h *Host) parkLocked(g *grain) {
-	if h.reparkLocked(g) {
-		h.evictLocked()
-	}
-}
-
-// reparkLocked is parkLocked without the budget's eviction. It reports
-// whether g went to the tier.
-func (h *Host) reparkLocked(g *grain) bool {
 	st := g.stop
 	if st == nil {
-		return false // stopped with the host, or dropped: nothing waits
+		return // stopped with the host, or dropped: nothing waits
 	}
 	g.stop = nil
 	current := h.stopping[g.id] == st
@@ -110,7 +101,7 @@ func (h *Host) reparkLocked(g *grain) bool {
 			g.handle(m)
 		}
 		g.leaveMemory()
-		return false
+		return
 	}
 	for i, m := range st.waiting {
 		if needsActor(m) {
@@ -120,7 +111,7 @@ func (h *Host) reparkLocked(g *grain) bool {
 			for _, m := range st.waiting[i:] {
 				h.system.Root.Send(a.pid, m)
 			}
-			return false
+			return
 		}
 		g.handle(m) // a snapshot, a query, a save: no actor needed
 	}
@@ -128,7 +119,7 @@ func (h *Host) reparkLocked(g *grain) bool {
 		if _, dirty := gs.dirty[g.id]; !dirty {
 			gs.complete = false // the key leaves memory
 			g.leaveMemory()
-			return false
+			return
 		}
 	}
 	g.rsize = int64(grainBytes + len(g.id.pipeline) + len(g.id.key) + g.state.MemSize())
@@ -139,7 +130,7 @@ func (h *Host) reparkLocked(g *grain) bool {
 	r := &h.resident
 	r.order.pushFront(g)
 	r.bytes += g.rsize
-	return true
+	h.evictLocked()
 }
 
 // needsActor reports whether a grain's message must be processed by its
@@ -170,9 +161,10 @@ func (h *Host) evictLocked() {
 		gs := &h.groups[g.group]
 		if _, dirty := gs.dirty[g.id]; dirty {
 			// (This walk of the same dirty keys at every park is most of
-			// what h.mu is held for at a million keys, per a mutex profile;
-			// moving them to the front instead evicted clean keys still in
-			// use and halved throughput on Redis: BENCHMARKS.md, session 9.)
+			// what h.mu is held for at a million keys, per a mutex profile.
+			// Moving them to the front instead also evicts clean keys still
+			// in use; its effect was not measured apart: BENCHMARKS.md,
+			// session 9.)
 			if passed++; passed > evictPasses {
 				h.nudgeCheckpoint()
 				return

@@ -76,7 +76,7 @@ type Stats struct {
 	Replayed      int64 // log records replayed by take-overs (at start and after a loss)
 	// LoggedBytes is the size of the log records above the groups'
 	// checkpoints: what a restart would replay (about CheckpointBytes at
-	// most, see checkpointDue).
+	// most).
 	LoggedBytes int64
 	Activations int64 // actors started: from the resident tier or the store
 	Unparked    int64 // activations from the resident tier (no store read)
@@ -95,11 +95,12 @@ type Stats struct {
 // Stats returns the host's counters.
 func (h *Host) Stats() Stats {
 	h.mu.Lock()
-	n, dirty, unavailable, takingOver, logged := len(h.active), 0, 0, 0, h.logged
+	n, dirty, unavailable, takingOver, logged := len(h.active), 0, 0, 0, int64(0)
 	resident, residentBytes := h.resident.order.n, h.resident.bytes
 	for i := range h.groups {
 		gs := &h.groups[i]
 		dirty += len(gs.dirty)
+		logged += gs.appended - gs.covered
 		if gs.owned && !gs.ready {
 			unavailable++
 		}

@@ -123,14 +123,6 @@ type benchOptions struct {
 	trace                           string // a file for every ack of the measured phase
 }
 
-// traceWriter is w as an io.Writer, nil when w is (not a typed nil).
-func traceWriter(w *bufio.Writer) io.Writer {
-	if w == nil {
-		return nil
-	}
-	return w
-}
-
 // benchEvent is one synthetic event before a sink renders it: its key's
 // number and its sequence number in the run.
 type benchEvent struct {
@@ -248,18 +240,19 @@ func bench(ctx context.Context, o benchOptions, out io.Writer) error {
 			return fmt.Errorf("bench: warmup: %w", err)
 		}
 	}
-	var trace *bufio.Writer
+	var trace io.Writer // nil: no trace
 	if o.trace != "" {
 		f, err := os.Create(o.trace)
 		if err != nil {
 			return fmt.Errorf("bench: --trace: %w", err)
 		}
 		defer f.Close()
-		trace = bufio.NewWriter(f)
-		defer trace.Flush()
+		w := bufio.NewWriter(f)
+		defer w.Flush()
+		trace = w
 	}
 	start := time.Now()
-	events, latencies, err := loadPhase(ctx, o, sinks, &seq, o.duration, o.rate, pickers, traceWriter(trace))
+	events, latencies, err := loadPhase(ctx, o, sinks, &seq, o.duration, o.rate, pickers, trace)
 	// Acks that came after the phase's end are not counted, nor is the
 	// time spent waiting for them.
 	elapsed := min(time.Since(start), o.duration)
