@@ -171,6 +171,9 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 		}
 		if gs.dirty[r.id] <= r.pos {
 			delete(gs.dirty, r.id)
+			if pg := h.parkedLocked(r.id, g); pg != nil {
+				h.cleanedLocked(pg)
+			}
 		}
 	}
 	if through > gs.checkpoint {

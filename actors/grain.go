@@ -118,11 +118,12 @@ type grain struct {
 	// the grain does not read the store.
 	current bool
 	// In the resident tier (resident.go), under h.mu: its place in the
-	// order of parking and its estimated size; while its actor stops, what
-	// waits for it.
-	order links[*grain]
-	rsize int64
-	stop  *stoppingGrain
+	// order of parking, whether it is in the dirty keys' list, its
+	// estimated size; while its actor stops, what waits for it.
+	order  links[*grain]
+	rdirty bool
+	rsize  int64
+	stop   *stoppingGrain
 }
 
 func (g *grain) Receive(c actor.Context) {

@@ -29,11 +29,17 @@ import (
 // Dirty keys park too: passivation does not wait for a checkpoint (at a
 // million keys it forced one every few thousand events). A checkpoint
 // snapshots a parked key without an actor (holding it as if stopping
-// meanwhile), and only clean keys leave memory: the budget evicts the least recently
-// parked clean ones, and asks for a checkpoint when dirty ones stand in its
-// way. So a key's state is always in memory or in its snapshot, and the
+// meanwhile), and only clean keys leave memory: the budget evicts the least
+// recently parked clean ones, and asks for a checkpoint when only dirty ones
+// are left. So a key's state is always in memory or in its snapshot, and the
 // memory beyond the budget is bounded by what changed since the last
-// checkpoint (CheckpointBytes).
+// checkpoint (CheckpointBytes). The tier keeps its clean and its dirty keys
+// in two lists, so that eviction walks only keys it can evict: with one
+// list, every park walked past the same dirty keys at the tail, and that
+// walk was most of what h.mu was held for at a million keys (a mutex
+// profile, BENCHMARKS.md session 9). A parked key turns clean only when a
+// checkpoint stored it (a key turns dirty only by an input, which takes it
+// out of the tier first), and moves to the clean list then.
 //
 // Handing the grain over: the actor stops after the messages already in
 // its mailbox (Poison), and the grain parks itself when protoactor tells it
@@ -68,9 +74,23 @@ var errDropped = errors.New("actors: the key's group was dropped")
 var grainBytes = int(unsafe.Sizeof(grain{})) + 64
 
 type resident struct {
-	order lru[grain, *grain] // by parking, most recent first
-	bytes int64              // estimated, of every parked key
-	max   int64              // budget: beyond it the least recently parked leave
+	// The parked keys by parking, most recent first: those whose snapshot
+	// holds their state (clean), and the others (dirty), which a checkpoint
+	// moves to clean.
+	clean, dirty lru[grain, *grain]
+	bytes        int64 // estimated, of every parked key
+	max          int64 // budget: beyond it the least recently parked clean keys leave
+}
+
+// n is the number of parked keys.
+func (r *resident) n() int { return r.clean.n + r.dirty.n }
+
+// list returns the list g is in (or goes to).
+func (r *resident) list(g *grain) *lru[grain, *grain] {
+	if g.rdirty {
+		return &r.dirty
+	}
+	return &r.clean
 }
 
 // parkLocked puts a stopped grain in the resident tier, if it is still the
@@ -115,12 +135,11 @@ func (h *Host) parkLocked(g *grain) {
 		}
 		g.handle(m) // a snapshot, a query, a save: no actor needed
 	}
-	if h.cfg.MaxMemory < 0 {
-		if _, dirty := gs.dirty[g.id]; !dirty {
-			gs.complete = false // the key leaves memory
-			g.leaveMemory()
-			return
-		}
+	_, g.rdirty = gs.dirty[g.id]
+	if h.cfg.MaxMemory < 0 && !g.rdirty {
+		gs.complete = false // the key leaves memory
+		g.leaveMemory()
+		return
 	}
 	g.rsize = int64(grainBytes + len(g.id.pipeline) + len(g.id.key) + g.state.MemSize())
 	if gs.parked == nil {
@@ -128,9 +147,21 @@ func (h *Host) parkLocked(g *grain) {
 	}
 	gs.parked[g.id] = g
 	r := &h.resident
-	r.order.pushFront(g)
+	r.list(g).pushFront(g)
 	r.bytes += g.rsize
 	h.evictLocked()
+}
+
+// cleanedLocked moves a parked key a checkpoint stored to the clean keys,
+// which eviction may take.
+func (h *Host) cleanedLocked(g *grain) {
+	r := &h.resident
+	if !g.rdirty {
+		return
+	}
+	r.dirty.remove(g)
+	g.rdirty = false
+	r.clean.pushFront(g)
 }
 
 // needsActor reports whether a grain's message must be processed by its
@@ -145,42 +176,29 @@ func needsActor(m any) bool {
 	return true
 }
 
-// evictPasses bounds the dirty parked keys one eviction passes over before
-// it leaves the rest to the next, after a checkpoint.
-const evictPasses = 64
-
 // evictLocked makes the resident tier fit its budget: the least recently
 // parked clean keys leave memory (their state is in their snapshots). Dirty
-// ones stay until a checkpoint, which it asks for when they stand in its
-// way. h.mu must be held.
+// ones stay until a checkpoint, which it asks for when only they are left
+// over the budget. h.mu must be held.
 func (h *Host) evictLocked() {
 	r := &h.resident
-	passed := 0
-	for g := r.order.tail; g != nil && r.bytes > r.max; {
-		prev := g.order.prev
-		gs := &h.groups[g.group]
-		if _, dirty := gs.dirty[g.id]; dirty {
-			// (This walk of the same dirty keys at every park is most of
-			// what h.mu is held for at a million keys, per a mutex profile.
-			// Moving them to the front instead also evicts clean keys still
-			// in use; its effect was not measured apart: BENCHMARKS.md,
-			// session 9.)
-			if passed++; passed > evictPasses {
+	for r.bytes > r.max {
+		g := r.clean.tail
+		if g == nil {
+			if r.dirty.n > 0 {
 				h.nudgeCheckpoint()
-				return
 			}
-		} else {
-			gs.complete = false // a key leaves memory
-			g.leaveMemory()
-			h.unparkLocked(g)
+			return
 		}
-		g = prev
+		h.groups[g.group].complete = false // a key leaves memory
+		g.leaveMemory()
+		h.unparkLocked(g)
 	}
 }
 
 // unparkLocked takes a grain out of the resident tier.
 func (h *Host) unparkLocked(g *grain) {
-	h.resident.order.remove(g)
+	h.resident.list(g).remove(g)
 	h.resident.bytes -= g.rsize
 	delete(h.groups[g.group].parked, g.id)
 }

@@ -96,7 +96,7 @@ type Stats struct {
 func (h *Host) Stats() Stats {
 	h.mu.Lock()
 	n, dirty, unavailable, takingOver, logged := len(h.active), 0, 0, 0, int64(0)
-	resident, residentBytes := h.resident.order.n, h.resident.bytes
+	resident, residentBytes := h.resident.n(), h.resident.bytes
 	for i := range h.groups {
 		gs := &h.groups[i]
 		dirty += len(gs.dirty)
