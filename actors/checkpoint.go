@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -49,12 +50,33 @@ func (h *Host) checkpoint(ctx context.Context) error {
 	return err
 }
 
-// checkpointGroup checkpoints one group. Snapshot requests are sent under
-// h.mu, after every record up to gs.dispatched was sent to its keys, so each
-// reply reflects at least those records: the log can be trimmed through the
-// dispatched position read under the same lock. (Asking the keys a chunk
-// at a time, releasing h.mu in between, was tried and measured no better
-// at half load: BENCHMARKS.md, session 9.)
+// Snapshots are asked for a chunk of keys at a time (snapshotChunk), by one
+// group at a time (Host.snapshotting). Asked all at once, the keys of a
+// checkpoint flooded the actors' workers: at a million keys a checkpoint
+// queued a few hundred thousand snapshot runs (beyond the dispatcher's
+// queue each got a goroutine of its own) ahead of the inputs of every
+// commit after it, and acks waited seconds behind them (BENCHMARKS.md,
+// session 10). Now at most a chunk of snapshots is queued ahead of an
+// input, and encoding them takes at most a core: a checkpoint is
+// background work, which need not be fast, only keep up with the log.
+const (
+	snapshotChunk       = 256
+	snapshotParallelism = 1
+)
+
+// written is what a key is told once its snapshot is stored.
+type written struct {
+	id      keyID
+	pos     persistence.Position
+	version uint64
+}
+
+// checkpointGroup checkpoints one group: it asks the keys that were dirty
+// as of the group's last dispatched record for their snapshots, writes them
+// and trims the group's log through that record. A key is asked after it
+// was sent every record up to there (under h.mu), so its snapshot reflects
+// them and the trim loses nothing; a key changed again meanwhile snapshots
+// the later records too, and stays dirty if it changed after it was asked.
 func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	h.mu.Lock()
 	gs := &h.groups[g]
@@ -77,63 +99,19 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 			return fmt.Errorf("actors: checkpoint group %d: encode clock: %w", g, err)
 		}
 	}
-	replies := make(chan snapshotReply, len(gs.dirty))
-	n := 0
-	var parked []*grain
-	for id := range gs.dirty {
-		if pg := h.parkedLocked(id, g); pg != nil {
-			// Snapshotted here, outside h.mu: meanwhile the key is held as
-			// if stopping, so what is sent to it waits (resident.go).
-			h.unparkLocked(pg)
-			h.holdLocked(pg)
-			parked = append(parked, pg)
-		} else {
-			h.sendLocked(id, g, &snapshotMsg{reply: replies}) // active or stopping
-		}
-		n++
-	}
+	ids := slices.Collect(maps.Keys(gs.dirty))
 	h.mu.Unlock()
-	if len(parked) > 0 {
-		for _, pg := range parked {
-			replies <- pg.snapshot()
-		}
-		h.mu.Lock()
-		for _, pg := range parked {
-			h.parkLocked(pg) // back, or to a new actor if inputs waited
-		}
-		h.mu.Unlock()
-	}
 
-	d := persistence.CheckpointData{Snapshots: make([]persistence.Snapshot, 0, n+1), Through: through}
+	d := persistence.CheckpointData{Snapshots: make([]persistence.Snapshot, 0, len(ids)+1), Through: through}
 	if clock != nil {
 		d.Snapshots = append(d.Snapshots, persistence.Snapshot{Key: groupClockKey, Data: clock})
 	}
-	type written struct { // what the keys are told once their snapshots are stored
-		id      keyID
-		pos     persistence.Position
-		version uint64
+	got, err := h.snapshotKeys(ctx, g, epoch, ids, &d)
+	if errors.Is(err, errDropped) {
+		return nil // lost meanwhile: its keys are gone, its next take-over replays its log
 	}
-	got := make([]written, 0, n)
-	for range n {
-		select {
-		case r := <-replies:
-			if r.err != nil {
-				return fmt.Errorf("actors: checkpoint group %d: %w", g, r.err)
-			}
-			d.Snapshots = append(d.Snapshots, r.core)
-			d.Snapshots = append(d.Snapshots, r.buckets...)
-			if r.ttl {
-				d.Timers = append(d.Timers, persistence.Timer{Key: r.core.Key + expirySuffix, Due: r.expiry})
-			}
-			if r.timed {
-				d.Timers = append(d.Timers, persistence.Timer{Key: r.core.Key, Due: r.due})
-			}
-			got = append(got, written{r.id, r.pos, r.version})
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-h.failCh:
-			return h.Err()
-		}
+	if err != nil {
+		return fmt.Errorf("actors: checkpoint group %d: %w", g, err)
 	}
 	// The keys handed their results to the output queue before replying:
 	// they must be stored before the log they came from is trimmed.
@@ -141,7 +119,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 		return fmt.Errorf("actors: checkpoint group %d: %w", g, err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, storeTimeout)
-	err := h.store.Checkpoint(wctx, g, epoch, d)
+	err = h.store.Checkpoint(wctx, g, epoch, d)
 	cancel()
 	if errors.Is(err, persistence.ErrFenced) {
 		// Another owner claimed the group: it is theirs to checkpoint (and
@@ -161,13 +139,15 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	}
 	for _, r := range got {
 		// Told before the key turns clean and may leave memory. A dirty
-		// key is always in memory: active, stopping or parked.
+		// key is always in memory: active, stopping or parked. (Told
+		// without a message: a message each flooded the workers as the
+		// snapshot requests did.)
 		if a := h.active[r.id]; a != nil && a.epoch == epoch {
-			h.system.Root.Send(a.pid, &savedMsg{version: r.version})
+			a.g.markSaved(r.version)
 		} else if pg := h.parkedLocked(r.id, g); pg != nil {
-			pg.saved(r.version)
+			pg.markSaved(r.version)
 		} else if st := h.stopping[r.id]; st != nil && st.g.epoch == epoch {
-			st.waiting = append(st.waiting, &savedMsg{version: r.version})
+			st.g.markSaved(r.version)
 		}
 		if gs.dirty[r.id] <= r.pos {
 			delete(gs.dirty, r.id)
@@ -183,6 +163,95 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	gs.covered = max(gs.covered, covers)
 	h.evictLocked() // the keys it cleaned may leave memory now
 	return nil
+}
+
+// snapshotKeys asks keys of group g for their snapshots, a chunk at a time,
+// and adds them to d; it returns what each key is to be told once they are
+// stored. A key no longer dirty was stored by an overlapping checkpoint (a
+// release's) and is skipped. A parked key is snapshotted here, without an
+// actor: meanwhile it is held as if stopping, so what is sent to it waits
+// (resident.go). errDropped: the group was lost meanwhile.
+func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epoch, ids []keyID, d *persistence.CheckpointData) ([]written, error) {
+	select {
+	case h.snapshotting <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-h.snapshotting }()
+	got := make([]written, 0, len(ids))
+	add := func(r snapshotReply) error {
+		if r.err != nil {
+			return r.err
+		}
+		d.Snapshots = append(d.Snapshots, r.core)
+		d.Snapshots = append(d.Snapshots, r.buckets...)
+		if r.ttl {
+			d.Timers = append(d.Timers, persistence.Timer{Key: r.core.Key + expirySuffix, Due: r.expiry})
+		}
+		if r.timed {
+			d.Timers = append(d.Timers, persistence.Timer{Key: r.core.Key, Due: r.due})
+		}
+		got = append(got, written{r.id, r.pos, r.version})
+		return nil
+	}
+	replies := make(chan snapshotReply, snapshotChunk)
+	var parked []*grain
+	var ofParked []snapshotReply
+	for len(ids) > 0 {
+		chunk := ids[:min(len(ids), snapshotChunk)]
+		ids = ids[len(chunk):]
+		parked = parked[:0]
+		asked := 0
+		h.mu.Lock()
+		gs := &h.groups[g]
+		if !gs.ready || gs.epoch != epoch {
+			h.mu.Unlock()
+			return nil, errDropped
+		}
+		for _, id := range chunk {
+			if _, dirty := gs.dirty[id]; !dirty {
+				continue
+			}
+			if pg := h.parkedLocked(id, g); pg != nil {
+				h.unparkLocked(pg)
+				h.holdLocked(pg)
+				parked = append(parked, pg)
+			} else {
+				h.sendLocked(id, g, &snapshotMsg{reply: replies}) // active or stopping
+				asked++
+			}
+		}
+		h.mu.Unlock()
+		if len(parked) > 0 {
+			ofParked = ofParked[:0]
+			for _, pg := range parked {
+				ofParked = append(ofParked, pg.snapshot())
+			}
+			h.mu.Lock()
+			for _, pg := range parked {
+				h.parkLocked(pg) // back, or to a new actor if inputs waited
+			}
+			h.mu.Unlock()
+			for _, r := range ofParked {
+				if err := add(r); err != nil {
+					return nil, err
+				}
+			}
+		}
+		for range asked {
+			select {
+			case r := <-replies:
+				if err := add(r); err != nil {
+					return nil, err
+				}
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-h.failCh:
+				return nil, h.Err()
+			}
+		}
+	}
+	return got, nil
 }
 
 // passivate stops grains idle past IdleTimeout and, while more than

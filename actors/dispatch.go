@@ -3,6 +3,7 @@ package actors
 import (
 	"runtime"
 	"sync"
+	"sync/atomic"
 )
 
 // workerDispatcher runs the grains' mailboxes on long-lived goroutines.
@@ -24,6 +25,8 @@ type workerDispatcher struct {
 	stop  sync.Once
 	done  chan struct{}
 	wg    sync.WaitGroup
+	// overflows counts the runs that found the queue full (Stats.Overflows).
+	overflows atomic.Int64
 }
 
 // dispatchThroughput is how many messages a mailbox run processes before
@@ -65,6 +68,7 @@ func (d *workerDispatcher) Schedule(fn func()) {
 	select {
 	case d.runs <- fn:
 	default:
+		d.overflows.Add(1)
 		go fn()
 	}
 }

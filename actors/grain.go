@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/keyfold/keyfold/actors/fold"
@@ -55,7 +56,7 @@ type snapshotReply struct {
 	// state) and its changed id buckets.
 	core    persistence.Snapshot
 	buckets []persistence.Snapshot
-	version uint64 // the state version they reflect; acknowledged by savedMsg
+	version uint64 // the state version they reflect; acknowledged by markSaved
 	// For a pipeline with windows or patterns: the key's next timer.
 	timed bool
 	due   int64
@@ -66,9 +67,6 @@ type snapshotReply struct {
 	expiry int64
 	err    error
 }
-
-// savedMsg tells a grain that its snapshot of version is stored.
-type savedMsg struct{ version uint64 }
 
 // KeyView is what a query returns about one key.
 type KeyView struct {
@@ -103,6 +101,7 @@ type grain struct {
 	state    fold.State
 	pos      persistence.Position // last log position applied
 	stored   uint64               // state version whose snapshot is stored (0: none)
+	savedAt  atomic.Uint64        // the version a checkpoint stored since, for stored (markSaved)
 	broken   error                // set when activation failed; the group is lost
 	reported int64                // the next timer the host's index has
 	expiry   int64                // when the host's index says the key wakes by processing time (0: never)
@@ -158,15 +157,19 @@ func (g *grain) handle(m any) {
 		m.reply <- g.readCall(m) // call.go
 	case *snapshotMsg:
 		m.reply <- g.snapshot()
-	case *savedMsg:
-		g.saved(m.version)
 	}
 }
 
-// saved records that the snapshot of version is stored.
-func (g *grain) saved(version uint64) {
-	g.state.Persisted(version)
-	g.stored = max(g.stored, version)
+// markSaved records that the key's snapshot of version is stored; the
+// grain takes it into account at its next snapshot. Safe from any
+// goroutine: a checkpoint tells keys whose actors may be running.
+func (g *grain) markSaved(version uint64) {
+	for {
+		was := g.savedAt.Load()
+		if version <= was || g.savedAt.CompareAndSwap(was, version) {
+			return
+		}
+	}
 }
 
 // activate restores the key from its snapshot. A passivated key always has
@@ -355,6 +358,10 @@ func (g *grain) snapshot() snapshotReply {
 	if g.broken != nil {
 		r.err = g.broken
 		return r
+	}
+	if v := g.savedAt.Load(); v > g.stored { // the last checkpoint's
+		g.state.Persisted(v)
+		g.stored = v
 	}
 	// The core is encoded after room for the Snapshot's header, sized by
 	// the pipeline's last one: one allocation for the stored bytes.

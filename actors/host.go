@@ -51,6 +51,7 @@ type Host struct {
 	storeDown atomic.Bool
 
 	checkpointNow chan struct{} // nudges the checkpoint loop
+	snapshotting  chan struct{} // a token per group asking its keys for snapshots (checkpoint.go)
 	passivateNow  chan struct{} // asks it to passivate only
 	// sinceCheckpoint counts the bytes logged since the last checkpoint
 	// began (see CheckpointBytes).
@@ -174,6 +175,7 @@ func New(cfg Config) (*Host, error) {
 		groups:        make([]groupState, cfg.Groups),
 		checkpointNow: make(chan struct{}, 1),
 		passivateNow:  make(chan struct{}, 1),
+		snapshotting:  make(chan struct{}, snapshotParallelism),
 		lostNow:       make(chan struct{}, 1),
 		failCh:        make(chan struct{}),
 		clocks:        make(map[string]*fold.Clock),

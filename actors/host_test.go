@@ -49,6 +49,9 @@ func openStore(t testing.TB, dir string) *embedded.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Closed before its directory is removed (Pebble may still be writing
+	// there; closing twice is fine).
+	t.Cleanup(func() { s.Close() })
 	return s
 }
 

@@ -133,7 +133,7 @@ func (h *Host) parkLocked(g *grain) {
 			}
 			return
 		}
-		g.handle(m) // a snapshot, a query, a save: no actor needed
+		g.handle(m) // a snapshot, a query: no actor needed
 	}
 	_, g.rdirty = gs.dirty[g.id]
 	if h.cfg.MaxMemory < 0 && !g.rdirty {
@@ -166,11 +166,11 @@ func (h *Host) cleanedLocked(g *grain) {
 
 // needsActor reports whether a grain's message must be processed by its
 // actor: everything but what the host answers for a parked key under h.mu
-// (snapshots, saves, queries); inputs and calls run a key's code, which
+// (snapshots, queries); inputs and calls run a key's code, which
 // may take h.mu.
 func needsActor(m any) bool {
 	switch m.(type) {
-	case *snapshotMsg, *savedMsg, *queryMsg:
+	case *snapshotMsg, *queryMsg:
 		return false
 	}
 	return true

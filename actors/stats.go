@@ -83,6 +83,11 @@ type Stats struct {
 	Passivated  int64
 	GroupsLost  int64 // key groups lost (failed or fenced write) and taken over again
 	TimersFired int64 // keys woken because a timer was due
+	// Overflows counts the actors' mailbox runs that found the workers'
+	// queue full and got a goroutine of their own: bursts of messages to
+	// many keys at once (a few at times of load are harmless; a steady
+	// rise means the node is overloaded).
+	Overflows int64
 	// GroupsUnavailable is the number of key groups not being served now:
 	// being recovered or taken over again.
 	GroupsUnavailable int
@@ -139,6 +144,7 @@ func (h *Host) Stats() Stats {
 		Passivated:    h.stats.passivated.Load(),
 		GroupsLost:    h.stats.groupsLost.Load(),
 		TimersFired:   h.stats.timersFired.Load(),
+		Overflows:     h.dispatcher.overflows.Load(),
 
 		GroupsUnavailable: unavailable,
 		GroupsTakingOver:  takingOver,
