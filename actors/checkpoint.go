@@ -50,18 +50,17 @@ func (h *Host) checkpoint(ctx context.Context) error {
 	return err
 }
 
-// Snapshots are asked for a chunk of keys at a time (snapshotChunk), by one
-// group at a time (Host.snapshotting). Asked all at once, the keys of a
-// checkpoint flooded the actors' workers: at a million keys a checkpoint
+// Snapshots are asked for a chunk of keys at a time (snapshotChunk), by a
+// few groups at a time (Host.snapshotting). Asked all at once, the keys of
+// a checkpoint flooded the actors' workers: at a million keys a checkpoint
 // queued a few hundred thousand snapshot runs (beyond the dispatcher's
 // queue each got a goroutine of its own) ahead of the inputs of every
 // commit after it, and acks waited seconds behind them (BENCHMARKS.md,
-// session 10). Now at most a chunk of snapshots is queued ahead of an
-// input, and encoding them takes at most a core: a checkpoint is
-// background work, which need not be fast, only keep up with the log.
+// session 10). Now at most snapshotChunk*snapshotParallelism snapshots are
+// queued ahead of an input, well within the workers' queue.
 const (
 	snapshotChunk       = 256
-	snapshotParallelism = 1
+	snapshotParallelism = 4
 )
 
 // written is what a key is told once its snapshot is stored.
@@ -252,6 +251,24 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 		}
 	}
 	return got, nil
+}
+
+// passivateLoop passivates keys beyond MaxActive when nudged, and idle ones
+// every CheckpointInterval, until ctx ends or the host fails.
+func (h *Host) passivateLoop(ctx context.Context) {
+	ticker := time.NewTicker(h.cfg.CheckpointInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-h.failCh:
+			return
+		case <-ticker.C:
+		case <-h.passivateNow:
+		}
+		h.passivate()
+	}
 }
 
 // passivate stops grains idle past IdleTimeout and, while more than

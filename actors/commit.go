@@ -425,7 +425,7 @@ func failGroup(gb *groupBatch, err error) {
 // be applied by a replay (duplicates uncounted).
 func finishGroup(gb *groupBatch) { failGroup(gb, nil) }
 
-// nudgePassivate asks the checkpoint loop to passivate keys beyond
+// nudgePassivate asks the passivation loop to passivate keys beyond
 // MaxActive, without a checkpoint.
 func (h *Host) nudgePassivate() {
 	select {

@@ -52,7 +52,7 @@ type Host struct {
 
 	checkpointNow chan struct{} // nudges the checkpoint loop
 	snapshotting  chan struct{} // a token per group asking its keys for snapshots (checkpoint.go)
-	passivateNow  chan struct{} // asks it to passivate only
+	passivateNow  chan struct{} // nudges the passivation loop
 	// sinceCheckpoint counts the bytes logged since the last checkpoint
 	// began (see CheckpointBytes).
 	sinceCheckpoint atomic.Int64
@@ -243,6 +243,15 @@ func (h *Host) Run(ctx context.Context) error {
 			h.outputLoop(ctx)
 		}
 	}()
+	// Passivation has a loop of its own: it needs no checkpoint (dirty
+	// keys park too), and must not wait for one. (It ran between
+	// checkpoints, and a checkpoint of a million keys kept the active keys
+	// growing past MaxActive for its 15-25 s: BENCHMARKS.md, session 10.)
+	passivateDone := make(chan struct{})
+	go func() {
+		defer close(passivateDone)
+		h.passivateLoop(ctx)
+	}()
 	ticker := time.NewTicker(h.cfg.CheckpointInterval)
 	defer ticker.Stop()
 loop:
@@ -254,10 +263,6 @@ loop:
 			break loop
 		case <-ticker.C:
 		case <-h.checkpointNow:
-		case <-h.passivateNow:
-			// Passivation needs no checkpoint: dirty keys park too.
-			h.passivate()
-			continue
 		}
 		if err := h.checkpoint(ctx); err != nil && ctx.Err() == nil {
 			// The changed keys stay dirty and are retried at the next
@@ -266,8 +271,8 @@ loop:
 			// keys still passivate.
 			h.log.Warn("checkpoint failed; retrying at the next one", "err", err)
 		}
-		h.passivate()
 	}
+	<-passivateDone
 	stopTimers()
 	<-timersDone
 	h.gate.Lock()
