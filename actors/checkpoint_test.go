@@ -23,9 +23,15 @@ func TestCheckpointInChunksUnderLoad(t *testing.T) {
 	dir := t.TempDir()
 	fs := faultstore.New(openStore(t, dir))
 	// One group of many keys, most active and some parked: a checkpoint
-	// asks for many chunks, of both kinds.
-	const keys = 60000
-	cfg := actors.Config{Groups: 1, MaxActive: 50000, IdleTimeout: time.Hour, CheckpointInterval: time.Hour,
+	// asks for many chunks, of both kinds. (Tens of thousands of snapshot
+	// requests at once are what overflowed the workers' queue; under the
+	// race detector, which would take minutes for them, fewer keys check
+	// the rest.)
+	keys, maxActive := 60000, 50000
+	if raceDetector {
+		keys, maxActive = 3000, 2500
+	}
+	cfg := actors.Config{Groups: 1, MaxActive: maxActive, IdleTimeout: time.Hour, CheckpointInterval: time.Hour,
 		CheckpointRecords: 1 << 30, CheckpointBytes: 64 << 10}
 	hs := start(t, fs, cfg)
 	var (
@@ -85,7 +91,7 @@ func TestCheckpointInChunksUnderLoad(t *testing.T) {
 	if st.Checkpoints < 2 {
 		t.Fatalf("%d group checkpoints during the load, want several", st.Checkpoints)
 	}
-	if st.Overflows != 0 {
+	if st.Overflows != 0 && !raceDetector {
 		t.Errorf("%d mailbox runs overflowed the workers' queue: the checkpoints' snapshot requests flooded it", st.Overflows)
 	}
 	// The crash: nothing more is checkpointed, the log tail is replayed.
@@ -107,7 +113,7 @@ func TestCheckpointInChunksUnderLoad(t *testing.T) {
 		}
 	}
 	// Their ids survived too.
-	if r := hs.ingest(event("k7", "a7", 7), event("k11999", "a11999", 11999)); r.Duplicates != 2 {
+	if r := hs.ingest(event("k7", "a7", 7), event(fmt.Sprintf("k%d", keys-1), fmt.Sprintf("a%d", keys-1), keys-1)); r.Duplicates != 2 {
 		t.Errorf("resent ids not recognised after the crash: %+v", r)
 	}
 }

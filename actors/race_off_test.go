@@ -1,0 +1,5 @@
+//go:build !race
+
+package actors_test
+
+const raceDetector = false
