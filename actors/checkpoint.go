@@ -141,16 +141,17 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 		// key is always in memory: active, stopping or parked. (Told
 		// without a message: a message each flooded the workers as the
 		// snapshot requests did.)
+		var pg *grain
 		if a := h.active[r.id]; a != nil && a.epoch == epoch {
 			a.g.markSaved(r.version)
-		} else if pg := h.parkedLocked(r.id, g); pg != nil {
+		} else if pg = h.parkedLocked(r.id, g); pg != nil {
 			pg.markSaved(r.version)
 		} else if st := h.stopping[r.id]; st != nil && st.g.epoch == epoch {
 			st.g.markSaved(r.version)
 		}
 		if gs.dirty[r.id] <= r.pos {
 			delete(gs.dirty, r.id)
-			if pg := h.parkedLocked(r.id, g); pg != nil {
+			if pg != nil {
 				h.cleanedLocked(pg)
 			}
 		}
@@ -195,7 +196,6 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 	}
 	replies := make(chan snapshotReply, snapshotChunk)
 	var parked []*grain
-	var ofParked []snapshotReply
 	for len(ids) > 0 {
 		chunk := ids[:min(len(ids), snapshotChunk)]
 		ids = ids[len(chunk):]
@@ -222,19 +222,19 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 		}
 		h.mu.Unlock()
 		if len(parked) > 0 {
-			ofParked = ofParked[:0]
+			var err error
 			for _, pg := range parked {
-				ofParked = append(ofParked, pg.snapshot())
+				if err == nil {
+					err = add(pg.snapshot())
+				}
 			}
 			h.mu.Lock()
 			for _, pg := range parked {
-				h.parkLocked(pg) // back, or to a new actor if inputs waited
+				h.parkLocked(pg) // back (also after an error), or to a new actor if inputs waited
 			}
 			h.mu.Unlock()
-			for _, r := range ofParked {
-				if err := add(r); err != nil {
-					return nil, err
-				}
+			if err != nil {
+				return nil, err
 			}
 		}
 		for range asked {
