@@ -88,6 +88,13 @@ type Config struct {
 	// aggregates, plus its remembered ids). Keys beyond it are only in the
 	// store and are read back on their next event or query.
 	MaxMemory int64 `yaml:"max_memory"`
+	// CacheMemory is the part of MaxMemory that keeps keys which left
+	// memory in the snapshot cache, packed (about 55 B for a key with a few
+	// aggregates, outside the Go heap): their next event or query decodes
+	// them instead of reading the store. 0 (the default): half of
+	// MaxMemory, if that is at least 48 MiB, the cache's smallest size.
+	// Negative: no cache.
+	CacheMemory int64 `yaml:"cache_memory"`
 	// MaxBodyBytes bounds an HTTP request body (default 8 MiB); larger
 	// bodies get 413.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
@@ -252,6 +259,12 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 		errs = append(errs, errors.New("keyfold: config: grpc_tls_cert and grpc_tls_key go together"))
 	}
 	errs = append(errs, c.checkCluster()...)
+	if c.CacheMemory > 0 && c.CacheMemory < 48<<20 {
+		errs = append(errs, fmt.Errorf("keyfold: config: cache_memory %d is below 48 MiB, the snapshot cache's smallest size (-1: no cache)", c.CacheMemory))
+	}
+	if c.CacheMemory > 0 && c.CacheMemory > c.MaxMemory {
+		errs = append(errs, fmt.Errorf("keyfold: config: cache_memory %d is more than max_memory %d, of which it is a part", c.CacheMemory, c.MaxMemory))
+	}
 	if c.KeyGroups > MaxKeyGroups {
 		errs = append(errs, fmt.Errorf("keyfold: config: key_groups %d is more than %d", c.KeyGroups, MaxKeyGroups))
 	}

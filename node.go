@@ -252,6 +252,7 @@ func (n *Node) run(ctx context.Context) (err error) {
 		IdleTimeout:        n.cfg.IdleTimeout,
 		MaxActive:          n.cfg.MaxActiveKeys,
 		MaxMemory:          n.cfg.MaxMemory,
+		CacheMemory:        n.cfg.CacheMemory,
 		Logger:             log,
 	})
 	if err != nil {

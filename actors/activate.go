@@ -28,11 +28,15 @@ import (
 // this commit then does not dispatch to it (its epoch moved). A key a query
 // activates reads for itself.
 
-// loaded is a key's state as read from the store.
+// loaded is a key's state as read from the store, or as the snapshot cache
+// kept it (cache.go).
 type loaded struct {
 	found bool // the key has a snapshot
 	state fold.State
 	pos   persistence.Position
+	// cached is the key's state in the snapshot cache, which the grain
+	// decodes (on its actor, not under h.mu); found and state are unset.
+	cached []byte
 }
 
 // loadKeys reads the snapshots of keys of group g, and the id buckets they
@@ -116,23 +120,38 @@ const prefetchParallelism = 32
 type prefetch struct {
 	done  chan struct{}
 	byKey map[keyID]*loaded // valid once done is closed; nil if the read failed
+	// cached are the keys found in the snapshot cache, not read.
+	cached map[keyID]*loaded
 }
 
 // prefetchLocked starts reading the snapshots of the keys of groups that
 // are not active; h.mu must be held. It returns nil if every key is active.
 func (h *Host) prefetchLocked(groups []*groupBatch) *prefetch {
 	want := map[uint32][]keyID{}
+	var cached map[keyID]*loaded
 	for _, gb := range groups {
 		for _, kb := range gb.keys {
-			if h.mayBeStoredLocked(kb.id, gb.group) {
-				want[gb.group] = append(want[gb.group], kb.id)
+			if !h.mayBeStoredLocked(kb.id, gb.group) {
+				continue
 			}
+			if l := h.cache.get(kb.id, h.groups[gb.group].epoch); l != nil {
+				if cached == nil {
+					cached = map[keyID]*loaded{}
+				}
+				cached[kb.id] = l
+				continue
+			}
+			want[gb.group] = append(want[gb.group], kb.id)
 		}
 	}
-	if len(want) == 0 {
+	if len(want) == 0 && cached == nil {
 		return nil
 	}
-	p := &prefetch{done: make(chan struct{})}
+	p := &prefetch{done: make(chan struct{}), cached: cached}
+	if len(want) == 0 {
+		close(p.done)
+		return p
+	}
 	go func() {
 		defer close(p.done)
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
@@ -172,8 +191,11 @@ func (h *Host) prefetchLocked(groups []*groupBatch) *prefetch {
 // or the key was not read). The commit dispatches only to groups whose epoch
 // did not move since the read began, so a read it takes is current.
 func (p *prefetch) take(id keyID) *loaded {
-	if p == nil || p.byKey == nil {
+	if p == nil {
 		return nil
 	}
-	return p.byKey[id]
+	if l := p.cached[id]; l != nil {
+		return l
+	}
+	return p.byKey[id] // (nil if the read failed)
 }

@@ -49,6 +49,13 @@ type Config struct {
 	// it are only in the store, read back on demand. Negative: no resident
 	// tier (a passivated key leaves memory).
 	MaxMemory int64
+	// CacheMemory is the part of MaxMemory that keeps keys which left
+	// memory in the snapshot cache (cache.go), encoded, in a tenth of what
+	// a resident key takes: activating one decodes it instead of reading
+	// the store. It covers the cache's entries and their index (cache.go).
+	// 0: half of MaxMemory (if that is at least 48 MiB, the cache's
+	// smallest size; else none). Negative: no cache.
+	CacheMemory int64
 	// MaxCommitEvents bounds the events one group commit collects.
 	MaxCommitEvents int
 	// Logger receives the host's logs; nil discards them.
@@ -113,6 +120,15 @@ func (c *Config) setDefaults() {
 			c.MaxActive = int(max(c.MaxMemory/4/ActiveKeyBytes, 1))
 		}
 	}
+	if c.CacheMemory == 0 {
+		c.CacheMemory = -1
+		if c.MaxMemory/2 >= minCacheMemory {
+			c.CacheMemory = c.MaxMemory / 2
+		}
+	}
+	if c.MaxMemory < 0 {
+		c.CacheMemory = -1 // a key that is passivated leaves memory at once
+	}
 	if c.MaxCommitEvents == 0 {
 		c.MaxCommitEvents = DefaultMaxCommitEvents
 	}
@@ -131,9 +147,10 @@ func (c *Config) setDefaults() {
 }
 
 // residentBudget is the memory left for resident keys: MaxMemory less
-// what the active keys may take (none when that leaves nothing).
+// what the active keys may take and the snapshot cache (none when that
+// leaves nothing).
 func (c *Config) residentBudget() int64 {
-	return max(c.MaxMemory-int64(c.MaxActive)*ActiveKeyBytes, 0)
+	return max(c.MaxMemory-int64(c.MaxActive)*ActiveKeyBytes-max(c.CacheMemory, 0), 0)
 }
 
 // Validate reports every problem of c at once.
@@ -153,6 +170,12 @@ func (c *Config) Validate() error {
 				}
 			}
 		}
+	}
+	if c.CacheMemory > 0 && c.CacheMemory < minCacheMemory {
+		errs = append(errs, fmt.Errorf("actors: config: CacheMemory %d is below the snapshot cache's smallest size, 48 MiB (negative: no cache)", c.CacheMemory))
+	}
+	if c.MaxMemory > 0 && c.CacheMemory > c.MaxMemory {
+		errs = append(errs, fmt.Errorf("actors: config: CacheMemory %d is more than MaxMemory %d, of which it is a part", c.CacheMemory, c.MaxMemory))
 	}
 	for _, v := range []struct {
 		name string

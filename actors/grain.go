@@ -192,6 +192,15 @@ func (g *grain) load() error {
 	l := g.preloaded
 	g.preloaded = nil
 	g.current = true
+	if l != nil && l.cached != nil {
+		state, pos, err := decodeCached(g.pipeline, l.cached)
+		if err == nil {
+			l = &loaded{found: true, state: state, pos: pos}
+		} else { // (not expected: the cache holds what put encoded) the store has it
+			g.host.log.Warn("snapshot cache: decode failed; reading the store", "pipeline", g.id.pipeline, "key", g.id.key, "err", err)
+			l = nil
+		}
+	}
 	if l == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 		defer cancel()

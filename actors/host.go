@@ -44,6 +44,8 @@ type Host struct {
 	// passivated that are to join them once stopped (resident.go).
 	resident resident
 	stopping map[keyID]*stoppingGrain
+	// cache keeps what keys that left memory were, encoded (cache.go).
+	cache snapshotCache
 
 	// storeDown is set when an append failed with the store unreachable (not
 	// fenced) and cleared by the next successful claim: meanwhile commits
@@ -184,6 +186,7 @@ func New(cfg Config) (*Host, error) {
 	}
 	h.outputs.init()
 	h.resident.max = cfg.residentBudget()
+	h.cache = newSnapshotCache(cfg.CacheMemory)
 	for i := range h.groups {
 		h.groups[i].dirty = make(map[keyID]persistence.Position)
 	}
@@ -316,6 +319,7 @@ func (h *Host) stopAll() {
 	for g := range h.groups {
 		h.dropParkedLocked(uint32(g))
 	}
+	h.cache.reset()
 	h.mu.Unlock()
 	h.system.Shutdown()
 	h.dispatcher.close()
@@ -584,6 +588,26 @@ func (h *Host) sendRead(pipeline, key string, msg any) error {
 	return nil
 }
 
+// newGrainLocked returns a new grain for a key not in memory, to start from
+// l if its snapshot was read already, else from the snapshot cache, else
+// from the store (unless the key is known to be new). h.mu must be held.
+func (h *Host) newGrainLocked(id keyID, group uint32, l *loaded) *grain {
+	gs := &h.groups[group]
+	if !gs.complete {
+		// Back in memory, the key may change: its cached state would be
+		// stale once it leaves again (cache.go).
+		if l == nil {
+			l = h.cache.get(id, gs.epoch)
+		}
+		h.cache.del(id)
+	}
+	if l == nil && !h.mayBeStoredLocked(id, group) {
+		l = newKey // nothing to read
+	}
+	return &grain{host: h, id: id, group: group, epoch: gs.epoch, pipeline: h.cfg.Pipelines[id.pipeline],
+		pstats: h.stats.pipelines[id.pipeline], preloaded: l}
+}
+
 // sendLocked sends msg to the key's grain, activating it if needed. h.mu
 // must be held.
 func (h *Host) sendLocked(id keyID, group uint32, msg any) {
@@ -613,11 +637,7 @@ func (h *Host) sendLoadedLocked(id keyID, group uint32, msg any, l *loaded) {
 			h.unparkLocked(g)
 			h.stats.unparked.Add(1)
 		} else {
-			if l == nil && !h.mayBeStoredLocked(id, group) {
-				l = newKey // nothing to read
-			}
-			g = &grain{host: h, id: id, group: group, epoch: epoch, pipeline: h.cfg.Pipelines[id.pipeline],
-				pstats: h.stats.pipelines[id.pipeline], preloaded: l}
+			g = h.newGrainLocked(id, group, l)
 		}
 		a = h.spawnLocked(g)
 	} else {

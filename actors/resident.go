@@ -177,7 +177,8 @@ func needsActor(m any) bool {
 }
 
 // evictLocked makes the resident tier fit its budget: the least recently
-// parked clean keys leave memory (their state is in their snapshots). Dirty
+// parked clean keys leave memory (their state is in their snapshots), into
+// the snapshot cache (cache.go). Dirty
 // ones stay until a checkpoint, which it asks for when only they are left
 // over the budget. h.mu must be held.
 func (h *Host) evictLocked() {
@@ -191,6 +192,7 @@ func (h *Host) evictLocked() {
 			return
 		}
 		h.groups[g.group].complete = false // a key leaves memory
+		h.cache.put(g)
 		g.leaveMemory()
 		h.unparkLocked(g)
 	}

@@ -163,16 +163,7 @@ func TestDirtyKeysParkUntilCheckpointed(t *testing.T) {
 		t.Fatalf("stats %+v: want no checkpoint and every key dirty", st)
 	}
 	reads := fs.Calls(faultstore.OpGet)
-	for i := range keys {
-		k := fmt.Sprintf("k%d", i)
-		if r := hs.ingest(event(k, "x", 1000)); r.Duplicates != 1 {
-			t.Fatalf("%s: retried id not recognised after a dirty passivation: %+v", k, r)
-		}
-		hs.ingest(event(k, "y", 1))
-		if v := hs.query(k); v.Seq != 2 || v.Aggregates["sum"] != float64(i+1) {
-			t.Fatalf("%s = %+v", k, v)
-		}
-	}
+	sendAgain(t, hs, keys, "a dirty passivation")
 	if n := fs.Calls(faultstore.OpGet) - reads; n != 0 {
 		t.Errorf("%d store reads for dirty keys in memory, want 0", n)
 	}
@@ -188,6 +179,23 @@ func TestDirtyKeysParkUntilCheckpointed(t *testing.T) {
 	for i := range keys {
 		if v := hs.query(fmt.Sprintf("k%d", i)); v.Seq != 2 || v.Aggregates["sum"] != float64(i+1) {
 			t.Fatalf("k%d after restart = %+v", i, v)
+		}
+	}
+}
+
+// sendAgain sends keys k0... (each of which applied one event, id "x" of
+// value i) their id "x" again, which must be a duplicate after what they
+// went through (after), and a new event of 1, then checks their state.
+func sendAgain(t *testing.T, hs *harness, keys int, after string) {
+	t.Helper()
+	for i := range keys {
+		k := fmt.Sprintf("k%d", i)
+		if r := hs.ingest(event(k, "x", 1000)); r.Duplicates != 1 {
+			t.Fatalf("%s: retried id not recognised after %s: %+v", k, after, r)
+		}
+		hs.ingest(event(k, "y", 1))
+		if v := hs.query(k); v.Seq != 2 || v.Aggregates["sum"] != float64(i+1) {
+			t.Fatalf("%s after %s = %+v", k, after, v)
 		}
 	}
 }

@@ -28,11 +28,12 @@ import (
 //
 // Each sub-benchmark starts from an empty store, so at large key counts
 // most events meet a key for the first time. It reports the heap the keys
-// in memory hold (heap_B/key, active and resident keys alike);
+// in memory hold (heap_B/key, active and resident keys alike; mem_B/held_key
+// adds the snapshot cache and its keys);
 // KEYFOLD_HEAP_PROFILE=FILE writes a heap profile while they are held.
 func BenchmarkIngestKeys(b *testing.B) {
 	for _, keys := range []int{10_000, 100_000, 1_000_000} {
-		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) { benchIngestKeys(b, keys, false) })
+		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) { benchIngestKeys(b, keys, false, 0) })
 	}
 }
 
@@ -44,8 +45,19 @@ func BenchmarkIngestKeys(b *testing.B) {
 //	go test -run '^$' -bench IngestKeysSteady -benchtime 400000x -cpuprofile cpu.out ./actors
 func BenchmarkIngestKeysSteady(b *testing.B) {
 	for _, keys := range []int{100_000, 1_000_000} {
-		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) { benchIngestKeys(b, keys, true) })
+		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) { benchIngestKeys(b, keys, true, 0) })
 	}
+}
+
+// BenchmarkIngestKeysBeyondMemory is BenchmarkIngestKeysSteady with a
+// tenth of the keys fitting in memory, as 10M keys do in the default
+// max_memory (1 GiB): a million keys in 100 MiB, so that the steady state
+// of ten million keys is measured (and profiled) after a tenth of the
+// preload.
+//
+//	go test -run '^$' -bench IngestKeysBeyondMemory -benchtime 400000x ./actors
+func BenchmarkIngestKeysBeyondMemory(b *testing.B) {
+	benchIngestKeys(b, 1_000_000, true, actors.DefaultMaxMemory/10)
 }
 
 func benchPipeline(b *testing.B) map[string]*fold.Pipeline {
@@ -56,8 +68,9 @@ func benchPipeline(b *testing.B) map[string]*fold.Pipeline {
 	return map[string]*fold.Pipeline{"logins": p}
 }
 
-func benchIngestKeys(b *testing.B, keys int, preload bool) {
-	h := runBenchHost(b, actors.Config{Pipelines: benchPipeline(b)})
+// benchIngestKeys runs the benchmarks above; maxMemory 0 is the default.
+func benchIngestKeys(b *testing.B, keys int, preload bool, maxMemory int64) {
+	h := runBenchHost(b, actors.Config{Pipelines: benchPipeline(b), MaxMemory: maxMemory})
 	if preload {
 		ingestEach(b, h, keys, func(i int) []byte {
 			return fmt.Appendf(nil, `{"user_id":"u%d","event_id":"p%d","type":"login_ok","amount":1,"geo":{"country":"DE"}}`, i, i)
@@ -121,19 +134,26 @@ func benchIngestKeys(b *testing.B, keys int, preload bool) {
 	b.ReportMetric(float64(done.TotalAlloc-before.TotalAlloc)/float64(n*batch), "alloc_B/event")
 	b.ReportMetric(float64(st.ActiveKeys), "active_keys")
 	b.ReportMetric(float64(st.ResidentKeys), "resident_keys")
+	b.ReportMetric(float64(st.CachedKeys), "cached_keys")
 	// What an event costs the machinery: commits and group checkpoints
 	// per thousand events, actors started per event.
 	events := float64(n * batch)
 	b.ReportMetric(float64(st.Commits-st0.Commits)*1000/events, "commits/1k_events")
 	b.ReportMetric(float64(st.Checkpoints-st0.Checkpoints)*1000/events, "group_checkpoints/1k_events")
 	b.ReportMetric(float64(st.Activations-st0.Activations)/events, "activations/event")
+	b.ReportMetric(float64(st.CacheHits-st0.CacheHits)/events, "cache_hits/event")
 	// The heap the keys in memory hold, while they are held: the active
 	// ones (with an actor) and the resident ones.
 	runtime.GC()
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
+	heap := float64(int64(after.HeapInuse) - int64(before.HeapInuse))
 	if held := st.ActiveKeys + st.ResidentKeys; held > 0 {
-		b.ReportMetric(float64(int64(after.HeapInuse)-int64(before.HeapInuse))/float64(held), "heap_B/key")
+		b.ReportMetric(heap/float64(held), "heap_B/key")
+	}
+	// With the snapshot cache (outside the heap) and its keys.
+	if held := int64(st.ActiveKeys+st.ResidentKeys) + st.CachedKeys; held > 0 {
+		b.ReportMetric((heap+float64(st.CacheBytes))/float64(held), "mem_B/held_key")
 	}
 	writeHeapProfile(b)
 	b.ReportMetric(float64(n*batch)/b.Elapsed().Seconds(), "events/s")
@@ -178,7 +198,7 @@ func cpuTime() time.Duration {
 //	go test -run '^$' -bench ResidentKeyMemory -benchtime 200000x ./actors
 func BenchmarkResidentKeyMemory(b *testing.B) {
 	const maxActive = 1000
-	st, heap := keysHeap(b, actors.Config{MaxActive: maxActive}, func(st actors.Stats) bool {
+	_, st, heap := keysHeap(b, actors.Config{MaxActive: maxActive}, func(st actors.Stats) bool {
 		return st.ActiveKeys <= maxActive && st.ActiveKeys+st.ResidentKeys == b.N
 	})
 	heap -= float64(st.ActiveKeys) * actors.ActiveKeyBytes
@@ -189,13 +209,45 @@ func BenchmarkResidentKeyMemory(b *testing.B) {
 	}
 }
 
+// BenchmarkCachedKeyMemory measures what a key kept in the snapshot cache
+// costs (README, "Sizing"): as BenchmarkResidentKeyMemory, with a resident
+// tier of 1 MiB, so that nearly every key leaves memory into a cache of
+// 48 MiB (32 MiB of chunks). cache_B/key is the cache's own memory (outside the heap) per key
+// it holds, which counts once the cache is full (fastcache allocates a
+// chunk per bucket at first: give it a million keys); heap_B/cached_key is
+// the heap its index and the rest take, beyond the keys still in memory
+// (charged as estimated).
+//
+//	go test -run '^$' -bench CachedKeyMemory -benchtime 1000000x ./actors
+func BenchmarkCachedKeyMemory(b *testing.B) {
+	const maxActive, cache, resident = 1000, 48 << 20, 1 << 20
+	cfg := actors.Config{MaxActive: maxActive, CacheMemory: cache, MaxMemory: cache + maxActive*actors.ActiveKeyBytes + resident}
+	h, st, heap := keysHeap(b, cfg, func(st actors.Stats) bool {
+		return st.ActiveKeys <= maxActive && st.ResidentBytes <= resident
+	})
+	heap -= float64(st.ActiveKeys)*actors.ActiveKeyBytes + float64(st.ResidentBytes)
+	cached := actors.CachedKeys(h, "logins", func(yield func(string) bool) {
+		for i := range b.N {
+			if !yield(fmt.Sprintf("u%d", i)) {
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(cached), "cached_keys")
+	b.ReportMetric(float64(st.CachedKeys), "cache_index_entries")
+	if cached > 0 {
+		b.ReportMetric(float64(st.CacheBytes)/float64(cached), "cache_B/key")
+		b.ReportMetric(heap/float64(cached), "heap_B/cached_key")
+	}
+}
+
 // BenchmarkActiveKeyMemory measures what a key with an actor costs (README,
 // "Sizing"; actors.ActiveKeyBytes): as BenchmarkResidentKeyMemory, with
 // every key kept active.
 //
 //	go test -run '^$' -bench ActiveKeyMemory -benchtime 200000x ./actors
 func BenchmarkActiveKeyMemory(b *testing.B) {
-	_, heap := keysHeap(b, actors.Config{MaxActive: 1 << 30, IdleTimeout: time.Hour}, func(st actors.Stats) bool {
+	_, _, heap := keysHeap(b, actors.Config{MaxActive: 1 << 30, IdleTimeout: time.Hour}, func(st actors.Stats) bool {
 		return st.ActiveKeys == b.N
 	})
 	b.ReportMetric(heap/float64(b.N), "heap_B/active_key")
@@ -203,10 +255,13 @@ func BenchmarkActiveKeyMemory(b *testing.B) {
 
 // keysHeap ingests one event for each of b.N keys of the bench pipeline on
 // a host configured by cfg, waits until every key is checkpointed and
-// settled holds, and returns the host's stats and the heap the keys hold
+// settled holds, and returns the host, its stats and the heap the keys hold
 // after a GC.
-func keysHeap(b *testing.B, cfg actors.Config, settled func(actors.Stats) bool) (actors.Stats, float64) {
-	cfg.Pipelines, cfg.CheckpointInterval, cfg.MaxMemory = benchPipeline(b), 50*time.Millisecond, 16<<30
+func keysHeap(b *testing.B, cfg actors.Config, settled func(actors.Stats) bool) (*actors.Host, actors.Stats, float64) {
+	cfg.Pipelines, cfg.CheckpointInterval = benchPipeline(b), 50*time.Millisecond
+	if cfg.MaxMemory == 0 {
+		cfg.MaxMemory = 16 << 30
+	}
 	h := runBenchHost(b, cfg)
 	runtime.GC()
 	var before runtime.MemStats
@@ -225,7 +280,7 @@ func keysHeap(b *testing.B, cfg actors.Config, settled func(actors.Stats) bool) 
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
 	writeHeapProfile(b)
-	return st, float64(int64(after.HeapInuse) - int64(before.HeapInuse))
+	return h, st, float64(int64(after.HeapInuse) - int64(before.HeapInuse))
 }
 
 // runBenchHost runs a host on a new embedded store until the benchmark ends.

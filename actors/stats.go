@@ -68,12 +68,20 @@ type Stats struct {
 	// ResidentBytes the estimate of what they take (resident.go).
 	ResidentKeys  int
 	ResidentBytes int64
-	DirtyKeys     int   // keys changed since their last snapshot
-	Events        int64 // events applied (duplicates included) since start
-	Duplicates    int64
-	Commits       int64 // group commits (synced appends)
-	Checkpoints   int64 // group checkpoints written
-	Replayed      int64 // log records replayed by take-overs (at start and after a loss)
+	// CachedKeys are the entries of the snapshot cache's index (cache.go:
+	// an upper bound of the keys whose state it keeps, up to twice them),
+	// CacheBytes the memory it holds; CacheHits counts the
+	// activations that decoded a cached state instead of reading the
+	// store, CacheMisses those that looked in the cache and read the store.
+	CachedKeys             int64
+	CacheBytes             int64
+	CacheHits, CacheMisses int64
+	DirtyKeys              int   // keys changed since their last snapshot
+	Events                 int64 // events applied (duplicates included) since start
+	Duplicates             int64
+	Commits                int64 // group commits (synced appends)
+	Checkpoints            int64 // group checkpoints written
+	Replayed               int64 // log records replayed by take-overs (at start and after a loss)
 	// LoggedBytes is the size of the log records above the groups'
 	// checkpoints: what a restart would replay (about CheckpointBytes at
 	// most).
@@ -102,6 +110,7 @@ func (h *Host) Stats() Stats {
 	h.mu.Lock()
 	n, dirty, unavailable, takingOver, logged := len(h.active), 0, 0, 0, int64(0)
 	resident, residentBytes := h.resident.n(), h.resident.bytes
+	cached, cacheBytes := h.cache.stats()
 	for i := range h.groups {
 		gs := &h.groups[i]
 		dirty += len(gs.dirty)
@@ -132,6 +141,10 @@ func (h *Host) Stats() Stats {
 		ActiveKeys:    n,
 		ResidentKeys:  resident,
 		ResidentBytes: residentBytes,
+		CachedKeys:    cached,
+		CacheBytes:    cacheBytes,
+		CacheHits:     h.cache.hits.Load(),
+		CacheMisses:   h.cache.misses.Load(),
 		Unparked:      h.stats.unparked.Load(),
 		DirtyKeys:     dirty,
 		Events:        h.stats.events.Load(),

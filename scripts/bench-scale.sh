@@ -20,6 +20,8 @@
 #   for a before/after comparison under the same load generator)
 #   RATE=events/s: offer this rate instead of loading as fast as acks come
 #   (keyfold bench --rate), to read the ack latency at a given load
+#   TARGETS="naive redis embedded": the targets to run (a subset skips the
+#   others' preloads, which take minutes each at 10M keys)
 # Prints one JSON line per measurement to $OUT (default: a temp file) and a
 # table of medians with the ratios to naive. Everything it starts is stopped
 # by PID when it exits.
@@ -31,6 +33,8 @@ runs=${RUNS:-3}
 duration=${DURATION:-8s}
 read -ra dists <<<"${DISTS:-uniform zipf}"
 read -ra phases <<<"${PHASES:-first steady}"
+read -ra targets <<<"${TARGETS:-naive redis embedded}"
+want() { [[ " ${targets[*]} " == *" $1 "* ]]; }
 config=${CONFIG:-$root/examples/bench.yaml}
 load=(--stream --window 8 --concurrency 4 --batch 100 --duration "$duration" ${RATE:+--rate "$RATE"})
 
@@ -87,18 +91,22 @@ for k in "${keys[@]}"; do
 	for dist in "${dists[@]}"; do
 		for phase in "${phases[@]}"; do
 			for run in $(seq 1 "$runs"); do
-				redis-cli -p "$rport" flushall >/dev/null
-				record naive "$k" "$dist" "$phase" "$run" --naive-redis "$redis" --redis-info "$redis"
-
-				redis-cli -p "$rport" flushall >/dev/null
-				node --redis "$redis"
-				record redis "$k" "$dist" "$phase" "$run" --addr "$grpc" --metrics "$http" --redis-info "$redis"
-				stop_node
-
-				rm -rf "$work/data"
-				node --data "$work/data"
-				record embedded "$k" "$dist" "$phase" "$run" --addr "$grpc" --metrics "$http"
-				stop_node
+				if want naive; then
+					redis-cli -p "$rport" flushall >/dev/null
+					record naive "$k" "$dist" "$phase" "$run" --naive-redis "$redis" --redis-info "$redis"
+				fi
+				if want redis; then
+					redis-cli -p "$rport" flushall >/dev/null
+					node --redis "$redis"
+					record redis "$k" "$dist" "$phase" "$run" --addr "$grpc" --metrics "$http" --redis-info "$redis"
+					stop_node
+				fi
+				if want embedded; then
+					rm -rf "$work/data"
+					node --data "$work/data"
+					record embedded "$k" "$dist" "$phase" "$run" --addr "$grpc" --metrics "$http"
+					stop_node
+				fi
 			done
 		done
 	done
@@ -111,10 +119,11 @@ groups = {}
 for r in rows:
     groups.setdefault((r["keys"], r["dist"], r["phase"]), {}).setdefault(r["target"], []).append(r)
 med = lambda rs, f: statistics.median(r.get(f, 0) for r in rs)
-print(f'{"keys":>9} {"dist":8} {"phase":7} {"naive ev/s":>11} {"redis ev/s":>11} {"x naive":>7} {"p99 ms":>7} {"embedded":>10} {"x naive":>7} {"p99 ms":>7} {"B/key heap":>10} {"runs":>4}')
+print(f'{"keys":>9} {"dist":8} {"phase":7} {"naive ev/s":>11} {"redis ev/s":>11} {"x naive":>7} {"p99 ms":>7} {"embedded":>10} {"x naive":>7} {"p99 ms":>7} {"B/key heap":>10} {"B/key RSS":>9} {"cached":>9} {"runs":>4}')
 for (k, dist, phase), t in sorted(groups.items()):
     n, rd, e = (med(t.get(x, [{}]), "events_per_s") for x in ("naive", "redis", "embedded"))
     print(f'{k:>9} {dist:8} {phase:7} {n:>11.0f} {rd:>11.0f} {rd/n if n else 0:>7.2f} {med(t.get("redis", [{}]), "p99_ms"):>7.0f} '
-          f'{e:>10.0f} {e/n if n else 0:>7.2f} {med(t.get("embedded", [{}]), "p99_ms"):>7.0f} {med(t.get("embedded", [{}]), "node_heap_per_key"):>10.0f} {len(t.get("naive", []))}')
+          f'{e:>10.0f} {e/n if n else 0:>7.2f} {med(t.get("embedded", [{}]), "p99_ms"):>7.0f} {med(t.get("embedded", [{}]), "node_heap_per_key"):>10.0f} '
+          f'{med(t.get("embedded", [{}]), "node_rss_per_key"):>9.0f} {med(t.get("embedded", [{}]), "node_cached_keys"):>9.0f} {max(len(v) for v in t.values())}')
 EOF
 echo "measurements: $out"

@@ -18,6 +18,25 @@ func (p *Pipeline) MarshalState(s *State) ([]byte, error) {
 	return proto.Marshal(ks)
 }
 
+// AppendState appends a key's whole state, encoded as MarshalState does
+// (decode it with RestoreParts or UnmarshalState), to dst; for a state
+// whose snapshot is one part (OnePart) it is the core SnapshotParts
+// encodes, with the fast encoder of pipelines without windows or patterns.
+func (p *Pipeline) AppendState(dst []byte, s *State) ([]byte, error) {
+	if !p.Timed() && !s.ids.spilled {
+		return p.appendCore(dst, s)
+	}
+	ks, err := p.StateProto(s)
+	if err != nil {
+		return nil, err
+	}
+	return proto.MarshalOptions{}.MarshalAppend(dst, ks)
+}
+
+// OnePart reports whether the key's snapshot is its core alone: its ids
+// are inline, so restoring it needs no id bucket.
+func (s *State) OnePart() bool { return !s.ids.spilled }
+
 // StateProto returns a key's whole state as its persisted message, ids
 // inline.
 func (p *Pipeline) StateProto(s *State) (*keyfoldv1.KeyState, error) {

@@ -195,9 +195,14 @@ type memoryStats struct {
 	NodeRSS        float64 `json:"node_rss_bytes,omitempty"`
 	NodeHeap       float64 `json:"node_heap_inuse_bytes,omitempty"`
 	NodeActiveKeys float64 `json:"node_active_keys,omitempty"`
-	// NodeResidentKeys are the keys in memory without an actor; the
-	// figures per key divide by both.
+	// NodeResidentKeys are the keys in memory without an actor, and
+	// NodeCachedKeys those whose state the snapshot cache keeps packed, in
+	// NodeCacheBytes outside the heap (the count is the cache index's, up
+	// to twice the keys it can return). The figures per key divide by the
+	// active and resident keys only: RSS includes the cache.
 	NodeResidentKeys float64 `json:"node_resident_keys,omitempty"`
+	NodeCachedKeys   float64 `json:"node_cached_keys,omitempty"`
+	NodeCacheBytes   float64 `json:"node_cache_bytes,omitempty"`
 	RSSPerKey        float64 `json:"node_rss_per_key,omitempty"`
 	HeapPerKey       float64 `json:"node_heap_per_key,omitempty"`
 	RedisUsed        float64 `json:"redis_used_memory_bytes,omitempty"`
@@ -207,11 +212,12 @@ type memoryStats struct {
 
 func (m *memoryStats) collect(ctx context.Context, o benchOptions) error {
 	if o.metrics != "" {
-		v, err := scrapeMetrics(ctx, o.metrics, "process_resident_memory_bytes", "go_memstats_heap_inuse_bytes", "keyfold_active_keys", "keyfold_resident_keys")
+		v, err := scrapeMetrics(ctx, o.metrics, "process_resident_memory_bytes", "go_memstats_heap_inuse_bytes", "keyfold_active_keys", "keyfold_resident_keys",
+			"keyfold_cached_keys", "keyfold_cache_bytes")
 		if err != nil {
 			return err
 		}
-		m.NodeRSS, m.NodeHeap, m.NodeActiveKeys, m.NodeResidentKeys = v[0], v[1], v[2], v[3]
+		m.NodeRSS, m.NodeHeap, m.NodeActiveKeys, m.NodeResidentKeys, m.NodeCachedKeys, m.NodeCacheBytes = v[0], v[1], v[2], v[3], v[4], v[5]
 		if held := m.NodeActiveKeys + m.NodeResidentKeys; held > 0 {
 			m.RSSPerKey, m.HeapPerKey = m.NodeRSS/held, m.NodeHeap/held
 		}
@@ -241,8 +247,8 @@ func (m *memoryStats) collect(ctx context.Context, o benchOptions) error {
 func (m memoryStats) String() string {
 	var parts []string
 	if m.NodeRSS > 0 {
-		parts = append(parts, fmt.Sprintf("node RSS %.0f MiB, heap %.0f MiB, %.0f keys in memory (%.0f B RSS, %.0f B heap per key)",
-			m.NodeRSS/(1<<20), m.NodeHeap/(1<<20), m.NodeActiveKeys, m.RSSPerKey, m.HeapPerKey))
+		parts = append(parts, fmt.Sprintf("node RSS %.0f MiB, heap %.0f MiB, %.0f keys in memory, %.0f entries in the snapshot cache (%.0f MiB); per key in memory %.0f B RSS, %.0f B heap",
+			m.NodeRSS/(1<<20), m.NodeHeap/(1<<20), m.NodeActiveKeys+m.NodeResidentKeys, m.NodeCachedKeys, m.NodeCacheBytes/(1<<20), m.RSSPerKey, m.HeapPerKey))
 	}
 	if m.RedisUsed > 0 {
 		parts = append(parts, fmt.Sprintf("redis used_memory %.0f MiB in %.0f Redis keys (%.0f B per bench key)",

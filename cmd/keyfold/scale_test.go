@@ -14,11 +14,13 @@ package main
 // replay can hide what eviction lost) and after each restart.
 //
 // The node is configured so that eviction is certain: max_active_keys
-// 10,000 (charged 3 KiB each: 30 MiB) within max_memory 40 MiB leaves about
-// 10 MiB for keys resident without an actor, a few tens of thousands of the
-// million; the rest live only in the store. The test checks on /metrics
-// that keys were passivated, held resident, and activated from the
-// resident tier, and that most keys were in neither tier.
+// 10,000 (charged 3 KiB each: 30 MiB) and a snapshot cache of 48 MiB
+// within max_memory 88 MiB leave about 10 MiB for keys resident without an
+// actor, a few tens of thousands of the million; the cache keeps what about
+// half the others were, and the rest live only in the store. The test
+// checks on /metrics that keys were passivated, held resident, activated
+// from the resident tier and from the cache, and that most keys were in
+// neither tier.
 //
 // TestScaleKillRecovery runs on the embedded store with 1,000,000 keys
 // (about 90 s on a 2-core machine). TestRedisScaleKillRecovery runs the
@@ -55,7 +57,8 @@ import (
 const (
 	scaleGroups    = 64
 	scaleMaxActive = 10_000
-	scaleMaxMemory = 40 << 20
+	scaleCache     = 48 << 20
+	scaleMaxMemory = 40<<20 + scaleCache
 	scaleStreams   = 8
 	scaleWindow    = 8 // batches in flight per stream
 )
@@ -64,6 +67,7 @@ var scaleYAML = fmt.Sprintf(`
 key_groups: %d
 max_active_keys: %d
 max_memory: %d
+cache_memory: %d
 pipelines:
   scale:
     key: k
@@ -71,7 +75,7 @@ pipelines:
     aggregates:
       n:     { op: count }
       total: { op: sum, field: v }
-`, scaleGroups, scaleMaxActive, scaleMaxMemory)
+`, scaleGroups, scaleMaxActive, scaleMaxMemory, scaleCache)
 
 var grpcListeningRE = regexp.MustCompile(`msg=listening grpc=(\S+)`)
 
@@ -654,9 +658,9 @@ func testScaleKill(t *testing.T, keys int, store func() []string) {
 	checked := uniq(slices.Concat(sampleKeys(rng, keys, 10_000), keysOf(early...), keysOf(rs.resent[:min(8_000/size, len(rs.resent))]...)))
 	r.verify(n1, checked, "round 1 resolved")
 	m1 := n1.metrics()
-	t.Logf("node-1 after round 1 (peak RSS %d MiB): %.0f active, %.0f resident keys (%.1f MiB), %.0f activations (%.0f from the resident tier), %.0f passivations, %.0f checkpoints, %.0f duplicates, %s",
-		n1.peakRSS(), m1["keyfold_active_keys"], m1["keyfold_resident_keys"], m1["keyfold_resident_bytes"]/(1<<20), m1["keyfold_activations_total"],
-		m1["keyfold_activations_resident_total"], m1["keyfold_passivations_total"], m1["keyfold_checkpoints_total"], m1["keyfold_duplicates_total"], memory(m1))
+	t.Logf("node-1 after round 1 (peak RSS %d MiB): %.0f active, %.0f resident keys (%.1f MiB), %.0f cached (%.1f MiB), %.0f activations (%.0f from the resident tier, %.0f from the cache), %.0f passivations, %.0f checkpoints, %.0f duplicates, %s",
+		n1.peakRSS(), m1["keyfold_active_keys"], m1["keyfold_resident_keys"], m1["keyfold_resident_bytes"]/(1<<20), m1["keyfold_cached_keys"], m1["keyfold_cache_bytes"]/(1<<20), m1["keyfold_activations_total"],
+		m1["keyfold_activations_resident_total"], m1["keyfold_activations_cached_total"], m1["keyfold_passivations_total"], m1["keyfold_checkpoints_total"], m1["keyfold_duplicates_total"], memory(m1))
 	// The test exercises what it claims: keys were passivated and most are
 	// in neither tier (only in the store), within the limits.
 	if m1["keyfold_passivations_total"] == 0 {
@@ -713,11 +717,14 @@ func testScaleKill(t *testing.T, keys int, store func() []string) {
 		t.Errorf("node-2: keys never sent have state: %v", neverSent)
 	}
 	m2 := n2.metrics()
-	t.Logf("node-2: %.0f active, %.0f resident keys (%.1f MiB), %.0f activations (%.0f from the resident tier), %.0f passivations, %.0f checkpoints, %.0f duplicates, %s; peak RSS %d MiB",
-		m2["keyfold_active_keys"], m2["keyfold_resident_keys"], m2["keyfold_resident_bytes"]/(1<<20), m2["keyfold_activations_total"],
-		m2["keyfold_activations_resident_total"], m2["keyfold_passivations_total"], m2["keyfold_checkpoints_total"], m2["keyfold_duplicates_total"], memory(m2), n2.peakRSS())
+	t.Logf("node-2: %.0f active, %.0f resident keys (%.1f MiB), %.0f cached (%.1f MiB), %.0f activations (%.0f from the resident tier, %.0f from the cache), %.0f passivations, %.0f checkpoints, %.0f duplicates, %s; peak RSS %d MiB",
+		m2["keyfold_active_keys"], m2["keyfold_resident_keys"], m2["keyfold_resident_bytes"]/(1<<20), m2["keyfold_cached_keys"], m2["keyfold_cache_bytes"]/(1<<20), m2["keyfold_activations_total"],
+		m2["keyfold_activations_resident_total"], m2["keyfold_activations_cached_total"], m2["keyfold_passivations_total"], m2["keyfold_checkpoints_total"], m2["keyfold_duplicates_total"], memory(m2), n2.peakRSS())
 	if m2["keyfold_activations_resident_total"] == 0 {
 		t.Errorf("node-2: no activation from the resident tier after querying %d keys, then %d of them again", len(checked), len(newest))
+	}
+	if m1["keyfold_activations_cached_total"]+m2["keyfold_activations_cached_total"] == 0 {
+		t.Errorf("no activation from the snapshot cache on node-1 or node-2: the test does not exercise it")
 	}
 	if d := m2["keyfold_duplicates_total"]; d != float64(r.dupOK.Load()) {
 		t.Errorf("node-2 counted %.0f duplicates, its replies reported %d", d, r.dupOK.Load())

@@ -1,0 +1,151 @@
+package actors
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/VictoriaMetrics/fastcache"
+	"github.com/keyfold/keyfold/actors/fold"
+	"github.com/keyfold/keyfold/persistence"
+)
+
+// The snapshot cache: what a key that left memory was, kept encoded.
+//
+// A key in memory costs its grain and its decoded state (about 900 B with a
+// few aggregates, resident.go); the same state encoded takes a tenth of
+// that (fold.AppendPacked). Once keys outnumber what max_memory holds as grains, nine events in
+// ten met a key that had left memory, and reading it back from the store
+// was most of the CPU (Pebble's Get 34% at ten times more keys than fit,
+// BENCHMARKS.md session 11). So a clean key leaving the resident tier
+// leaves its state here, packed, and the next
+// activation decodes it instead of reading the store; beyond the cache's
+// budget the oldest entries go, and those keys are read from the store
+// again. A cache hit saves the store read, not the decode.
+//
+// Why an entry is current: it is written when a clean key leaves memory,
+// so it holds what the key's snapshot in the store holds; a key that is not
+// in memory does not change (resident.go: only an actor applies inputs, and
+// activation takes the key into memory first); and an entry is deleted
+// when its key comes back into memory (newGrainLocked), before anything can
+// change it. The store's snapshot of a key changes otherwise only in
+// another incarnation of its group (a take-over replaying it, another node
+// owning it): an entry carries the group's epoch and counts only in it.
+//
+// The cache is VictoriaMetrics' fastcache: it keeps entries in 64 KiB
+// chunks outside the Go heap (so the collector neither scans them nor
+// counts them towards the heap's growth: held as grains, the same keys
+// cost twice their size in heap, BENCHMARKS.md session 10), indexed by
+// maps without pointers, and evicts the oldest chunk of a bucket when the
+// budget is full. Written only at eviction and deleted at activation, an
+// entry's age is the time since its key was last used: oldest first is
+// least recently used first. A hash collision or a deleted entry is a
+// miss, which only costs the store read. Every call runs under h.mu, so
+// the scratch buffers are the host's.
+type snapshotCache struct {
+	c            *fastcache.Cache // nil: no cache
+	key, val     []byte           // scratch, under h.mu
+	hits, misses atomic.Int64
+}
+
+// The cache's budget covers its entries, in fastcache's chunks, and their
+// index, maps in the Go heap: about 58 B for an entry of a key with a few
+// aggregates and one id, and 20-40 B for its index entry (a swiss table's
+// slot of 16 B between growths, and fastcache keeps entries whose space it
+// reused in the index until the ring next wraps; BenchmarkCachedKeyMemory).
+// So the chunks get two thirds of it.
+func cacheChunkBytes(budget int64) int64 { return budget / 3 * 2 }
+
+// minCacheMemory is the smallest budget: fastcache allocates a 64 KiB chunk
+// for each of its 512 buckets, 32 MiB, at least.
+const minCacheMemory = 48 << 20
+
+func newSnapshotCache(budget int64) snapshotCache {
+	if budget <= 0 {
+		return snapshotCache{}
+	}
+	return snapshotCache{c: fastcache.New(int(cacheChunkBytes(budget)))}
+}
+
+// name returns the cache key of id, in the scratch buffer: the key's name
+// in the snapshot store, unique across groups.
+func (c *snapshotCache) name(id keyID) []byte {
+	c.key = append(append(append(c.key[:0], id.pipeline...), 0), id.key...)
+	return c.key
+}
+
+// put keeps a clean key's state as it leaves memory, if it is one part
+// (ids inline) and small enough. h.mu must be held.
+func (c *snapshotCache) put(g *grain) {
+	if c.c == nil || !g.state.OnePart() {
+		return
+	}
+	v := binary.AppendUvarint(c.val[:0], g.epoch)
+	v = binary.AppendUvarint(v, g.pos)
+	v, err := g.pipeline.AppendPacked(v, &g.state)
+	c.val = v[:0]
+	if err != nil {
+		// Not cached: the store has it. (The checkpoint that stored
+		// this state encoded it, so this does not happen.)
+		g.host.log.Warn("snapshot cache: encode failed", "pipeline", g.id.pipeline, "key", g.id.key, "err", err)
+		return
+	}
+	c.c.Set(c.name(g.id), v) // (not kept if beyond fastcache's 64 KiB per entry)
+}
+
+// get returns the cached state of a key of a group in epoch, or nil; the
+// entry stays (newGrainLocked deletes it). h.mu must be held.
+func (c *snapshotCache) get(id keyID, epoch persistence.Epoch) *loaded {
+	if c.c == nil {
+		return nil
+	}
+	v, ok := c.c.HasGet(nil, c.name(id))
+	if ok {
+		if e, n := binary.Uvarint(v); n > 0 && e == epoch {
+			c.hits.Add(1)
+			return &loaded{cached: v[n:]}
+		}
+	}
+	c.misses.Add(1)
+	return nil
+}
+
+// del forgets a key (it is back in memory). h.mu must be held.
+func (c *snapshotCache) del(id keyID) {
+	if c.c != nil {
+		c.c.Del(c.name(id))
+	}
+}
+
+// reset frees the cache's memory (for the next host's cache: fastcache
+// keeps freed chunks for reuse).
+func (c *snapshotCache) reset() {
+	if c.c != nil {
+		c.c.Reset()
+		c.c = nil
+	}
+}
+
+// stats returns the entries in the cache's index and the bytes it holds.
+// The count is fastcache's: it forgets an entry whose space was reused
+// only when its bucket's ring next wraps, so it may be up to twice the
+// keys the cache can return.
+func (c *snapshotCache) stats() (entries, bytes int64) {
+	if c.c == nil {
+		return 0, 0
+	}
+	var s fastcache.Stats
+	c.c.UpdateStats(&s)
+	return int64(s.EntriesCount), int64(s.BytesSize)
+}
+
+// decodeCached rebuilds a state cached by put: the log position it is as
+// of, then the state (which keeps parts of data).
+func decodeCached(p *fold.Pipeline, data []byte) (fold.State, persistence.Position, error) {
+	pos, n := binary.Uvarint(data)
+	if n <= 0 {
+		return fold.State{}, 0, fmt.Errorf("cached snapshot: bad position")
+	}
+	s, err := p.UnpackState(data[n:])
+	return s, pos, err
+}

@@ -1,0 +1,168 @@
+package actors_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/persistence/faultstore"
+)
+
+// cacheConfig keeps 5 keys active and a few dozen resident, so that keys
+// leave memory into the snapshot cache, which holds them all.
+func cacheConfig(groups uint32) actors.Config {
+	const cache = 48 << 20
+	return actors.Config{Groups: groups, MaxActive: 5, IdleTimeout: time.Hour, CheckpointInterval: 5 * time.Millisecond,
+		MaxMemory: cache + 5*actors.ActiveKeyBytes + 8<<10, CacheMemory: cache}
+}
+
+// Keys that left memory into the snapshot cache come back from it whole,
+// remembered ids included, without a store read; what they do then is
+// stored as for any key (a restart without the cache finds it).
+func TestCachedKeysNeedNoStoreRead(t *testing.T) {
+	store := openStore(t, t.TempDir())
+	fs := faultstore.New(store)
+	hs := start(t, fs, cacheConfig(4))
+	const keys = 300
+	for i := range keys {
+		hs.ingest(event(fmt.Sprintf("k%d", i), "x", i))
+	}
+	eventually(t, "keys to leave memory into the cache", func() bool {
+		st := hs.host.Stats()
+		return st.DirtyKeys == 0 && st.ActiveKeys <= 5 && st.CachedKeys >= keys/2
+	})
+	st0 := hs.host.Stats()
+	reads := fs.Calls(faultstore.OpGet)
+	sendAgain(t, hs, keys, "leaving memory into the cache")
+	if n := fs.Calls(faultstore.OpGet) - reads; n != 0 {
+		t.Errorf("%d store reads for keys in memory or in the cache, want 0", n)
+	}
+	st := hs.host.Stats()
+	if hits := st.CacheHits - st0.CacheHits; hits < st0.CachedKeys {
+		t.Errorf("%d activations from the cache, want one for each of the %d keys it held", hits, st0.CachedKeys)
+	}
+	if st.CacheBytes <= 0 || st.CacheBytes > 48<<20 {
+		t.Errorf("the cache holds %d bytes: want some, within its 48 MiB", st.CacheBytes)
+	}
+	// Keys whose ids no longer fit their snapshot's core are not cached
+	// when they leave memory again: what the cache held of them before is
+	// not used either.
+	const spilled = 20
+	for i := range spilled {
+		for j := range 10 {
+			hs.ingest(event(fmt.Sprintf("k%d", i), fmt.Sprintf("z%d", j), 1))
+		}
+	}
+	for round := range 2 { // every key through memory: the spilled ones leave it
+		for i := range keys {
+			hs.query(fmt.Sprintf("k%d", i))
+		}
+		if round == 0 {
+			eventually(t, "the keys to be checkpointed", func() bool { return hs.host.Stats().DirtyKeys == 0 })
+		}
+	}
+	check := func(hs *harness, when string) {
+		t.Helper()
+		for i := range keys {
+			k := fmt.Sprintf("k%d", i)
+			seq, sum := 2, i+1
+			if i < spilled {
+				seq, sum = 12, i+11
+			}
+			if v := hs.query(k); v.Seq != uint64(seq) || v.Aggregates["sum"] != float64(sum) {
+				t.Fatalf("%s %s = %+v, want seq %d, sum %d", when, k, v, seq, sum)
+			}
+		}
+	}
+	check(hs, "live:")
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	again := start(t, store, actors.Config{Groups: 4, CacheMemory: -1})
+	defer again.shutdown()
+	check(again, "after a restart:")
+}
+
+// A host's cached keys of a group count only while it owns the group in
+// the incarnation they were cached in: a group that moved to another host,
+// changed there, and came back is read from the store, not from what the
+// cache kept of it before.
+func TestCachedKeysOfAGroupThatMovedAreNotUsed(t *testing.T) {
+	store := openStore(t, t.TempDir())
+	all := []uint32{0, 1, 2, 3}
+	a := start(t, store, cacheConfig(4))
+	defer a.shutdown()
+	b := start(t, store, actors.Config{Groups: 4, Owned: []uint32{}})
+	defer b.shutdown()
+	const keys = 200
+	sums := map[string]int{}
+	send := func(hs *harness, group uint32, v int) {
+		t.Helper()
+		for i := range keys {
+			k := fmt.Sprintf("k%d", i)
+			if actors.GroupOf(k, 4) != group {
+				continue
+			}
+			if _, err := hs.host.Ingest(context.Background(), "p", [][]byte{event(k, "", v)}); err != nil {
+				t.Fatalf("ingest %s: %v", k, err)
+			}
+			sums[k] += v
+		}
+	}
+	for g := range uint32(4) {
+		send(a, g, 1)
+	}
+	eventually(t, "keys to leave memory into a's cache", func() bool {
+		st := a.host.Stats()
+		return st.DirtyKeys == 0 && st.ActiveKeys <= 5 && st.CachedKeys >= keys/2
+	})
+	// Group 0 moves to b, which changes its keys, and back to a.
+	const moved = 0
+	rest := slices.DeleteFunc(slices.Clone(all), func(g uint32) bool { return g == moved })
+	setOwned(t, a, rest)
+	setOwned(t, b, []uint32{moved})
+	send(b, moved, 10)
+	setOwned(t, b, []uint32{})
+	setOwned(t, a, all)
+	for i := range keys {
+		k := fmt.Sprintf("k%d", i)
+		if v := a.query(k); v.Aggregates["sum"] != float64(sums[k]) {
+			t.Fatalf("%s (group %d) = sum %v, want %d: a served what its cache held before the group moved", k, actors.GroupOf(k, 4), v.Aggregates["sum"], sums[k])
+		}
+	}
+	// And what it does with them from then on is right too.
+	send(a, moved, 100)
+	for i := range keys {
+		if k := fmt.Sprintf("k%d", i); actors.GroupOf(k, 4) == moved {
+			if v := a.query(k); v.Aggregates["sum"] != float64(sums[k]) {
+				t.Fatalf("%s = sum %v, want %d", k, v.Aggregates["sum"], sums[k])
+			}
+		}
+	}
+}
+
+func setOwned(t *testing.T, hs *harness, groups []uint32) {
+	t.Helper()
+	if err := hs.host.SetOwned(context.Background(), groups); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the groups to be served", func() bool { return hs.host.Stats().GroupsUnavailable == 0 })
+}
+
+// The snapshot cache's size is checked: below its smallest size, or more
+// than the memory it is a part of, is a configuration error.
+func TestCacheMemoryValidated(t *testing.T) {
+	for _, cfg := range []actors.Config{
+		{CacheMemory: 1 << 20},
+		{MaxMemory: 64 << 20, CacheMemory: 128 << 20},
+	} {
+		cfg.Store = openStore(t, t.TempDir())
+		cfg.Pipelines = pipelines(t)
+		if _, err := actors.New(cfg); err == nil {
+			t.Errorf("CacheMemory %d with MaxMemory %d accepted", cfg.CacheMemory, cfg.MaxMemory)
+		}
+	}
+}

@@ -1,0 +1,17 @@
+package actors
+
+// CachedKeys returns how many of a pipeline's keys the snapshot cache
+// would return now (for benchmarks: the cache's own count, Stats.CachedKeys,
+// may count entries whose space it reused, see snapshotCache.stats).
+func CachedKeys(h *Host, pipeline string, keys func(yield func(string) bool)) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for key := range keys {
+		id := keyID{pipeline, key}
+		if h.cache.get(id, h.groups[h.GroupOf(pipeline, key)].epoch) != nil {
+			n++
+		}
+	}
+	return n
+}
