@@ -22,5 +22,7 @@
 //
 // Memory: a key has an actor while it is among the MaxActive most recently
 // used; passivated, it stays in memory without one (the resident tier,
-// resident.go) within MaxMemory, and beyond that only in the store.
+// resident.go) within MaxMemory; beyond that its state is kept packed in
+// the snapshot cache (cache.go) within CacheMemory, and beyond that only in
+// the store.
 package actors
