@@ -75,11 +75,22 @@ func (c *snapshotCache) name(id keyID) []byte {
 }
 
 // put keeps a clean key's state as it leaves memory, if it is one part
-// (ids inline) and small enough. h.mu must be held.
+// (ids inline) and small enough. Not kept: an empty state (the store has no
+// snapshot of it, and from there it comes back as a new key), and one with
+// changes its snapshot lacks though the key is clean (a restore that asked
+// for a new bucket layout, fold.RestoreParts: a copy would forget to delete
+// the old buckets). h.mu must be held.
 func (c *snapshotCache) put(g *grain) {
-	if c.c == nil || !g.state.OnePart() {
+	if c.c == nil || !g.state.OnePart() || g.state.Empty() || g.state.Version() > max(g.stored, g.savedAt.Load()) {
 		return
 	}
+	defer func() {
+		// A Go handler's codec runs here, under h.mu: a panic in it must
+		// not leave the lock held (it fails the key's next snapshot too).
+		if r := recover(); r != nil {
+			g.host.log.Error("snapshot cache: encoding panicked; not cached", "pipeline", g.id.pipeline, "key", g.id.key, "panic", r)
+		}
+	}()
 	v := binary.AppendUvarint(c.val[:0], g.epoch)
 	v = binary.AppendUvarint(v, g.pos)
 	v, err := g.pipeline.AppendPacked(v, &g.state)
