@@ -259,8 +259,8 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 		errs = append(errs, errors.New("keyfold: config: grpc_tls_cert and grpc_tls_key go together"))
 	}
 	errs = append(errs, c.checkCluster()...)
-	if c.CacheMemory > 0 && c.CacheMemory < 48<<20 {
-		errs = append(errs, fmt.Errorf("keyfold: config: cache_memory %d is below 48 MiB, the snapshot cache's smallest size (-1: no cache)", c.CacheMemory))
+	if c.CacheMemory > 0 && c.CacheMemory < actors.MinCacheMemory {
+		errs = append(errs, fmt.Errorf("keyfold: config: cache_memory %d is below %d MiB, the snapshot cache's smallest size (-1: no cache)", c.CacheMemory, actors.MinCacheMemory>>20))
 	}
 	if c.CacheMemory > 0 && c.CacheMemory > c.MaxMemory {
 		errs = append(errs, fmt.Errorf("keyfold: config: cache_memory %d is more than max_memory %d, of which it is a part", c.CacheMemory, c.MaxMemory))

@@ -56,9 +56,9 @@ type snapshotCache struct {
 // So the chunks get two thirds of it.
 func cacheChunkBytes(budget int64) int64 { return budget / 3 * 2 }
 
-// minCacheMemory is the smallest budget: fastcache allocates a 64 KiB chunk
-// for each of its 512 buckets, 32 MiB, at least.
-const minCacheMemory = 48 << 20
+// MinCacheMemory is the smallest Config.CacheMemory: fastcache allocates a
+// 64 KiB chunk for each of its 512 buckets, 32 MiB, at least.
+const MinCacheMemory = 48 << 20
 
 func newSnapshotCache(budget int64) snapshotCache {
 	if budget <= 0 {
@@ -70,7 +70,7 @@ func newSnapshotCache(budget int64) snapshotCache {
 // name returns the cache key of id, in the scratch buffer: the key's name
 // in the snapshot store, unique across groups.
 func (c *snapshotCache) name(id keyID) []byte {
-	c.key = append(append(append(c.key[:0], id.pipeline...), 0), id.key...)
+	c.key = id.appendSnapshotKey(c.key[:0])
 	return c.key
 }
 

@@ -122,7 +122,7 @@ func (c *Config) setDefaults() {
 	}
 	if c.CacheMemory == 0 {
 		c.CacheMemory = -1
-		if c.MaxMemory/2 >= minCacheMemory {
+		if c.MaxMemory/2 >= MinCacheMemory {
 			c.CacheMemory = c.MaxMemory / 2
 		}
 	}
@@ -171,7 +171,7 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
-	if c.CacheMemory > 0 && c.CacheMemory < minCacheMemory {
+	if c.CacheMemory > 0 && c.CacheMemory < MinCacheMemory {
 		errs = append(errs, fmt.Errorf("actors: config: CacheMemory %d is below the snapshot cache's smallest size, 48 MiB (negative: no cache)", c.CacheMemory))
 	}
 	if c.MaxMemory > 0 && c.CacheMemory > c.MaxMemory {

@@ -16,6 +16,11 @@ type keyID struct {
 // keys contain no NUL, so names never collide.
 func (id keyID) snapshotKey() string { return id.pipeline + "\x00" + id.key }
 
+// appendSnapshotKey appends snapshotKey to b, without a string.
+func (id keyID) appendSnapshotKey(b []byte) []byte {
+	return append(append(append(b, id.pipeline...), 0), id.key...)
+}
+
 // bucketKey names one of the key's id buckets in the snapshot store.
 func (id keyID) bucketKey(bucket int64) string {
 	return id.snapshotKey() + "\x00b" + strconv.FormatInt(bucket, 10)

@@ -159,24 +159,15 @@ type packedReader struct {
 
 var errPackedShort = errors.New("truncated")
 
-func (r *packedReader) uvarint() uint64 {
-	if r.err != nil {
-		return 0
-	}
-	v, n := binary.Uvarint(r.b)
-	if n <= 0 {
-		r.err, r.b = errPackedShort, nil
-		return 0
-	}
-	r.b = r.b[n:]
-	return v
-}
+func (r *packedReader) uvarint() uint64 { return readVarint(r, binary.Uvarint) }
+func (r *packedReader) varint() int64   { return readVarint(r, binary.Varint) }
 
-func (r *packedReader) varint() int64 {
+// readVarint reads one varint with decode (binary.Uvarint or Varint).
+func readVarint[T uint64 | int64](r *packedReader, decode func([]byte) (T, int)) T {
 	if r.err != nil {
 		return 0
 	}
-	v, n := binary.Varint(r.b)
+	v, n := decode(r.b)
 	if n <= 0 {
 		r.err, r.b = errPackedShort, nil
 		return 0

@@ -10,16 +10,10 @@ import (
 // MarshalState encodes a key's whole state (keyfold.v1.KeyState, ids
 // inline). Aggregates are stored by name, so a pipeline may gain or lose
 // aggregates between runs.
-func (p *Pipeline) MarshalState(s *State) ([]byte, error) {
-	ks, err := p.StateProto(s)
-	if err != nil {
-		return nil, err
-	}
-	return proto.Marshal(ks)
-}
+func (p *Pipeline) MarshalState(s *State) ([]byte, error) { return p.AppendState(nil, s) }
 
-// AppendState appends a key's whole state, encoded as MarshalState does
-// (decode it with RestoreParts or UnmarshalState), to dst; for a state
+// AppendState is MarshalState appending to dst (decode it with
+// RestoreParts or UnmarshalState); for a state
 // whose snapshot is one part (OnePart) it is the core SnapshotParts
 // encodes, with the fast encoder of pipelines without windows or patterns.
 func (p *Pipeline) AppendState(dst []byte, s *State) ([]byte, error) {
