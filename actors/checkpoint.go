@@ -76,7 +76,15 @@ type written struct {
 // was sent every record up to there (under h.mu), so its snapshot reflects
 // them and the trim loses nothing; a key changed again meanwhile snapshots
 // the later records too, and stays dirty if it changed after it was asked.
+//
+// A group's checkpoints run one at a time (the loop's and a release's could
+// otherwise overlap): the stores write every snapshot they are given, even
+// below their checkpoint, so an older checkpoint landing after a newer one
+// would put back older snapshots over a log already trimmed above them,
+// losing what came between (TestOverlappingCheckpointsOfAGroupKeepTheNewer).
 func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
+	h.checkpointing[g].Lock()
+	defer h.checkpointing[g].Unlock()
 	h.mu.Lock()
 	gs := &h.groups[g]
 	if !gs.ready {
@@ -159,7 +167,6 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	if through > gs.checkpoint {
 		gs.checkpoint = through
 	}
-	// Checkpoints of a group may overlap (a release's): the later one wins.
 	gs.covered = max(gs.covered, covers)
 	h.evictLocked() // the keys it cleaned may leave memory now
 	return nil
@@ -167,8 +174,8 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 
 // snapshotKeys asks keys of group g for their snapshots, a chunk at a time,
 // and adds them to d; it returns what each key is to be told once they are
-// stored. A key no longer dirty was stored by an overlapping checkpoint (a
-// release's) and is skipped. A parked key is snapshotted here, without an
+// stored. A key no longer dirty (a checkpoint before this one stored it, and
+// it did not change since) is skipped. A parked key is snapshotted here, without an
 // actor: meanwhile it is held as if stopping, so what is sent to it waits
 // (resident.go). errDropped: the group was lost meanwhile.
 func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epoch, ids []keyID, d *persistence.CheckpointData) ([]written, error) {

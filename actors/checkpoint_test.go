@@ -117,3 +117,36 @@ func TestCheckpointInChunksUnderLoad(t *testing.T) {
 		t.Errorf("resent ids not recognised after the crash: %+v", r)
 	}
 }
+
+// A release's checkpoint of a group may run while the checkpoint loop's of
+// the same group is still on its way to the store with older snapshots.
+// Whichever lands last, the store must end with the newer state: the
+// older snapshot landing after the newer one (with the log above it
+// already trimmed by the newer) would lose what came between.
+func TestOverlappingCheckpointsOfAGroupKeepTheNewer(t *testing.T) {
+	dir := t.TempDir()
+	fs := faultstore.New(openStore(t, dir))
+	hs := start(t, fs, actors.Config{Groups: 1, CheckpointInterval: time.Hour, CheckpointRecords: 1, IdleTimeout: time.Hour})
+	// The loop's checkpoint of the first event takes its snapshot, then
+	// waits on its way to the store.
+	calls, landed := fs.Calls(faultstore.OpCheckpoint), hs.host.Stats().Checkpoints
+	fs.DelayNext(faultstore.OpCheckpoint, 2*time.Second)
+	hs.ingest(event("k", "a", 1))
+	eventually(t, "the loop's checkpoint", func() bool { return fs.Calls(faultstore.OpCheckpoint) > calls })
+	// Meanwhile the key changes, and the group is released: the release's
+	// checkpoint stores the newer snapshot and trims the log through it.
+	hs.ingest(event("k", "b", 10))
+	if err := hs.host.SetOwned(context.Background(), []uint32{}); err != nil {
+		t.Fatal(err)
+	}
+	// Both have landed, in whichever order.
+	eventually(t, "both checkpoints to land", func() bool { return hs.host.Stats().Checkpoints >= landed+2 })
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	hs = start(t, fs, actors.Config{Groups: 1})
+	defer hs.shutdown()
+	if v := hs.query("k"); v.Seq != 2 || v.Aggregates["sum"] != float64(11) {
+		t.Fatalf("after the overlapping checkpoints: seq %d sum %v, want 2 events of sum 11", v.Seq, v.Aggregates["sum"])
+	}
+}

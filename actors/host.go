@@ -52,6 +52,9 @@ type Host struct {
 	// fail at once instead of each waiting for the store's timeout.
 	storeDown atomic.Bool
 
+	// checkpointing holds one lock per group: its checkpoints (the loop's,
+	// a release's) run one at a time (checkpoint.go).
+	checkpointing []sync.Mutex
 	checkpointNow chan struct{} // nudges the checkpoint loop
 	snapshotting  chan struct{} // a token per group asking its keys for snapshots (checkpoint.go)
 	passivateNow  chan struct{} // nudges the passivation loop
@@ -175,6 +178,7 @@ func New(cfg Config) (*Host, error) {
 		active:        make(map[keyID]*activation),
 		stopping:      make(map[keyID]*stoppingGrain),
 		groups:        make([]groupState, cfg.Groups),
+		checkpointing: make([]sync.Mutex, cfg.Groups),
 		checkpointNow: make(chan struct{}, 1),
 		passivateNow:  make(chan struct{}, 1),
 		snapshotting:  make(chan struct{}, snapshotParallelism),
