@@ -33,7 +33,7 @@ import (
 // KEYFOLD_HEAP_PROFILE=FILE writes a heap profile while they are held.
 func BenchmarkIngestKeys(b *testing.B) {
 	for _, keys := range []int{10_000, 100_000, 1_000_000} {
-		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) { benchIngestKeys(b, keys, false, 0) })
+		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) { benchIngestKeys(b, keys, false, actors.Config{}) })
 	}
 }
 
@@ -45,7 +45,7 @@ func BenchmarkIngestKeys(b *testing.B) {
 //	go test -run '^$' -bench IngestKeysSteady -benchtime 400000x -cpuprofile cpu.out ./actors
 func BenchmarkIngestKeysSteady(b *testing.B) {
 	for _, keys := range []int{100_000, 1_000_000} {
-		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) { benchIngestKeys(b, keys, true, 0) })
+		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) { benchIngestKeys(b, keys, true, actors.Config{}) })
 	}
 }
 
@@ -56,8 +56,16 @@ func BenchmarkIngestKeysSteady(b *testing.B) {
 // preload.
 //
 //	go test -run '^$' -bench IngestKeysBeyondMemory -benchtime 400000x ./actors
+//
+// Its sub-benchmarks split max_memory differently: cache=N% gives the
+// snapshot cache N% of it (50% is the default).
 func BenchmarkIngestKeysBeyondMemory(b *testing.B) {
-	benchIngestKeys(b, 1_000_000, true, actors.DefaultMaxMemory/10)
+	const maxMemory = actors.DefaultMaxMemory / 10
+	for _, pct := range []int64{50, 62, 75} {
+		b.Run(fmt.Sprintf("cache=%d%%", pct), func(b *testing.B) {
+			benchIngestKeys(b, 1_000_000, true, actors.Config{MaxMemory: maxMemory, CacheMemory: maxMemory * pct / 100})
+		})
+	}
 }
 
 func benchPipeline(b *testing.B) map[string]*fold.Pipeline {
@@ -68,9 +76,11 @@ func benchPipeline(b *testing.B) map[string]*fold.Pipeline {
 	return map[string]*fold.Pipeline{"logins": p}
 }
 
-// benchIngestKeys runs the benchmarks above; maxMemory 0 is the default.
-func benchIngestKeys(b *testing.B, keys int, preload bool, maxMemory int64) {
-	h := runBenchHost(b, actors.Config{Pipelines: benchPipeline(b), MaxMemory: maxMemory})
+// benchIngestKeys runs the benchmarks above on a host of cfg (the zero
+// Config is the default one).
+func benchIngestKeys(b *testing.B, keys int, preload bool, cfg actors.Config) {
+	cfg.Pipelines = benchPipeline(b)
+	h := runBenchHost(b, cfg)
 	if preload {
 		ingestEach(b, h, keys, func(i int) []byte {
 			return fmt.Appendf(nil, `{"user_id":"u%d","event_id":"p%d","type":"login_ok","amount":1,"geo":{"country":"DE"}}`, i, i)
