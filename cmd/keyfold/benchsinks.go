@@ -260,6 +260,27 @@ func (m memoryStats) String() string {
 	return "memory: " + strings.Join(parts, "; ")
 }
 
+// waitCheckpointed waits until the node at base (its HTTP base URL) has no
+// keys changed since their last snapshot.
+func waitCheckpointed(ctx context.Context, base string) error {
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		v, err := scrapeMetrics(ctx, base, "keyfold_dirty_keys")
+		if err != nil {
+			return err
+		}
+		if v[0] == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the node to checkpoint %.0f changed keys: %w", v[0], ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
 // scrapeMetrics reads the named (unlabelled) samples from a node's
 // /metrics, in the order asked; a missing one is 0.
 func scrapeMetrics(ctx context.Context, base string, names ...string) ([]float64, error) {

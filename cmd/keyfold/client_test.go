@@ -42,6 +42,7 @@ pipelines:
       amount: { op: sum, field: amount }
 `)
 	cfg.HTTPAddr, cfg.GRPCAddr, cfg.KeyGroups = "127.0.0.1:0", "127.0.0.1:0", 8
+	cfg.CheckpointInterval = time.Second // bench --preload waits for a checkpoint
 	n := servicetest.Run(t, cfg)
 	return "http://" + n.HTTPAddr(), n.GRPCAddr()
 }
@@ -185,12 +186,13 @@ func TestBench(t *testing.T) {
 	}
 
 	// The state-at-scale comparison's modes: a stream with a window, Zipf
-	// keys, a preload of every key, memory figures, JSON; every key the
-	// preload sent exists afterwards.
+	// keys, a preload of every key (and, with --metrics, a wait for the
+	// node to checkpoint it), memory figures, JSON; every key the preload
+	// sent exists afterwards.
 	out, err = runCLI(t, "bench", "--addr", grpcAddr, "--stream", "--window", "4", "--dist", "zipf", "--keys", "50",
 		"--preload", "--duration", "300ms", "--batch", "10", "--concurrency", "2", "--metrics", base, "--json")
 	var res benchResult
-	if err != nil || json.Unmarshal([]byte(out), &res) != nil || res.Target != "keyfold-grpc-stream" || res.Events == 0 || res.NodeActiveKeys == 0 || res.NodeRSS == 0 {
+	if err != nil || json.Unmarshal([]byte(out), &res) != nil || res.Target != "keyfold-grpc-stream" || res.Events == 0 || res.NodeActiveKeys == 0 || res.NodeRSS == 0 || res.SettledS == 0 {
 		t.Fatalf("bench --stream --json: %v\n%s", err, out)
 	}
 	for _, k := range []string{"u0", "u49"} {
