@@ -192,7 +192,7 @@ type benchResult struct {
 	MaxMs      float64 `json:"max_ms"`
 	PreloadedS float64 `json:"preload_seconds,omitempty"`
 	SettledS   float64 `json:"preload_checkpointed_seconds,omitempty"` // after the preload, until the node stored it
-	Rate       float64 `json:"rate,omitempty"` // events/s offered (--rate)
+	Rate       float64 `json:"rate,omitempty"`                         // events/s offered (--rate)
 	memoryStats
 }
 
