@@ -11,8 +11,9 @@
 # durable as a keyfold ack. Each target starts empty (FLUSHALL, a new data
 # directory). Phase "first" measures from an empty store (mostly first-time
 # keys at large counts); phase "steady" first sends one event to every key
-# (--preload), then measures: every key is stored already, and beyond
-# max_active_keys most are not in memory.
+# (--preload) and waits until the node has checkpointed them, then
+# measures: every key is stored already, and beyond max_active_keys most
+# are not in memory.
 #
 # Usage: scripts/bench-scale.sh [KEY COUNTS...]      (default: 10000 100000 1000000)
 #   RUNS=3 DURATION=8s DISTS="uniform zipf" PHASES="first steady" CONFIG=examples/bench.yaml
