@@ -82,6 +82,9 @@ type written struct {
 // below their checkpoint, so an older checkpoint landing after a newer one
 // would put back older snapshots over a log already trimmed above them,
 // losing what came between (TestOverlappingCheckpointsOfAGroupKeepTheNewer).
+// So a release waits for a checkpoint of its group already under way (its
+// snapshot replies, and its store calls within storeTimeout), whatever its
+// own ctx says.
 func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	h.checkpointing[g].Lock()
 	defer h.checkpointing[g].Unlock()

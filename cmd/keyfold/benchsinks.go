@@ -260,22 +260,29 @@ func (m memoryStats) String() string {
 	return "memory: " + strings.Join(parts, "; ")
 }
 
-// waitCheckpointed waits until the node at base (its HTTP base URL) has no
-// keys changed since their last snapshot.
-func waitCheckpointed(ctx context.Context, base string) error {
+// waitCheckpointed waits, at most timeout, until the node at base (its
+// HTTP base URL) has no keys changed since their last snapshot. A node
+// without the keyfold_dirty_keys metric is an error: its steady state
+// could not be told apart from a checkpoint in flight.
+func waitCheckpointed(ctx context.Context, base string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		v, err := scrapeMetrics(ctx, base, "keyfold_dirty_keys")
+		v, found, err := scrape(ctx, base, "keyfold_dirty_keys")
 		if err != nil {
 			return err
+		}
+		if !found[0] {
+			return fmt.Errorf("--metrics %s has no keyfold_dirty_keys: cannot tell when the preload is stored", base)
 		}
 		if v[0] == 0 {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("waiting for the node to checkpoint %.0f changed keys: %w", v[0], ctx.Err())
+			return fmt.Errorf("the node still has %.0f changed keys to checkpoint after %v (--preload-timeout): %w", v[0], timeout, ctx.Err())
 		case <-tick.C:
 		}
 	}
@@ -284,30 +291,37 @@ func waitCheckpointed(ctx context.Context, base string) error {
 // scrapeMetrics reads the named (unlabelled) samples from a node's
 // /metrics, in the order asked; a missing one is 0.
 func scrapeMetrics(ctx context.Context, base string, names ...string) ([]float64, error) {
+	v, _, err := scrape(ctx, base, names...)
+	return v, err
+}
+
+// scrape is scrapeMetrics, also saying which samples were found.
+func scrape(ctx context.Context, base string, names ...string) ([]float64, []bool, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+"/metrics", nil)
 	if err != nil {
-		return nil, fmt.Errorf("--metrics: %w", err)
+		return nil, nil, fmt.Errorf("--metrics: %w", err)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("--metrics: %w", err)
+		return nil, nil, fmt.Errorf("--metrics: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("--metrics: GET /metrics: %s", resp.Status)
+		return nil, nil, fmt.Errorf("--metrics: GET /metrics: %s", resp.Status)
 	}
 	want := map[string]int{}
 	for i, n := range names {
 		want[n] = i
 	}
-	out := make([]float64, len(names))
+	out, found := make([]float64, len(names)), make([]bool, len(names))
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		name, value, ok := strings.Cut(sc.Text(), " ")
-		if i, found := want[name]; ok && found {
+		if i, named := want[name]; ok && named {
 			out[i], _ = strconv.ParseFloat(value, 64)
+			found[i] = true
 		}
 	}
-	return out, sc.Err()
+	return out, found, sc.Err()
 }

@@ -14,6 +14,8 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -289,6 +291,46 @@ func selfSigned(t *testing.T) (certFile, keyFile string) {
 
 // TestGRPCTLS: a node serving gRPC over TLS is reached by send and get with
 // --tls-ca, and refuses a plaintext client.
+// bench --preload waits for the node to store what it preloaded: it returns
+// once keyfold_dirty_keys is 0 (not before), and refuses a node without
+// the metric (it could not tell) or one that does not get there in time.
+func TestBenchWaitsForThePreloadsCheckpoint(t *testing.T) {
+	base, grpcAddr := startInProcess(t)
+	nd := filepath.Join(t.TempDir(), "events.ndjson")
+	var events strings.Builder
+	for i := range 500 {
+		fmt.Fprintf(&events, `{"user_id":"w%d","event_id":"w%d","amount":1}`+"\n", i, i)
+	}
+	if err := os.WriteFile(nd, []byte(events.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runCLI(t, "send", "--addr", grpcAddr, "-q", "logins", nd); err != nil {
+		t.Fatalf("send: %v\n%s", err, out)
+	}
+	ctx := context.Background()
+	if err := waitCheckpointed(ctx, base, 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := scrapeMetrics(ctx, base, "keyfold_dirty_keys"); err != nil || v[0] != 0 {
+		t.Fatalf("after the wait: %v changed keys (%v), want 0", v, err)
+	}
+
+	serve := func(body string) string {
+		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, body) }))
+		t.Cleanup(s.Close)
+		return s.URL
+	}
+	if err := waitCheckpointed(ctx, serve("keyfold_active_keys 3\n"), time.Second); err == nil || !strings.Contains(err.Error(), "no keyfold_dirty_keys") {
+		t.Errorf("a node without the metric: %v", err)
+	}
+	if err := waitCheckpointed(ctx, serve("keyfold_dirty_keys 5\n"), 300*time.Millisecond); err == nil || !strings.Contains(err.Error(), "5 changed keys") || !strings.Contains(err.Error(), "--preload-timeout") {
+		t.Errorf("a node that keeps changed keys: %v", err)
+	}
+	if _, err := runCLI(t, "bench", "--addr", grpcAddr, "--preload", "--preload-timeout", "0s", "--duration", "1s"); err == nil || !strings.Contains(err.Error(), "--preload-timeout") {
+		t.Errorf("bench --preload-timeout 0s: %v", err)
+	}
+}
+
 func TestGRPCTLS(t *testing.T) {
 	cert, key := selfSigned(t)
 	cfg := servicetest.Config(t, "pipelines:\n  logins:\n    key: user_id\n    id: event_id\n    aggregates:\n      total: { op: count }\n")
