@@ -177,9 +177,9 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 
 // snapshotKeys asks keys of group g for their snapshots, a chunk at a time,
 // and adds them to d; it returns what each key is to be told once they are
-// stored. A key no longer dirty is skipped. A parked key is snapshotted here, without an
-// actor: meanwhile it is held as if stopping, so what is sent to it waits
-// (resident.go). errDropped: the group was lost meanwhile.
+// stored. A key no longer dirty is skipped. A parked key is snapshotted
+// here, without an actor: meanwhile it is held as if stopping, so what is
+// sent to it waits (resident.go). errDropped: the group was lost meanwhile.
 func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epoch, ids []keyID, d *persistence.CheckpointData) ([]written, error) {
 	select {
 	case h.snapshotting <- struct{}{}:

@@ -99,7 +99,7 @@ measured apart.`,
 	f.Float64Var(&o.zipfS, "zipf-s", 1.1, "with --dist zipf: the exponent (> 1; larger is more skewed)")
 	f.BoolVar(&o.preload, "preload", false, "first send one event to every key (not measured), so that the measured phase finds every key stored")
 	f.DurationVar(&o.warmup, "warmup", 0, "load this long before measuring")
-	f.DurationVar(&o.settle, "preload-timeout", 10*time.Minute, "with --preload and --metrics, how long to wait for the node to checkpoint the preloaded keys")
+	f.DurationVar(&o.preloadTimeout, "preload-timeout", 10*time.Minute, "with --preload and --metrics, how long to wait for the node to checkpoint the preloaded keys")
 	f.IntVar(&o.batch, "batch", 100, "events per request")
 	f.IntVar(&o.concurrency, "concurrency", 8, "concurrent clients")
 	f.DurationVar(&o.duration, "duration", 10*time.Second, "how long to measure")
@@ -112,20 +112,19 @@ measured apart.`,
 }
 
 type benchOptions struct {
-	addr, grpc, grpcOld, naiveRedis string
-	pipeline                        string
-	stream                          bool
-	window                          int
-	keys, batch, concurrency        int
-	dist                            string
-	zipfS                           float64
-	preload                         bool
-	rate                            float64 // events/s offered while measuring; 0: closed loop
-	warmup, duration                time.Duration
-	settle                          time.Duration // --preload-timeout
-	metrics, redisInfo              string
-	json                            bool
-	trace                           string // a file for every ack of the measured phase
+	addr, grpc, grpcOld, naiveRedis  string
+	pipeline                         string
+	stream                           bool
+	window                           int
+	keys, batch, concurrency         int
+	dist                             string
+	zipfS                            float64
+	preload                          bool
+	rate                             float64 // events/s offered while measuring; 0: closed loop
+	warmup, duration, preloadTimeout time.Duration
+	metrics, redisInfo               string
+	json                             bool
+	trace                            string // a file for every ack of the measured phase
 }
 
 // benchEvent is one synthetic event before a sink renders it: its key's
@@ -199,7 +198,7 @@ type benchResult struct {
 }
 
 func bench(ctx context.Context, o benchOptions, out io.Writer) error {
-	if o.keys < 1 || o.batch < 1 || o.concurrency < 1 || o.duration <= 0 || o.window < 1 || o.warmup < 0 || o.settle <= 0 {
+	if o.keys < 1 || o.batch < 1 || o.concurrency < 1 || o.duration <= 0 || o.window < 1 || o.warmup < 0 || o.preloadTimeout <= 0 {
 		return errors.New("--keys, --batch, --concurrency, --window, --duration and --preload-timeout must be positive")
 	}
 	if _, err := newKeyPicker(o, 0); err != nil {
@@ -241,7 +240,7 @@ func bench(ctx context.Context, o benchOptions, out io.Writer) error {
 		res.PreloadedS = time.Since(start).Seconds()
 		if o.metrics != "" {
 			start = time.Now()
-			if err := waitCheckpointed(ctx, o.metrics, o.settle); err != nil {
+			if err := waitCheckpointed(ctx, o.metrics, o.preloadTimeout); err != nil {
 				return fmt.Errorf("bench: after the preload: %w", err)
 			}
 			res.SettledS = time.Since(start).Seconds()

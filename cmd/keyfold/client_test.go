@@ -289,8 +289,6 @@ func selfSigned(t *testing.T) (certFile, keyFile string) {
 	return certFile, keyFile
 }
 
-// TestGRPCTLS: a node serving gRPC over TLS is reached by send and get with
-// --tls-ca, and refuses a plaintext client.
 // bench --preload waits for the node to store what it preloaded: it returns
 // once keyfold_dirty_keys is 0 (not before), and refuses a node without
 // the metric (it could not tell) or one that does not get there in time.
@@ -331,6 +329,8 @@ func TestBenchWaitsForThePreloadsCheckpoint(t *testing.T) {
 	}
 }
 
+// TestGRPCTLS: a node serving gRPC over TLS is reached by send and get with
+// --tls-ca, and refuses a plaintext client.
 func TestGRPCTLS(t *testing.T) {
 	cert, key := selfSigned(t)
 	cfg := servicetest.Config(t, "pipelines:\n  logins:\n    key: user_id\n    id: event_id\n    aggregates:\n      total: { op: count }\n")
