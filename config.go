@@ -42,6 +42,11 @@ type Config struct {
 	// 0 is the default (64 MiB, or a tenth of a filesystem below 640 MiB);
 	// negative turns the check off. See embedded.Options.DiskReserve.
 	DiskReserve int64 `yaml:"disk_reserve"`
+	// StoreCacheMemory is the size in bytes of the embedded store's block
+	// cache (Pebble's), which holds recently read blocks of snapshots
+	// beyond the keys in memory; 0 is the default (64 MiB). It is memory on
+	// top of MaxMemory. See embedded.Options.CacheSize.
+	StoreCacheMemory int64 `yaml:"store_cache_memory"`
 	// Redis, if set, is the URL of the Redis that keeps the node's state
 	// instead of the embedded store: redis://[user:password@]host:port/db,
 	// or rediss:// for TLS. Ignored when Store is set; embedders that need
@@ -277,6 +282,7 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 		{"idle_timeout", int64(c.IdleTimeout)},
 		{"max_active_keys", int64(c.MaxActiveKeys)},
 		{"max_memory", c.MaxMemory},
+		{"store_cache_memory", c.StoreCacheMemory},
 		{"max_body_bytes", c.MaxBodyBytes},
 		{"max_concurrent_ingests", int64(c.MaxConcurrentIngests)},
 		{"max_ingest_bytes", c.MaxIngestBytes},

@@ -119,6 +119,7 @@ func TestValidate(t *testing.T) {
 			IdleTimeout:        -time.Second,
 			MaxActiveKeys:      -1,
 			MaxBodyBytes:       -1,
+			StoreCacheMemory:   -1,
 			ShutdownTimeout:    -time.Second,
 			Pipelines: map[string]PipelineConfig{
 				"a":       {Aggregates: map[string]AggregateConfig{"s": {Op: "sum"}}},
@@ -134,6 +135,7 @@ func TestValidate(t *testing.T) {
 			"idle_timeout must not be negative",
 			"max_active_keys must not be negative",
 			"max_body_bytes must not be negative",
+			"store_cache_memory must not be negative",
 			"shutdown_timeout must not be negative",
 			`pipeline "a": key: is required`,
 			`pipeline "a": aggregates.s: op sum needs a field`,
