@@ -283,8 +283,10 @@ func (n *Node) run(ctx context.Context) (err error) {
 	go func() { hostDone <- host.Run(hostCtx) }()
 	joined := clu == nil || clu.Join(ctx) == nil
 	if joined {
+		// SERVING before Ready: whoever waits on Ready finds the health
+		// service saying so too.
+		health.Resume()
 		close(n.ready)
-		health.Resume() // SERVING
 	}
 
 	var hostErr error
