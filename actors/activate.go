@@ -104,11 +104,8 @@ var newKey = &loaded{}
 // snapshot: it is not in memory, and its group does not know it to be new
 // (groupState.complete). h.mu must be held.
 func (h *Host) mayBeStoredLocked(id keyID, group uint32) bool {
-	if h.active[id] != nil || h.parkedLocked(id, group) != nil {
-		return false
-	}
-	if _, stopping := h.stopping[id]; stopping {
-		return false // its grain takes the message once stopped
+	if h.lookupLocked(id, group) != nil {
+		return false // active, parked, or stopping: its grain takes the message
 	}
 	return !h.groups[group].complete
 }

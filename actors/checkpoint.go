@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -65,7 +64,7 @@ const (
 
 // written is what a key is told once its snapshot is stored.
 type written struct {
-	id      keyID
+	g       *grain
 	pos     persistence.Position
 	version uint64
 }
@@ -109,14 +108,14 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 			return fmt.Errorf("actors: checkpoint group %d: encode clock: %w", g, err)
 		}
 	}
-	ids := slices.Collect(maps.Keys(gs.dirty))
+	dirty := slices.Clone(gs.dirty)
 	h.mu.Unlock()
 
-	d := persistence.CheckpointData{Snapshots: make([]persistence.Snapshot, 0, len(ids)+1), Through: through}
+	d := persistence.CheckpointData{Snapshots: make([]persistence.Snapshot, 0, len(dirty)+1), Through: through}
 	if clock != nil {
 		d.Snapshots = append(d.Snapshots, persistence.Snapshot{Key: groupClockKey, Data: clock})
 	}
-	got, err := h.snapshotKeys(ctx, g, epoch, ids, &d)
+	got, err := h.snapshotKeys(ctx, g, epoch, dirty, &d)
 	if errors.Is(err, errDropped) {
 		return nil // lost meanwhile: its keys are gone, its next take-over replays its log
 	}
@@ -152,19 +151,9 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 		// key is always in memory: active, stopping or parked. (Told
 		// without a message: a message each flooded the workers as the
 		// snapshot requests did.)
-		var pg *grain
-		if a := h.active[r.id]; a != nil && a.epoch == epoch {
-			a.g.markSaved(r.version)
-		} else if pg = h.parkedLocked(r.id, g); pg != nil {
-			pg.markSaved(r.version)
-		} else if st := h.stopping[r.id]; st != nil && st.g.epoch == epoch {
-			st.g.markSaved(r.version)
-		}
-		if gs.dirty[r.id] <= r.pos {
-			delete(gs.dirty, r.id)
-			if pg != nil {
-				h.cleanedLocked(pg)
-			}
+		r.g.markSaved(r.version)
+		if r.g.dirtyAt <= r.pos {
+			h.cleanLocked(r.g)
 		}
 	}
 	if through > gs.checkpoint {
@@ -175,19 +164,20 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	return nil
 }
 
-// snapshotKeys asks keys of group g for their snapshots, a chunk at a time,
-// and adds them to d; it returns what each key is to be told once they are
-// stored. A key no longer dirty is skipped. A parked key is snapshotted
+// snapshotKeys asks keys of group g (in memory, dirty when the checkpoint
+// began) for their snapshots, a chunk at a time, and adds them to d; it
+// returns what each key is to be told once they are stored. A key no longer
+// dirty is skipped. A parked key is snapshotted
 // here, without an actor: meanwhile it is held as if stopping, so what is
 // sent to it waits (resident.go). errDropped: the group was lost meanwhile.
-func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epoch, ids []keyID, d *persistence.CheckpointData) ([]written, error) {
+func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epoch, keys []*grain, d *persistence.CheckpointData) ([]written, error) {
 	select {
 	case h.snapshotting <- struct{}{}:
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
 	defer func() { <-h.snapshotting }()
-	got := make([]written, 0, len(ids))
+	got := make([]written, 0, len(keys))
 	add := func(r snapshotReply) error {
 		if r.err != nil {
 			return r.err
@@ -200,14 +190,14 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 		if r.timed {
 			d.Timers = append(d.Timers, persistence.Timer{Key: r.core.Key, Due: r.due})
 		}
-		got = append(got, written{r.id, r.pos, r.version})
+		got = append(got, written{r.g, r.pos, r.version})
 		return nil
 	}
 	replies := make(chan snapshotReply, snapshotChunk)
 	var parked []*grain
-	for len(ids) > 0 {
-		chunk := ids[:min(len(ids), snapshotChunk)]
-		ids = ids[len(chunk):]
+	for len(keys) > 0 {
+		chunk := keys[:min(len(keys), snapshotChunk)]
+		keys = keys[len(chunk):]
 		parked = parked[:0]
 		asked := 0
 		h.mu.Lock()
@@ -216,16 +206,20 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 			h.mu.Unlock()
 			return nil, errDropped
 		}
-		for _, id := range chunk {
-			if _, dirty := gs.dirty[id]; !dirty {
-				continue
-			}
-			if pg := h.parkedLocked(id, g); pg != nil {
-				h.unparkLocked(pg)
-				h.holdLocked(pg)
-				parked = append(parked, pg)
-			} else {
-				h.sendLocked(id, g, &snapshotMsg{reply: replies}) // active or stopping
+		if err := goneDirty(chunk); err != nil {
+			h.mu.Unlock()
+			return nil, err
+		}
+		for _, k := range chunk {
+			switch {
+			case k.dirtyIdx == 0:
+				continue // stored since
+			case k.tier == tierParked:
+				h.unparkLocked(k)
+				h.holdLocked(k)
+				parked = append(parked, k)
+			default: // active or stopping
+				h.sendLocked(k.id, g, &snapshotMsg{reply: replies})
 				asked++
 			}
 		}
@@ -262,6 +256,22 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 	return got, nil
 }
 
+// goneDirty fails if a dirty key left memory. That happens only to a key
+// whose activation failed (broken: its group is being lost), as a dirty key
+// leaves memory only with its group: its changes are only in the log,
+// which must stay. h.mu must be held.
+func goneDirty(keys []*grain) error {
+	for _, k := range keys {
+		if k.dirtyIdx != 0 && k.tier == tierGone {
+			if k.broken != nil {
+				return k.broken
+			}
+			return fmt.Errorf("actors: changed key %s/%s left memory unsaved", k.id.pipeline, k.id.key)
+		}
+	}
+	return nil
+}
+
 // passivateLoop passivates keys beyond MaxActive when nudged, and idle ones
 // every CheckpointInterval, until ctx ends or the host fails.
 func (h *Host) passivateLoop(ctx context.Context) {
@@ -289,24 +299,26 @@ func (h *Host) passivate() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	idleBefore := time.Now().Add(-h.cfg.IdleTimeout).UnixNano()
-	excess := len(h.active) - h.cfg.MaxActive
-	for a := h.lru.tail; a != nil; {
-		if a.lastUsed >= idleBefore && excess <= 0 {
+	excess := h.lru.n - h.cfg.MaxActive
+	for g := h.lru.tail; g != nil; {
+		if g.lastUsed >= idleBefore && excess <= 0 {
 			return // the rest are newer
 		}
-		prev := a.order.prev
-		h.stopLocked(a)
+		prev := g.order.prev
+		h.stopLocked(g)
 		excess--
-		a = prev
+		g = prev
 	}
 }
 
-// stopLocked passivates a grain into the resident tier. Poison is a user
-// message: it is processed after every message already in the mailbox, and
-// nothing is sent after it because the grain leaves the registry under h.mu.
-func (h *Host) stopLocked(a *activation) {
-	h.deactivateLocked(a)
-	h.holdLocked(a.g) // it parks once stopped (resident.go)
-	h.system.Root.Poison(a.pid)
+// stopLocked passivates a grain into the resident tier. passivateMsg is
+// processed after every message already in its actor's mailbox, and
+// nothing of the key is sent after it because the grain leaves the
+// registry under h.mu (shell.go).
+func (h *Host) stopLocked(g *grain) {
+	pid := g.pid
+	h.deactivateLocked(g)
+	h.holdLocked(g) // it parks once its actor is done with it (resident.go)
+	h.system.Root.Send(pid, &passivateMsg{})
 	h.stats.passivated.Add(1)
 }

@@ -257,8 +257,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 		}
 		for _, kb := range gb.keys {
 			kb.msg.pos = pos
-			h.sendLoadedLocked(kb.id, gb.group, &kb.msg, pf.take(kb.id))
-			gs.dirty[kb.id] = pos
+			h.markDirtyLocked(h.sendLoadedLocked(kb.id, gb.group, &kb.msg, pf.take(kb.id)), pos)
 		}
 		for _, w := range gb.watermarks {
 			h.loggedClockLocked(gb.group, w)
@@ -273,7 +272,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 	if h.sinceCheckpoint.Add(bytes) >= h.cfg.CheckpointBytes {
 		h.nudgeCheckpoint()
 	}
-	if len(h.active) > h.cfg.MaxActive {
+	if h.lru.n > h.cfg.MaxActive {
 		h.nudgePassivate()
 	}
 	if lost != nil {

@@ -49,6 +49,7 @@ type queryReply struct {
 type snapshotMsg struct{ reply chan snapshotReply }
 
 type snapshotReply struct {
+	g   *grain
 	id  keyID
 	pos persistence.Position
 	// core and buckets are the store entries to write: the key's snapshot
@@ -89,8 +90,8 @@ type KeyView struct {
 	Join *fold.JoinView
 }
 
-// grain is the actor of one key: it owns the key's fold.State and is the
-// only code that touches it.
+// grain is one key in memory: it owns the key's fold.State, and only the
+// key's actor (its shell, shell.go) touches it while the key is active.
 type grain struct {
 	host     *Host
 	id       keyID
@@ -116,34 +117,25 @@ type grain struct {
 	// kept while the key was parked (resident.go), so a new actor around
 	// the grain does not read the store.
 	current bool
-	// In the resident tier (resident.go), under h.mu: its place in the
-	// order of parking, whether it is in the dirty keys' list, its
-	// estimated size; while its actor stops, what waits for it.
-	order  links[*grain]
+	// In the host's registry of keys in memory (registry.go), under h.mu:
+	// where the key is (active, stopping, parked), its actor while active
+	// and when it was last sent to; its place in the order of use (of the
+	// active keys) or of parking (of the parked ones), and in its group's
+	// parked keys; whether and since which position it is dirty, and its
+	// place among its group's dirty keys.
+	tier     tier
+	pid      *actor.PID
+	lastUsed int64 // unix nanos
+	order    links[*grain]
+	parkIdx  int32 // index+1 in groupState.parked; 0: not parked
+	dirtyIdx int32 // index+1 in groupState.dirty; 0: clean
+	dirtyAt  persistence.Position
+	// In the resident tier (resident.go), under h.mu: whether it is in
+	// the dirty keys' list, its estimated size; while its actor stops, what
+	// waits for it.
 	rdirty bool
 	rsize  int64
 	stop   *stoppingGrain
-}
-
-func (g *grain) Receive(c actor.Context) {
-	defer func() {
-		if r := recover(); r != nil {
-			err := fmt.Errorf("actors: grain %s/%s panicked: %v", g.id.pipeline, g.id.key, r)
-			g.broken = err
-			g.host.fail(err)
-		}
-	}()
-	switch m := c.Message().(type) {
-	case *actor.Started:
-		g.activate()
-	case *actor.Stopped:
-		// Passivated (or dropped): the actor is done with the grain.
-		g.host.mu.Lock()
-		g.host.parkLocked(g)
-		g.host.mu.Unlock()
-	default:
-		g.handle(m)
-	}
 }
 
 // handle processes one of the grain's own messages.
@@ -363,7 +355,7 @@ func (g *grain) query() queryReply {
 }
 
 func (g *grain) snapshot() snapshotReply {
-	r := snapshotReply{id: g.id, pos: g.pos}
+	r := snapshotReply{g: g, id: g.id, pos: g.pos}
 	if g.broken != nil {
 		r.err = g.broken
 		return r

@@ -33,17 +33,16 @@ type Host struct {
 	gate   sync.RWMutex
 	closed bool
 
-	// mu guards the registry of active grains and the groups' bookkeeping.
-	// Messages to grains are sent while holding it, so a grain is never
-	// passivated between being looked up and being sent to.
-	mu     sync.Mutex
-	active map[keyID]*activation
-	lru    lru[activation, *activation] // the active grains by last use
+	// mu guards the registry of keys in memory and the groups'
+	// bookkeeping. Messages to grains are sent while holding it, so a grain
+	// is never passivated between being looked up and being sent to.
+	mu   sync.Mutex
+	keys map[keyID]*grain   // every key in memory (registry.go)
+	lru  lru[grain, *grain] // the active keys by last use
+	// groups are the key groups' bookkeeping, by group.
 	groups []groupState
-	// The keys held in memory without an actor, and the grains being
-	// passivated that are to join them once stopped (resident.go).
+	// The keys held in memory without an actor (resident.go).
 	resident resident
-	stopping map[keyID]*stoppingGrain
 	// cache keeps what keys that left memory were, encoded (cache.go).
 	cache snapshotCache
 
@@ -75,10 +74,13 @@ type Host struct {
 	joins  map[string][]joinRef
 
 	dispatcher *workerDispatcher // runs the grains' mailboxes
-	// props spawn every grain's actor (one Props for all: protoactor keeps
-	// a reference in each actor); spawning hands it the grain to produce.
+	// props spawn every shell, the actors that run the grains (one Props
+	// for all: protoactor keeps a reference in each actor); spawning hands
+	// it the shell to produce. shells are the idle ones, under mu
+	// (shell.go).
 	props    *actor.Props
-	spawning atomic.Pointer[grain]
+	spawning atomic.Pointer[shell]
+	shells   []*shell
 
 	// Event time (see timers.go). timed is set when a pipeline has windows
 	// or patterns, expiring when one has a ttl; clocks are the node's
@@ -98,17 +100,6 @@ type Host struct {
 type joinRef struct {
 	name string
 	side int
-}
-
-type activation struct {
-	id       keyID
-	g        *grain
-	pid      *actor.PID
-	group    uint32
-	epoch    persistence.Epoch // the group incarnation it belongs to
-	lastUsed int64             // unix nanos
-
-	order links[*activation] // in h.lru
 }
 
 type groupState struct {
@@ -133,9 +124,9 @@ type groupState struct {
 	// its checkpoint covers: appended-covered is its log above the
 	// checkpoint, what a restart would replay (checkpoint.go).
 	appended, covered int64
-	// dirty holds, for each key whose state is newer than its snapshot, the
-	// last position handed to it.
-	dirty map[keyID]persistence.Position
+	// dirty are the keys whose state is newer than their snapshots (each
+	// knows the last position handed to it, grain.dirtyAt), in no order.
+	dirty []*grain
 	// clocks are the last pipeline clocks the group's log carried, as of
 	// dispatched (the checkpoint stores them); timers index its keys by
 	// their next timer, by pipeline. See timers.go.
@@ -144,8 +135,9 @@ type groupState struct {
 	// expiry indexes the keys of pipelines with a ttl by when they expire
 	// (processing time), by pipeline.
 	expiry map[string]*timerIndex
-	// parked are the group's keys in the resident tier (resident.go).
-	parked map[keyID]*grain
+	// parked are the group's keys in the resident tier (resident.go), in
+	// no order.
+	parked []*grain
 	// complete is set while every key of the group that may have a
 	// snapshot is in memory (active, parked or being passivated): then a
 	// key found in none of them is new, and needs no store read. It holds
@@ -175,8 +167,7 @@ func New(cfg Config) (*Host, error) {
 		store:         cfg.Store,
 		log:           cfg.Logger,
 		queue:         make(chan *ingestReq, 1024),
-		active:        make(map[keyID]*activation),
-		stopping:      make(map[keyID]*stoppingGrain),
+		keys:          make(map[keyID]*grain),
 		groups:        make([]groupState, cfg.Groups),
 		checkpointing: make([]sync.Mutex, cfg.Groups),
 		checkpointNow: make(chan struct{}, 1),
@@ -191,9 +182,6 @@ func New(cfg Config) (*Host, error) {
 	h.outputs.init()
 	h.resident.max = cfg.residentBudget()
 	h.cache = newSnapshotCache(cfg.CacheMemory)
-	for i := range h.groups {
-		h.groups[i].dirty = make(map[keyID]persistence.Position)
-	}
 	h.stats.pipelines = make(map[string]*pipelineStats, len(cfg.Pipelines))
 	h.layout.Store(uint32(LayoutKey))
 	for _, name := range slices.Sorted(maps.Keys(cfg.Pipelines)) {
@@ -315,14 +303,21 @@ loop:
 // alone leaves running actors be.)
 func (h *Host) stopAll() {
 	h.mu.Lock()
-	for _, a := range h.active {
-		h.deactivateLocked(a)
-		h.system.Root.Stop(a.pid)
+	for g := h.lru.head; g != nil; {
+		next := g.order.next
+		h.system.Root.Stop(g.pid)
+		h.deactivateLocked(g)
+		h.forgetLocked(g)
+		g = next
 	}
-	clear(h.stopping)
+	for _, s := range h.shells {
+		h.system.Root.Stop(s.pid)
+	}
+	h.shells = nil
 	for g := range h.groups {
 		h.dropParkedLocked(uint32(g))
 	}
+	clear(h.keys) // (the stopping ones)
 	h.cache.reset()
 	h.mu.Unlock()
 	h.system.Shutdown()
@@ -526,33 +521,14 @@ func (h *Host) Query(ctx context.Context, pipeline, key string) (KeyView, error)
 	}
 }
 
-// spawnLocked starts an actor around g and makes it the key's; h.mu must
-// be held.
-func (h *Host) spawnLocked(g *grain) *activation {
-	h.spawning.Store(g)
-	a := &activation{id: g.id, g: g, pid: h.system.Root.Spawn(h.props), group: g.group, epoch: g.epoch}
-	h.active[g.id] = a
-	h.lru.pushFront(a)
+// spawnLocked gives g, a key in the registry that is not active, an actor
+// (a shell, shell.go); h.mu must be held.
+func (h *Host) spawnLocked(g *grain) {
+	s := h.shellLocked(g)
+	g.tier, g.pid = tierActive, s.pid
+	h.lru.pushFront(g)
 	h.stats.activations.Add(1)
-	return a
-}
-
-// produce is the grains' actor.Producer: it returns the grain being
-// spawned (sendLoadedLocked, under h.mu). Asked again, it is the supervisor
-// restarting an actor after a panic that escaped the grain, which recovers
-// its own (failing the host): the grain's state may be half applied, so the
-// restarted actor fails the host rather than go on with it.
-func (h *Host) produce() actor.Actor {
-	if g := h.spawning.Swap(nil); g != nil {
-		return g
-	}
-	return restartedGrain{h}
-}
-
-type restartedGrain struct{ h *Host }
-
-func (r restartedGrain) Receive(actor.Context) {
-	r.h.fail(errors.New("actors: a grain's actor was restarted after a panic; its state may be half applied"))
+	h.system.Root.Send(s.pid, &activateMsg{})
 }
 
 // sendRead sends a read of a key (a query, a read-only call) to its grain,
@@ -578,13 +554,13 @@ func (h *Host) sendRead(pipeline, key string, msg any) error {
 		return err
 	}
 	q, query := msg.(*queryMsg)
-	if pg := h.parkedLocked(id, g); query && pg != nil {
+	if k := h.lookupLocked(id, g); query && k != nil && k.tier == tierParked {
 		// Nothing else touches a parked key: it needs no actor to answer.
-		q.reply <- pg.query()
+		q.reply <- k.query()
 	} else {
 		h.sendLocked(id, g, msg)
 	}
-	over := len(h.active) > h.cfg.MaxActive
+	over := h.lru.n > h.cfg.MaxActive
 	h.mu.Unlock()
 	if over { // reads of unseen keys activate grains too
 		h.nudgePassivate()
@@ -605,48 +581,42 @@ func (h *Host) newGrainLocked(id keyID, group uint32, l *loaded) *grain {
 		}
 		h.cache.del(id)
 	}
-	if l == nil && !h.mayBeStoredLocked(id, group) {
+	if l == nil && gs.complete {
 		l = newKey // nothing to read
 	}
 	return &grain{host: h, id: id, group: group, epoch: gs.epoch, pipeline: h.cfg.Pipelines[id.pipeline],
 		pstats: h.stats.pipelines[id.pipeline], preloaded: l}
 }
 
-// sendLocked sends msg to the key's grain, activating it if needed. h.mu
-// must be held.
-func (h *Host) sendLocked(id keyID, group uint32, msg any) {
-	h.sendLoadedLocked(id, group, msg, nil)
+// sendLocked sends msg to the key's grain, activating it if needed, and
+// returns the grain. h.mu must be held.
+func (h *Host) sendLocked(id keyID, group uint32, msg any) *grain {
+	return h.sendLoadedLocked(id, group, msg, nil)
 }
 
 // sendLoadedLocked is sendLocked for a key whose snapshot may have been read
 // already (l, nil if not): a grain it activates starts from l instead of
 // reading the store. h.mu must be held.
-func (h *Host) sendLoadedLocked(id keyID, group uint32, msg any, l *loaded) {
-	a := h.active[id]
-	if a == nil {
-		epoch := h.groups[group].epoch
-		if st := h.stopping[id]; st != nil {
-			if st.g.epoch == epoch {
-				// Its actor is stopping: the message waits for it, and goes
-				// to a new actor around the same grain (resident.go).
-				st.waiting = append(st.waiting, msg)
-				return
-			}
-			delete(h.stopping, id) // of a dropped incarnation: this grain is newer
-		}
-		// A parked grain is of the group's current incarnation: dropping
-		// a group drops its parked keys (resident.go).
-		g := h.parkedLocked(id, group)
-		if g != nil {
-			h.unparkLocked(g)
-			h.stats.unparked.Add(1)
-		} else {
-			g = h.newGrainLocked(id, group, l)
-		}
-		a = h.spawnLocked(g)
-	} else {
-		h.lru.touch(a)
+func (h *Host) sendLoadedLocked(id keyID, group uint32, msg any, l *loaded) *grain {
+	g := h.lookupLocked(id, group)
+	switch {
+	case g == nil: // (a grain of a dropped incarnation still stopping is replaced)
+		g = h.newGrainLocked(id, group, l)
+		h.keys[id] = g
+		h.spawnLocked(g)
+	case g.tier == tierActive:
+		h.lru.touch(g)
+	case g.tier == tierStopping:
+		// Its actor is passivating it: the message waits, and goes to a
+		// new actor around the same grain (resident.go).
+		g.stop.waiting = append(g.stop.waiting, msg)
+		return g
+	default: // parked
+		h.unparkLocked(g)
+		h.stats.unparked.Add(1)
+		h.spawnLocked(g)
 	}
-	a.lastUsed = time.Now().UnixNano()
-	h.system.Root.Send(a.pid, msg)
+	g.lastUsed = time.Now().UnixNano()
+	h.system.Root.Send(g.pid, msg)
+	return g
 }

@@ -59,12 +59,13 @@ func (l *lru[T, P]) touch(x P) {
 	l.pushFront(x)
 }
 
-func (a *activation) links() *links[*activation] { return &a.order }
-func (g *grain) links() *links[*grain]           { return &g.order }
+// A grain is in one list at a time: the active keys' (Host.lru) or one of
+// the resident tier's.
+func (g *grain) links() *links[*grain] { return &g.order }
 
-// deactivateLocked takes a grain out of the registry and the LRU order.
-// h.mu must be held.
-func (h *Host) deactivateLocked(a *activation) {
-	delete(h.active, a.id)
-	h.lru.remove(a)
+// deactivateLocked takes an active key out of the order of use and drops
+// its actor (the caller tells the actor). h.mu must be held.
+func (h *Host) deactivateLocked(g *grain) {
+	h.lru.remove(g)
+	g.pid = nil
 }

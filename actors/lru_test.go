@@ -10,18 +10,18 @@ import (
 // activations, uses and removals.
 func TestLRUOrder(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	var l lru[activation, *activation]
-	var want []*activation // most recent first
-	all := map[int]*activation{}
+	var l lru[grain, *grain]
+	var want []*grain // most recent first
+	all := map[int]*grain{}
 	for i := range 5000 {
 		switch k := rng.IntN(40); {
 		case rng.IntN(3) == 0 || len(all) == 0: // activate
-			a := &activation{group: uint32(i)}
+			a := &grain{group: uint32(i)}
 			all[i] = a
 			l.pushFront(a)
 			want = slices.Insert(want, 0, a)
 		default:
-			var a *activation
+			var a *grain
 			for _, x := range all {
 				a = x
 				break
@@ -36,11 +36,11 @@ func TestLRUOrder(t *testing.T) {
 				delete(all, int(a.group))
 			}
 		}
-		var got []*activation
+		var got []*grain
 		for a := l.head; a != nil; a = a.order.next {
 			got = append(got, a)
 		}
-		var back []*activation
+		var back []*grain
 		for a := l.tail; a != nil; a = a.order.prev {
 			back = append(back, a)
 		}

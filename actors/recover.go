@@ -383,20 +383,27 @@ func (h *Host) loseLocked(groups map[uint32]persistence.Epoch, err error) {
 
 // dropGroupsLocked stops the grains of the groups without writing their
 // state: memory may no longer match the log, which a take-over replays. The
-// messages already sent to them are still processed (Poison comes after
-// them), so the ingests they carry are answered.
+// messages already sent to them are still processed (passivateMsg comes
+// after them), so the ingests they carry are answered; not held, the grains
+// do not park (parkLocked).
 func (h *Host) dropGroupsLocked(groups map[uint32]bool) {
-	for _, a := range h.active {
-		if groups[a.group] {
-			h.deactivateLocked(a)
-			h.system.Root.Poison(a.pid)
+	for k := h.lru.head; k != nil; {
+		next := k.order.next
+		if groups[k.group] {
+			h.system.Root.Send(k.pid, &passivateMsg{})
+			h.deactivateLocked(k)
+			h.forgetLocked(k)
 		}
+		k = next
 	}
 	for g := range groups {
 		gs := &h.groups[g]
 		h.dropParkedLocked(g)
 		gs.complete = false
-		clear(gs.dirty)
+		for _, k := range gs.dirty {
+			k.dirtyIdx, k.dirtyAt = 0, 0
+		}
+		gs.dirty = nil
 		gs.appended, gs.covered = 0, 0
 		gs.clocks, gs.timers, gs.expiry = nil, nil, nil // a take-over reads them again
 	}
@@ -505,12 +512,10 @@ func (h *Host) replay(g uint32, pos persistence.Position, data []byte) error {
 		if p.IsJoin() {
 			continue
 		}
-		h.sendLocked(id, g, msg)
-		h.groups[g].dirty[id] = pos
+		h.markDirtyLocked(h.sendLocked(id, g, msg), pos)
 	}
 	for _, id := range joinOrder {
-		h.sendLocked(id, g, joined[id])
-		h.groups[g].dirty[id] = pos
+		h.markDirtyLocked(h.sendLocked(id, g, joined[id]), pos)
 	}
 	h.groups[g].dispatched = pos
 	h.groups[g].appended += int64(len(data))

@@ -2,6 +2,7 @@ package actors
 
 import (
 	"errors"
+	"time"
 	"unsafe"
 )
 
@@ -41,10 +42,10 @@ import (
 // checkpoint stored it (a key turns dirty only by an input, which takes it
 // out of the tier first), and moves to the clean list then.
 //
-// Handing the grain over: the actor stops after the messages already in
-// its mailbox (Poison), and the grain parks itself when protoactor tells it
-// it stopped (actor.Stopped), so no actor touches a parked grain. Until
-// then the key is stopping: messages sent to it wait (stoppingGrain) and go
+// Handing the grain over: the actor processes the messages already in its
+// mailbox, then parks the grain when it reaches passivateMsg and goes back
+// to the pool of idle actors (shell.go), so no actor touches a parked
+// grain. Until then the key is stopping: messages sent to it wait (stoppingGrain) and go
 // to a new actor around the same grain once the old one stopped; those a
 // grain answers without applying anything (snapshots, queries) it answers
 // at once, and a key that only waited for those parks. Everything here is
@@ -58,11 +59,11 @@ type stoppingGrain struct {
 }
 
 // holdLocked makes g's key stopping: what is sent to it waits until
-// parkLocked hands the grain on. h.mu must be held.
+// parkLocked hands the grain on. g must be neither active nor parked. h.mu
+// must be held.
 func (h *Host) holdLocked(g *grain) {
-	st := &stoppingGrain{g: g}
-	g.stop = st
-	h.stopping[g.id] = st
+	g.stop = &stoppingGrain{g: g}
+	g.tier = tierStopping
 }
 
 // errDropped answers what waited for a grain whose group was dropped while
@@ -95,7 +96,7 @@ func (r *resident) list(g *grain) *lru[grain, *grain] {
 
 // parkLocked puts a stopped grain in the resident tier, if it is still the
 // key's latest incarnation and its group's, after what waited for it; h.mu
-// must be held, by the grain's only user: its actor (actor.Stopped), or a
+// must be held, by the grain's only user: its actor (passivateMsg), or a
 // checkpoint that took it out of the tier to snapshot it.
 func (h *Host) parkLocked(g *grain) {
 	st := g.stop
@@ -103,12 +104,10 @@ func (h *Host) parkLocked(g *grain) {
 		return // stopped with the host, or dropped: nothing waits
 	}
 	g.stop = nil
-	current := h.stopping[g.id] == st
-	if current {
-		delete(h.stopping, g.id)
-	}
+	current := h.keys[g.id] == g
 	gs := &h.groups[g.group]
 	if !current || g.broken != nil || !(gs.ready || gs.replaying) || gs.epoch != g.epoch {
+		h.forgetLocked(g)
 		// (A grain of the epoch a take-over is replaying is current: a
 		// passivation during the replay used to drop it here, and its
 		// key was lost from memory until the next replay.)
@@ -127,25 +126,26 @@ func (h *Host) parkLocked(g *grain) {
 		if needsActor(m) {
 			// The key has inputs (or a call) again: a new actor around the
 			// same grain takes them and what follows.
-			a := h.spawnLocked(g)
+			h.spawnLocked(g)
+			g.lastUsed = time.Now().UnixNano()
 			for _, m := range st.waiting[i:] {
-				h.system.Root.Send(a.pid, m)
+				h.system.Root.Send(g.pid, m)
 			}
 			return
 		}
 		g.handle(m) // a snapshot, a query: no actor needed
 	}
-	_, g.rdirty = gs.dirty[g.id]
+	g.rdirty = g.dirtyIdx != 0
 	if h.cfg.MaxMemory < 0 && !g.rdirty {
 		gs.complete = false // the key leaves memory
 		g.leaveMemory()
+		h.forgetLocked(g)
 		return
 	}
 	g.rsize = int64(grainBytes + len(g.id.pipeline) + len(g.id.key) + g.state.MemSize())
-	if gs.parked == nil {
-		gs.parked = make(map[keyID]*grain)
-	}
-	gs.parked[g.id] = g
+	g.tier = tierParked
+	gs.parked = append(gs.parked, g)
+	g.parkIdx = int32(len(gs.parked))
 	r := &h.resident
 	r.list(g).pushFront(g)
 	r.bytes += g.rsize
@@ -195,28 +195,30 @@ func (h *Host) evictLocked() {
 		h.cache.put(g)
 		g.leaveMemory()
 		h.unparkLocked(g)
+		h.forgetLocked(g)
 	}
 }
 
-// unparkLocked takes a grain out of the resident tier.
+// unparkLocked takes a grain out of the resident tier (the caller says
+// where it goes: its tier is still tierParked).
 func (h *Host) unparkLocked(g *grain) {
 	h.resident.list(g).remove(g)
 	h.resident.bytes -= g.rsize
-	delete(h.groups[g.group].parked, g.id)
-}
-
-// parkedLocked returns the key's parked grain, if its group holds one.
-func (h *Host) parkedLocked(id keyID, group uint32) *grain {
-	return h.groups[group].parked[id]
+	gs := &h.groups[g.group]
+	removeAt(&gs.parked, g.parkIdx, func(moved *grain, idx int32) { moved.parkIdx = idx })
+	g.parkIdx = 0
 }
 
 // dropParkedLocked drops the parked keys of a group.
 func (h *Host) dropParkedLocked(group uint32) {
-	for _, g := range h.groups[group].parked {
+	gs := &h.groups[group]
+	for n := len(gs.parked); n > 0; n = len(gs.parked) {
+		g := gs.parked[n-1]
 		g.leaveMemory()
 		h.unparkLocked(g)
+		h.forgetLocked(g)
 	}
-	h.groups[group].parked = nil
+	gs.parked = nil
 }
 
 // leaveMemory takes what a grain leaving memory adds to its pipeline's

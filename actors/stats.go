@@ -9,6 +9,7 @@ type hostStats struct {
 	checkpoints atomic.Int64
 	replayed    atomic.Int64
 	activations atomic.Int64
+	spawned     atomic.Int64
 	unparked    atomic.Int64
 	passivated  atomic.Int64
 	groupsLost  atomic.Int64
@@ -86,7 +87,11 @@ type Stats struct {
 	// checkpoints: what a restart would replay (about CheckpointBytes at
 	// most).
 	LoggedBytes int64
-	Activations int64 // actors started: from the resident tier or the store
+	Activations int64 // keys given an actor: from the resident tier or the store
+	// Spawned counts the actors spawned; an activation reuses the actor of
+	// a passivated key when one is idle (shell.go), IdleActors of them now.
+	Spawned     int64
+	IdleActors  int
 	Unparked    int64 // activations from the resident tier (no store read)
 	Passivated  int64
 	GroupsLost  int64 // key groups lost (failed or fenced write) and taken over again
@@ -108,8 +113,9 @@ type Stats struct {
 // Stats returns the host's counters.
 func (h *Host) Stats() Stats {
 	h.mu.Lock()
-	n, dirty, unavailable, takingOver, logged := len(h.active), 0, 0, 0, int64(0)
+	n, dirty, unavailable, takingOver, logged := h.lru.n, 0, 0, 0, int64(0)
 	resident, residentBytes := h.resident.n(), h.resident.bytes
+	idle := len(h.shells)
 	cached, cacheBytes := h.cache.stats()
 	for i := range h.groups {
 		gs := &h.groups[i]
@@ -154,6 +160,8 @@ func (h *Host) Stats() Stats {
 		Replayed:      h.stats.replayed.Load(),
 		LoggedBytes:   logged,
 		Activations:   h.stats.activations.Load(),
+		Spawned:       h.stats.spawned.Load(),
+		IdleActors:    idle,
 		Passivated:    h.stats.passivated.Load(),
 		GroupsLost:    h.stats.groupsLost.Load(),
 		TimersFired:   h.stats.timersFired.Load(),

@@ -29,6 +29,8 @@ func RegisterHost(reg prometheus.Registerer, stats func() actors.Stats) error {
 		counter("replayed_records_total", "Log records replayed by key-group take-overs (at start and after a loss).", func(s actors.Stats) float64 { return float64(s.Replayed) }),
 		counter("activations_total", "Key actors activated.", func(s actors.Stats) float64 { return float64(s.Activations) }),
 		counter("passivations_total", "Key actors passivated.", func(s actors.Stats) float64 { return float64(s.Passivated) }),
+		counter("actors_spawned_total", "Actors spawned to run keys; an activation reuses the actor of a passivated key when one is idle.", func(s actors.Stats) float64 { return float64(s.Spawned) }),
+		gauge("idle_actors", "Actors of passivated keys waiting for the next activations.", func(s actors.Stats) float64 { return float64(s.IdleActors) }),
 		counter("dispatch_overflows_total", "Key actors' mailbox runs that found the workers' queue full and got a goroutine of their own (bursts of messages to many keys).", func(s actors.Stats) float64 { return float64(s.Overflows) }),
 		counter("key_groups_lost_total", "Key groups lost after a failed or fenced store write, then taken over again.", func(s actors.Stats) float64 { return float64(s.GroupsLost) }),
 		gauge("key_groups_unavailable", "Key groups not served now: being recovered or taken over again.", func(s actors.Stats) float64 { return float64(s.GroupsUnavailable) }),

@@ -1,0 +1,125 @@
+package actors
+
+import (
+	"fmt"
+
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// Shells: the actors that run the keys.
+//
+// A key in use has an actor of its own (a protoactor-go actor: a mailbox
+// and a run at a time on the dispatcher's workers), and only that actor
+// touches the key's grain: it applies the key's inputs one message at a
+// time, in the order they were sent. The actor is not tied to the key for
+// life, though. When a key passivates, its actor processes the messages
+// sent before the passivation, parks the grain (resident.go) and goes back
+// to a pool; the next key to activate takes it from there. So an actor
+// (a shell) runs one key at a time, and an activation costs a message
+// instead of a spawn and a stop: at a million keys most events activate a
+// key, and protoactor's spawn and stop (its process registry, a context and
+// a mailbox per actor, the stop protocol) took a sixth of the CPU
+// (BENCHMARKS.md, session 14).
+//
+// Handing a shell over is ordered by its mailbox: a shell joins the pool
+// under h.mu while processing its key's passivateMsg, the last message sent
+// to it for that key (the key left the registry under h.mu when it was
+// sent). Whoever takes it from the pool sets its grain under h.mu and then
+// sends it activateMsg, so the shell sees its new grain with the first
+// message for it, and never a message of one key while running another.
+
+// shell is an actor that runs one key's grain at a time.
+type shell struct {
+	h   *Host
+	pid *actor.PID
+	// g is the grain it runs: set by the host under h.mu while the shell is
+	// idle in the pool (or being spawned), read by the shell's actor; nil
+	// while in the pool.
+	g *grain
+}
+
+// activateMsg starts a shell's new grain: it loads the key's state, unless
+// the grain was parked with it.
+type activateMsg struct{}
+
+// passivateMsg parks a shell's grain (parkLocked) once the messages sent
+// before it are processed, and returns the shell to the pool.
+type passivateMsg struct{}
+
+// maxPooledShells bounds the idle shells kept for the next activations
+// (about 500 B each); beyond it a passivated key's shell is stopped. A
+// passivation round stops about as many keys as the commits since the last
+// one activated.
+const maxPooledShells = 8192
+
+func (s *shell) Receive(c actor.Context) {
+	g := s.g
+	if g == nil {
+		return // idle: protoactor's lifecycle messages only
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err := fmt.Errorf("actors: grain %s/%s panicked: %v", g.id.pipeline, g.id.key, r)
+			g.broken = err
+			s.h.fail(err)
+		}
+	}()
+	switch m := c.Message().(type) {
+	case *activateMsg:
+		g.activate()
+	case *passivateMsg:
+		h := s.h
+		h.mu.Lock()
+		s.g = nil
+		h.parkLocked(g)
+		h.releaseShellLocked(s)
+		h.mu.Unlock()
+	default:
+		g.handle(m) // (ignores protoactor's lifecycle messages)
+	}
+}
+
+// shellLocked returns a shell to run g, from the pool or newly spawned
+// (its grain set before protoactor starts it). h.mu must be held.
+func (h *Host) shellLocked(g *grain) *shell {
+	if n := len(h.shells); n > 0 {
+		s := h.shells[n-1]
+		h.shells[n-1] = nil
+		h.shells = h.shells[:n-1]
+		s.g = g
+		return s
+	}
+	s := &shell{h: h, g: g}
+	h.spawning.Store(s)
+	s.pid = h.system.Root.Spawn(h.props)
+	h.stats.spawned.Add(1)
+	return s
+}
+
+// releaseShellLocked returns a shell whose grain was passivated to the
+// pool, or stops it if the pool is full. h.mu must be held.
+func (h *Host) releaseShellLocked(s *shell) {
+	if len(h.shells) < maxPooledShells {
+		h.shells = append(h.shells, s)
+		return
+	}
+	h.system.Root.Stop(s.pid)
+}
+
+// produce is the shells' actor.Producer: it returns the shell being
+// spawned (shellLocked, under h.mu). Asked again, it is the supervisor
+// restarting an actor after a panic that escaped the shell, which recovers
+// its grain's (failing the host): the grain's state may be half applied, so
+// the restarted actor fails the host rather than go on with it.
+func (h *Host) produce() actor.Actor {
+	if s := h.spawning.Swap(nil); s != nil {
+		return s
+	}
+	return restartedShell{h}
+}
+
+type restartedShell struct{ h *Host }
+
+func (r restartedShell) Receive(actor.Context) {
+	r.h.fail(fmt.Errorf("actors: a grain's actor was restarted after a panic; its state may be half applied"))
+}
