@@ -313,8 +313,8 @@ func (h *Host) passivate() {
 
 // stopLocked passivates a grain into the resident tier. passivateMsg is
 // processed after every message already in its actor's mailbox, and
-// nothing of the key is sent after it because the grain leaves the
-// registry under h.mu (shell.go).
+// nothing of the key is sent to that actor after it: the key stops being
+// active, and forgets the actor, under h.mu (shell.go).
 func (h *Host) stopLocked(g *grain) {
 	pid := g.pid
 	h.deactivateLocked(g)

@@ -15,3 +15,10 @@ func CachedKeys(h *Host, pipeline string, keys func(yield func(string) bool)) in
 	}
 	return n
 }
+
+// SetMaxIdleActors bounds the idle actors kept for reuse (shell.go).
+func SetMaxIdleActors(h *Host, n int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.maxShells = n
+}

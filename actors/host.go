@@ -81,6 +81,10 @@ type Host struct {
 	props    *actor.Props
 	spawning atomic.Pointer[shell]
 	shells   []*shell
+	// maxShells bounds the idle shells (maxPooledShells; tests lower it);
+	// stopped is set once stopAll ran, after which none is kept.
+	maxShells int
+	stopped   bool
 
 	// Event time (see timers.go). timed is set when a pipeline has windows
 	// or patterns, expiring when one has a ttl; clocks are the node's
@@ -168,6 +172,7 @@ func New(cfg Config) (*Host, error) {
 		log:           cfg.Logger,
 		queue:         make(chan *ingestReq, 1024),
 		keys:          make(map[keyID]*grain),
+		maxShells:     maxPooledShells,
 		groups:        make([]groupState, cfg.Groups),
 		checkpointing: make([]sync.Mutex, cfg.Groups),
 		checkpointNow: make(chan struct{}, 1),
@@ -313,7 +318,7 @@ func (h *Host) stopAll() {
 	for _, s := range h.shells {
 		h.system.Root.Stop(s.pid)
 	}
-	h.shells = nil
+	h.shells, h.stopped = nil, true
 	for g := range h.groups {
 		h.dropParkedLocked(uint32(g))
 	}

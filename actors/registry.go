@@ -47,12 +47,26 @@ func (h *Host) lookupLocked(id keyID, group uint32) *grain {
 }
 
 // forgetLocked takes a grain out of the registry, if it is still the key's
-// there. h.mu must be held.
+// there (an active or parked one always is). h.mu must be held.
 func (h *Host) forgetLocked(g *grain) {
-	if h.keys[g.id] == g {
+	switch {
+	case g.tier == tierActive || g.tier == tierParked:
+		delete(h.keys, g.id)
+	case g.tier == tierStopping && h.keys[g.id] == g:
 		delete(h.keys, g.id)
 	}
 	g.tier = tierGone
+}
+
+// currentLocked reports whether a grain in the registry belongs to its
+// group's current incarnation, served now or being replayed: as
+// lookupLocked would find it, without looking it up. (A grain of a dropped
+// incarnation has an older epoch than its group's, or its group is not
+// served until its next claim, which moves the epoch; stopAll forgets
+// every key.) h.mu must be held.
+func (h *Host) currentLocked(g *grain) bool {
+	gs := &h.groups[g.group]
+	return !h.stopped && g.tier != tierGone && g.epoch == gs.epoch && (gs.ready || gs.replaying)
 }
 
 // markDirtyLocked records that a key in memory was handed the record at

@@ -12,17 +12,18 @@ import (
 // registry entry; more than 2 KiB with protoactor's default mailbox and a
 // Props per actor), half the state of a key with a few aggregates. So a
 // key keeps an actor only while it is in use (the MaxActive most recently
-// used keys, for at most IdleTimeout); passivation stops the actor and parks
-// the key's grain here, state and all, within a budget of bytes. The key's
-// next message spawns an actor around the same grain: no store read, no
+// used keys, for at most IdleTimeout); passivation takes the key's actor
+// back (into the pool of idle actors, shell.go) and parks the key's grain
+// here, state and all, within a budget of bytes. The key's next message
+// gives it an actor again around the same grain: no store read, no
 // decoding. Beyond the budget the least recently parked clean keys leave memory;
 // their state is in their snapshots, so they come back from the store on
 // demand. While no key of a group has left memory, a key found neither
 // active nor parked is new and needs no store read either (groupState.complete).
 //
 // Why a parked grain is current: a parked key is not active, so nothing
-// changes it: only an actor applies inputs, and a key's next input spawns
-// its actor around the parked grain. A parked grain belongs to the group
+// changes it: only an actor applies inputs, and a key's next input gives
+// the parked grain an actor. A parked grain belongs to the group
 // incarnation (epoch) it was active in; dropping a group (a loss, a
 // release, an abandon) drops its parked keys, and activation takes a parked
 // grain only of the group's current epoch.
@@ -71,7 +72,7 @@ func (h *Host) holdLocked(g *grain) {
 var errDropped = errors.New("actors: the key's group was dropped")
 
 // grainBytes is what a parked key costs beyond its state: the grain, its
-// entry in the group's map and the key's name.
+// entries in the registry's map and its group's slice, and the key's name.
 var grainBytes = int(unsafe.Sizeof(grain{})) + 64
 
 type resident struct {
@@ -104,9 +105,8 @@ func (h *Host) parkLocked(g *grain) {
 		return // stopped with the host, or dropped: nothing waits
 	}
 	g.stop = nil
-	current := h.keys[g.id] == g
 	gs := &h.groups[g.group]
-	if !current || g.broken != nil || !(gs.ready || gs.replaying) || gs.epoch != g.epoch {
+	if !h.currentLocked(g) || g.broken != nil {
 		h.forgetLocked(g)
 		// (A grain of the epoch a take-over is replaying is current: a
 		// passivation during the replay used to drop it here, and its

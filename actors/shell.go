@@ -23,8 +23,9 @@ import (
 //
 // Handing a shell over is ordered by its mailbox: a shell joins the pool
 // under h.mu while processing its key's passivateMsg, the last message sent
-// to it for that key (the key left the registry under h.mu when it was
-// sent). Whoever takes it from the pool sets its grain under h.mu and then
+// to it for that key (in the same hold of h.mu that sent it, the key
+// stopped being active and forgot the shell's PID, so nothing of the key
+// reaches the shell after it). Whoever takes it from the pool sets its grain under h.mu and then
 // sends it activateMsg, so the shell sees its new grain with the first
 // message for it, and never a message of one key while running another.
 
@@ -68,15 +69,22 @@ func (s *shell) Receive(c actor.Context) {
 	case *activateMsg:
 		g.activate()
 	case *passivateMsg:
-		h := s.h
-		h.mu.Lock()
-		s.g = nil
-		h.parkLocked(g)
-		h.releaseShellLocked(s)
-		h.mu.Unlock()
+		s.passivate(g)
 	default:
 		g.handle(m) // (ignores protoactor's lifecycle messages)
 	}
+}
+
+// passivate parks the shell's grain and releases the shell. (h.mu is
+// released by a deferred call: a panic in parkLocked, recovered by Receive,
+// must not leave it held.)
+func (s *shell) passivate(g *grain) {
+	h := s.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s.g = nil
+	h.parkLocked(g)
+	h.releaseShellLocked(s)
 }
 
 // shellLocked returns a shell to run g, from the pool or newly spawned
@@ -97,9 +105,10 @@ func (h *Host) shellLocked(g *grain) *shell {
 }
 
 // releaseShellLocked returns a shell whose grain was passivated to the
-// pool, or stops it if the pool is full. h.mu must be held.
+// pool, or stops it if the pool is full or the host stopped. h.mu must be
+// held.
 func (h *Host) releaseShellLocked(s *shell) {
-	if len(h.shells) < maxPooledShells {
+	if !h.stopped && len(h.shells) < h.maxShells {
 		h.shells = append(h.shells, s)
 		return
 	}

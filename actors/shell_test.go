@@ -1,52 +1,111 @@
 package actors_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/persistence/faultstore"
 )
 
 // An actor whose key passivates runs another key next (shell.go): under
 // constant churn (five active keys, two hundred in use from two writers at
 // once) most activations reuse an actor, and every key still applies its
-// own events and no other key's, exactly once.
+// own events and no other key's, exactly once. Also with a pool of two idle
+// actors (the others are stopped), and with appends failing now and then:
+// each failure loses the groups of its commit, whose active keys' actors
+// are handed back without parking them, and the writers retry (the events
+// carry ids).
 func TestActorsAreReusedAcrossActivations(t *testing.T) {
-	hs := start(t, openStore(t, t.TempDir()), actors.Config{Groups: 4, MaxActive: 5, IdleTimeout: time.Hour, CheckpointInterval: 5 * time.Millisecond})
-	defer hs.shutdown()
-	const keys, rounds, batch = 200, 6, 20
-	var wg sync.WaitGroup
-	for w := range 2 { // writer w sends the keys of its parity
-		wg.Go(func() {
-			for r := range rounds {
-				var raws [][]byte
-				for i := w; i < keys; i += 2 {
-					raws = append(raws, event(fmt.Sprintf("k%d", i), fmt.Sprintf("r%d", r), i*10+r))
-					if len(raws) == batch {
-						hs.ingest(raws...)
-						raws = nil
+	for _, tc := range []struct {
+		name     string
+		maxIdle  int // 0: the default
+		failures int // appends that fail, spread over the run
+	}{
+		{name: "pool"},
+		{name: "pool of 2", maxIdle: 2},
+		{name: "groups lost", failures: 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := faultstore.New(openStore(t, t.TempDir()))
+			hs := start(t, fs, actors.Config{Groups: 4, MaxActive: 5, IdleTimeout: time.Hour, CheckpointInterval: 5 * time.Millisecond})
+			defer hs.shutdown()
+			if tc.maxIdle > 0 {
+				actors.SetMaxIdleActors(hs.host, tc.maxIdle)
+			}
+			for i := range tc.failures {
+				fs.FailNth(faultstore.OpAppend, 8+7*i, errors.New("injected"))
+			}
+			const keys, rounds, batch = 200, 6, 20
+			var (
+				wg     sync.WaitGroup
+				failed sync.Map // writer -> ingests that failed (and were retried)
+			)
+			send := func(w int, raws [][]byte) {
+				for tries := 0; ; tries++ {
+					_, err := hs.host.Ingest(context.Background(), "p", raws)
+					if err == nil {
+						return
 					}
+					if tries == 0 {
+						n, _ := failed.LoadOrStore(w, new(int))
+						*n.(*int)++
+					}
+					if tries == 200 {
+						t.Errorf("writer %d: ingest still failing: %v", w, err)
+						return
+					}
+					// Retried once the lost groups are served again.
+					pollUntil(5*time.Second, func() bool { return hs.host.Stats().GroupsUnavailable == 0 })
 				}
-				if len(raws) > 0 {
-					hs.ingest(raws...)
+			}
+			for w := range 2 { // writer w sends the keys of its parity
+				wg.Go(func() {
+					for r := range rounds {
+						var raws [][]byte
+						for i := w; i < keys; i += 2 {
+							raws = append(raws, event(fmt.Sprintf("k%d", i), fmt.Sprintf("r%d", r), i*10+r))
+							if len(raws) == batch {
+								send(w, raws)
+								raws = nil
+							}
+						}
+						if len(raws) > 0 {
+							send(w, raws)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			for i := range keys {
+				want := float64(rounds*i*10 + rounds*(rounds-1)/2)
+				if v := hs.query(fmt.Sprintf("k%d", i)); v.Seq != rounds || v.Aggregates["sum"] != want || fmt.Sprintf("%s", v.Aggregates["last"]) != fmt.Sprint(i*10+rounds-1) {
+					t.Fatalf("k%d = seq %d, %s; want %d events of sum %v, the last %d", i, v.Seq, v.Aggregates, rounds, want, i*10+rounds-1)
+				}
+			}
+			st := hs.host.Stats()
+			if st.Activations < keys*rounds/2 {
+				t.Fatalf("%d activations for %d keys × %d rounds with 5 active: the test did not churn", st.Activations, keys, rounds)
+			}
+			switch {
+			case tc.maxIdle > 0:
+				if st.IdleActors > tc.maxIdle {
+					t.Errorf("%d idle actors, at most %d wanted", st.IdleActors, tc.maxIdle)
+				}
+			case st.Spawned > st.Activations/4:
+				t.Errorf("%d actors spawned for %d activations: want most activations to reuse an idle actor", st.Spawned, st.Activations)
+			}
+			if tc.failures > 0 {
+				n := 0
+				failed.Range(func(_, v any) bool { n += *v.(*int); return true })
+				if n == 0 || st.GroupsLost == 0 {
+					t.Errorf("%d failed ingests, %d groups lost: the injected append failures did not happen", n, st.GroupsLost)
 				}
 			}
 		})
-	}
-	wg.Wait()
-	for i := range keys {
-		want := float64(rounds*i*10 + rounds*(rounds-1)/2)
-		if v := hs.query(fmt.Sprintf("k%d", i)); v.Seq != rounds || v.Aggregates["sum"] != want || fmt.Sprintf("%s", v.Aggregates["last"]) != fmt.Sprint(i*10+rounds-1) {
-			t.Fatalf("k%d = seq %d, %s; want %d events of sum %v, the last %d", i, v.Seq, v.Aggregates, rounds, want, i*10+rounds-1)
-		}
-	}
-	st := hs.host.Stats()
-	if st.Activations < keys*rounds/2 {
-		t.Fatalf("%d activations for %d keys × %d rounds with 5 active: the test did not churn", st.Activations, keys, rounds)
-	}
-	if st.Spawned > st.Activations/4 {
-		t.Errorf("%d actors spawned for %d activations: want most activations to reuse an idle actor", st.Spawned, st.Activations)
 	}
 }
