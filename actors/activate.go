@@ -61,8 +61,15 @@ func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string
 			return nil, fmt.Errorf("snapshot of %s/%s: %w", ids[i].pipeline, ids[i].key, err)
 		}
 		snaps[i] = &snap
-		for _, b := range snap.GetState().GetSeenBuckets() {
-			bucketNames = append(bucketNames, ids[i].bucketKey(b))
+		st := snap.GetState()
+		for bi, b := range st.GetSeenBuckets() {
+			parts := 1
+			if bi < len(st.GetSeenBucketParts()) {
+				parts = max(int(st.SeenBucketParts[bi]), 1)
+			}
+			for part := range parts {
+				bucketNames = append(bucketNames, ids[i].bucketKey(b, part))
+			}
 		}
 	}
 	buckets := map[string][]byte{}
@@ -83,11 +90,8 @@ func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string
 			continue
 		}
 		id := ids[i]
-		state, err := pipelines[id.pipeline].RestoreParts(snap.State, func(b int64) ([]byte, error) {
-			if d, ok := buckets[id.bucketKey(b)]; ok {
-				return d, nil
-			}
-			return nil, persistence.ErrNotFound
+		state, err := pipelines[id.pipeline].RestoreParts(snap.State, func(b int64, part int) ([]byte, error) {
+			return buckets[id.bucketKey(b, part)], nil // nil: not stored
 		})
 		if err != nil {
 			return nil, fmt.Errorf("snapshot of %s/%s: %w", id.pipeline, id.key, err)

@@ -393,7 +393,7 @@ func (g *grain) snapshot() snapshotReply {
 	}
 	r.core = core
 	for _, b := range parts.Buckets {
-		r.buckets = append(r.buckets, persistence.Snapshot{Key: g.id.bucketKey(b.Bucket), Data: b.Data})
+		r.buckets = append(r.buckets, persistence.Snapshot{Key: g.id.bucketKey(b.Bucket, b.Part), Data: b.Data})
 	}
 	if g.pipeline.WakesByClock() {
 		r.ttl, r.expiry = true, g.pipeline.WakeAt(&g.state, g.lastNow)

@@ -21,9 +21,14 @@ func (id keyID) appendSnapshotKey(b []byte) []byte {
 	return append(append(append(b, id.pipeline...), 0), id.key...)
 }
 
-// bucketKey names one of the key's id buckets in the snapshot store.
-func (id keyID) bucketKey(bucket int64) string {
-	return id.snapshotKey() + "\x00b" + strconv.FormatInt(bucket, 10)
+// bucketKey names a part of one of the key's id buckets in the snapshot
+// store (part 0 is named as buckets were before they had parts).
+func (id keyID) bucketKey(bucket int64, part int) string {
+	name := id.snapshotKey() + "\x00b" + strconv.FormatInt(bucket, 10)
+	if part > 0 {
+		name += "p" + strconv.Itoa(part)
+	}
+	return name
 }
 
 // Layout is how a store maps keys to key groups. The store records it when

@@ -109,3 +109,42 @@ func TestActorsAreReusedAcrossActivations(t *testing.T) {
 		})
 	}
 }
+
+// A key remembering more ids than one part of an id bucket holds (fold's
+// partIDs, 256) is checkpointed part by part, and its ids all come back
+// from the store after a restart: every one is a duplicate there.
+func TestIDBucketPartsSurviveRestart(t *testing.T) {
+	dir := t.TempDir()
+	cfg := actors.Config{Groups: 4, CheckpointInterval: 5 * time.Millisecond}
+	hs := start(t, openStore(t, dir), cfg)
+	const ids = 1000
+	for i := 0; i < ids; i += 50 {
+		var raws [][]byte
+		for j := i; j < i+50; j++ {
+			raws = append(raws, event("hot", fmt.Sprintf("id%d", j), 1))
+		}
+		hs.ingest(raws...)
+		// Checkpoints in between: each writes the parts that changed.
+		checkpoints := hs.host.Stats().Checkpoints
+		eventually(t, "a checkpoint", func() bool { return hs.host.Stats().Checkpoints > checkpoints })
+	}
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	hs.store.Close()
+	hs = start(t, openStore(t, dir), cfg)
+	defer hs.shutdown()
+	var raws [][]byte
+	for j := range ids {
+		raws = append(raws, event("hot", fmt.Sprintf("id%d", j), 1))
+	}
+	if r := hs.ingest(raws...); r.Duplicates != ids {
+		t.Fatalf("after a restart %+v: want all %d ids remembered", r, ids)
+	}
+	if r := hs.ingest(event("hot", "new", 1)); r.Accepted != 1 {
+		t.Fatalf("a new id: %+v", r)
+	}
+	if v := hs.query("hot"); v.Seq != ids+1 {
+		t.Fatalf("hot = seq %d, want %d", v.Seq, ids+1)
+	}
+}

@@ -10,10 +10,16 @@ import (
 // For snapshots the ids are grouped into buckets by the time they were
 // applied (a sixteenth of the window each), so that a checkpoint of a key
 // that receives ids all day rewrites the one bucket that changed, not every
-// id of the last 24 hours. A bucket is rewritten when an id is added to it
-// and deleted when its last id expires; ids that expire from a bucket that
-// still holds others stay in its stored copy and are dropped again when it
-// is loaded, which gives back exactly the same set.
+// id of the last 24 hours. A bucket is stored in parts of partIDs ids, by
+// the order ids were added to it, so that the checkpoint rewrites only the
+// last part, not the bucket's whole fill: rewriting the whole bucket made
+// each checkpoint of a busy key grow with the bucket's age, 90 minutes of
+// ids at a 24h window (at 10k keys and 14 ids a second each, checkpoints
+// went from 0.4 to 9 s in two and a half minutes, BENCHMARKS.md session
+// 14). A bucket is deleted, every part, when its last id expires; ids that
+// expire from a bucket that still holds others stay in its stored parts
+// and are dropped again when it is loaded, which gives back exactly the
+// same set.
 type idSet struct {
 	// order holds the ids, oldest first. A set of a few ids is searched
 	// there; beyond smallIDs, set indexes them too. (Most keys remember a
@@ -49,15 +55,52 @@ type seenID struct {
 	at int64
 }
 
+// partIDs is the most ids one stored part of a bucket holds.
+const partIDs = 256
+
+// partsOf is the number of parts of a bucket whose ids were numbered up to
+// added.
+func partsOf(added int) int { return (added + partIDs - 1) / partIDs }
+
 type bucketInfo struct {
-	bucket  int64
-	count   int
-	changed uint64 // State.version of the last id added
+	bucket int64
+	count  int // its ids in memory: the last count of those numbered
+	// added numbers the bucket's ids as they are added (id k is in part
+	// k/partIDs); saved is added as of the last snapshot stored, whose
+	// parts below saved/partIDs hold what they will hold; marks are added
+	// as of the snapshots taken since, which Persisted turns into saved.
+	added, saved int
+	marks        []partMark
 }
+
+// partMark is a bucket's added as of a snapshot taken at version.
+type partMark struct {
+	version uint64
+	added   int
+}
+
+// maxMarks bounds the marks a bucket keeps: snapshots taken but not stored
+// (checkpoints failing). Dropping the oldest only rewrites more parts.
+const maxMarks = 4
+
+// multipart reports whether a bucket is stored in more than one part (the
+// core then lists the parts of each).
+func (d *idSet) multipart() bool {
+	for i := range d.buckets {
+		if d.buckets[i].added > partIDs {
+			return true
+		}
+	}
+	return false
+}
+
+// changed reports whether the bucket has ids its stored parts lack.
+func (b *bucketInfo) changed() bool { return b.added > b.saved }
 
 type goneBucket struct {
 	bucket  int64
 	version uint64 // State.version when it emptied
+	parts   int    // the parts it may have stored
 }
 
 func (d *idSet) len() int { return len(d.order) }
@@ -84,7 +127,7 @@ func (d *idSet) find(b int64) (int, bool) {
 	return slices.BinarySearchFunc(d.buckets, b, func(bi bucketInfo, b int64) int { return cmp.Compare(bi.bucket, b) })
 }
 
-func (d *idSet) add(id string, at int64, width int64, version uint64) {
+func (d *idSet) add(id string, at int64, width int64) {
 	d.order = append(d.order, seenID{id: id, at: at})
 	switch {
 	case d.set != nil:
@@ -97,25 +140,25 @@ func (d *idSet) add(id string, at int64, width int64, version uint64) {
 	}
 	switch {
 	case d.spilled:
-		d.count(at/width, version)
+		d.count(at / width)
 	case len(d.order) > inlineIDs:
 		// Out of the core: none of the buckets is stored yet, so the next
 		// snapshot writes them all.
 		d.spilled = true
 		for _, e := range d.order {
-			d.count(e.at/width, version)
+			d.count(e.at / width)
 		}
 	}
 }
 
-// count adds an id to bucket b, changed at version.
-func (d *idSet) count(b int64, version uint64) {
+// count adds an id to bucket b.
+func (d *idSet) count(b int64) {
 	i, ok := d.find(b)
 	if !ok {
 		d.buckets = slices.Insert(d.buckets, i, bucketInfo{bucket: b})
 	}
 	d.buckets[i].count++
-	d.buckets[i].changed = version
+	d.buckets[i].added++
 }
 
 // expire forgets the ids applied at or before horizon.
@@ -128,7 +171,7 @@ func (d *idSet) expire(horizon, width int64, version uint64) {
 		}
 		if i, ok := d.find(e.at / width); ok && d.spilled {
 			if d.buckets[i].count--; d.buckets[i].count == 0 { // its stored copy must go
-				d.gone = append(d.gone, goneBucket{bucket: d.buckets[i].bucket, version: version})
+				d.gone = append(d.gone, goneBucket{bucket: d.buckets[i].bucket, version: version, parts: partsOf(d.buckets[i].added)})
 				d.buckets = slices.Delete(d.buckets, i, i+1)
 			}
 		}
@@ -146,9 +189,20 @@ func (d *idSet) expire(horizon, width int64, version uint64) {
 	}
 }
 
-// persisted drops the record of buckets emptied at or before version, whose
-// deletion has reached the store.
+// persisted records that the snapshot of version is stored: the buckets'
+// parts as of then, and the deletion of buckets emptied at or before it.
 func (d *idSet) persisted(version uint64) {
+	for i := range d.buckets {
+		bi := &d.buckets[i]
+		n := 0
+		for n < len(bi.marks) && bi.marks[n].version <= version {
+			bi.saved = max(bi.saved, bi.marks[n].added)
+			n++
+		}
+		if bi.marks = bi.marks[n:]; len(bi.marks) == 0 {
+			bi.marks = nil
+		}
+	}
 	n := 0
 	for n < len(d.gone) && d.gone[n].version <= version {
 		n++

@@ -21,6 +21,7 @@ import (
 // SeenID (proto/keyfold/v1/log.proto).
 const (
 	ksSeq, ksNow, ksAggregates, ksSeen, ksSeenBuckets, ksDuplicates, ksWatermark, ksLate = 1, 2, 3, 4, 5, 6, 7, 8
+	ksSeenBucketParts                                                                    = 15
 	asName, asCount, asNumber, asLast, asOp, asSketch                                    = 1, 2, 3, 4, 5, 6
 	sbIDs                                                                                = 1
 	siID, siAt                                                                           = 1, 2
@@ -74,6 +75,15 @@ func (p *Pipeline) appendCore(b []byte, s *State) ([]byte, error) {
 	b = appendVarintField(b, ksDuplicates, s.dups)
 	b = appendVarintField(b, ksWatermark, uint64(s.Watermark()))
 	b = appendVarintField(b, ksLate, s.Late())
+	if s.ids.spilled && s.ids.multipart() {
+		b = protowire.AppendTag(b, ksSeenBucketParts, protowire.BytesType)
+		var mark int
+		b, mark = beginMessage(b)
+		for _, bi := range s.ids.buckets {
+			b = protowire.AppendVarint(b, uint64(partsOf(bi.added)))
+		}
+		b = endMessage(b, mark)
+	}
 	return b, nil
 }
 

@@ -278,7 +278,7 @@ func TestHandlerReplay(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				ps := &partsStore{buckets: map[int64][]byte{}}
+				ps := &partsStore{buckets: map[bucketPart][]byte{}}
 				if len(snaps) > 0 {
 					prev := snaps[len(snaps)-1].store // checkpoints write what changed over the last one
 					ps.core, ps.buckets = prev.core, cloneBuckets(prev.buckets)
@@ -329,8 +329,8 @@ func TestHandlerReplay(t *testing.T) {
 	}
 }
 
-func cloneBuckets(m map[int64][]byte) map[int64][]byte {
-	out := make(map[int64][]byte, len(m))
+func cloneBuckets(m map[bucketPart][]byte) map[bucketPart][]byte {
+	out := make(map[bucketPart][]byte, len(m))
 	for k, v := range m {
 		out[k] = v
 	}

@@ -68,6 +68,9 @@ func aggsSize(aggs []aggState) int {
 // set large enough to have one, its index entry.
 func (d *idSet) memSize() int {
 	n := cap(d.buckets)*int(unsafe.Sizeof(bucketInfo{})) + cap(d.order)*int(unsafe.Sizeof(seenID{}))
+	for i := range d.buckets {
+		n += cap(d.buckets[i].marks) * int(unsafe.Sizeof(partMark{}))
+	}
 	if d.set != nil {
 		n += len(d.set) * mapEntryBytes
 	}

@@ -107,7 +107,7 @@ func (p *Pipeline) UnpackState(data []byte) (State, error) {
 		if err := proto.Unmarshal(data[1:], &ks); err != nil {
 			return State{}, fmt.Errorf("fold: packed state: %w", err)
 		}
-		return p.RestoreParts(&ks, func(b int64) ([]byte, error) {
+		return p.RestoreParts(&ks, func(b int64, _ int) ([]byte, error) {
 			return nil, fmt.Errorf("fold: packed state names id bucket %d", b)
 		})
 	case packedCore:
@@ -138,7 +138,7 @@ func (p *Pipeline) UnpackState(data []byte) (State, error) {
 		id := string(r.bytes(r.uvarint()))
 		at := s.now - r.varint()
 		if r.err == nil && at > horizon { // as loadIDs
-			s.ids.add(id, at, p.bucketWidth(), RestoredVersion)
+			s.ids.add(id, at, p.bucketWidth())
 		}
 	}
 	if r.err == nil && len(r.b) > 0 {

@@ -113,7 +113,7 @@ func restoreStored(t *testing.T, p *fold.Pipeline, parts fold.Parts) fold.State 
 	if err := proto.Unmarshal(data, &ks); err != nil {
 		t.Fatal(err)
 	}
-	s, err := p.RestoreParts(&ks, func(b int64) ([]byte, error) {
+	s, err := p.RestoreParts(&ks, func(b int64, _ int) ([]byte, error) {
 		t.Fatalf("a one-part snapshot names id bucket %d", b)
 		return nil, nil
 	})

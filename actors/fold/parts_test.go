@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/keyfold/keyfold/actors/fold"
-	"github.com/keyfold/keyfold/persistence"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"google.golang.org/protobuf/proto"
 )
@@ -18,8 +17,13 @@ import (
 // partsStore is a stored snapshot in its parts, as the host keeps it.
 type partsStore struct {
 	core    *keyfoldv1.KeyState
-	buckets map[int64][]byte
-	written int // bucket writes
+	buckets map[bucketPart][]byte
+	written int // bucket part writes
+}
+
+type bucketPart struct {
+	bucket int64
+	part   int
 }
 
 func (ps *partsStore) store(p fold.Parts) {
@@ -31,22 +35,16 @@ func (ps *partsStore) store(p fold.Parts) {
 	for _, b := range p.Buckets {
 		ps.written++
 		if b.Data == nil {
-			delete(ps.buckets, b.Bucket)
+			delete(ps.buckets, bucketPart{b.Bucket, b.Part})
 		} else {
-			ps.buckets[b.Bucket] = b.Data
+			ps.buckets[bucketPart{b.Bucket, b.Part}] = b.Data
 		}
 	}
 }
 
 func (ps *partsStore) restore(t *testing.T, p *fold.Pipeline) fold.State {
 	t.Helper()
-	s, err := p.RestoreParts(ps.core, func(b int64) ([]byte, error) {
-		d, ok := ps.buckets[b]
-		if !ok {
-			return nil, persistence.ErrNotFound
-		}
-		return d, nil
-	})
+	s, err := p.RestoreParts(ps.core, loadFrom(ps))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +65,7 @@ func TestSnapshotPartsRestoreExactly(t *testing.T) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 1))
 			var s fold.State
-			ps := &partsStore{buckets: map[int64][]byte{}}
+			ps := &partsStore{buckets: map[bucketPart][]byte{}}
 			stored := uint64(0)
 			now := int64(0)
 			for i := range 2000 {
@@ -126,15 +124,16 @@ func TestSnapshotPartsRestoreExactly(t *testing.T) {
 }
 
 // TestSnapshotPartsWriteOnlyWhatChanged: a key receiving ids all day
-// rewrites a bucket or two per checkpoint (the newest, and one that
-// emptied), not its whole dedup window.
+// writes a part or two of its newest bucket per checkpoint and deletes the
+// parts of one that emptied, not its whole dedup window, nor its newest
+// bucket's whole fill (1,080 ids here: five parts).
 func TestSnapshotPartsWriteOnlyWhatChanged(t *testing.T) {
 	spec := fuzzSpec
 	spec.DedupWindow = 24 * time.Hour
 	spec.Windows = nil // no watermark here: windows would pile up for 26 hours
 	p := mustCompile(t, spec)
 	var s fold.State
-	ps := &partsStore{buckets: map[int64][]byte{}}
+	ps := &partsStore{buckets: map[bucketPart][]byte{}}
 	stored := uint64(0)
 	now := int64(0)
 	checkpoints := 0
@@ -146,8 +145,20 @@ func TestSnapshotPartsWriteOnlyWhatChanged(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(parts.Buckets) > 3 {
-				t.Fatalf("checkpoint at %ds wrote %d buckets", i, len(parts.Buckets))
+			written, deleted := 0, map[int64]bool{}
+			for _, b := range parts.Buckets {
+				if b.Data == nil {
+					deleted[b.Bucket] = true
+					continue
+				}
+				var sb keyfoldv1.SeenBucket
+				if err := proto.Unmarshal(b.Data, &sb); err != nil {
+					t.Fatal(err)
+				}
+				written += len(sb.Ids)
+			}
+			if written > 2*256 || len(deleted) > 1 {
+				t.Fatalf("checkpoint at %ds wrote %d ids and deleted %d buckets", i, written, len(deleted))
 			}
 			ps.store(parts)
 			s.Persisted(parts.Version)
@@ -155,7 +166,11 @@ func TestSnapshotPartsWriteOnlyWhatChanged(t *testing.T) {
 			checkpoints++
 		}
 	}
-	if got := len(ps.buckets); got > 17 {
+	buckets := map[int64]bool{}
+	for b := range ps.buckets {
+		buckets[b.bucket] = true
+	}
+	if got := len(buckets); got > 17 {
 		t.Errorf("%d buckets stored for a 24h window, want at most 17", got)
 	}
 	r := ps.restore(t, p)
@@ -178,11 +193,18 @@ func countData(parts fold.Parts) int {
 
 func TestRestorePartsMissingBucket(t *testing.T) {
 	p := mustCompile(t, fuzzSpec)
-	_, err := p.RestoreParts(&keyfoldv1.KeyState{Seq: 1, SeenBuckets: []int64{3}}, func(int64) ([]byte, error) {
-		return nil, persistence.ErrNotFound
+	_, err := p.RestoreParts(&keyfoldv1.KeyState{Seq: 1, SeenBuckets: []int64{3}}, func(int64, int) ([]byte, error) {
+		return nil, nil
 	})
-	if !errors.Is(err, persistence.ErrNotFound) {
-		t.Fatalf("missing bucket: %v", err)
+	if err == nil {
+		t.Fatal("a missing bucket restored")
+	}
+	injected := errors.New("injected")
+	_, err = p.RestoreParts(&keyfoldv1.KeyState{Seq: 1, SeenBuckets: []int64{3}}, func(int64, int) ([]byte, error) {
+		return nil, injected
+	})
+	if !errors.Is(err, injected) {
+		t.Fatalf("failed load: %v", err)
 	}
 }
 
@@ -195,13 +217,9 @@ func prepare(tb testing.TB, p *fold.Pipeline, raw string) *fold.Event {
 	return ev
 }
 
-func loadFrom(ps *partsStore) func(int64) ([]byte, error) {
-	return func(b int64) ([]byte, error) {
-		d, ok := ps.buckets[b]
-		if !ok {
-			return nil, persistence.ErrNotFound
-		}
-		return d, nil
+func loadFrom(ps *partsStore) func(int64, int) ([]byte, error) {
+	return func(b int64, part int) ([]byte, error) {
+		return ps.buckets[bucketPart{b, part}], nil // nil: not stored
 	}
 }
 
@@ -215,7 +233,7 @@ func TestRestoreInlineThenParts(t *testing.T) {
 		p.Apply(&s, prepare(t, p, fmt.Sprintf(`{"user_id":"a","event_id":"e%d"}`, i)), int64(i*50))
 	}
 	old := stateProto(p, &s) // the pre-change snapshot form
-	ps := &partsStore{core: old, buckets: map[int64][]byte{}}
+	ps := &partsStore{core: old, buckets: map[bucketPart][]byte{}}
 	r, err := p.RestoreParts(old, loadFrom(ps))
 	if err != nil {
 		t.Fatal(err)
@@ -244,7 +262,7 @@ func TestRestoreAfterDedupWindowChange(t *testing.T) {
 			spec.DedupWindow = w2
 			p2 := mustCompile(t, spec)
 			var s fold.State
-			ps := &partsStore{buckets: map[int64][]byte{}}
+			ps := &partsStore{buckets: map[bucketPart][]byte{}}
 			for i := range 50 {
 				p1.Apply(&s, prepare(t, p1, fmt.Sprintf(`{"user_id":"a","event_id":"e%d"}`, i)), int64(i*50))
 			}
@@ -264,9 +282,9 @@ func TestRestoreAfterDedupWindowChange(t *testing.T) {
 			if !reflect.DeepEqual(stateProto(p2, &r2), stateProto(p2, &r)) {
 				t.Fatalf("restored differs: %d ids vs %d", len(stateProto(p2, &r2).Seen), len(stateProto(p2, &r).Seen))
 			}
-			var extra []int64
+			var extra []bucketPart
 			for b := range ps.buckets {
-				if !slices.Contains(ps.core.SeenBuckets, b) {
+				if !slices.Contains(ps.core.SeenBuckets, b.bucket) {
 					extra = append(extra, b)
 				}
 			}
@@ -286,7 +304,7 @@ func TestEraseRemovesEverything(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ps := &partsStore{buckets: map[int64][]byte{}}
+	ps := &partsStore{buckets: map[bucketPart][]byte{}}
 	var s fold.State
 	for i := range 50 {
 		ev, err := p.Prepare([]byte(fmt.Sprintf(`{"k":"a","id":"e%d","v":1}`, i)))
@@ -418,7 +436,7 @@ func mustCore(t testing.TB, parts fold.Parts) *keyfoldv1.KeyState {
 func TestFewIDsStayInline(t *testing.T) {
 	p := mustCompile(t, fold.Spec{Key: "k", ID: "id", DedupWindow: time.Hour,
 		Aggregates: map[string]fold.AggregateSpec{"n": {Op: "count"}}})
-	ps := &partsStore{buckets: map[int64][]byte{}}
+	ps := &partsStore{buckets: map[bucketPart][]byte{}}
 	var s fold.State
 	stored := uint64(0)
 	now := int64(0)
@@ -466,14 +484,14 @@ func TestFewIDsStayInline(t *testing.T) {
 	}
 
 	// The former layout: two ids in buckets.
-	old := &partsStore{core: &keyfoldv1.KeyState{Seq: 2, NowMs: now}, buckets: map[int64][]byte{}}
+	old := &partsStore{core: &keyfoldv1.KeyState{Seq: 2, NowMs: now}, buckets: map[bucketPart][]byte{}}
 	width := (time.Hour / 16).Milliseconds()
 	for _, e := range []*keyfoldv1.SeenID{{Id: "x", AtMs: now - 5*time.Minute.Milliseconds()}, {Id: "y", AtMs: now - 1000}} {
 		data, err := proto.Marshal(&keyfoldv1.SeenBucket{Ids: []*keyfoldv1.SeenID{e}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		old.buckets[e.AtMs/width] = data
+		old.buckets[bucketPart{e.AtMs / width, 0}] = data
 		old.core.SeenBuckets = append(old.core.SeenBuckets, e.AtMs/width)
 	}
 	r := old.restore(t, p)
@@ -488,5 +506,58 @@ func TestFewIDsStayInline(t *testing.T) {
 	old.store(parts)
 	if len(old.buckets) != 0 || len(old.core.SeenBuckets) != 0 || len(old.core.Seen) != 3 {
 		t.Fatalf("former layout after a snapshot: %d buckets stored, core lists %v, holds %d ids", len(old.buckets), old.core.SeenBuckets, len(old.core.Seen))
+	}
+}
+
+// TestRestoreWholeBucketThenParts: a bucket stored whole before buckets had
+// parts (600 ids under the bucket's own name) is restored, the key gets
+// more ids, and the checkpoint that follows writes only the part the new
+// ids are numbered into (which repeats some of the old ones): the next
+// restore holds every id once.
+func TestRestoreWholeBucketThenParts(t *testing.T) {
+	spec := fuzzSpec
+	spec.DedupWindow = 24 * time.Hour
+	spec.Windows = nil
+	p := mustCompile(t, spec)
+	now := int64(10 * time.Hour / time.Millisecond)
+	width := (24 * time.Hour / 16).Milliseconds()
+	b := now / width
+	var sb keyfoldv1.SeenBucket
+	for i := range 600 {
+		sb.Ids = append(sb.Ids, &keyfoldv1.SeenID{Id: fmt.Sprintf("old%d", i), AtMs: b*width + int64(i)})
+	}
+	data, err := proto.Marshal(&sb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := &partsStore{core: &keyfoldv1.KeyState{Seq: 600, NowMs: now, SeenBuckets: []int64{b}}, buckets: map[bucketPart][]byte{{b, 0}: data}}
+	s := ps.restore(t, p)
+	for i := range 10 {
+		p.Apply(&s, prepare(t, p, fmt.Sprintf(`{"user_id":"a","event_id":"new%d"}`, i)), now)
+	}
+	parts, err := p.SnapshotParts(&s, fold.RestoredVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wrote []int
+	for _, bp := range parts.Buckets {
+		wrote = append(wrote, bp.Part)
+	}
+	if !slices.Equal(wrote, []int{2}) { // ids numbered 512..609
+		t.Fatalf("wrote parts %v, want [2]", wrote)
+	}
+	ps.store(parts)
+	s.Persisted(parts.Version)
+	r := ps.restore(t, p)
+	if !reflect.DeepEqual(stateProto(p, &r), stateProto(p, &s)) {
+		t.Fatal("restored state differs")
+	}
+	if n := len(stateProto(p, &r).Seen); n != 610 {
+		t.Fatalf("%d ids restored, want 610", n)
+	}
+	for _, id := range []string{"old0", "old599", "new9"} {
+		if !p.Apply(&r, prepare(t, p, fmt.Sprintf(`{"user_id":"a","event_id":%q}`, id)), now) {
+			t.Errorf("%s not remembered", id)
+		}
 	}
 }

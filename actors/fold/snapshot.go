@@ -2,6 +2,7 @@ package fold
 
 import (
 	"fmt"
+	"slices"
 
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"google.golang.org/protobuf/proto"
@@ -179,13 +180,25 @@ func (p *Pipeline) stateFromCore(ks *keyfoldv1.KeyState) (State, error) {
 // parts as of this version are stored.
 const RestoredVersion = 1
 
+// loadNewIDs is loadIDs for ids some of which the state may hold already
+// (a bucket stored whole before it was stored in parts, and in parts
+// since), which it skips.
+func (p *Pipeline) loadNewIDs(s *State, ids []*keyfoldv1.SeenID) {
+	horizon := s.now - p.dedupWindow.Milliseconds()
+	for _, e := range ids {
+		if e.AtMs > horizon && !s.ids.has(e.Id) {
+			s.ids.add(e.Id, e.AtMs, p.bucketWidth())
+		}
+	}
+}
+
 // loadIDs adds stored ids (oldest first) to a restored state, skipping those
 // that have expired by the state's clock.
 func (p *Pipeline) loadIDs(s *State, ids []*keyfoldv1.SeenID) {
 	horizon := s.now - p.dedupWindow.Milliseconds()
 	for _, e := range ids {
 		if e.AtMs > horizon {
-			s.ids.add(e.Id, e.AtMs, p.bucketWidth(), RestoredVersion)
+			s.ids.add(e.Id, e.AtMs, p.bucketWidth())
 		}
 	}
 }
@@ -220,9 +233,11 @@ func (parts *Parts) CoreState() (*keyfoldv1.KeyState, error) {
 	return &ks, nil
 }
 
-// BucketPart is one stored id bucket (an encoded keyfold.v1.SeenBucket).
+// BucketPart is one stored part of an id bucket (an encoded
+// keyfold.v1.SeenBucket).
 type BucketPart struct {
 	Bucket int64
+	Part   int
 	Data   []byte
 }
 
@@ -245,8 +260,12 @@ func (p *Pipeline) SnapshotPartsAppend(s *State, since uint64, dst []byte) (Part
 			return Parts{}, err
 		}
 		if s.ids.spilled {
+			multi := s.ids.multipart()
 			for _, bi := range s.ids.buckets { // in bucket order
 				parts.Core.SeenBuckets = append(parts.Core.SeenBuckets, bi.bucket)
+				if multi {
+					parts.Core.SeenBucketParts = append(parts.Core.SeenBucketParts, uint32(partsOf(bi.added)))
+				}
 			}
 		} else {
 			parts.Core.Seen = seenProto(s.ids.order)
@@ -255,36 +274,48 @@ func (p *Pipeline) SnapshotPartsAppend(s *State, since uint64, dst []byte) (Part
 		return Parts{}, err
 	}
 	for _, g := range s.ids.gone {
-		if g.version > since {
-			if _, back := s.ids.find(g.bucket); !back || !s.ids.spilled {
-				parts.Buckets = append(parts.Buckets, BucketPart{Bucket: g.bucket})
-			}
+		if g.version <= since {
+			continue
+		}
+		from := 0 // its stored parts go
+		if i, back := s.ids.find(g.bucket); back && s.ids.spilled {
+			// It holds ids again (a restore's new layout): they are
+			// written whole below; only the parts beyond them go.
+			from = partsOf(s.ids.buckets[i].added)
+		}
+		for part := from; part < g.parts; part++ {
+			parts.Buckets = append(parts.Buckets, BucketPart{Bucket: g.bucket, Part: part})
 		}
 	}
 	if !s.ids.spilled {
 		return parts, nil // the ids are inline
 	}
-	// Ids are added in time order, so the buckets changed since are the
-	// newest ones: walk back from the newest id to the first unchanged
-	// bucket. The cost is that of what changed, not of the whole window.
-	// A bucket's ids are contiguous in the order, so the walk stops at a
-	// bucket's edge, and the changed buckets are runs of what follows.
-	w := p.bucketWidth()
-	first := len(s.ids.order)
-	for first > 0 {
-		i, ok := s.ids.find(s.ids.order[first-1].at / w)
-		if !ok || s.ids.buckets[i].changed <= since {
-			break
+	// A bucket's ids are a run of the order (ids are added in time order),
+	// its buckets' runs in bucket order. Of a bucket with ids its stored
+	// parts lack, the parts from the one its stored ids end in are
+	// written: the cost is that of what changed, not of the whole window,
+	// nor of the bucket's fill.
+	off := 0
+	for i := range s.ids.buckets {
+		bi := &s.ids.buckets[i]
+		run := s.ids.order[off : off+bi.count]
+		off += bi.count
+		if !bi.changed() {
+			continue
 		}
-		first--
-	}
-	for i := first; i < len(s.ids.order); {
-		bk := s.ids.order[i].at / w
-		var data []byte
-		for ; i < len(s.ids.order) && s.ids.order[i].at/w == bk; i++ {
-			data = appendSeenID(data, sbIDs, s.ids.order[i])
+		first := bi.added - bi.count // the number of run[0]
+		for part := bi.saved / partIDs; part < partsOf(bi.added); part++ {
+			lo, hi := max(part*partIDs, first)-first, min((part+1)*partIDs, bi.added)-first
+			var data []byte // nil (deleted) if all its ids expired
+			for j := lo; j < hi; j++ {
+				data = appendSeenID(data, sbIDs, run[j])
+			}
+			parts.Buckets = append(parts.Buckets, BucketPart{Bucket: bi.bucket, Part: part, Data: data})
 		}
-		parts.Buckets = append(parts.Buckets, BucketPart{Bucket: bk, Data: data})
+		if len(bi.marks) == maxMarks {
+			bi.marks = slices.Delete(bi.marks, 0, 1)
+		}
+		bi.marks = append(bi.marks, partMark{version: s.version, added: bi.added})
 	}
 	return parts, nil
 }
@@ -293,8 +324,9 @@ func (p *Pipeline) SnapshotPartsAppend(s *State, since uint64, dst []byte) (Part
 func (s *State) Persisted(version uint64) { s.ids.persisted(version) }
 
 // RestoreParts rebuilds a key's state from its stored core and, through
-// load, the id buckets the core lists.
-func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64) ([]byte, error)) (State, error) {
+// load, the parts of the id buckets the core lists. load returns a part's
+// data, or nil if it is not stored.
+func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64, part int) ([]byte, error)) (State, error) {
 	if core == nil {
 		return State{}, nil
 	}
@@ -308,35 +340,60 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 	// and every id sits in the bucket this pipeline's width puts it in.
 	w := p.bucketWidth()
 	rewrite := len(core.Seen) > 0 && len(core.SeenBuckets) > 0
-	for _, b := range core.SeenBuckets {
-		data, err := load(b)
-		if err != nil {
-			return State{}, fmt.Errorf("fold: load id bucket %d: %w", b, err)
+	stored := make([]int, len(core.SeenBuckets)) // each bucket's parts
+	added := make(map[int64]int, len(core.SeenBuckets))
+	for bi, b := range core.SeenBuckets {
+		stored[bi] = 1
+		if bi < len(core.SeenBucketParts) && core.SeenBucketParts[bi] > 1 {
+			stored[bi] = int(core.SeenBucketParts[bi])
 		}
-		var sb keyfoldv1.SeenBucket
-		if err := proto.Unmarshal(data, &sb); err != nil {
-			return State{}, fmt.Errorf("fold: decode id bucket %d: %w", b, err)
-		}
-		for _, e := range sb.Ids {
-			if e.AtMs/w != b {
-				rewrite = true
+		for part := range stored[bi] {
+			data, err := load(b, part)
+			if err != nil {
+				return State{}, fmt.Errorf("fold: load id bucket %d part %d: %w", b, part, err)
 			}
+			if data == nil {
+				if part == 0 {
+					return State{}, fmt.Errorf("fold: id bucket %d is missing", b)
+				}
+				continue // its ids expired before it was written
+			}
+			var sb keyfoldv1.SeenBucket
+			if err := proto.Unmarshal(data, &sb); err != nil {
+				return State{}, fmt.Errorf("fold: decode id bucket %d part %d: %w", b, part, err)
+			}
+			for _, e := range sb.Ids {
+				if e.AtMs/w != b {
+					rewrite = true
+				}
+			}
+			p.loadNewIDs(&s, sb.Ids)
+			added[b] = max(added[b], part*partIDs+len(sb.Ids))
 		}
-		p.loadIDs(&s, sb.Ids)
 	}
 	// (Loading spilled the ids if there are more than inlineIDs: idSet.add.)
 	if s.ids.spilled == (len(core.SeenBuckets) == 0) {
 		rewrite = true // inline ids too many now, or buckets that can go inline
 	}
 	if rewrite {
-		// Nothing of the new layout is stored: mark every bucket changed
-		// after RestoredVersion, and the old ones for deletion.
+		// Nothing of the new layout is stored: every bucket is written
+		// after RestoredVersion, and the old ones deleted.
 		s.version = RestoredVersion + 1
-		for i := range s.ids.buckets {
-			s.ids.buckets[i].changed = s.version
+		for bi, b := range core.SeenBuckets {
+			s.ids.gone = append(s.ids.gone, goneBucket{bucket: b, version: s.version, parts: max(stored[bi], partsOf(added[b]))})
 		}
-		for _, b := range core.SeenBuckets {
-			s.ids.gone = append(s.ids.gone, goneBucket{bucket: b, version: s.version})
+		return s, nil
+	}
+	// The ids continue each bucket's numbering, from what its parts hold.
+	for i := range s.ids.buckets {
+		bi := &s.ids.buckets[i]
+		bi.added = max(added[bi.bucket], bi.count)
+		bi.saved = bi.added
+	}
+	for bi, b := range core.SeenBuckets {
+		if _, ok := s.ids.find(b); !ok { // every id of it expired: it goes
+			s.version = max(s.version, RestoredVersion+1)
+			s.ids.gone = append(s.ids.gone, goneBucket{bucket: b, version: s.version, parts: max(stored[bi], partsOf(added[b]))})
 		}
 	}
 	return s, nil

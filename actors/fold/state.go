@@ -155,7 +155,7 @@ func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
 			s.dups++
 			return true
 		}
-		s.ids.add(ev.ID, s.now, p.bucketWidth(), s.version)
+		s.ids.add(ev.ID, s.now, p.bucketWidth())
 	}
 	if len(s.aggs) < len(p.aggs) {
 		s.aggs = append(s.aggs, make([]aggState, len(p.aggs)-len(s.aggs))...)
@@ -354,7 +354,7 @@ func Erase(s *State) {
 	gone := s.ids.gone
 	if s.ids.spilled { // inline ids go with the core
 		for _, bi := range s.ids.buckets {
-			gone = append(gone, goneBucket{bucket: bi.bucket, version: s.version})
+			gone = append(gone, goneBucket{bucket: bi.bucket, version: s.version, parts: partsOf(bi.added)})
 		}
 	}
 	// Windows that emitted and are still within allowed lateness stay,

@@ -460,6 +460,14 @@ type KeyState struct {
 	// hold the ids, each stored as a SeenBucket next to the key's snapshot.
 	// A bucket may still hold ids that have expired since it was written.
 	SeenBuckets []int64 `protobuf:"varint,5,rep,packed,name=seen_buckets,json=seenBuckets,proto3" json:"seen_buckets,omitempty"`
+	// How many parts each bucket of seen_buckets is stored in (in its
+	// order; absent, or 0 or 1: one). A bucket's ids are numbered as they
+	// are added, and part k holds those numbered from k*256 (part 0 is
+	// stored under the bucket's own name): a checkpoint rewrites only the
+	// parts that changed, not a bucket's whole fill. A part may be missing
+	// (its ids all expired before it was written), and an id may be in two
+	// parts (a bucket stored whole before parts existed, as part 0).
+	SeenBucketParts []uint32 `protobuf:"varint,15,rep,packed,name=seen_bucket_parts,json=seenBucketParts,proto3" json:"seen_bucket_parts,omitempty"`
 	// Events skipped because their id was already applied.
 	Duplicates uint64 `protobuf:"varint,6,opt,name=duplicates,proto3" json:"duplicates,omitempty"`
 	// The key's watermark: the largest pipeline watermark it advanced to.
@@ -550,6 +558,13 @@ func (x *KeyState) GetSeen() []*SeenID {
 func (x *KeyState) GetSeenBuckets() []int64 {
 	if x != nil {
 		return x.SeenBuckets
+	}
+	return nil
+}
+
+func (x *KeyState) GetSeenBucketParts() []uint32 {
+	if x != nil {
+		return x.SeenBucketParts
 	}
 	return nil
 }
@@ -1782,7 +1797,7 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
 	"\bposition\x18\x03 \x01(\x04R\bposition\x12*\n" +
-	"\x05state\x18\x04 \x01(\v2\x14.keyfold.v1.KeyStateR\x05state\"\xc8\x04\n" +
+	"\x05state\x18\x04 \x01(\v2\x14.keyfold.v1.KeyStateR\x05state\"\xf4\x04\n" +
 	"\bKeyState\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\x12:\n" +
@@ -1790,7 +1805,8 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"aggregates\x18\x03 \x03(\v2\x1a.keyfold.v1.AggregateStateR\n" +
 	"aggregates\x12&\n" +
 	"\x04seen\x18\x04 \x03(\v2\x12.keyfold.v1.SeenIDR\x04seen\x12!\n" +
-	"\fseen_buckets\x18\x05 \x03(\x03R\vseenBuckets\x12\x1e\n" +
+	"\fseen_buckets\x18\x05 \x03(\x03R\vseenBuckets\x12*\n" +
+	"\x11seen_bucket_parts\x18\x0f \x03(\rR\x0fseenBucketParts\x12\x1e\n" +
 	"\n" +
 	"duplicates\x18\x06 \x01(\x04R\n" +
 	"duplicates\x12!\n" +
