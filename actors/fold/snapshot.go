@@ -244,7 +244,10 @@ type BucketPart struct {
 // SnapshotParts returns what to store to bring a key's stored snapshot up to
 // date, given that its parts as of version since are stored already: 0 when
 // nothing is (a new key), RestoredVersion for a key just restored, else the
-// Version of the last Parts stored.
+// Version of the last Parts stored. The state itself knows which parts of
+// its id buckets are stored (from Persisted, and from the restore it came
+// from), so since must be what the state was last told: a state restored
+// from one store and snapshotted for another is not written whole.
 func (p *Pipeline) SnapshotParts(s *State, since uint64) (Parts, error) {
 	return p.SnapshotPartsAppend(s, since, nil)
 }
@@ -304,7 +307,9 @@ func (p *Pipeline) SnapshotPartsAppend(s *State, since uint64, dst []byte) (Part
 			continue
 		}
 		first := bi.added - bi.count // the number of run[0]
-		for part := bi.saved / partIDs; part < partsOf(bi.added); part++ {
+		// (Parts holding only ids that expired are not written: what they
+		// hold in the store, if anything, is dropped again at load.)
+		for part := max(bi.saved, first) / partIDs; part < partsOf(bi.added); part++ {
 			lo, hi := max(part*partIDs, first)-first, min((part+1)*partIDs, bi.added)-first
 			var data []byte // nil (deleted) if all its ids expired
 			for j := lo; j < hi; j++ {
@@ -353,10 +358,10 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 				return State{}, fmt.Errorf("fold: load id bucket %d part %d: %w", b, part, err)
 			}
 			if data == nil {
-				if part == 0 {
-					return State{}, fmt.Errorf("fold: id bucket %d is missing", b)
+				if part == stored[bi]-1 { // the last part holds the newest id: always written
+					return State{}, fmt.Errorf("fold: id bucket %d part %d is missing", b, part)
 				}
-				continue // its ids expired before it was written
+				continue // its ids had all expired when the ones after it were written
 			}
 			var sb keyfoldv1.SeenBucket
 			if err := proto.Unmarshal(data, &sb); err != nil {
