@@ -63,11 +63,7 @@ func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string
 		snaps[i] = &snap
 		st := snap.GetState()
 		for bi, b := range st.GetSeenBuckets() {
-			parts := 1
-			if bi < len(st.GetSeenBucketParts()) {
-				parts = max(int(st.SeenBucketParts[bi]), 1)
-			}
-			for part := range parts {
+			for part := range fold.StoredParts(st, bi) {
 				bucketNames = append(bucketNames, ids[i].bucketKey(b, part))
 			}
 		}

@@ -219,7 +219,7 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 				h.holdLocked(k)
 				parked = append(parked, k)
 			default: // active or stopping
-				h.sendLocked(k.id, g, &snapshotMsg{reply: replies})
+				h.deliverLocked(k, &snapshotMsg{reply: replies})
 				asked++
 			}
 		}

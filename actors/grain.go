@@ -50,7 +50,6 @@ type snapshotMsg struct{ reply chan snapshotReply }
 
 type snapshotReply struct {
 	g   *grain
-	id  keyID
 	pos persistence.Position
 	// core and buckets are the store entries to write: the key's snapshot
 	// (an encoded keyfold.v1.Snapshot, nil Data when the key holds no
@@ -355,7 +354,7 @@ func (g *grain) query() queryReply {
 }
 
 func (g *grain) snapshot() snapshotReply {
-	r := snapshotReply{g: g, id: g.id, pos: g.pos}
+	r := snapshotReply{g: g, pos: g.pos}
 	if g.broken != nil {
 		r.err = g.broken
 		return r

@@ -527,10 +527,11 @@ func (h *Host) Query(ctx context.Context, pipeline, key string) (KeyView, error)
 }
 
 // spawnLocked gives g, a key in the registry that is not active, an actor
-// (a shell, shell.go); h.mu must be held.
+// (a shell, shell.go), and makes it the most recently used; h.mu must be
+// held.
 func (h *Host) spawnLocked(g *grain) {
 	s := h.shellLocked(g)
-	g.tier, g.pid = tierActive, s.pid
+	g.tier, g.pid, g.lastUsed = tierActive, s.pid, time.Now().UnixNano()
 	h.lru.pushFront(g)
 	h.stats.activations.Add(1)
 	h.system.Root.Send(s.pid, &activateMsg{})
@@ -604,24 +605,33 @@ func (h *Host) sendLocked(id keyID, group uint32, msg any) *grain {
 // reading the store. h.mu must be held.
 func (h *Host) sendLoadedLocked(id keyID, group uint32, msg any, l *loaded) *grain {
 	g := h.lookupLocked(id, group)
-	switch {
-	case g == nil: // (a grain of a dropped incarnation still stopping is replaced)
+	if g == nil { // (a grain of a dropped incarnation still stopping is replaced)
 		g = h.newGrainLocked(id, group, l)
 		h.keys[id] = g
 		h.spawnLocked(g)
-	case g.tier == tierActive:
+		h.system.Root.Send(g.pid, msg)
+		return g
+	}
+	h.deliverLocked(g, msg)
+	return g
+}
+
+// deliverLocked sends msg to a key in memory (as lookupLocked finds it),
+// giving it an actor if it has none. h.mu must be held.
+func (h *Host) deliverLocked(g *grain, msg any) {
+	switch g.tier {
+	case tierActive:
 		h.lru.touch(g)
-	case g.tier == tierStopping:
+		g.lastUsed = time.Now().UnixNano()
+	case tierStopping:
 		// Its actor is passivating it: the message waits, and goes to a
 		// new actor around the same grain (resident.go).
 		g.stop.waiting = append(g.stop.waiting, msg)
-		return g
+		return
 	default: // parked
 		h.unparkLocked(g)
 		h.stats.unparked.Add(1)
 		h.spawnLocked(g)
 	}
-	g.lastUsed = time.Now().UnixNano()
 	h.system.Root.Send(g.pid, msg)
-	return g
 }

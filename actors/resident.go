@@ -2,7 +2,6 @@ package actors
 
 import (
 	"errors"
-	"time"
 	"unsafe"
 )
 
@@ -127,7 +126,6 @@ func (h *Host) parkLocked(g *grain) {
 			// The key has inputs (or a call) again: a new actor around the
 			// same grain takes them and what follows.
 			h.spawnLocked(g)
-			g.lastUsed = time.Now().UnixNano()
 			for _, m := range st.waiting[i:] {
 				h.system.Root.Send(g.pid, m)
 			}

@@ -180,24 +180,14 @@ func (p *Pipeline) stateFromCore(ks *keyfoldv1.KeyState) (State, error) {
 // parts as of this version are stored.
 const RestoredVersion = 1
 
-// loadNewIDs is loadIDs for ids some of which the state may hold already
-// (a bucket stored whole before it was stored in parts, and in parts
-// since), which it skips.
-func (p *Pipeline) loadNewIDs(s *State, ids []*keyfoldv1.SeenID) {
-	horizon := s.now - p.dedupWindow.Milliseconds()
-	for _, e := range ids {
-		if e.AtMs > horizon && !s.ids.has(e.Id) {
-			s.ids.add(e.Id, e.AtMs, p.bucketWidth())
-		}
-	}
-}
-
 // loadIDs adds stored ids (oldest first) to a restored state, skipping those
-// that have expired by the state's clock.
+// that have expired by the state's clock and those it holds already (a
+// bucket stored whole before buckets had parts shares ids with the part
+// written after it).
 func (p *Pipeline) loadIDs(s *State, ids []*keyfoldv1.SeenID) {
 	horizon := s.now - p.dedupWindow.Milliseconds()
 	for _, e := range ids {
-		if e.AtMs > horizon {
+		if e.AtMs > horizon && !s.ids.has(e.Id) {
 			s.ids.add(e.Id, e.AtMs, p.bucketWidth())
 		}
 	}
@@ -328,6 +318,15 @@ func (p *Pipeline) SnapshotPartsAppend(s *State, since uint64, dst []byte) (Part
 // Persisted records that the parts of version are stored.
 func (s *State) Persisted(version uint64) { s.ids.persisted(version) }
 
+// StoredParts returns how many parts the i-th id bucket a stored core lists
+// is stored in (KeyState.seen_bucket_parts; one if it does not say).
+func StoredParts(core *keyfoldv1.KeyState, i int) int {
+	if parts := core.GetSeenBucketParts(); i < len(parts) && parts[i] > 1 {
+		return int(parts[i])
+	}
+	return 1
+}
+
 // RestoreParts rebuilds a key's state from its stored core and, through
 // load, the parts of the id buckets the core lists. load returns a part's
 // data, or nil if it is not stored.
@@ -348,10 +347,7 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 	stored := make([]int, len(core.SeenBuckets)) // each bucket's parts
 	added := make(map[int64]int, len(core.SeenBuckets))
 	for bi, b := range core.SeenBuckets {
-		stored[bi] = 1
-		if bi < len(core.SeenBucketParts) && core.SeenBucketParts[bi] > 1 {
-			stored[bi] = int(core.SeenBucketParts[bi])
-		}
+		stored[bi] = StoredParts(core, bi)
 		for part := range stored[bi] {
 			data, err := load(b, part)
 			if err != nil {
@@ -372,7 +368,7 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 					rewrite = true
 				}
 			}
-			p.loadNewIDs(&s, sb.Ids)
+			p.loadIDs(&s, sb.Ids)
 			added[b] = max(added[b], part*partIDs+len(sb.Ids))
 		}
 	}
