@@ -41,10 +41,12 @@ type Event struct {
 
 // contribution is what one event adds to one aggregate.
 type contribution struct {
-	ok   bool    // the event contributes (field present, where matched)
-	num  float64 // sum, min, max, quantiles
-	last []byte  // last: the value as JSON
-	str  string  // distinct: the value, as keys and ids are named
+	ok  bool    // the event contributes (field present, where matched)
+	num float64 // sum, min, max, quantiles
+	// val is, of last, the value as JSON; of distinct, the value as keys
+	// and ids are named. (One field for both: every event of a batch has
+	// a contribution per aggregate, BENCHMARKS.md.)
+	val []byte
 }
 
 // Prepare decodes and validates one event, a JSON object. It returns a
@@ -222,7 +224,9 @@ func (a *aggregate) contribution(f *fields, env map[string]any, ref fieldRef) (c
 		if err != nil {
 			return c, &FieldError{Field: a.field, Reason: "distinct value " + err.Error()}
 		}
-		c.str = s
+		c.val = []byte(s)
+	case a.op == OpLast && plainString(raw):
+		c.val = append([]byte(nil), raw...) // as encoding/json renders it
 	case a.op == OpLast:
 		v, err := decodeValue(raw)
 		if err != nil {
@@ -232,7 +236,7 @@ func (a *aggregate) contribution(f *fields, env map[string]any, ref fieldRef) (c
 		if err != nil {           // cannot happen for decoded JSON
 			return c, &FieldError{Field: a.field, Reason: err.Error()}
 		}
-		c.last = b
+		c.val = b
 	}
 	c.ok = true
 	return c, nil
@@ -284,6 +288,21 @@ func scalarText(raw []byte, strict bool) (string, error) {
 		x = 0 // -0 and 0 name the same key
 	}
 	return strconv.FormatFloat(x, 'f', -1, 64), nil
+}
+
+// plainString reports whether raw is a JSON string of printable ASCII with
+// no escape and nothing encoding/json escapes (<, > and &): rendered again
+// by encoding/json it stays the same bytes, so it need not be decoded.
+func plainString(raw []byte) bool {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return false
+	}
+	for _, c := range raw[1 : len(raw)-1] {
+		if c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return false
+		}
+	}
+	return true
 }
 
 // eventTime reads an RFC 3339 string or a number of Unix milliseconds.

@@ -98,12 +98,9 @@ func (p *Pipeline) AppendPrepared(b []byte, ev *Event) []byte {
 		switch op := p.aggs[i].op; {
 		case op.numeric():
 			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(c.num))
-		case op == OpLast:
-			b = binary.AppendUvarint(b, uint64(len(c.last)))
-			b = append(b, c.last...)
-		case op == OpDistinct:
-			b = binary.AppendUvarint(b, uint64(len(c.str)))
-			b = append(b, c.str...)
+		case op == OpLast, op == OpDistinct:
+			b = binary.AppendUvarint(b, uint64(len(c.val)))
+			b = append(b, c.val...)
 		}
 	}
 	n := len(b) - start - 1
@@ -221,9 +218,9 @@ func (p *Pipeline) decodePrepared(ev *Event, raw []byte, key string, enc []byte,
 			if !json.Valid(v) {
 				return &FieldError{Field: p.aggs[i].field, Reason: "last value is not JSON"}
 			}
-			c.last = append([]byte(nil), v...) // kept by the state: not the message's
+			c.val = append([]byte(nil), v...) // kept by the state: not the message's
 		case op == OpDistinct:
-			c.str = string(d.bytes())
+			c.val = append([]byte(nil), d.bytes()...)
 		}
 	}
 	if d.err || len(d.b) > 0 {

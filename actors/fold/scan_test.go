@@ -136,3 +136,30 @@ func compareWithNormalized(t *testing.T, p *fold.Pipeline, raw []byte, ev *fold.
 		t.Fatalf("Prepare(%s): aggregates %v; normalized %s: %v", raw, ga, norm, gb)
 	}
 }
+
+// TestLastIsWhatEncodingJSONRenders: a last aggregate holds its value as
+// encoding/json renders it, whether or not the value takes the path that
+// copies a plain string as received.
+func TestLastIsWhatEncodingJSONRenders(t *testing.T) {
+	p := mustCompile(t, fold.Spec{Key: "k", Aggregates: map[string]fold.AggregateSpec{"v": {Op: "last", Field: "v"}}})
+	for _, v := range []string{
+		`"DE"`, `""`, `" spaced out ~ "`, `"a<b"`, `"a>b"`, `"a&b"`, `"\u0041"`, `"\/"`, `"tab\t"`,
+		`"é"`, "\"\u2028\"", `"\ud83d\ude00"`, `"q\"uote"`, `"back\\slash"`, `"\u007f"`,
+		`12`, `1.50`, `-0`, `1e3`, `true`, `[1, "x"]`, `{"a": "<"}`,
+	} {
+		ev, err := p.Prepare([]byte(`{"k": "a", "v": ` + v + `}`))
+		if err != nil {
+			t.Fatalf("%s: %v", v, err)
+		}
+		var s fold.State
+		p.Apply(&s, ev, 1000)
+		var decoded any
+		if err := json.Unmarshal([]byte(v), &decoded); err != nil {
+			t.Fatal(err)
+		}
+		want, _ := json.Marshal(decoded)
+		if got := p.Aggregates(&s)["v"]; !reflect.DeepEqual(got, json.RawMessage(want)) {
+			t.Errorf("last of %s = %s, want %s", v, got, want)
+		}
+	}
+}

@@ -203,12 +203,12 @@ func (a *aggState) add(op Op, c *contribution) {
 			a.num = c.num
 		}
 	case OpLast:
-		a.last = c.last
+		a.last = c.val
 	case OpDistinct:
 		if sk := a.sketch(); sk.hll == nil {
 			sk.hll = hyperloglog.New14()
 		}
-		a.hll.Insert([]byte(c.str))
+		a.hll.Insert(c.val)
 	case OpQuantiles:
 		if sk := a.sketch(); sk.dd == nil {
 			sk.dd = newDDSketch()
