@@ -150,3 +150,29 @@ func TestOverlappingCheckpointsOfAGroupKeepTheNewer(t *testing.T) {
 		t.Fatalf("after the overlapping checkpoints: seq %d sum %v, want 2 events of sum 11", v.Seq, v.Aggregates["sum"])
 	}
 }
+
+// A nudge of the checkpoint loop checkpoints only if a checkpoint is still
+// due when the loop takes it: commits nudge it while a checkpoint runs
+// (their group is above the position that checkpoint is about to store),
+// and acting on those nudges once it ended wrote a second checkpoint of
+// whatever changed meanwhile.
+func TestCheckpointNudgeThatIsNoLongerDue(t *testing.T) {
+	cfg := actors.Config{Groups: 1, IdleTimeout: time.Hour, CheckpointInterval: time.Hour,
+		CheckpointBytes: 1 << 30, CheckpointRecords: 3}
+	hs := start(t, openStore(t, t.TempDir()), cfg)
+	ingest := func(i int) {
+		t.Helper()
+		if _, err := hs.host.Ingest(context.Background(), "p", [][]byte{event("k", fmt.Sprintf("e%d", i), i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ingest(1) // one record above the checkpoint: none due
+	actors.NudgeCheckpoint(hs.host)
+	time.Sleep(300 * time.Millisecond)
+	if st := hs.host.Stats(); st.DirtyKeys != 1 || st.Checkpoints != 0 {
+		t.Fatalf("after a nudge with no checkpoint due: %d dirty keys, %d group checkpoints; want 1, 0", st.DirtyKeys, st.Checkpoints)
+	}
+	ingest(2)
+	ingest(3) // three records: due, and the commit nudges
+	eventually(t, "the due checkpoint", func() bool { return hs.host.Stats().DirtyKeys == 0 })
+}

@@ -22,3 +22,6 @@ func SetMaxIdleActors(h *Host, n int) {
 	defer h.mu.Unlock()
 	h.maxShells = n
 }
+
+// NudgeCheckpoint nudges the checkpoint loop as a commit does.
+func NudgeCheckpoint(h *Host) { h.nudgeCheckpoint() }

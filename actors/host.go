@@ -263,6 +263,9 @@ loop:
 			break loop
 		case <-ticker.C:
 		case <-h.checkpointNow:
+			if !h.checkpointDue() {
+				continue // nudged during the last one, which covered it
+			}
 		}
 		if err := h.checkpoint(ctx); err != nil && ctx.Err() == nil {
 			// The changed keys stay dirty and are retried at the next
