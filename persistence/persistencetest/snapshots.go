@@ -2,6 +2,7 @@ package persistencetest
 
 import (
 	"bytes"
+	"fmt"
 
 	"github.com/keyfold/keyfold/persistence"
 )
@@ -119,5 +120,45 @@ func testGetMany(e *env) {
 	}
 	if got, err := e.s.GetMany(e.ctx, 1, nil); err != nil || len(got) != 0 {
 		e.t.Errorf("GetMany of no keys = %v, %v", got, err)
+	}
+}
+
+// A checkpoint of thousands of snapshots (as at a million keys) writes
+// every one, deletes those given nil Data, and of a key given twice keeps
+// the later.
+func testManySnapshots(e *env) {
+	ep := e.claim(1).Epoch
+	const n = 2345
+	keys := make([]string, n)
+	var first []persistence.Snapshot
+	for i := range keys {
+		keys[i] = fmt.Sprintf("key-%d", i)
+		first = append(first, snap(keys[i], fmt.Sprintf("v%d", i)))
+	}
+	first = append(first, snap(keys[1500], "later")) // past a thousand: a later one of the same key
+	e.put(1, ep, first...)
+	var second []persistence.Snapshot
+	for i := 0; i < n; i += 3 {
+		second = append(second, persistence.Snapshot{Key: keys[i]})
+	}
+	second = append(second, snap(keys[1], "changed"))
+	e.put(1, ep, second...)
+	got, err := e.s.GetMany(e.ctx, 1, keys)
+	if err != nil {
+		e.t.Fatalf("GetMany: %v", err)
+	}
+	for i, g := range got {
+		want := fmt.Sprintf("v%d", i)
+		switch {
+		case i%3 == 0:
+			want = ""
+		case i == 1:
+			want = "changed"
+		case i == 1500:
+			want = "later"
+		}
+		if (want == "") != (g == nil) || string(g) != want {
+			e.t.Fatalf("snapshot %s = %q, want %q (nil: deleted)", keys[i], g, want)
+		}
 	}
 }

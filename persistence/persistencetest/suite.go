@@ -44,6 +44,7 @@ var tests = []test{
 	{name: "CheckpointAtomic", run: testCheckpointAtomic},
 	{name: "Snapshots", run: testSnapshots},
 	{name: "SnapshotsCopyData", run: testSnapshotsCopyData},
+	{name: "ManySnapshotsInOneCheckpoint", run: testManySnapshots},
 	{name: "GetMany", run: testGetMany},
 	{name: "SnapshotsIsolatedByGroup", run: testSnapshotsIsolatedByGroup},
 	{name: "PutFenced", run: testPutFenced},
