@@ -117,8 +117,15 @@ func (p *Pipeline) UnpackState(data []byte) (State, error) {
 	default:
 		return State{}, fmt.Errorf("fold: packed state: unknown form %d", data[0])
 	}
+	// The state's variable parts share two allocations, whatever their
+	// number: the last values one byte slice, the ids one string. Every
+	// object a key holds is one more for each GC cycle to walk, and at a
+	// million keys that walk is what an event costs most beyond ten
+	// thousand keys (BENCHMARKS.md, session 15). (data is not kept: it is
+	// the snapshot cache's copy, and holds the ids' bytes once more.)
 	r := packedReader{b: data[1:]}
 	s := State{seq: r.uvarint(), dups: r.uvarint(), now: r.varint(), aggs: make([]aggState, len(p.aggs)), version: RestoredVersion}
+	var lasts []byte // the aggregates' last values, one after another
 	for i := range s.aggs {
 		a := &s.aggs[i]
 		if a.count = r.uvarint(); a.count == 0 {
@@ -126,7 +133,14 @@ func (p *Pipeline) UnpackState(data []byte) (State, error) {
 		}
 		a.num = r.number()
 		if n := r.uvarint(); n > 0 {
-			a.last = r.bytes(n)
+			a.last = r.bytes(n) // until moved into lasts below
+			lasts = append(lasts, a.last...)
+		}
+	}
+	for i := range s.aggs { // lasts is allocated: move them in
+		if a := &s.aggs[i]; len(a.last) > 0 {
+			n := len(a.last)
+			a.last, lasts = lasts[:n:n], lasts[n:]
 		}
 	}
 	n := r.uvarint()
@@ -134,11 +148,17 @@ func (p *Pipeline) UnpackState(data []byte) (State, error) {
 		return State{}, errors.New("fold: packed state: too many ids")
 	}
 	horizon := s.now - p.dedupWindow.Milliseconds()
+	ids := string(r.b) // the ids are substrings of it
+	if n <= inlineIDs { // as AppendPacked writes them: one allocation
+		s.ids.order = make([]seenID, 0, n)
+	}
 	for range n {
-		id := string(r.bytes(r.uvarint()))
+		l := r.uvarint()
+		from := len(ids) - len(r.b)
+		r.bytes(l)
 		at := s.now - r.varint()
 		if r.err == nil && at > horizon { // as loadIDs
-			s.ids.add(id, at, p.bucketWidth())
+			s.ids.add(ids[from:from+int(l)], at, p.bucketWidth())
 		}
 	}
 	if r.err == nil && len(r.b) > 0 {

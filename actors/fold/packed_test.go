@@ -144,6 +144,47 @@ func TestPackedStateIsSmall(t *testing.T) {
 	}
 }
 
+// TestUnpackedStateIsFewObjects: a state unpacked holds its last values
+// in one allocation and its ids in another, however many there are (each
+// object a key holds is walked by every GC cycle), and does not keep the
+// packed bytes (the cache's copy) alive through them.
+func TestUnpackedStateIsFewObjects(t *testing.T) {
+	p := mustCompile(t, foldtest.BenchSpec())
+	allocs := map[int]float64{}
+	for _, ids := range []int{1, 8} {
+		var s fold.State
+		for i := range ids {
+			p.Apply(&s, prepare(t, p, fmt.Sprintf(`{"user_id":"u1","event_id":"event-%d","type":"login_failed","amount":42,"geo":{"country":"DE"}}`, i)), 1764633600000+int64(i))
+		}
+		packed, err := p.AppendPacked(nil, &s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		allocs[ids] = testing.AllocsPerRun(100, func() {
+			if _, err := p.UnpackState(packed); err != nil {
+				t.Fatal(err)
+			}
+		})
+		st, err := p.UnpackState(packed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clear(packed) // the unpacked state must not share it
+		if got, want := p.Aggregates(&st), p.Aggregates(&s); !reflect.DeepEqual(got, want) {
+			t.Fatalf("after its packed bytes changed, the unpacked state reads %v, want %v", got, want)
+		}
+		for i := range ids {
+			ev := prepare(t, p, fmt.Sprintf(`{"user_id":"u1","event_id":"event-%d","amount":1}`, i))
+			if dup := p.Apply(&st, ev, 1764633600000+int64(ids)); !dup {
+				t.Fatalf("id event-%d lost after its packed bytes changed", i)
+			}
+		}
+	}
+	if allocs[8] != allocs[1] {
+		t.Fatalf("unpacking allocates %v times with 1 id, %v with 8: want the same", allocs[1], allocs[8])
+	}
+}
+
 // FuzzUnpackState: no input panics or allocates beyond its size; what
 // unpacks (to ids inline) packs again to bytes that unpack to the same
 // state.
