@@ -151,7 +151,7 @@ func (c *snapshotCache) stats() (entries, bytes int64) {
 }
 
 // decodeCached rebuilds a state cached by put: the log position it is as
-// of, then the state (which keeps parts of data).
+// of, then the state (which keeps nothing of data).
 func decodeCached(p *fold.Pipeline, data []byte) (fold.State, persistence.Position, error) {
 	pos, n := binary.Uvarint(data)
 	if n <= 0 {

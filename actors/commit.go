@@ -65,9 +65,11 @@ type keyBatch struct {
 // a keyBatch stays where it is (the grains are handed &kb.msg).
 type batchSlab struct{ next []keyBatch }
 
+const batchSlabSize = 256
+
 func (s *batchSlab) new(id keyID) *keyBatch {
 	if len(s.next) == cap(s.next) {
-		s.next = make([]keyBatch, 0, max(64, cap(s.next)))
+		s.next = make([]keyBatch, 0, batchSlabSize)
 	}
 	s.next = append(s.next, keyBatch{id: id})
 	return &s.next[len(s.next)-1]
@@ -98,8 +100,11 @@ func (h *Host) commit(reqs []*ingestReq) {
 		events += len(r.events) + len(r.fires)
 	}
 	batches := make(map[uint32]*groupBatch)
-	index := make(map[keyID]*keyBatch, events) // a key is in one group
-	slab := batchSlab{next: make([]keyBatch, 0, events)}
+	// Sized for the events, up to a slab: a commit of many events to a few
+	// keys needs no more, and a key slow to take its batch keeps only its
+	// slab's batches (and their events) in memory.
+	index := make(map[keyID]*keyBatch, min(events, batchSlabSize)) // a key is in one group
+	slab := batchSlab{next: make([]keyBatch, 0, min(events, batchSlabSize))}
 	groupOf := func(g uint32) *groupBatch {
 		gb := batches[g]
 		if gb == nil {

@@ -25,3 +25,6 @@ func SetMaxIdleActors(h *Host, n int) {
 
 // NudgeCheckpoint nudges the checkpoint loop as a commit does.
 func NudgeCheckpoint(h *Host) { h.nudgeCheckpoint() }
+
+// CheckpointNudged reports whether a nudge waits for the checkpoint loop.
+func CheckpointNudged(h *Host) bool { return len(h.checkpointNow) > 0 }

@@ -95,8 +95,7 @@ func appendPackedNumber(b []byte, f float64) []byte {
 
 // UnpackState decodes a state AppendPacked encoded with this pipeline, to
 // the state a snapshot of it restores (RestoreParts): at RestoredVersion,
-// its ids expired by its clock dropped. The state keeps parts of data
-// (the last values of aggregates): the caller must not change data after.
+// its ids expired by its clock dropped. The state keeps nothing of data.
 func (p *Pipeline) UnpackState(data []byte) (State, error) {
 	if len(data) == 0 {
 		return State{}, errors.New("fold: packed state: empty")
@@ -125,7 +124,7 @@ func (p *Pipeline) UnpackState(data []byte) (State, error) {
 	// the snapshot cache's copy, and holds the ids' bytes once more.)
 	r := packedReader{b: data[1:]}
 	s := State{seq: r.uvarint(), dups: r.uvarint(), now: r.varint(), aggs: make([]aggState, len(p.aggs)), version: RestoredVersion}
-	var lasts []byte // the aggregates' last values, one after another
+	total := 0 // of the last values
 	for i := range s.aggs {
 		a := &s.aggs[i]
 		if a.count = r.uvarint(); a.count == 0 {
@@ -133,14 +132,17 @@ func (p *Pipeline) UnpackState(data []byte) (State, error) {
 		}
 		a.num = r.number()
 		if n := r.uvarint(); n > 0 {
-			a.last = r.bytes(n) // until moved into lasts below
-			lasts = append(lasts, a.last...)
+			a.last = r.bytes(n) // in data until moved below
+			total += len(a.last)
 		}
 	}
-	for i := range s.aggs { // lasts is allocated: move them in
-		if a := &s.aggs[i]; len(a.last) > 0 {
-			n := len(a.last)
-			a.last, lasts = lasts[:n:n], lasts[n:]
+	if total > 0 {
+		lasts := make([]byte, 0, total)
+		for i := range s.aggs {
+			if a := &s.aggs[i]; len(a.last) > 0 {
+				lasts = append(lasts, a.last...)
+				a.last = lasts[len(lasts)-len(a.last) : len(lasts) : len(lasts)]
+			}
 		}
 	}
 	n := r.uvarint()
