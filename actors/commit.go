@@ -298,7 +298,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 		gs.dispatched = pos
 		gs.appended += int64(len(entries[i].Data))
 		bytes += int64(len(entries[i].Data))
-		if pos-gs.checkpoint >= uint64(h.cfg.CheckpointRecords) {
+		if gs.unchecked() >= uint64(h.cfg.CheckpointRecords) {
 			h.nudgeCheckpoint()
 		}
 	}
@@ -478,11 +478,11 @@ func (h *Host) checkpointDue() bool {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if r := &h.resident; r.bytes > r.max && r.clean.n == 0 && r.dirty.n > 0 {
-		return true // evictLocked: only dirty keys are over the budget
+	if h.resident.needsCheckpoint() { // as evictLocked nudges
+		return true
 	}
-	for i := range h.groups {
-		if gs := &h.groups[i]; gs.ready && gs.dispatched > gs.checkpoint && gs.dispatched-gs.checkpoint >= uint64(h.cfg.CheckpointRecords) {
+	for i := range h.groups { // as commit nudges
+		if gs := &h.groups[i]; gs.ready && gs.unchecked() >= uint64(h.cfg.CheckpointRecords) {
 			return true
 		}
 	}

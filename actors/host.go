@@ -122,7 +122,7 @@ type groupState struct {
 	spoiled    error                // a key failed to activate during the take-over in progress
 	lastErr    error                // why the group was lost or its last take-over failed
 	checkpoint persistence.Position // checkpoint position in the store
-	dispatched persistence.Position // last record handed to the grains
+	dispatched persistence.Position // last record handed to the grains (see unchecked)
 	// appended counts the bytes of the records handed to the grains since
 	// the group's take-over (appended or replayed), covered those of them
 	// its checkpoint covers: appended-covered is its log above the
@@ -148,6 +148,15 @@ type groupState struct {
 	// from a take-over of a group that was never checkpointed until a key
 	// of the group leaves memory (resident.go).
 	complete bool
+}
+
+// unchecked is the number of records handed to the group's keys above its
+// checkpoint (CheckpointRecords bounds it).
+func (gs *groupState) unchecked() uint64 {
+	if gs.dispatched <= gs.checkpoint {
+		return 0
+	}
+	return gs.dispatched - gs.checkpoint
 }
 
 type ingestReq struct {

@@ -86,6 +86,10 @@ type resident struct {
 // n is the number of parked keys.
 func (r *resident) n() int { return r.clean.n + r.dirty.n }
 
+// needsCheckpoint reports whether the tier is over its budget with only
+// dirty keys left to go: none can leave memory until a checkpoint.
+func (r *resident) needsCheckpoint() bool { return r.bytes > r.max && r.clean.n == 0 && r.dirty.n > 0 }
+
 // list returns the list g is in (or goes to).
 func (r *resident) list(g *grain) *lru[grain, *grain] {
 	if g.rdirty {
@@ -184,7 +188,7 @@ func (h *Host) evictLocked() {
 	for r.bytes > r.max {
 		g := r.clean.tail
 		if g == nil {
-			if r.dirty.n > 0 {
+			if r.needsCheckpoint() {
 				h.nudgeCheckpoint()
 			}
 			return

@@ -150,7 +150,7 @@ func (p *Pipeline) UnpackState(data []byte) (State, error) {
 		return State{}, errors.New("fold: packed state: too many ids")
 	}
 	horizon := s.now - p.dedupWindow.Milliseconds()
-	ids := string(r.b) // the ids are substrings of it
+	ids := string(r.b)  // the ids are substrings of it
 	if n <= inlineIDs { // as AppendPacked writes them: one allocation
 		s.ids.order = make([]seenID, 0, n)
 	}
