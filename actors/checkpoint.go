@@ -316,9 +316,9 @@ func (h *Host) passivate() {
 // nothing of the key is sent to that actor after it: the key stops being
 // active, and forgets the actor, under h.mu (shell.go).
 func (h *Host) stopLocked(g *grain) {
-	pid := g.pid
+	s := g.sh
 	h.deactivateLocked(g)
 	h.holdLocked(g) // it parks once its actor is done with it (resident.go)
-	h.system.Root.Send(pid, &passivateMsg{})
+	s.send(&passivateMsg{})
 	h.stats.passivated.Add(1)
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"sync/atomic"
 
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/persistence"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
@@ -123,7 +122,7 @@ type grain struct {
 	// parked keys; whether and since which position it is dirty, and its
 	// place among its group's dirty keys.
 	tier     tier
-	pid      *actor.PID
+	sh       *shell
 	lastUsed int64 // unix nanos
 	order    links[*grain]
 	parkIdx  int32 // index+1 in groupState.parked; 0: not parked

@@ -76,11 +76,13 @@ type Host struct {
 	dispatcher *workerDispatcher // runs the grains' mailboxes
 	// props spawn every shell, the actors that run the grains (one Props
 	// for all: protoactor keeps a reference in each actor); spawning hands
-	// it the shell to produce. shells are the idle ones, under mu
-	// (shell.go).
-	props    *actor.Props
-	spawning atomic.Pointer[shell]
-	shells   []*shell
+	// it the shell to produce, and spawnedMailbox (under mu) hands the
+	// shell the mailbox protoactor made for it. shells are the idle ones,
+	// under mu (shell.go).
+	props          *actor.Props
+	spawning       atomic.Pointer[shell]
+	spawnedMailbox *grainMailbox
+	shells         []*shell
 	// maxShells bounds the idle shells (maxPooledShells; tests lower it);
 	// stopped is set once stopAll ran, after which none is kept.
 	maxShells int
@@ -216,7 +218,7 @@ func New(cfg Config) (*Host, error) {
 	// warnings, on our logger.
 	quiet := slog.New(levelFilter{h.log.Handler(), slog.LevelWarn})
 	h.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
-	h.props = actor.PropsFromProducer(h.produce, actor.WithDispatcher(h.dispatcher), actor.WithMailbox(newGrainMailbox))
+	h.props = actor.PropsFromProducer(h.produce, actor.WithDispatcher(h.dispatcher), actor.WithMailbox(h.newMailbox))
 	return h, nil
 }
 
@@ -322,7 +324,7 @@ func (h *Host) stopAll() {
 	h.mu.Lock()
 	for g := h.lru.head; g != nil; {
 		next := g.order.next
-		h.system.Root.Stop(g.pid)
+		h.system.Root.Stop(g.sh.pid)
 		h.deactivateLocked(g)
 		h.forgetLocked(g)
 		g = next
@@ -543,10 +545,10 @@ func (h *Host) Query(ctx context.Context, pipeline, key string) (KeyView, error)
 // held.
 func (h *Host) spawnLocked(g *grain) {
 	s := h.shellLocked(g)
-	g.tier, g.pid, g.lastUsed = tierActive, s.pid, time.Now().UnixNano()
+	g.tier, g.sh, g.lastUsed = tierActive, s, time.Now().UnixNano()
 	h.lru.pushFront(g)
 	h.stats.activations.Add(1)
-	h.system.Root.Send(s.pid, &activateMsg{})
+	s.send(&activateMsg{})
 }
 
 // sendRead sends a read of a key (a query, a read-only call) to its grain,
@@ -621,7 +623,7 @@ func (h *Host) sendLoadedLocked(id keyID, group uint32, msg any, l *loaded) *gra
 		g = h.newGrainLocked(id, group, l)
 		h.keys[id] = g
 		h.spawnLocked(g)
-		h.system.Root.Send(g.pid, msg)
+		g.sh.send(msg)
 		return g
 	}
 	h.deliverLocked(g, msg)
@@ -645,5 +647,5 @@ func (h *Host) deliverLocked(g *grain, msg any) {
 		h.stats.unparked.Add(1)
 		h.spawnLocked(g)
 	}
-	h.system.Root.Send(g.pid, msg)
+	g.sh.send(msg)
 }

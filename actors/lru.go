@@ -67,5 +67,5 @@ func (g *grain) links() *links[*grain] { return &g.order }
 // its actor (the caller tells the actor). h.mu must be held.
 func (h *Host) deactivateLocked(g *grain) {
 	h.lru.remove(g)
-	g.pid = nil
+	g.sh = nil
 }

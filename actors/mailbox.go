@@ -30,9 +30,6 @@ type grainMailbox struct {
 	dispatcher actor.Dispatcher
 }
 
-// newGrainMailbox is the grains' actor.MailboxProducer.
-func newGrainMailbox() actor.Mailbox { return &grainMailbox{} }
-
 func (m *grainMailbox) PostUserMessage(msg any) {
 	m.mu.Lock()
 	m.user.push(msg)

@@ -390,7 +390,7 @@ func (h *Host) dropGroupsLocked(groups map[uint32]bool) {
 	for k := h.lru.head; k != nil; {
 		next := k.order.next
 		if groups[k.group] {
-			h.system.Root.Send(k.pid, &passivateMsg{})
+			k.sh.send(&passivateMsg{})
 			h.deactivateLocked(k)
 			h.forgetLocked(k)
 		}

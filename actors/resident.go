@@ -131,7 +131,7 @@ func (h *Host) parkLocked(g *grain) {
 			// same grain takes them and what follows.
 			h.spawnLocked(g)
 			for _, m := range st.waiting[i:] {
-				h.system.Root.Send(g.pid, m)
+				g.sh.send(m)
 			}
 			return
 		}

@@ -33,6 +33,13 @@ import (
 type shell struct {
 	h   *Host
 	pid *actor.PID
+	// mb is its mailbox. The host posts a key's messages there directly
+	// (send): what protoactor's Send does for a local actor without
+	// middleware, without the three objects it goes through to find the
+	// mailbox (the PID, its cached process, the process), a cache miss
+	// each when the keys outnumber the caches (PID.ref was 6% of the node's
+	// CPU at a million keys, BENCHMARKS.md session 16).
+	mb *grainMailbox
 	// g is the grain it runs: set by the host under h.mu while the shell is
 	// idle in the pool (or being spawned), read by the shell's actor; nil
 	// while in the pool.
@@ -100,8 +107,20 @@ func (h *Host) shellLocked(g *grain) *shell {
 	s := &shell{h: h, g: g}
 	h.spawning.Store(s)
 	s.pid = h.system.Root.Spawn(h.props)
+	s.mb, h.spawnedMailbox = h.spawnedMailbox, nil
 	h.stats.spawned.Add(1)
 	return s
+}
+
+// send posts msg to the shell's mailbox, as protoactor's Send would.
+func (s *shell) send(msg any) { s.mb.PostUserMessage(msg) }
+
+// newMailbox is the shells' actor.MailboxProducer; protoactor calls it
+// while spawning a shell (shellLocked, under h.mu), after produce.
+func (h *Host) newMailbox() actor.Mailbox {
+	m := &grainMailbox{}
+	h.spawnedMailbox = m
+	return m
 }
 
 // releaseShellLocked returns a shell whose grain was passivated to the
