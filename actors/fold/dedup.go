@@ -2,6 +2,8 @@ package fold
 
 import (
 	"cmp"
+	"encoding/binary"
+	"hash/maphash"
 	"slices"
 )
 
@@ -21,12 +23,30 @@ import (
 // and are dropped again when it is loaded, which gives back exactly the
 // same set.
 type idSet struct {
-	// order holds the ids, oldest first. A set of a few ids is searched
-	// there; beyond smallIDs, set indexes them too. (Most keys remember a
-	// few ids, and a Go map costs a few hundred bytes even for one entry:
-	// a key in memory is meant to take less than a KiB, BENCHMARKS.md.)
-	order []seenID
-	set   map[string]struct{}
+	// log holds the ids, oldest first, from head on: per id the zigzag
+	// varint of its time minus the previous id's (the first's from baseAt),
+	// the uvarint of its length, and its bytes. One allocation for every id
+	// of the key, about its length and three bytes each: a key in memory
+	// is meant to take less than a KiB, an id 32 B, and the collector walks
+	// one object per key instead of one per id (as strings, each id was an
+	// object of its own and 40 B, BENCHMARKS.md session 16). Expired ids
+	// stay before head until they are half the log (compact).
+	log    []byte
+	head   int32
+	n      int32 // the ids from head
+	baseAt int64 // the time of the id before head (deltas start there)
+	lastAt int64 // the time of the newest id
+	// index finds an id among more than smallIDs (a set of a few is
+	// searched in the log): an open-addressing table, by the id's hash,
+	// of its offset + 1 (0: empty) and, while offsets stay below
+	// narrowLimit, in the top 8 bits the hash's (so that a probe looks at
+	// the log only for a likely match); wide is set when the slots hold
+	// offsets alone. The offsets are the log's plus dropped, the bytes
+	// compaction dropped since the index was built, so that compaction
+	// leaves the index be. An expired id's slot (before head) stays until
+	// the table is rebuilt on growth, and probes go past it. used counts
+	// the slots not empty. (Behind a pointer: most keys have none.)
+	index *idIndex
 	// buckets are the buckets holding ids, by bucket number, once the ids
 	// spilled out of the core (none while they are inline). There are
 	// about 17 at most (a sixteenth of the window each), so a sorted slice
@@ -50,10 +70,25 @@ const smallIDs = 8
 // to buckets, of which it rewrites only those that changed.
 const inlineIDs = 8
 
+// seenID is an id and when it was applied, as snapshots store them.
 type seenID struct {
 	id string
 	at int64
 }
+
+type idIndex struct {
+	slots         []uint32
+	used, dropped int32
+	wide          bool
+}
+
+// narrowLimit is the log length from which index slots hold offsets alone
+// (16 MiB of ids, about a million; a variable for tests).
+var narrowLimit = 1<<24 - 1
+
+// idSeed seeds the ids' hashes (the index): per process, so that ids
+// chosen by a client cannot be made to collide.
+var idSeed = maphash.MakeSeed()
 
 // partIDs is the most ids one stored part of a bucket holds.
 const partIDs = 256
@@ -64,7 +99,13 @@ func partsOf(added int) int { return (added + partIDs - 1) / partIDs }
 
 type bucketInfo struct {
 	bucket int64
-	count  int // its ids in memory: the last count of those numbered
+	// Its ids are a run of the log (ids are added in time order): from
+	// the entry at start, whose time is a delta from startAt. Its last
+	// part's first id (numbered tailNum) is at tail, after tailAt, unless
+	// it expired: a checkpoint writes that part without reading the run.
+	start, tail     int32
+	startAt, tailAt int64
+	count           int // its ids in memory: the last count of those numbered
 	// added numbers the bucket's ids as they are added (id k is in part
 	// k/partIDs); saved is added as of the last snapshot stored, whose
 	// parts below saved/partIDs hold what they will hold; marks are added
@@ -103,19 +144,204 @@ type goneBucket struct {
 	parts   int    // the parts it may have stored
 }
 
-func (d *idSet) len() int { return len(d.order) }
+func (d *idSet) len() int { return int(d.n) }
 
 func (d *idSet) has(id string) bool {
-	if d.set != nil {
-		_, ok := d.set[id]
-		return ok
+	if x := d.index; x != nil {
+		h := maphash.String(idSeed, id)
+		mask := uint64(len(x.slots) - 1)
+		for i := h & mask; ; i = (i + 1) & mask {
+			v := x.slots[i]
+			if v == 0 {
+				return false
+			}
+			if !x.wide {
+				if v>>24 != uint32(h>>56) {
+					continue
+				}
+				v &= 1<<24 - 1
+			}
+			if off := int32(v-1) - x.dropped; off >= d.head && string(d.idAt(off)) == id {
+				return true
+			}
+		}
 	}
-	for i := range d.order {
-		if d.order[i].id == id {
+	for c := d.cursor(); c.more(); {
+		if e, _ := c.next(); string(e) == id {
 			return true
 		}
 	}
 	return false
+}
+
+// idCursor reads the ids in order, oldest first.
+type idCursor struct {
+	d   *idSet
+	off int
+	at  int64
+}
+
+func (d *idSet) cursor() idCursor { return idCursor{d, int(d.head), d.baseAt} }
+
+// runOf returns a cursor at the first id of bucket b's run.
+func (d *idSet) runOf(b *bucketInfo) idCursor { return idCursor{d, int(b.start), b.startAt} }
+
+// tailNum is the number of the first id of the bucket's last part.
+func (b *bucketInfo) tailNum() int { return (b.added - 1) / partIDs * partIDs }
+
+// partAt returns a cursor at the id numbered num of bucket b and how many
+// of its run's ids are before it: from the last part's start if num is
+// there, else through the run.
+func (d *idSet) partAt(b *bucketInfo, num int) (idCursor, int) {
+	first := b.added - b.count // the number of the run's first id
+	if t := b.tailNum(); num >= t && t >= first {
+		c := idCursor{d, int(b.tail), b.tailAt}
+		c.skip(num - t)
+		return c, num - first
+	}
+	c := d.runOf(b)
+	c.skip(num - first)
+	return c, num - first
+}
+
+// renumbered finds the start of a bucket's last part anew, after its ids
+// were numbered differently (a restore).
+func (d *idSet) renumbered(b *bucketInfo) {
+	first := b.added - b.count
+	c := d.runOf(b)
+	c.skip(max(b.tailNum()-first, 0))
+	b.tail, b.tailAt = int32(c.off), c.at
+}
+
+func (c *idCursor) more() bool { return c.off < len(c.d.log) }
+
+// next returns the next id (its bytes are the log's) and its time.
+func (c *idCursor) next() ([]byte, int64) {
+	b := c.d.log[c.off:]
+	delta, n := binary.Varint(b)
+	l, m := binary.Uvarint(b[n:])
+	id := b[n+m : n+m+int(l)]
+	c.off += n + m + int(l)
+	c.at += delta
+	return id, c.at
+}
+
+// skip passes over n ids.
+func (c *idCursor) skip(n int) {
+	for range n {
+		c.next()
+	}
+}
+
+// idAt returns the bytes of the id whose entry starts at off.
+func (d *idSet) idAt(off int32) []byte {
+	b := d.log[off:]
+	_, n := binary.Varint(b)
+	l, m := binary.Uvarint(b[n:])
+	return b[n+m : n+m+int(l)]
+}
+
+// add remembers id, applied at (ms), which the set does not hold. Ids are
+// mostly added in time order, but need not be.
+func (d *idSet) add(id string, at int64, width int64) { addID(d, id, at, width) }
+
+// addBytes is add for an id in bytes (copied).
+func (d *idSet) addBytes(id []byte, at int64, width int64) { addID(d, id, at, width) }
+
+func addID[T string | []byte](d *idSet, id T, at int64, width int64) {
+	if d.n == 0 {
+		d.log, d.head, d.index = d.log[:0], 0, nil
+		d.baseAt, d.lastAt = at, at
+	}
+	off, prevAt := len(d.log), d.lastAt
+	d.log = binary.AppendVarint(d.log, at-d.lastAt)
+	d.log = binary.AppendUvarint(d.log, uint64(len(id)))
+	d.log = append(d.log, id...)
+	d.lastAt = at
+	d.n++
+	switch {
+	case d.index != nil:
+		if x := d.index; 4*(x.used+1) > 3*int32(len(x.slots)) || int(x.dropped)+len(d.log) >= x.limit() {
+			d.reindex() // (which indexes the new id too)
+		} else {
+			d.insert(off)
+		}
+	case d.n > smallIDs:
+		d.reindex()
+	}
+	switch {
+	case d.spilled:
+		d.count(at/width, int32(off), prevAt)
+	case d.n > inlineIDs:
+		// Out of the core: none of the buckets is stored yet, so the next
+		// snapshot writes them all.
+		d.spilled = true
+		for c := d.cursor(); c.more(); {
+			off, prevAt := c.off, c.at
+			_, at := c.next()
+			d.count(at/width, int32(off), prevAt)
+		}
+	}
+}
+
+// insert indexes the id whose entry starts at off, in the first slot of
+// its probe that is empty or holds an expired id.
+func (d *idSet) insert(off int) {
+	h := maphash.Bytes(idSeed, d.idAt(int32(off)))
+	x := d.index
+	slot := uint32(off + int(x.dropped) + 1)
+	if !x.wide {
+		slot |= uint32(h>>56) << 24
+	}
+	mask := uint64(len(x.slots) - 1)
+	for i := h & mask; ; i = (i + 1) & mask {
+		v := x.slots[i]
+		if v == 0 {
+			x.used++
+		} else {
+			if !x.wide {
+				v &= 1<<24 - 1
+			}
+			if int32(v-1)-x.dropped >= d.head {
+				continue
+			}
+		}
+		x.slots[i] = slot
+		return
+	}
+}
+
+// limit is the offsets' bound in the index's slots.
+func (x *idIndex) limit() int {
+	if x.wide {
+		return 1<<31 - 2
+	}
+	return narrowLimit
+}
+
+// reindex builds the index anew, at most half full: expired ids' slots go.
+func (d *idSet) reindex() {
+	size := 16
+	for size < 2*int(d.n) {
+		size *= 2
+	}
+	x := d.index
+	if x == nil {
+		x = &idIndex{}
+		d.index = x
+	}
+	if cap(x.slots) >= size && cap(x.slots) <= 4*size {
+		x.slots = x.slots[:cap(x.slots)]
+		clear(x.slots)
+	} else {
+		x.slots = make([]uint32, size)
+	}
+	x.used, x.dropped, x.wide = 0, 0, len(d.log) >= narrowLimit
+	for c := d.cursor(); c.more(); {
+		off := c.off
+		c.next()
+		d.insert(off)
+	}
 }
 
 // find returns the index of bucket b in d.buckets, or where it would go.
@@ -127,66 +353,76 @@ func (d *idSet) find(b int64) (int, bool) {
 	return slices.BinarySearchFunc(d.buckets, b, func(bi bucketInfo, b int64) int { return cmp.Compare(bi.bucket, b) })
 }
 
-func (d *idSet) add(id string, at int64, width int64) {
-	d.order = append(d.order, seenID{id: id, at: at})
-	switch {
-	case d.set != nil:
-		d.set[id] = struct{}{}
-	case len(d.order) > smallIDs:
-		d.set = make(map[string]struct{}, 2*len(d.order))
-		for _, e := range d.order {
-			d.set[e.id] = struct{}{}
-		}
-	}
-	switch {
-	case d.spilled:
-		d.count(at / width)
-	case len(d.order) > inlineIDs:
-		// Out of the core: none of the buckets is stored yet, so the next
-		// snapshot writes them all.
-		d.spilled = true
-		for _, e := range d.order {
-			d.count(e.at / width)
-		}
-	}
-}
-
-// count adds an id to bucket b.
-func (d *idSet) count(b int64) {
+// count adds an id to bucket b: the one whose entry starts at off in the
+// log, after an id of time prevAt.
+func (d *idSet) count(b int64, off int32, prevAt int64) {
 	i, ok := d.find(b)
 	if !ok {
-		d.buckets = slices.Insert(d.buckets, i, bucketInfo{bucket: b})
+		d.buckets = slices.Insert(d.buckets, i, bucketInfo{bucket: b, start: off, startAt: prevAt})
+	}
+	if d.buckets[i].added%partIDs == 0 { // it starts a part
+		d.buckets[i].tail, d.buckets[i].tailAt = off, prevAt
 	}
 	d.buckets[i].count++
 	d.buckets[i].added++
 }
 
-// expire forgets the ids applied at or before horizon.
+// expire forgets the ids applied at or before horizon: those at the
+// front of the log (ids are added in time order; one applied out of order
+// waits for those before it).
 func (d *idSet) expire(horizon, width int64, version uint64) {
-	n := 0
-	for n < len(d.order) && d.order[n].at <= horizon {
-		e := d.order[n]
-		if d.set != nil {
-			delete(d.set, e.id)
+	n := int32(0)
+	for c := d.cursor(); c.more(); {
+		_, at := c.next()
+		if at > horizon {
+			break
 		}
-		if i, ok := d.find(e.at / width); ok && d.spilled {
+		i, ok := 0, len(d.buckets) > 0 && d.buckets[0].bucket == at/width // the oldest ids' bucket, nearly always
+		if !ok {
+			i, ok = d.find(at / width)
+		}
+		if ok && d.spilled {
 			if d.buckets[i].count--; d.buckets[i].count == 0 { // its stored copy must go
 				d.gone = append(d.gone, goneBucket{bucket: d.buckets[i].bucket, version: version, parts: partsOf(d.buckets[i].added)})
 				d.buckets = slices.Delete(d.buckets, i, i+1)
 			}
 		}
+		d.head, d.baseAt = int32(c.off), at
 		n++
 	}
-	if n > 0 {
-		d.order = d.order[n:]
-		if len(d.order) == 0 {
-			d.order, d.buckets = nil, nil // let the backing arrays go
-			d.spilled = false             // every stored bucket is gone
-		}
-		if len(d.order) <= smallIDs/2 {
-			d.set = nil // small again: searched in order
-		}
+	if n == 0 {
+		return
 	}
+	d.n -= n
+	if len(d.buckets) > 0 { // the first bucket's run starts at the oldest id left
+		d.buckets[0].start, d.buckets[0].startAt = d.head, d.baseAt
+	}
+	switch {
+	case d.n == 0:
+		d.log, d.head, d.index = nil, 0, nil // let the arrays go
+		d.buckets = nil
+		d.spilled = false // every stored bucket is gone
+	case 2*int(d.head) > len(d.log):
+		d.compact()
+	}
+	if d.n <= smallIDs/2 {
+		d.index = nil // small again: searched in the log
+	}
+}
+
+// compact moves the live ids to a log of their own (not in place: a copy
+// of the state may share the old one).
+func (d *idSet) compact() {
+	live := d.log[d.head:]
+	d.log = append(make([]byte, 0, len(live)+len(live)/4), live...)
+	for i := range d.buckets {
+		d.buckets[i].start -= d.head
+		d.buckets[i].tail -= d.head // (if it expired, no longer in the log)
+	}
+	if d.index != nil {
+		d.index.dropped += d.head
+	}
+	d.head = 0
 }
 
 // persisted records that the snapshot of version is stored: the buckets'

@@ -60,8 +60,8 @@ func (p *Pipeline) appendCore(b []byte, s *State) ([]byte, error) {
 		b = endMessage(b, mark)
 	}
 	if !s.ids.spilled {
-		for _, e := range s.ids.order {
-			b = appendSeenID(b, ksSeen, e)
+		for c := s.ids.cursor(); c.more(); {
+			b = appendSeenID(b, ksSeen, &c)
 		}
 	} else if len(s.ids.buckets) > 0 { // packed
 		b = protowire.AppendTag(b, ksSeenBuckets, protowire.BytesType)
@@ -87,13 +87,14 @@ func (p *Pipeline) appendCore(b []byte, s *State) ([]byte, error) {
 	return b, nil
 }
 
-// appendSeenID appends one id as field num: of a SeenBucket (sbIDs), or
-// of a KeyState holding its ids inline (ksSeen).
-func appendSeenID(b []byte, num protowire.Number, e seenID) []byte {
+// appendSeenID appends the cursor's next id as field num: of a SeenBucket
+// (sbIDs), or of a KeyState holding its ids inline (ksSeen).
+func appendSeenID(b []byte, num protowire.Number, c *idCursor) []byte {
+	id, at := c.next()
 	b = protowire.AppendTag(b, num, protowire.BytesType)
 	b, mark := beginMessage(b)
-	b = appendStringField(b, siID, e.id)
-	b = appendVarintField(b, siAt, uint64(e.at))
+	b = appendBytesField(b, siID, id)
+	b = appendVarintField(b, siAt, uint64(at))
 	return endMessage(b, mark)
 }
 

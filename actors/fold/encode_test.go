@@ -61,7 +61,7 @@ func TestDirectEncoding(t *testing.T) {
 				want.SeenBuckets = append(want.SeenBuckets, bi.bucket)
 			}
 		} else {
-			want.Seen = seenProto(s.ids.order)
+			want.Seen = seenProto(&s.ids)
 		}
 		wantData, err := marshal.Marshal(want)
 		if err != nil {
@@ -73,7 +73,7 @@ func TestDirectEncoding(t *testing.T) {
 		w := p.bucketWidth()
 		for _, b := range parts.Buckets {
 			var sb keyfoldv1.SeenBucket
-			for _, e := range s.ids.order {
+			for _, e := range s.ids.list() {
 				if e.at/w == b.Bucket {
 					sb.Ids = append(sb.Ids, &keyfoldv1.SeenID{Id: e.id, AtMs: e.at})
 				}

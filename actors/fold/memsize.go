@@ -67,15 +67,12 @@ func aggsSize(aggs []aggState) int {
 // once, by the index and the order alike), its place in the order and, in a
 // set large enough to have one, its index entry.
 func (d *idSet) memSize() int {
-	n := cap(d.buckets)*int(unsafe.Sizeof(bucketInfo{})) + cap(d.order)*int(unsafe.Sizeof(seenID{}))
+	n := cap(d.buckets)*int(unsafe.Sizeof(bucketInfo{})) + cap(d.log)
+	if d.index != nil {
+		n += int(unsafe.Sizeof(*d.index)) + 4*cap(d.index.slots)
+	}
 	for i := range d.buckets {
 		n += cap(d.buckets[i].marks) * int(unsafe.Sizeof(partMark{}))
-	}
-	if d.set != nil {
-		n += len(d.set) * mapEntryBytes
-	}
-	for _, e := range d.order {
-		n += len(e.id)
 	}
 	return n
 }

@@ -63,11 +63,12 @@ func (p *Pipeline) AppendPacked(dst []byte, s *State) ([]byte, error) {
 		dst = binary.AppendUvarint(dst, uint64(len(a.last)))
 		dst = append(dst, a.last...)
 	}
-	dst = binary.AppendUvarint(dst, uint64(len(s.ids.order)))
-	for _, e := range s.ids.order {
-		dst = binary.AppendUvarint(dst, uint64(len(e.id)))
-		dst = append(dst, e.id...)
-		dst = binary.AppendVarint(dst, s.now-e.at)
+	dst = binary.AppendUvarint(dst, uint64(s.ids.len()))
+	for c := s.ids.cursor(); c.more(); {
+		id, at := c.next()
+		dst = binary.AppendUvarint(dst, uint64(len(id)))
+		dst = append(dst, id...)
+		dst = binary.AppendVarint(dst, s.now-at)
 	}
 	return dst, nil
 }
@@ -150,17 +151,16 @@ func (p *Pipeline) UnpackState(data []byte) (State, error) {
 		return State{}, errors.New("fold: packed state: too many ids")
 	}
 	horizon := s.now - p.dedupWindow.Milliseconds()
-	ids := string(r.b)  // the ids are substrings of it
-	if n <= inlineIDs { // as AppendPacked writes them: one allocation
-		s.ids.order = make([]seenID, 0, n)
+	if n > 0 {
+		// One allocation for the ids: their log takes about what they
+		// take packed (the length, the bytes, a time).
+		s.ids.log = make([]byte, 0, len(r.b))
 	}
 	for range n {
-		l := r.uvarint()
-		from := len(ids) - len(r.b)
-		r.bytes(l)
+		id := r.bytes(r.uvarint())
 		at := s.now - r.varint()
 		if r.err == nil && at > horizon { // as loadIDs
-			s.ids.add(ids[from:from+int(l)], at, p.bucketWidth())
+			s.ids.addBytes(id, at, p.bucketWidth())
 		}
 	}
 	if r.err == nil && len(r.b) > 0 {

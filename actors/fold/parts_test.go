@@ -61,19 +61,30 @@ func TestSnapshotPartsRestoreExactly(t *testing.T) {
 	if raceDetector {
 		seeds = 6
 	}
+	// A gap of up to 60 ms between events fills a bucket with a few ids;
+	// up to 2 ms, with several parts of partIDs (a checkpoint writes its
+	// last part or two, read from where the last part starts).
 	for seed := range seeds {
+		gap, events, every := int64(60), 2000, 10
+		if seed%6 == 5 {
+			gap, events, every = 2, 8000, 50
+		}
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 1))
 			var s fold.State
 			ps := &partsStore{buckets: map[bucketPart][]byte{}}
 			stored := uint64(0)
 			now := int64(0)
-			for i := range 2000 {
-				now += rng.Int64N(60) // ms
+			multipart := false
+			for i := range events {
+				now += rng.Int64N(gap) // ms
 				id := fmt.Sprintf("e%d", rng.IntN(i+1))
+				if gap == 2 {
+					id = fmt.Sprintf("u%d", i) // unique: enough to fill parts
+				}
 				ev := prepare(t, p, fmt.Sprintf(`{"user_id":"a","event_id":%q,"amount":%d}`, id, rng.IntN(100)))
 				p.Apply(&s, ev, now)
-				if rng.IntN(10) != 0 {
+				if rng.IntN(every) != 0 {
 					continue
 				}
 				parts, err := p.SnapshotParts(&s, stored)
@@ -118,6 +129,10 @@ func TestSnapshotPartsRestoreExactly(t *testing.T) {
 				ps.store(parts)
 				s.Persisted(parts.Version)
 				stored = parts.Version
+				multipart = multipart || len(ps.core.GetSeenBucketParts()) > 0
+			}
+			if gap == 2 && !multipart {
+				t.Fatal("no bucket was stored in more than one part")
 			}
 		})
 	}

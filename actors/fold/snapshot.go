@@ -39,18 +39,19 @@ func (p *Pipeline) StateProto(s *State) (*keyfoldv1.KeyState, error) {
 	if err != nil {
 		return nil, err
 	}
-	ks.Seen = seenProto(s.ids.order)
+	ks.Seen = seenProto(&s.ids)
 	return ks, nil
 }
 
 // seenProto is the ids in their stored form, oldest first.
-func seenProto(order []seenID) []*keyfoldv1.SeenID {
-	if len(order) == 0 {
+func seenProto(d *idSet) []*keyfoldv1.SeenID {
+	if d.len() == 0 {
 		return nil
 	}
-	seen := make([]*keyfoldv1.SeenID, len(order))
-	for i, e := range order {
-		seen[i] = &keyfoldv1.SeenID{Id: e.id, AtMs: e.at}
+	seen := make([]*keyfoldv1.SeenID, 0, d.len())
+	for c := d.cursor(); c.more(); {
+		id, at := c.next()
+		seen = append(seen, &keyfoldv1.SeenID{Id: string(id), AtMs: at})
 	}
 	return seen
 }
@@ -261,7 +262,7 @@ func (p *Pipeline) SnapshotPartsAppend(s *State, since uint64, dst []byte) (Part
 				}
 			}
 		} else {
-			parts.Core.Seen = seenProto(s.ids.order)
+			parts.Core.Seen = seenProto(&s.ids)
 		}
 	} else if parts.CoreData, err = p.appendCore(dst, s); err != nil {
 		return Parts{}, err
@@ -283,27 +284,27 @@ func (p *Pipeline) SnapshotPartsAppend(s *State, since uint64, dst []byte) (Part
 	if !s.ids.spilled {
 		return parts, nil // the ids are inline
 	}
-	// A bucket's ids are a run of the order (ids are added in time order),
+	// A bucket's ids are a run of the log (ids are added in time order),
 	// its buckets' runs in bucket order. Of a bucket with ids its stored
 	// parts lack, the parts from the one its stored ids end in are
 	// written: the cost is that of what changed, not of the whole window,
 	// nor of the bucket's fill.
-	off := 0
 	for i := range s.ids.buckets {
 		bi := &s.ids.buckets[i]
-		run := s.ids.order[off : off+bi.count]
-		off += bi.count
 		if !bi.changed() {
 			continue
 		}
-		first := bi.added - bi.count // the number of run[0]
+		first := bi.added - bi.count // the number of the run's first id
 		// (Parts holding only ids that expired are not written: what they
 		// hold in the store, if anything, is dropped again at load.)
-		for part := max(bi.saved, first) / partIDs; part < partsOf(bi.added); part++ {
+		from := max(bi.saved, first) / partIDs
+		c, j := s.ids.partAt(bi, max(from*partIDs, first)) // j: the run's ids before c
+		for part := from; part < partsOf(bi.added); part++ {
 			lo, hi := max(part*partIDs, first)-first, min((part+1)*partIDs, bi.added)-first
+			c.skip(lo - j)
 			var data []byte // nil (deleted) if all its ids expired
-			for j := lo; j < hi; j++ {
-				data = appendSeenID(data, sbIDs, run[j])
+			for j = lo; j < hi; j++ {
+				data = appendSeenID(data, sbIDs, &c)
 			}
 			parts.Buckets = append(parts.Buckets, BucketPart{Bucket: bi.bucket, Part: part, Data: data})
 		}
@@ -390,6 +391,7 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 		bi := &s.ids.buckets[i]
 		bi.added = max(added[bi.bucket], bi.count)
 		bi.saved = bi.added
+		s.ids.renumbered(bi)
 	}
 	for bi, b := range core.SeenBuckets {
 		if _, ok := s.ids.find(b); !ok { // every id of it expired: it goes

@@ -1,0 +1,5 @@
+//go:build race
+
+package fold
+
+const raceBuild = true
