@@ -23,6 +23,8 @@
 #   (keyfold bench --rate), to read the ack latency at a given load
 #   TARGETS="naive redis embedded": the targets to run (a subset skips the
 #   others' preloads, which take minutes each at 10M keys)
+#   REDIS_ARGS="...": more redis-server options (for instance
+#   "--auto-aof-rewrite-percentage 0" to see what AOF rewrites cost)
 # Prints one JSON line per measurement to $OUT (default: a temp file) and a
 # table of medians with the ratios to naive. Everything it starts is stopped
 # by PID when it exits.
@@ -55,8 +57,9 @@ kf=$work/keyfold
 nodebin=${NODE_BIN:-$kf}
 rport=$(free_port)
 mkdir -p "$work/redis"
+read -ra redis_args <<<"${REDIS_ARGS:-}"
 redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly yes --appendfsync always \
-	--dir "$work/redis" --daemonize no >"$work/redis.log" 2>&1 &
+	--dir "$work/redis" --daemonize no "${redis_args[@]}" >"$work/redis.log" 2>&1 &
 pids+=($!)
 until redis-cli -p "$rport" ping >/dev/null 2>&1; do sleep 0.05; done
 redis=redis://127.0.0.1:$rport
