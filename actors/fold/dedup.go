@@ -241,8 +241,11 @@ func (d *idSet) idAt(off int32) []byte {
 	return b[n+m : n+m+int(l)]
 }
 
-// add remembers id, applied at (ms), which the set does not hold. Ids are
-// mostly added in time order, but need not be.
+// add remembers id, applied at (ms), which the set does not hold. Lookup
+// and expiry hold for ids in any order, but the buckets a snapshot writes
+// are runs of the log, so a state that is snapshotted gets its ids in time
+// order: Apply adds at the key's processing time, which never goes back,
+// and a restore adds them as stored.
 func (d *idSet) add(id string, at int64, width int64) { addID(d, id, at, width) }
 
 // addBytes is add for an id in bytes (copied).
@@ -407,6 +410,13 @@ func (d *idSet) expire(horizon, width int64, version uint64) {
 	}
 	if d.n <= smallIDs/2 {
 		d.index = nil // small again: searched in the log
+	} else if x := d.index; x != nil && len(x.slots) > 8*max(16, 2*int(d.n)) {
+		// Most of its ids expired: a table the size of those left. (A new
+		// id takes an expired one's slot without counting as used, so
+		// growth alone would keep a burst's table long after the burst.)
+		// The set shrank eightfold since the last rebuild: its cost is
+		// spread over the ids that left.
+		d.reindex()
 	}
 }
 
