@@ -23,6 +23,13 @@ func SetMaxIdleActors(h *Host, n int) {
 	h.maxShells = n
 }
 
+// PassivatedBy returns how many keys passivated at once, their actor idle,
+// and how many by a message to their actor (stopLocked).
+func PassivatedBy(h *Host) (atOnce, byMessage int64) {
+	n := h.stats.parkedIdle.Load()
+	return n, h.stats.passivated.Load() - n
+}
+
 // NudgeCheckpoint nudges the checkpoint loop as a commit does.
 func NudgeCheckpoint(h *Host) { h.nudgeCheckpoint() }
 

@@ -54,6 +54,17 @@ func (m *grainMailbox) scheduleLocked() {
 	m.dispatcher.Schedule(m.run)
 }
 
+// idle reports whether no run is scheduled or running and no message
+// waits: then the last message it was sent has been processed, and its
+// effects are visible to the caller (both hold m.mu). Whether it stays
+// idle is the caller's to ensure: the host posts a key's messages under
+// h.mu, and checks this under h.mu (stopLocked).
+func (m *grainMailbox) idle() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return !m.scheduled && !m.suspended && m.user.len() == 0 && m.sys.len() == 0
+}
+
 func (m *grainMailbox) RegisterHandlers(invoker actor.MessageInvoker, dispatcher actor.Dispatcher) {
 	m.invoker, m.dispatcher = invoker, dispatcher
 }

@@ -100,8 +100,9 @@ func (r *resident) list(g *grain) *lru[grain, *grain] {
 
 // parkLocked puts a stopped grain in the resident tier, if it is still the
 // key's latest incarnation and its group's, after what waited for it; h.mu
-// must be held, by the grain's only user: its actor (passivateMsg), or a
-// checkpoint that took it out of the tier to snapshot it.
+// must be held, by the grain's only user: its actor (passivateMsg), the
+// passivation if that actor is idle (stopLocked), or a checkpoint that
+// took it out of the tier to snapshot it.
 func (h *Host) parkLocked(g *grain) {
 	st := g.stop
 	if st == nil {

@@ -25,7 +25,8 @@ import (
 // under h.mu while processing its key's passivateMsg, the last message sent
 // to it for that key (in the same hold of h.mu that sent it, the key
 // stopped being active and forgot the shell's PID, so nothing of the key
-// reaches the shell after it). Whoever takes it from the pool sets its grain under h.mu and then
+// reaches the shell after it); or, if its mailbox is idle when the key
+// passivates, at once, in that hold of h.mu (stopLocked). Whoever takes it from the pool sets its grain under h.mu and then
 // sends it activateMsg, so the shell sees its new grain with the first
 // message for it, and never a message of one key while running another.
 

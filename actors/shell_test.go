@@ -19,7 +19,8 @@ import (
 // actors (the others are stopped), and with appends failing now and then:
 // each failure loses the groups of its commit, whose active keys' actors
 // are handed back without parking them, and the writers retry (the events
-// carry ids).
+// carry ids). Keys passivate both ways (stopLocked): at once when their
+// actor is idle, and by a message when it still has inputs to apply.
 func TestActorsAreReusedAcrossActivations(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -98,6 +99,13 @@ func TestActorsAreReusedAcrossActivations(t *testing.T) {
 				}
 			case st.Spawned > st.Activations/4:
 				t.Errorf("%d actors spawned for %d activations: want most activations to reuse an idle actor", st.Spawned, st.Activations)
+			}
+			// Both ways of passivating ran: at once for a key whose actor
+			// was idle, by a message for one whose actor still had its
+			// inputs to apply (keys activated by the commit that pushed
+			// them out of the five).
+			if atOnce, byMessage := actors.PassivatedBy(hs.host); atOnce == 0 || byMessage == 0 {
+				t.Errorf("passivated %d keys at once, %d by a message to their actor: want both", atOnce, byMessage)
 			}
 			if tc.failures > 0 {
 				n := 0

@@ -12,6 +12,7 @@ type hostStats struct {
 	spawned     atomic.Int64
 	unparked    atomic.Int64
 	passivated  atomic.Int64
+	parkedIdle  atomic.Int64 // of those passivated, parked at once: their actor was idle (stopLocked)
 	groupsLost  atomic.Int64
 	timersFired atomic.Int64
 	pipelines   map[string]*pipelineStats // fixed at New
