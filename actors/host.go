@@ -548,7 +548,7 @@ func (h *Host) spawnLocked(g *grain) {
 	g.tier, g.sh, g.lastUsed = tierActive, s, time.Now().UnixNano()
 	h.lru.pushFront(g)
 	h.stats.activations.Add(1)
-	s.send(&activateMsg{})
+	// (The message the caller sends next loads the key's state: shell.go.)
 }
 
 // sendRead sends a read of a key (a query, a read-only call) to its grain,

@@ -26,9 +26,12 @@ import (
 // to it for that key (in the same hold of h.mu that sent it, the key
 // stopped being active and forgot the shell's PID, so nothing of the key
 // reaches the shell after it); or, if its mailbox is idle when the key
-// passivates, at once, in that hold of h.mu (stopLocked). Whoever takes it from the pool sets its grain under h.mu and then
-// sends it activateMsg, so the shell sees its new grain with the first
-// message for it, and never a message of one key while running another.
+// passivates, at once, in that hold of h.mu (stopLocked). Whoever takes
+// it from the pool sets its grain under h.mu and then sends it the key's
+// message, so the shell sees its new grain with the first message for it,
+// and never a message of one key while running another. The first message
+// a shell processes for a grain loads the key's state (grain.activate),
+// unless the grain was parked with it.
 
 // shell is an actor that runs one key's grain at a time.
 type shell struct {
@@ -46,10 +49,6 @@ type shell struct {
 	// while in the pool.
 	g *grain
 }
-
-// activateMsg starts a shell's new grain: it loads the key's state, unless
-// the grain was parked with it.
-type activateMsg struct{}
 
 // passivateMsg parks a shell's grain (parkLocked) once the messages sent
 // before it are processed, and returns the shell to the pool.
@@ -73,9 +72,8 @@ func (s *shell) Receive(c actor.Context) {
 			s.h.fail(err)
 		}
 	}()
+	g.activate() // the grain's first message loads its state (a no-op after)
 	switch m := c.Message().(type) {
-	case *activateMsg:
-		g.activate()
 	case *passivateMsg:
 		s.passivate(g)
 	default:
