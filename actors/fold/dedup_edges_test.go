@@ -89,7 +89,7 @@ func checkIDs(t *testing.T, what string, d *idSet, m []seenID, model bool, width
 			t.Fatalf("%s: lost %.20q", what, e.id)
 		}
 	}
-	if len(m) == 0 && (d.log != nil && len(d.log) > 0 || d.index != nil || d.buckets != nil || d.spilled) {
+	if len(m) == 0 && (len(d.log) > 0 || d.index != nil || d.buckets != nil || d.spilled) {
 		t.Fatalf("%s: empty, but log %d bytes, index %v, %d buckets, spilled %v", what, len(d.log), d.index != nil, len(d.buckets), d.spilled)
 	}
 	if len(m) > smallIDs && d.index == nil {
