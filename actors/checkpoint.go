@@ -328,9 +328,7 @@ func (h *Host) stopLocked(g *grain) {
 	h.stats.passivated.Add(1)
 	if s.mb.idle() {
 		h.stats.parkedIdle.Add(1)
-		s.g = nil
-		h.parkLocked(g)
-		h.releaseShellLocked(s)
+		h.handBackLocked(s, g)
 		return
 	}
 	s.send(&passivateMsg{})

@@ -88,6 +88,13 @@ func (s *shell) passivate(g *grain) {
 	h := s.h
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.handBackLocked(s, g)
+}
+
+// handBackLocked parks g, which s ran and no longer runs, and returns s to
+// the pool: from s's actor (passivateMsg), or from the passivation if s's
+// mailbox is idle (stopLocked). h.mu must be held.
+func (h *Host) handBackLocked(s *shell, g *grain) {
 	s.g = nil
 	h.parkLocked(g)
 	h.releaseShellLocked(s)

@@ -739,9 +739,6 @@ func TestIDSetMemSizeFollowsLiveIDs(t *testing.T) {
 // past the narrow slots' real limit (16 MiB). The key recognises every id,
 // checkpoints in parts, restores, and forgets the big ids in their turn.
 func TestIDSetIDsAtTheBodyLimit(t *testing.T) {
-	if raceBuild {
-		t.Skip("16 MiB of ids is slow under the race detector, and the test has no goroutines")
-	}
 	const window = 16_000
 	p := edgePipeline(t, window*time.Millisecond)
 	big := func(c byte) string { return strings.Repeat(string(c), 8<<20-32) }
