@@ -1,6 +1,7 @@
 package keyfold
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -268,8 +269,10 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 	if c.CacheMemory > 0 && c.CacheMemory < actors.MinCacheMemory {
 		errs = append(errs, fmt.Errorf("keyfold: config: cache_memory %d is below %d MiB, the snapshot cache's smallest size (-1: no cache)", c.CacheMemory, actors.MinCacheMemory>>20))
 	}
-	if c.CacheMemory > 0 && c.CacheMemory > c.MaxMemory {
-		errs = append(errs, fmt.Errorf("keyfold: config: cache_memory %d is more than max_memory %d, of which it is a part", c.CacheMemory, c.MaxMemory))
+	// (Against the max_memory in effect: unset is the default, and
+	// cache_memory alone is a valid setting. A negative one is refused below.)
+	if maxMemory := cmp.Or(c.MaxMemory, actors.DefaultMaxMemory); maxMemory > 0 && c.CacheMemory > maxMemory {
+		errs = append(errs, fmt.Errorf("keyfold: config: cache_memory %d is more than max_memory %d, of which it is a part", c.CacheMemory, maxMemory))
 	}
 	if c.KeyGroups > MaxKeyGroups {
 		errs = append(errs, fmt.Errorf("keyfold: config: key_groups %d is more than %d", c.KeyGroups, MaxKeyGroups))

@@ -110,6 +110,12 @@ func TestValidate(t *testing.T) {
 		{"negative ingest limits", Config{Pipelines: good, MaxIngestBytes: -1, MaxBatchEvents: -1}, []string{
 			"max_ingest_bytes must not be negative", "max_batch_events must not be negative",
 		}},
+		// cache_memory is checked against the max_memory in effect: the
+		// default when unset (it said "more than max_memory 0").
+		{"cache within the default max_memory", Config{Pipelines: good, CacheMemory: 64 << 20}, nil},
+		{"cache beyond the default max_memory", Config{Pipelines: good, CacheMemory: 2 << 30}, []string{
+			"cache_memory 2147483648 is more than max_memory 1073741824, of which it is a part",
+		}},
 		{"cluster without grpc", Config{Pipelines: good, Redis: "redis://127.0.0.1:6379", Cluster: "c", Advertise: "h:1"},
 			[]string{"a cluster member needs a gRPC address"}},
 		{"everything wrong", Config{
