@@ -68,6 +68,35 @@ func BenchmarkIngestKeysBeyondMemory(b *testing.B) {
 	}
 }
 
+// BenchmarkIngestKeysCheckpoints is BenchmarkIngestKeysSteady at a million
+// keys under other checkpoint and memory settings, run long enough for
+// several checkpoint rounds to land in the measured part (a round at a
+// million keys snapshots most of them; a run of a million events sees one
+// or two, and its figure depends on which):
+//
+//	go test -run '^$' -bench IngestKeysCheckpoints -benchtime 4000000x ./actors
+//
+// ckpt=256MiB raises CheckpointBytes to 256 MiB and CheckpointRecords to
+// 4000; cache=64MiB gives the snapshot cache 64 MiB of max_memory instead of
+// half, so that the resident tier holds most keys (and their changes:
+// changed keys stay in memory until a checkpoint, and the budget asks for
+// one when they fill it); mem=4GiB holds every key in memory.
+func BenchmarkIngestKeysCheckpoints(b *testing.B) {
+	const fewer, records = 256 << 20, 4000
+	for _, c := range []struct {
+		name string
+		cfg  actors.Config
+	}{
+		{"default", actors.Config{}},
+		{"ckpt=256MiB", actors.Config{CheckpointBytes: fewer, CheckpointRecords: records}},
+		{"ckpt=256MiB/cache=64MiB", actors.Config{CheckpointBytes: fewer, CheckpointRecords: records, CacheMemory: 64 << 20}},
+		{"mem=4GiB", actors.Config{MaxMemory: 4 << 30}},
+		{"mem=4GiB/ckpt=256MiB", actors.Config{MaxMemory: 4 << 30, CheckpointBytes: fewer, CheckpointRecords: records}},
+	} {
+		b.Run(c.name, func(b *testing.B) { benchIngestKeys(b, 1_000_000, true, c.cfg) })
+	}
+}
+
 func benchPipeline(b *testing.B) map[string]*fold.Pipeline {
 	p, err := fold.Compile("logins", foldtest.BenchSpec())
 	if err != nil {
