@@ -197,9 +197,7 @@ func (c Config) withDefaults() Config {
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = actors.DefaultIdleTimeout
 	}
-	if c.MaxMemory == 0 {
-		c.MaxMemory = actors.DefaultMaxMemory
-	}
+	c.MaxMemory = c.maxMemory()
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
@@ -224,6 +222,9 @@ func (c Config) withDefaults() Config {
 	}
 	return c
 }
+
+// maxMemory is the max_memory in effect: the default when unset.
+func (c Config) maxMemory() int64 { return cmp.Or(c.MaxMemory, actors.DefaultMaxMemory) }
 
 // Validate reports every problem of c at once, and compiles the pipelines
 // to find theirs (each names the pipeline and the entry).
@@ -269,9 +270,9 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 	if c.CacheMemory > 0 && c.CacheMemory < actors.MinCacheMemory {
 		errs = append(errs, fmt.Errorf("keyfold: config: cache_memory %d is below %d MiB, the snapshot cache's smallest size (-1: no cache)", c.CacheMemory, actors.MinCacheMemory>>20))
 	}
-	// (Against the max_memory in effect: unset is the default, and
-	// cache_memory alone is a valid setting. A negative one is refused below.)
-	if maxMemory := cmp.Or(c.MaxMemory, actors.DefaultMaxMemory); maxMemory > 0 && c.CacheMemory > maxMemory {
+	// (Against the max_memory in effect: cache_memory alone is a valid
+	// setting. A negative max_memory is refused below.)
+	if maxMemory := c.maxMemory(); maxMemory > 0 && c.CacheMemory > maxMemory {
 		errs = append(errs, fmt.Errorf("keyfold: config: cache_memory %d is more than max_memory %d, of which it is a part", c.CacheMemory, maxMemory))
 	}
 	if c.KeyGroups > MaxKeyGroups {
