@@ -101,13 +101,17 @@ func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string
 var newKey = &loaded{}
 
 // mayBeStoredLocked reports whether activating the key would read its
-// snapshot: it is not in memory, and its group does not know it to be new
-// (groupState.complete). h.mu must be held.
+// snapshot: it is neither in memory nor spilled, and its group does not
+// know it to be new (groupState.complete). h.mu must be held.
 func (h *Host) mayBeStoredLocked(id keyID, group uint32) bool {
 	if h.lookupLocked(id, group) != nil {
 		return false // active, parked, or stopping: its grain takes the message
 	}
-	return !h.groups[group].complete
+	if h.groups[group].complete {
+		return false
+	}
+	_, _, _, spilled := h.findSpilledLocked(id, group)
+	return !spilled
 }
 
 // prefetchParallelism bounds the groups read at once for one commit.

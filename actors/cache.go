@@ -104,6 +104,18 @@ func (c *snapshotCache) put(g *grain) {
 	c.c.Set(c.name(g.id), v) // (not kept if beyond fastcache's 64 KiB per entry)
 }
 
+// putValue keeps the state of a clean key that left memory from the
+// spill: value is its position and packed state (spill.go), name its cache
+// key. h.mu must be held.
+func (c *snapshotCache) putValue(name []byte, epoch persistence.Epoch, value []byte) {
+	if c.c == nil {
+		return
+	}
+	v := append(binary.AppendUvarint(c.val[:0], epoch), value...)
+	c.val = v[:0]
+	c.c.Set(name, v)
+}
+
 // get returns the cached state of a key of a group in epoch, or nil; the
 // entry stays (newGrainLocked deletes it). h.mu must be held.
 func (c *snapshotCache) get(id keyID, epoch persistence.Epoch) *loaded {

@@ -36,7 +36,7 @@ func (h *Host) checkpoint(ctx context.Context) error {
 	for g := range h.cfg.Groups {
 		h.mu.Lock()
 		gs := &h.groups[g]
-		skip := !gs.ready || (gs.dispatched <= gs.checkpoint && len(gs.dirty) == 0)
+		skip := !gs.ready || (gs.dispatched <= gs.checkpoint && len(gs.dirty) == 0 && len(gs.spills) == 0)
 		logged += gs.appended - gs.covered
 		h.mu.Unlock()
 		if !skip {
@@ -109,11 +109,31 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 		}
 	}
 	dirty := slices.Clone(gs.dirty)
+	spilled := h.freezeSpillLocked(g)
+	d := persistence.CheckpointData{Snapshots: make([]persistence.Snapshot, 0, len(dirty)+gs.spilled+1), Through: through}
 	h.mu.Unlock()
+	stored := false
+	if len(spilled) > 0 {
+		defer func() {
+			if stored {
+				return
+			}
+			h.mu.Lock()
+			if gs.epoch == epoch {
+				h.thawSpillLocked(g, spilled) // the next checkpoint writes them
+			}
+			h.mu.Unlock()
+		}()
+	}
 
-	d := persistence.CheckpointData{Snapshots: make([]persistence.Snapshot, 0, len(dirty)+1), Through: through}
+	if h.afterFreeze != nil {
+		h.afterFreeze(g)
+	}
 	if clock != nil {
 		d.Snapshots = append(d.Snapshots, persistence.Snapshot{Key: groupClockKey, Data: clock})
+	}
+	if err := h.snapshotSpilled(spilled, &d); err != nil {
+		return fmt.Errorf("actors: checkpoint group %d: %w", g, err)
 	}
 	got, err := h.snapshotKeys(ctx, g, epoch, dirty, &d)
 	if errors.Is(err, errDropped) {
@@ -139,6 +159,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	if err != nil {
 		return fmt.Errorf("actors: checkpoint group %d: %w", g, err)
 	}
+	stored = true
 	h.stats.checkpoints.Add(1)
 
 	h.mu.Lock()
@@ -160,7 +181,8 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 		gs.checkpoint = through
 	}
 	gs.covered = max(gs.covered, covers)
-	h.evictLocked() // the keys it cleaned may leave memory now
+	h.retireSpillLocked(g, spilled) // its keys are stored: to the snapshot cache
+	h.evictLocked()                 // the keys it cleaned may leave memory now
 	return nil
 }
 
@@ -182,23 +204,19 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 		if r.err != nil {
 			return r.err
 		}
-		d.Snapshots = append(d.Snapshots, r.core)
-		d.Snapshots = append(d.Snapshots, r.buckets...)
-		if r.ttl {
-			d.Timers = append(d.Timers, persistence.Timer{Key: r.core.Key + expirySuffix, Due: r.expiry})
-		}
-		if r.timed {
-			d.Timers = append(d.Timers, persistence.Timer{Key: r.core.Key, Due: r.due})
-		}
+		appendSnapshot(d, &r)
 		got = append(got, written{r.g, r.pos, r.version})
 		return nil
 	}
 	replies := make(chan snapshotReply, snapshotChunk)
-	var parked []*grain
+	var (
+		parked []*grain
+		moved  []spilledCopy
+	)
 	for len(keys) > 0 {
 		chunk := keys[:min(len(keys), snapshotChunk)]
 		keys = keys[len(chunk):]
-		parked = parked[:0]
+		parked, moved = parked[:0], moved[:0]
 		asked := 0
 		h.mu.Lock()
 		gs := &h.groups[g]
@@ -211,6 +229,23 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 			return nil, err
 		}
 		for _, k := range chunk {
+			if k.spilled {
+				// It left memory into the spill since the checkpoint
+				// began: it is written from where it is now, its grain
+				// if it came back (dirty: only a checkpoint of its group
+				// cleans it), else its entry.
+				if now := h.lookupLocked(k.id, g); now != nil {
+					k = now
+				} else if a, off, _, ok := h.findSpilledLocked(k.id, g); ok {
+					_, body := a.at(off)
+					e, _ := decodeSpilled(body)
+					moved = append(moved, spilledCopy{k.id, slices.Clone(e.value), e.lastNow})
+					continue
+				} else {
+					h.mu.Unlock()
+					return nil, fmt.Errorf("actors: changed key %s/%s left the spill unsaved", k.id.pipeline, k.id.key)
+				}
+			}
 			switch {
 			case k.dirtyIdx == 0:
 				continue // stored since
@@ -224,6 +259,11 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 			}
 		}
 		h.mu.Unlock()
+		for _, m := range moved {
+			if err := h.snapshotEntry(m.id, m.value, m.lastNow, d); err != nil {
+				return nil, err
+			}
+		}
 		if len(parked) > 0 {
 			var err error
 			for _, pg := range parked {
@@ -254,6 +294,25 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 		}
 	}
 	return got, nil
+}
+
+// spilledCopy is a copy of a spilled key's entry.
+type spilledCopy struct {
+	id      keyID
+	value   []byte
+	lastNow int64
+}
+
+// appendSnapshot adds a key's snapshot to a checkpoint's data.
+func appendSnapshot(d *persistence.CheckpointData, r *snapshotReply) {
+	d.Snapshots = append(d.Snapshots, r.core)
+	d.Snapshots = append(d.Snapshots, r.buckets...)
+	if r.ttl {
+		d.Timers = append(d.Timers, persistence.Timer{Key: r.core.Key + expirySuffix, Due: r.expiry})
+	}
+	if r.timed {
+		d.Timers = append(d.Timers, persistence.Timer{Key: r.core.Key, Due: r.due})
+	}
 }
 
 // goneDirty fails if a dirty key left memory. That happens only to a key

@@ -24,5 +24,6 @@
 // used; passivated, it stays in memory without one (the resident tier,
 // resident.go) within MaxMemory; beyond that its state is kept packed in
 // the snapshot cache (cache.go) within CacheMemory, and beyond that only in
-// the store.
+// the store. A changed key beyond the budget is kept packed in the spill
+// (spill.go) until its group's next checkpoint writes it.
 package actors

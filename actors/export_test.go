@@ -1,5 +1,7 @@
 package actors
 
+import "context"
+
 // CachedKeys returns how many of a pipeline's keys the snapshot cache
 // would return now (for benchmarks: the cache's own count, Stats.CachedKeys,
 // may count entries whose space it reused, see snapshotCache.stats).
@@ -35,3 +37,26 @@ func NudgeCheckpoint(h *Host) { h.nudgeCheckpoint() }
 
 // CheckpointNudged reports whether a nudge waits for the checkpoint loop.
 func CheckpointNudged(h *Host) bool { return len(h.checkpointNow) > 0 }
+
+// Checkpoint runs a checkpoint of every group now, as the loop does.
+func Checkpoint(h *Host, ctx context.Context) error { return h.checkpoint(ctx) }
+
+// SetAfterFreeze sets a function each group's checkpoint runs once it
+// took its dirty keys and froze its spill (before New's host runs).
+func SetAfterFreeze(h *Host, f func(group uint32)) { h.afterFreeze = f }
+
+// SpillParked spills every parked changed key, as the budget would, and
+// returns how many went.
+func SpillParked(h *Host) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for g := h.resident.dirty.tail; g != nil; {
+		prev := g.order.prev
+		if h.spillLocked(g) {
+			n++
+		}
+		g = prev
+	}
+	return n
+}

@@ -128,12 +128,13 @@ type grain struct {
 	parkIdx  int32 // index+1 in groupState.parked; 0: not parked
 	dirtyIdx int32 // index+1 in groupState.dirty; 0: clean
 	dirtyAt  persistence.Position
-	// In the resident tier (resident.go), under h.mu: whether it is in
-	// the dirty keys' list, its estimated size; while its actor stops, what
-	// waits for it.
-	rdirty bool
-	rsize  int64
-	stop   *stoppingGrain
+	// In the resident tier (resident.go), under h.mu: which of its lists
+	// it is in, its estimated size; while its actor stops, what waits for
+	// it. spilled is set once the key left memory into the spill (spill.go).
+	rlist   rlist
+	spilled bool
+	rsize   int64
+	stop    *stoppingGrain
 }
 
 // handle processes one of the grain's own messages.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"maps"
 	"slices"
@@ -86,6 +87,9 @@ type Host struct {
 	// maxShells bounds the idle shells (maxPooledShells; tests lower it);
 	// stopped is set once stopAll ran, after which none is kept.
 	maxShells int
+	// afterFreeze, if set (by tests), runs in a group's checkpoint once it
+	// took its keys and froze its spill, before it asks for snapshots.
+	afterFreeze func(group uint32)
 	stopped   bool
 
 	// Event time (see timers.go). timed is set when a pipeline has windows
@@ -144,6 +148,10 @@ type groupState struct {
 	// parked are the group's keys in the resident tier (resident.go), in
 	// no order.
 	parked []*grain
+	// spills are the group's arenas of spilled keys, spilled how many
+	// keys are in them (spill.go).
+	spills  []*spillArena
+	spilled int
 	// complete is set while every key of the group that may have a
 	// snapshot is in memory (active, parked or being passivated): then a
 	// key found in none of them is new, and needs no store read. It holds
@@ -197,6 +205,7 @@ func New(cfg Config) (*Host, error) {
 	}
 	h.outputs.init()
 	h.resident.max = cfg.residentBudget()
+	h.resident.spill.seed = maphash.MakeSeed()
 	h.cache = newSnapshotCache(cfg.CacheMemory)
 	h.stats.pipelines = make(map[string]*pipelineStats, len(cfg.Pipelines))
 	h.layout.Store(uint32(LayoutKey))
@@ -588,11 +597,18 @@ func (h *Host) sendRead(pipeline, key string, msg any) error {
 	return nil
 }
 
-// newGrainLocked returns a new grain for a key not in memory, to start from
-// l if its snapshot was read already, else from the snapshot cache, else
-// from the store (unless the key is known to be new). h.mu must be held.
+// newGrainLocked returns a new grain for a key not in memory: from the
+// spill if it is there (dirty, as it left), else from l if its snapshot was
+// read already, else from the snapshot cache, else from the store (unless
+// the key is known to be new). h.mu must be held.
 func (h *Host) newGrainLocked(id keyID, group uint32, l *loaded) *grain {
 	gs := &h.groups[group]
+	if sl, dirtyAt, lastNow := h.unspillLocked(id, group); sl != nil {
+		g := &grain{host: h, id: id, group: group, epoch: gs.epoch, pipeline: h.cfg.Pipelines[id.pipeline],
+			pstats: h.stats.pipelines[id.pipeline], preloaded: sl, lastNow: lastNow}
+		h.markDirtyLocked(g, dirtyAt)
+		return g
+	}
 	if !gs.complete {
 		// Back in memory, the key may change: its cached state would be
 		// stale once it leaves again (cache.go).

@@ -55,8 +55,8 @@ func openStore(t testing.TB, dir string) *embedded.Store {
 	return s
 }
 
-// start recovers and runs a host over store.
-func start(t testing.TB, store persistence.Store, cfg actors.Config) *harness {
+// start recovers and runs a host over store, after setup (if any) saw it.
+func start(t testing.TB, store persistence.Store, cfg actors.Config, setup ...func(*actors.Host)) *harness {
 	t.Helper()
 	cfg.Store = store
 	if cfg.Pipelines == nil {
@@ -68,6 +68,9 @@ func start(t testing.TB, store persistence.Store, cfg actors.Config) *harness {
 	h, err := actors.New(cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, f := range setup {
+		f(h)
 	}
 	if err := h.Recover(context.Background()); err != nil {
 		t.Fatal(err)

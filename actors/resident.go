@@ -30,17 +30,19 @@ import (
 // Dirty keys park too: passivation does not wait for a checkpoint (at a
 // million keys it forced one every few thousand events). A checkpoint
 // snapshots a parked key without an actor (holding it as if stopping
-// meanwhile), and only clean keys leave memory: the budget evicts the least
-// recently parked clean ones, and asks for a checkpoint when only dirty ones
-// are left. So a key's state is always in memory or in its snapshot, and the
-// memory beyond the budget is bounded by what changed since the last
-// checkpoint (CheckpointBytes). The tier keeps its clean and its dirty keys
-// in two lists, so that eviction walks only keys it can evict: with one
-// list, every park walked past the same dirty keys at the tail, and that
-// walk was most of what h.mu was held for at a million keys (a mutex
-// profile, BENCHMARKS.md session 9). A parked key turns clean only when a
-// checkpoint stored it (a key turns dirty only by an input, which takes it
-// out of the tier first), and moves to the clean list then.
+// meanwhile). Over the budget, the least recently parked clean keys leave
+// memory first; then the least recently parked dirty ones go to the spill
+// (spill.go), packed, until their group's next checkpoint; a dirty key
+// that cannot go there stays (pinned), and the budget asks for a
+// checkpoint when only such keys and the spill are left. So a key's state
+// is always in memory, in the spill or in its snapshot. The tier keeps its
+// clean, dirty and pinned keys in three lists, so that eviction walks only
+// keys it can take: with one list, every park walked past the same dirty
+// keys at the tail, and that walk was most of what h.mu was held for at a
+// million keys (a mutex profile, BENCHMARKS.md session 9). A parked key
+// turns clean only when a checkpoint stored it (a key turns dirty only by
+// an input, which takes it out of the tier first), and moves to the clean
+// list then.
 //
 // Handing the grain over: the actor processes the messages already in its
 // mailbox, then parks the grain when it reaches passivateMsg and goes back
@@ -76,24 +78,39 @@ var grainBytes = int(unsafe.Sizeof(grain{})) + 64
 
 type resident struct {
 	// The parked keys by parking, most recent first: those whose snapshot
-	// holds their state (clean), and the others (dirty), which a checkpoint
-	// moves to clean.
-	clean, dirty lru[grain, *grain]
-	bytes        int64 // estimated, of every parked key
-	max          int64 // budget: beyond it the least recently parked clean keys leave
+	// holds their state (clean), the others (dirty), which a checkpoint
+	// moves to clean, and the dirty ones that cannot be spilled (pinned).
+	clean, dirty, pinned lru[grain, *grain]
+	spill                spill // the dirty keys that left memory (spill.go)
+	bytes                int64 // estimated, of every parked key, and the spill's
+	max                  int64 // budget: beyond it keys leave, clean ones first
 }
 
-// n is the number of parked keys.
-func (r *resident) n() int { return r.clean.n + r.dirty.n }
+// rlist names a resident list.
+type rlist uint8
 
-// needsCheckpoint reports whether the tier is over its budget with only
-// dirty keys left to go: none can leave memory until a checkpoint.
-func (r *resident) needsCheckpoint() bool { return r.bytes > r.max && r.clean.n == 0 && r.dirty.n > 0 }
+const (
+	rlistClean rlist = iota
+	rlistDirty
+	rlistPinned
+)
+
+// n is the number of parked keys.
+func (r *resident) n() int { return r.clean.n + r.dirty.n + r.pinned.n }
+
+// needsCheckpoint reports whether the tier is over its budget with no key
+// left that can leave memory before a checkpoint.
+func (r *resident) needsCheckpoint() bool {
+	return r.bytes > r.max && r.clean.n == 0 && r.dirty.n == 0 && (r.pinned.n > 0 || r.spill.bytes > 0)
+}
 
 // list returns the list g is in (or goes to).
 func (r *resident) list(g *grain) *lru[grain, *grain] {
-	if g.rdirty {
+	switch g.rlist {
+	case rlistDirty:
 		return &r.dirty
+	case rlistPinned:
+		return &r.pinned
 	}
 	return &r.clean
 }
@@ -138,8 +155,11 @@ func (h *Host) parkLocked(g *grain) {
 		}
 		g.handle(m) // a snapshot, a query: no actor needed
 	}
-	g.rdirty = g.dirtyIdx != 0
-	if h.cfg.MaxMemory < 0 && !g.rdirty {
+	g.rlist = rlistClean
+	if g.dirtyIdx != 0 {
+		g.rlist = rlistDirty
+	}
+	if h.cfg.MaxMemory < 0 && g.rlist == rlistClean {
 		gs.complete = false // the key leaves memory
 		g.leaveMemory()
 		h.forgetLocked(g)
@@ -159,11 +179,11 @@ func (h *Host) parkLocked(g *grain) {
 // which eviction may take.
 func (h *Host) cleanedLocked(g *grain) {
 	r := &h.resident
-	if !g.rdirty {
+	if g.rlist == rlistClean {
 		return
 	}
-	r.dirty.remove(g)
-	g.rdirty = false
+	r.list(g).remove(g)
+	g.rlist = rlistClean
 	r.clean.pushFront(g)
 }
 
@@ -181,24 +201,33 @@ func needsActor(m any) bool {
 
 // evictLocked makes the resident tier fit its budget: the least recently
 // parked clean keys leave memory (their state is in their snapshots), into
-// the snapshot cache (cache.go). Dirty
-// ones stay until a checkpoint, which it asks for when only they are left
-// over the budget. h.mu must be held.
+// the snapshot cache (cache.go); then the least recently parked dirty
+// ones, into the spill (spill.go). Those that cannot be spilled stay
+// (pinned) until a checkpoint, which it asks for when only they and the
+// spill are left over the budget. h.mu must be held.
 func (h *Host) evictLocked() {
 	r := &h.resident
 	for r.bytes > r.max {
-		g := r.clean.tail
-		if g == nil {
-			if r.needsCheckpoint() {
-				h.nudgeCheckpoint()
-			}
-			return
+		if g := r.clean.tail; g != nil {
+			h.groups[g.group].complete = false // a key leaves memory
+			h.cache.put(g)
+			g.leaveMemory()
+			h.unparkLocked(g)
+			h.forgetLocked(g)
+			continue
 		}
-		h.groups[g.group].complete = false // a key leaves memory
-		h.cache.put(g)
-		g.leaveMemory()
-		h.unparkLocked(g)
-		h.forgetLocked(g)
+		if g := r.dirty.tail; g != nil {
+			if !h.spillLocked(g) {
+				r.dirty.remove(g)
+				g.rlist = rlistPinned
+				r.pinned.pushFront(g)
+			}
+			continue
+		}
+		if r.needsCheckpoint() {
+			h.nudgeCheckpoint()
+		}
+		return
 	}
 }
 
@@ -212,8 +241,9 @@ func (h *Host) unparkLocked(g *grain) {
 	g.parkIdx = 0
 }
 
-// dropParkedLocked drops the parked keys of a group.
+// dropParkedLocked drops the parked keys of a group, and its spill.
 func (h *Host) dropParkedLocked(group uint32) {
+	h.dropSpillLocked(group)
 	gs := &h.groups[group]
 	for n := len(gs.parked); n > 0; n = len(gs.parked) {
 		g := gs.parked[n-1]

@@ -15,6 +15,8 @@ type hostStats struct {
 	parkedIdle  atomic.Int64 // of those passivated, parked at once: their actor was idle (stopLocked)
 	groupsLost  atomic.Int64
 	timersFired atomic.Int64
+	spilled     atomic.Int64              // changed keys that left memory into the spill (spill.go)
+	unspilled   atomic.Int64              // of those, activated from it
 	pipelines   map[string]*pipelineStats // fixed at New
 }
 
@@ -78,12 +80,19 @@ type Stats struct {
 	CachedKeys             int64
 	CacheBytes             int64
 	CacheHits, CacheMisses int64
-	DirtyKeys              int   // keys changed since their last snapshot
-	Events                 int64 // events applied (duplicates included) since start
-	Duplicates             int64
-	Commits                int64 // group commits (synced appends)
-	Checkpoints            int64 // group checkpoints written
-	Replayed               int64 // log records replayed by take-overs (at start and after a loss)
+	DirtyKeys              int // keys changed since their last snapshot (spilled ones too)
+	// SpilledKeys are the changed keys that left memory packed until their
+	// group's next checkpoint (spill.go), SpilledBytes what the spill
+	// holds (part of ResidentBytes); Spills and Unspills count the keys
+	// that went there and those activated from there.
+	SpilledKeys      int
+	SpilledBytes     int64
+	Spills, Unspills int64
+	Events           int64 // events applied (duplicates included) since start
+	Duplicates       int64
+	Commits          int64 // group commits (synced appends)
+	Checkpoints      int64 // group checkpoints written
+	Replayed         int64 // log records replayed by take-overs (at start and after a loss)
 	// LoggedBytes is the size of the log records above the groups'
 	// checkpoints: what a restart would replay (about CheckpointBytes at
 	// most).
@@ -116,11 +125,12 @@ func (h *Host) Stats() Stats {
 	h.mu.Lock()
 	n, dirty, unavailable, takingOver, logged := h.lru.n, 0, 0, 0, int64(0)
 	resident, residentBytes := h.resident.n(), h.resident.bytes
+	spilled, spilledBytes := h.resident.spill.n, h.resident.spill.bytes
 	idle := len(h.shells)
 	cached, cacheBytes := h.cache.stats()
 	for i := range h.groups {
 		gs := &h.groups[i]
-		dirty += len(gs.dirty)
+		dirty += len(gs.dirty) + gs.spilled
 		logged += gs.appended - gs.covered
 		if gs.owned && !gs.ready {
 			unavailable++
@@ -154,6 +164,10 @@ func (h *Host) Stats() Stats {
 		CacheMisses:   h.cache.misses.Load(),
 		Unparked:      h.stats.unparked.Load(),
 		DirtyKeys:     dirty,
+		SpilledKeys:   spilled,
+		SpilledBytes:  spilledBytes,
+		Spills:        h.stats.spilled.Load(),
+		Unspills:      h.stats.unspilled.Load(),
 		Events:        h.stats.events.Load(),
 		Duplicates:    h.stats.duplicates.Load(),
 		Commits:       h.stats.commits.Load(),

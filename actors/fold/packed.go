@@ -73,6 +73,12 @@ func (p *Pipeline) AppendPacked(dst []byte, s *State) ([]byte, error) {
 	return dst, nil
 }
 
+// Packable reports whether s, newer than its stored snapshot, may be
+// packed and unpacked before that snapshot is written (actors/spill.go):
+// it is one part, and no stored id bucket waits to be deleted (unpacked, a
+// state forgets what its snapshot must delete).
+func (s *State) Packable() bool { return s.OnePart() && len(s.ids.gone) == 0 }
+
 // packsCore reports whether the pipeline's states pack positionally: only
 // aggregates, none of them a sketch.
 func (p *Pipeline) packsCore() bool {

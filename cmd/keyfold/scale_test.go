@@ -59,8 +59,12 @@ const (
 	scaleMaxActive = 10_000
 	scaleCache     = 48 << 20
 	scaleMaxMemory = 40<<20 + scaleCache
-	scaleStreams   = 8
-	scaleWindow    = 8 // batches in flight per stream
+	// Checkpoints every few MiB of log: changed keys leave memory into the
+	// spill without one, so the budget alone no longer forces them, and the
+	// keys must reach the store (and the snapshot cache) during the test.
+	scaleCheckpointBytes = 4 << 20
+	scaleStreams         = 8
+	scaleWindow          = 8 // batches in flight per stream
 )
 
 var scaleYAML = fmt.Sprintf(`
@@ -68,6 +72,7 @@ key_groups: %d
 max_active_keys: %d
 max_memory: %d
 cache_memory: %d
+checkpoint_bytes: %d
 pipelines:
   scale:
     key: k
@@ -75,7 +80,7 @@ pipelines:
     aggregates:
       n:     { op: count }
       total: { op: sum, field: v }
-`, scaleGroups, scaleMaxActive, scaleMaxMemory, scaleCache)
+`, scaleGroups, scaleMaxActive, scaleMaxMemory, scaleCache, scaleCheckpointBytes)
 
 var grpcListeningRE = regexp.MustCompile(`msg=listening grpc=(\S+)`)
 

@@ -1,0 +1,307 @@
+package actors_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/persistence/faultstore"
+)
+
+// spillConfig is a host whose resident tier holds a few dozen keys, and
+// whose checkpoints come only when the tier asks for one (or at shutdown).
+func spillConfig(residentBudget int64) actors.Config {
+	return actors.Config{Groups: 4, MaxActive: 5, IdleTimeout: time.Hour, CheckpointInterval: time.Hour,
+		CheckpointBytes: 1 << 40, CheckpointRecords: 1 << 30, CacheMemory: -1,
+		MaxMemory: 5*actors.ActiveKeyBytes + residentBudget}
+}
+
+// Changed keys beyond the resident tier's budget leave memory into the
+// spill without a checkpoint, and come back from there whole (remembered
+// ids included) and still changed: no store read, no checkpoint.
+func TestSpilledKeysComeBackChanged(t *testing.T) {
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	hs := start(t, fs, spillConfig(96<<10))
+	defer hs.shutdown()
+	const keys = 300
+	for i := range keys {
+		hs.ingest(event(fmt.Sprintf("k%d", i), "x", i))
+	}
+	eventually(t, "keys to be passivated", func() bool { return hs.host.Stats().ActiveKeys <= 5 })
+	st := hs.host.Stats()
+	if st.SpilledKeys < keys/2 || st.DirtyKeys != keys || st.Checkpoints != 0 {
+		t.Fatalf("stats %+v: want most of %d changed keys spilled, none checkpointed", st, keys)
+	}
+	if st.ResidentBytes > 96<<10 {
+		t.Errorf("resident tier holds %d bytes, budget %d", st.ResidentBytes, 96<<10)
+	}
+	for i := range keys {
+		k := fmt.Sprintf("k%d", i)
+		if r := hs.ingest(event(k, "x", 1000)); r.Duplicates != 1 {
+			t.Fatalf("%s: retried id not recognised after the spill: %+v", k, r)
+		}
+		hs.ingest(event(k, "y", 1))
+		if v := hs.query(k); v.Seq != 2 || v.Aggregates["sum"] != float64(i+1) || fmt.Sprint(v.Aggregates["last"]) != "[49]" { // "1"
+			t.Fatalf("%s = %+v", k, v)
+		}
+	}
+	st = hs.host.Stats()
+	if st.Unspills < keys/2 || st.DirtyKeys != keys || st.Checkpoints != 0 {
+		t.Errorf("stats %+v: want the spilled keys back, all still changed, no checkpoint", st)
+	}
+	if n := fs.Calls(faultstore.OpGet); n != 0 {
+		t.Errorf("%d store reads for keys that never left memory or the spill", n)
+	}
+}
+
+// A checkpoint writes the spilled keys: after it nothing is replayed, and
+// every key is what it was. The spill empties into the snapshot cache.
+func TestCheckpointWritesSpilledKeys(t *testing.T) {
+	for _, failFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("failFirst=%v", failFirst), func(t *testing.T) {
+			dir := t.TempDir()
+			fs := faultstore.New(openStore(t, dir))
+			cfg := spillConfig(96 << 10)
+			cfg.CacheMemory = actors.MinCacheMemory
+			cfg.MaxMemory += actors.MinCacheMemory
+			cfg.Groups = 1 // one checkpoint: the one that fails
+			hs := start(t, fs, cfg)
+			const keys = 300
+			for i := range keys {
+				hs.ingest(event(fmt.Sprintf("k%d", i), "x", i), event(fmt.Sprintf("k%d", i), "y", 1))
+			}
+			eventually(t, "keys to be spilled", func() bool { return hs.host.Stats().SpilledKeys >= keys/2 })
+			if failFirst { // the spill thaws, and the next checkpoint writes it
+				fs.FailNext(faultstore.OpCheckpoint, errors.New("injected"))
+			}
+			if err := actors.Checkpoint(hs.host, context.Background()); (err != nil) != failFirst {
+				t.Fatalf("checkpoint: %v", err)
+			}
+			if failFirst {
+				if st := hs.host.Stats(); st.SpilledKeys < keys/2 {
+					t.Fatalf("after a failed checkpoint %d keys spilled, want them all still", st.SpilledKeys)
+				}
+				if err := actors.Checkpoint(hs.host, context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			st := hs.host.Stats()
+			if st.SpilledKeys != 0 || st.SpilledBytes != 0 || st.DirtyKeys != 0 || st.CachedKeys < keys/2 {
+				t.Fatalf("after the checkpoint: %+v; want no spill, nothing changed, the keys in the cache", st)
+			}
+			for i := range keys { // from the cache
+				if v := hs.query(fmt.Sprintf("k%d", i)); v.Seq != 2 || v.Aggregates["sum"] != float64(i+1) {
+					t.Fatalf("k%d = %+v", i, v)
+				}
+			}
+			if err := hs.shutdown(); err != nil {
+				t.Fatal(err)
+			}
+			if err := fs.Close(); err != nil {
+				t.Fatal(err)
+			}
+			// Nothing to replay: the checkpoint trimmed the log, so every
+			// key's state is in its snapshot.
+			hs2 := start(t, openStore(t, dir), actors.Config{Groups: 1})
+			defer hs2.shutdown()
+			if st := hs2.host.Stats(); st.Replayed != 0 {
+				t.Errorf("replayed %d records after the checkpoints", st.Replayed)
+			}
+			for i := range keys {
+				k := fmt.Sprintf("k%d", i)
+				if v := hs2.query(k); v.Seq != 2 || v.Aggregates["sum"] != float64(i+1) {
+					t.Fatalf("%s after restart = %+v", k, v)
+				}
+				if r := hs2.ingest(event(k, "x", 5)); r.Duplicates != 1 {
+					t.Fatalf("%s: id forgotten across the spill and a restart", k)
+				}
+			}
+		})
+	}
+}
+
+// Spilled keys are only in memory until a checkpoint: a crash before it
+// loses nothing, the log replays them.
+func TestSpilledKeysSurviveACrash(t *testing.T) {
+	dir := t.TempDir()
+	fs := faultstore.New(openStore(t, dir))
+	fs.InjectAll(faultstore.OpCheckpoint, faultstore.Fault{Err: errors.New("injected")}) // none is written
+	hs := start(t, fs, spillConfig(8<<10))
+	const keys = 200
+	for i := range keys {
+		hs.ingest(event(fmt.Sprintf("k%d", i), "x", i))
+	}
+	eventually(t, "keys to be spilled", func() bool { return hs.host.Stats().SpilledKeys >= keys/2 })
+	hs2 := crashAndRestart(t, hs, fs, dir, 4)
+	defer hs2.shutdown()
+	for i := range keys {
+		k := fmt.Sprintf("k%d", i)
+		if v := hs2.query(k); v.Seq != 1 || v.Aggregates["sum"] != float64(i) {
+			t.Fatalf("%s after the crash = %+v", k, v)
+		}
+	}
+}
+
+// Concurrent writers over a tier that spills at once, checkpoints every few
+// records, some of them failing (landed or not), then a crash and a
+// restart: every key holds exactly what was acknowledged, and the
+// acknowledged ids are remembered. This crosses checkpoints with keys
+// spilling and coming back while they run (the keys a checkpoint began
+// with and that spilled since, and the spilled ones it froze and that came
+// back since).
+func TestSpillUnderCheckpointsAndCrash(t *testing.T) {
+	dir := t.TempDir()
+	fs := faultstore.New(openStore(t, dir))
+	cfg := actors.Config{Groups: 4, MaxActive: 3, IdleTimeout: time.Millisecond, CheckpointInterval: 2 * time.Millisecond,
+		CheckpointRecords: 5, CacheMemory: -1, MaxMemory: 3*actors.ActiveKeyBytes + 2<<10}
+	hs := start(t, fs, cfg)
+	const (
+		writers = 4
+		keys    = 60
+		rounds  = 150
+	)
+	var (
+		mu   sync.Mutex
+		sums = map[string]int{}
+		seqs = map[string]int{}
+		ids  = map[string]string{} // an acknowledged id of each key
+		wg   sync.WaitGroup
+	)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 9))
+			for i := range rounds {
+				if rng.IntN(10) == 0 {
+					fs.Inject(faultstore.OpCheckpoint, 1+rng.IntN(3), faultstore.Fault{Err: errors.New("injected"), After: rng.IntN(2) == 0})
+				}
+				k := fmt.Sprintf("k%d", rng.IntN(keys))
+				v := rng.IntN(100)
+				r, err := hs.host.Ingest(context.Background(), "p", [][]byte{event(k, fmt.Sprintf("w%d-%d", w, i), v)})
+				if err != nil {
+					t.Errorf("ingest: %v", err)
+					return
+				}
+				if r.Duplicates != 0 {
+					t.Errorf("%s: a new id counted as a duplicate", k)
+				}
+				mu.Lock()
+				sums[k] += v
+				seqs[k]++
+				ids[k] = fmt.Sprintf("w%d-%d", w, i)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	st := hs.host.Stats()
+	t.Logf("spills %d, unspills %d, checkpoints %d", st.Spills, st.Unspills, st.Checkpoints)
+	if st.Spills == 0 || st.Unspills == 0 {
+		t.Errorf("stats %+v: want keys spilled and back", st)
+	}
+	hs2 := crashAndRestart(t, hs, fs, dir, 4)
+	defer hs2.shutdown()
+	for i := range keys {
+		k := fmt.Sprintf("k%d", i)
+		v, err := hs2.host.Query(context.Background(), "p", k)
+		if seqs[k] == 0 {
+			if !errors.Is(err, actors.ErrNotFound) {
+				t.Errorf("%s never written = %+v %v", k, v, err)
+			}
+			continue
+		}
+		if err != nil || v.Seq != uint64(seqs[k]) || v.Aggregates["sum"] != float64(sums[k]) {
+			t.Errorf("%s = %+v %v; want %d events summing to %d", k, v, err, seqs[k], sums[k])
+		}
+	}
+	for k, id := range ids {
+		if r := hs2.ingest(event(k, id, 1)); r.Duplicates != 1 {
+			t.Errorf("%s: acknowledged id %s not remembered after the crash: %+v", k, id, r)
+		}
+	}
+}
+
+// A checkpoint writes every key changed as of its start, wherever the key
+// went meanwhile: a key of its dirty list spilled after it began (written
+// from the spill, or from its grain if it came back), and a spilled key it
+// froze that came back and changed again (written as frozen; the change is
+// above the checkpoint, in the log). A crash after it replays the rest.
+func TestCheckpointFollowsKeysThatMoved(t *testing.T) {
+	for _, moved := range []string{"spilled", "spilled and back", "frozen and back"} {
+		t.Run(moved, func(t *testing.T) {
+			dir := t.TempDir()
+			fs := faultstore.New(openStore(t, dir))
+			cfg := actors.Config{Groups: 1, MaxActive: 1, IdleTimeout: time.Hour, CheckpointInterval: time.Hour,
+				CheckpointBytes: 1 << 40, CheckpointRecords: 1 << 30}
+			var hook atomic.Pointer[func()]
+			hs := start(t, fs, cfg, func(h *actors.Host) {
+				actors.SetAfterFreeze(h, func(uint32) {
+					if f := hook.Swap(nil); f != nil {
+						(*f)()
+					}
+				})
+			})
+			const keys = 20
+			for i := range keys {
+				hs.ingest(event(fmt.Sprintf("k%d", i), "a", i))
+			}
+			eventually(t, "keys to be parked", func() bool { return hs.host.Stats().ActiveKeys <= 1 })
+			again := func() {
+				for i := range keys / 2 {
+					hs.ingest(event(fmt.Sprintf("k%d", i), "b", 100))
+				}
+			}
+			var during func()
+			switch moved {
+			case "spilled":
+				during = func() { actors.SpillParked(hs.host) }
+			case "spilled and back":
+				during = func() { actors.SpillParked(hs.host); again() }
+			case "frozen and back":
+				if n := actors.SpillParked(hs.host); n < keys-1 {
+					t.Fatalf("%d keys spilled, want %d", n, keys-1)
+				}
+				during = again
+			}
+			hook.Store(&during)
+			if err := actors.Checkpoint(hs.host, context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if hook.Load() != nil {
+				t.Fatal("the checkpoint did not run the hook")
+			}
+			hs2 := crashAndRestart(t, hs, fs, dir, 1)
+			defer hs2.shutdown()
+			for i := range keys {
+				want := float64(i)
+				if moved != "spilled" && i < keys/2 {
+					want += 100
+				}
+				if v := hs2.query(fmt.Sprintf("k%d", i)); v.Aggregates["sum"] != want {
+					t.Errorf("k%d after the crash = %+v, want sum %v", i, v, want)
+				}
+			}
+		})
+	}
+}
+
+// crashAndRestart stops hs as a crash would (no checkpoint is written from
+// here on: the store refuses them) and starts a host over the same data.
+func crashAndRestart(t *testing.T, hs *harness, fs *faultstore.Store, dir string, groups uint32) *harness {
+	t.Helper()
+	fs.InjectAll(faultstore.OpCheckpoint, faultstore.Fault{Err: errors.New("injected: crashed")})
+	if err := hs.shutdown(); err == nil {
+		t.Fatal("shutdown without its final checkpoint reported no error")
+	}
+	if err := fs.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return start(t, openStore(t, dir), actors.Config{Groups: groups})
+}
