@@ -90,7 +90,7 @@ type Host struct {
 	// afterFreeze, if set (by tests), runs in a group's checkpoint once it
 	// took its keys and froze its spill, before it asks for snapshots.
 	afterFreeze func(group uint32)
-	stopped   bool
+	stopped     bool
 
 	// Event time (see timers.go). timed is set when a pipeline has windows
 	// or patterns, expiring when one has a ttl; clocks are the node's
