@@ -24,7 +24,8 @@ import (
 // is not in memory is clean (its snapshot holds its state: only clean keys
 // leave memory, resident.go); and only a commit makes a key dirty, and
 // commits run one at a time, this one waiting for its read. (Checkpoints of
-// the group meanwhile write only dirty, so in-memory, keys.) A take-over of the group meanwhile replays it into new grains, and
+// the group meanwhile write only dirty keys, in memory or spilled, and a
+// spilled key is not read: mayBeStoredLocked.) A take-over of the group meanwhile replays it into new grains, and
 // this commit then does not dispatch to it (its epoch moved). A key a query
 // activates reads for itself.
 
@@ -34,9 +35,11 @@ type loaded struct {
 	found bool // the key has a snapshot
 	state fold.State
 	pos   persistence.Position
-	// cached is the key's state in the snapshot cache, which the grain
-	// decodes (on its actor, not under h.mu); found and state are unset.
-	cached []byte
+	// cached is the key's state in the snapshot cache or the spill, which
+	// the grain decodes (on its actor, not under h.mu); found and state are
+	// unset. spilled: from the spill, so the store's snapshot is older.
+	cached  []byte
+	spilled bool
 }
 
 // loadKeys reads the snapshots of keys of group g, and the id buckets they

@@ -132,12 +132,15 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	if clock != nil {
 		d.Snapshots = append(d.Snapshots, persistence.Snapshot{Key: groupClockKey, Data: clock})
 	}
-	if err := h.snapshotSpilled(spilled, &d); err != nil {
-		return fmt.Errorf("actors: checkpoint group %d: %w", g, err)
-	}
-	got, err := h.snapshotKeys(ctx, g, epoch, dirty, &d)
+	got, err := h.snapshotKeys(ctx, g, epoch, dirty, spilled, &d)
 	if errors.Is(err, errDropped) {
 		return nil // lost meanwhile: its keys are gone, its next take-over replays its log
+	}
+	if errors.Is(err, errSpillBroken) {
+		// (Not expected: the spill holds what it encoded.) Its keys are
+		// only there and in the log: the group's take-over replays them.
+		h.lose(g, epoch, err)
+		return fmt.Errorf("actors: checkpoint group %d: %w", g, err)
 	}
 	if err != nil {
 		return fmt.Errorf("actors: checkpoint group %d: %w", g, err)
@@ -186,19 +189,23 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	return nil
 }
 
-// snapshotKeys asks keys of group g (in memory, dirty when the checkpoint
-// began) for their snapshots, a chunk at a time, and adds them to d; it
-// returns what each key is to be told once they are stored. A key no longer
+// snapshotKeys adds to d the snapshots of the keys spilled when the
+// checkpoint began (spilled, frozen) and asks keys of group g (in memory,
+// dirty when it began) for theirs, a chunk at a time; it returns what each
+// key is to be told once they are stored. A key no longer
 // dirty is skipped. A parked key is snapshotted
 // here, without an actor: meanwhile it is held as if stopping, so what is
 // sent to it waits (resident.go). errDropped: the group was lost meanwhile.
-func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epoch, keys []*grain, d *persistence.CheckpointData) ([]written, error) {
+func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epoch, keys []*grain, spilled []*spillArena, d *persistence.CheckpointData) ([]written, error) {
 	select {
 	case h.snapshotting <- struct{}{}:
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
 	defer func() { <-h.snapshotting }()
+	if err := h.snapshotSpilled(spilled, d); err != nil {
+		return nil, fmt.Errorf("%w: %w", errSpillBroken, err)
+	}
 	got := make([]written, 0, len(keys))
 	add := func(r snapshotReply) error {
 		if r.err != nil {
@@ -261,7 +268,7 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 		h.mu.Unlock()
 		for _, m := range moved {
 			if err := h.snapshotEntry(m.id, m.value, m.lastNow, d); err != nil {
-				return nil, err
+				return nil, fmt.Errorf("%w: %w", errSpillBroken, err)
 			}
 		}
 		if len(parked) > 0 {

@@ -180,3 +180,23 @@ func TestCheckpointNudgeThatIsNoLongerDue(t *testing.T) {
 	ingest(3) // three records: due, and the commit nudges
 	eventually(t, "the due checkpoint", func() bool { return hs.host.Stats().DirtyKeys == 0 })
 }
+
+// CheckpointRecords follows CheckpointBytes unless set: a fixed count
+// would trigger checkpoints long before a larger CheckpointBytes does.
+func TestCheckpointRecordsFollowBytes(t *testing.T) {
+	for _, c := range []struct {
+		bytes       int64
+		records     int
+		wantRecords int
+	}{
+		{0, 0, 1024}, // the default 64 MiB
+		{1 << 20, 0, actors.DefaultCheckpointRecords}, // at least the default
+		{256 << 20, 0, 4096},
+		{256 << 20, 7, 7}, // set: kept
+	} {
+		got := actors.WithDefaults(actors.Config{CheckpointBytes: c.bytes, CheckpointRecords: c.records}).CheckpointRecords
+		if got != c.wantRecords {
+			t.Errorf("CheckpointBytes %d, CheckpointRecords %d: %d records, want %d", c.bytes, c.records, got, c.wantRecords)
+		}
+	}
+}

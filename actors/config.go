@@ -34,7 +34,10 @@ type Config struct {
 	// the events).
 	CheckpointBytes int64
 	// CheckpointRecords triggers a checkpoint early once any group's log has
-	// this many records above its checkpoint.
+	// this many records above its checkpoint. 0: one per 64 KiB of
+	// CheckpointBytes, at least DefaultCheckpointRecords (a commit writes a
+	// small record to most groups: a fixed count would decide before a
+	// larger CheckpointBytes does).
 	CheckpointRecords int
 	// IdleTimeout passivates keys that received nothing for this long.
 	IdleTimeout time.Duration
@@ -89,6 +92,9 @@ const (
 	DefaultOutputInterval    = 100 * time.Millisecond
 )
 
+// checkpointBytesPerRecord derives CheckpointRecords from CheckpointBytes.
+const checkpointBytesPerRecord = 64 << 10
+
 // storeTimeout bounds one store call of the write path (an append, a
 // checkpoint, a snapshot read): a store that hangs fails the call, which
 // loses the group (appends, reads) or is retried (checkpoints), instead of
@@ -106,7 +112,7 @@ func (c *Config) setDefaults() {
 		c.CheckpointBytes = DefaultCheckpointBytes
 	}
 	if c.CheckpointRecords == 0 {
-		c.CheckpointRecords = DefaultCheckpointRecords
+		c.CheckpointRecords = int(max(c.CheckpointBytes/checkpointBytesPerRecord, DefaultCheckpointRecords))
 	}
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = DefaultIdleTimeout

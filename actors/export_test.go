@@ -1,6 +1,9 @@
 package actors
 
-import "context"
+import (
+	"context"
+	"encoding/binary"
+)
 
 // CachedKeys returns how many of a pipeline's keys the snapshot cache
 // would return now (for benchmarks: the cache's own count, Stats.CachedKeys,
@@ -59,4 +62,30 @@ func SpillParked(h *Host) int {
 		g = prev
 	}
 	return n
+}
+
+// WithDefaults returns c with its defaults filled in, as New does.
+func WithDefaults(c Config) Config {
+	c.setDefaults()
+	return c
+}
+
+// CorruptSpilled makes a spilled key's packed state undecodable (its form
+// byte); false if the key is not spilled.
+func CorruptSpilled(h *Host, pipeline, key string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	id := keyID{pipeline, key}
+	a, off, _, ok := h.findSpilledLocked(id, h.GroupOf(pipeline, key))
+	if !ok {
+		return false
+	}
+	_, body := a.at(off)
+	e, err := decodeSpilled(body)
+	if err != nil {
+		return false
+	}
+	_, n := binary.Uvarint(e.value) // the position, then the packed state
+	e.value[n] = 0xee
+	return true
 }

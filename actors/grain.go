@@ -185,9 +185,14 @@ func (g *grain) load() error {
 	g.current = true
 	if l != nil && l.cached != nil {
 		state, pos, err := decodeCached(g.pipeline, l.cached)
-		if err == nil {
+		switch {
+		case err == nil:
 			l = &loaded{found: true, state: state, pos: pos}
-		} else { // (not expected: the cache holds what put encoded) the store has it
+		case l.spilled:
+			// (Not expected: the spill holds what it encoded.) The store's
+			// snapshot is older: the group's log must replay the key.
+			return fmt.Errorf("spilled state: %w", err)
+		default: // (not expected: the cache holds what put encoded) the store has it
 			g.host.log.Warn("snapshot cache: decode failed; reading the store", "pipeline", g.id.pipeline, "key", g.id.key, "err", err)
 			l = nil
 		}

@@ -57,6 +57,9 @@ const (
 	spillChunkShift = 15
 	spillChunkBytes = 1 << spillChunkShift
 	spillFirstChunk = 1 << 10
+	// spillMaxChunks bounds an arena (2 GiB), so that an offset (chunk and
+	// place in it) fits 32 bits; a fuller group opens another arena.
+	spillMaxChunks = 1 << 16
 	// spillIndexBytes is what an index entry costs: 20 B of slot and its
 	// share of a swiss table between growths.
 	spillIndexBytes = 40
@@ -89,12 +92,13 @@ type spillArena struct {
 	frozen bool  // a checkpoint writes it: not written to
 }
 
-// add appends body as an entry; false if it does not fit a chunk.
-func (a *spillArena) add(body []byte) (uint32, bool) {
-	need := 1 + binary.MaxVarintLen32 + len(body)
-	if need > spillChunkBytes {
-		return 0, false
-	}
+// spillEntryBytes is the most an entry of body takes in a chunk.
+func spillEntryBytes(body []byte) int { return 1 + binary.MaxVarintLen32 + len(body) }
+
+// add appends body as an entry (at most spillChunkBytes: spillEntryBytes)
+// and returns its offset.
+func (a *spillArena) add(body []byte) uint32 {
+	need := spillEntryBytes(body)
 	if n := len(a.chunks); n == 0 || cap(a.chunks[n-1])-len(a.chunks[n-1]) < need {
 		size := spillChunkBytes
 		if n < spillChunkShift-10 {
@@ -109,7 +113,7 @@ func (a *spillArena) add(body []byte) (uint32, bool) {
 	ch = append(ch, 0)
 	ch = binary.AppendUvarint(ch, uint64(len(body)))
 	a.chunks[c] = append(ch, body...)
-	return off, true
+	return off
 }
 
 // at returns the entry at off: whether it is dead, and its body.
@@ -147,7 +151,10 @@ type spilledEntry struct {
 	value         []byte // position and packed state (decodeCached)
 }
 
-var errSpillEntry = errors.New("actors: spilled entry: malformed")
+var (
+	errSpillEntry  = errors.New("actors: spilled entry: malformed")
+	errSpillBroken = errors.New("actors: a spilled key does not decode")
+)
 
 func decodeSpilled(body []byte) (spilledEntry, error) {
 	var e spilledEntry
@@ -206,9 +213,12 @@ func (sp *spill) hash(id keyID) uint64 {
 // spillLocked packs a parked dirty key into its group's spill and takes it
 // out of memory. It reports false if the key cannot leave so (its ids are
 // in buckets, its state does not pack, another spilled key has its hash):
-// it stays parked until a checkpoint. h.mu must be held.
+// it stays parked until a checkpoint. A key of a Go handler's pipeline
+// stays too: its state packs with the user's codec, and a spilled state
+// that did not decode again would be lost (a cached one is read from the
+// store instead). h.mu must be held.
 func (h *Host) spillLocked(g *grain) bool {
-	if g.broken != nil || g.dirtyIdx == 0 || !h.currentLocked(g) || !g.state.Packable() || g.state.Empty() {
+	if g.broken != nil || g.dirtyIdx == 0 || g.pipeline.HasHandler() || !h.currentLocked(g) || !g.state.Packable() || g.state.Empty() {
 		return false
 	}
 	sp := &h.resident.spill
@@ -217,12 +227,12 @@ func (h *Host) spillLocked(g *grain) bool {
 		return false
 	}
 	body, ok := h.packSpilled(g)
-	if !ok {
+	if !ok || spillEntryBytes(body) > spillChunkBytes {
 		return false
 	}
 	gs := &h.groups[g.group]
 	var a *spillArena
-	if n := len(gs.spills); n > 0 && !gs.spills[n-1].frozen {
+	if n := len(gs.spills); n > 0 && !gs.spills[n-1].frozen && len(gs.spills[n-1].chunks) < spillMaxChunks {
 		a = gs.spills[n-1]
 	} else {
 		sp.nextArena++
@@ -230,10 +240,7 @@ func (h *Host) spillLocked(g *grain) bool {
 		gs.spills = append(gs.spills, a)
 	}
 	was := a.bytes
-	off, ok := a.add(body)
-	if !ok {
-		return false
-	}
+	off := a.add(body)
 	if sp.index == nil {
 		sp.index = map[uint64]spillLoc{}
 	}
@@ -318,7 +325,7 @@ func (h *Host) unspillLocked(id keyID, group uint32) (l *loaded, dirtyAt persist
 	a.kill(off)
 	h.unindexSpilledLocked(group, hash)
 	h.stats.unspilled.Add(1)
-	return &loaded{cached: slices.Clone(e.value)}, e.dirtyAt, e.lastNow
+	return &loaded{cached: slices.Clone(e.value), spilled: true}, e.dirtyAt, e.lastNow
 }
 
 func (h *Host) unindexSpilledLocked(group uint32, hash uint64) {
