@@ -731,6 +731,15 @@ func testScaleKill(t *testing.T, keys int, store func() []string) {
 	if m1["keyfold_activations_cached_total"]+m2["keyfold_activations_cached_total"] == 0 {
 		t.Errorf("no activation from the snapshot cache on node-1 or node-2: the test does not exercise it")
 	}
+	// Changed keys over the budget leave memory into the spill until a
+	// checkpoint (only the log has them then): the nodes killed must have
+	// spilled keys, and the restarted ones must have taken keys back.
+	t.Logf("changed keys spilled: node-0 %.0f (%.0f spilled at the mid-stream check), node-1 %.0f, node-2 %.0f; activated from the spill: %.0f, %.0f, %.0f",
+		m0["keyfold_spills_total"], m0["keyfold_spilled_keys"], m1["keyfold_spills_total"], m2["keyfold_spills_total"],
+		m0["keyfold_activations_spilled_total"], m1["keyfold_activations_spilled_total"], m2["keyfold_activations_spilled_total"])
+	if m0["keyfold_spills_total"] == 0 || m1["keyfold_spills_total"] == 0 || m1["keyfold_activations_spilled_total"]+m2["keyfold_activations_spilled_total"] == 0 {
+		t.Errorf("node-0 or node-1 spilled no key before its kill, or none came back from the spill on node-1 or node-2: the test does not exercise the spill")
+	}
 	if d := m2["keyfold_duplicates_total"]; d != float64(r.dupOK.Load()) {
 		t.Errorf("node-2 counted %.0f duplicates, its replies reported %d", d, r.dupOK.Load())
 	}
