@@ -297,9 +297,9 @@ func TestCheckpointFollowsKeysThatMoved(t *testing.T) {
 func crashAndRestart(t *testing.T, hs *harness, fs *faultstore.Store, dir string, groups uint32) *harness {
 	t.Helper()
 	fs.InjectAll(faultstore.OpCheckpoint, faultstore.Fault{Err: errors.New("injected: crashed")})
-	if err := hs.shutdown(); err == nil {
-		t.Fatal("shutdown without its final checkpoint reported no error")
-	}
+	// (Its final checkpoint fails if anything changed since the last one;
+	// the restart must find everything either way.)
+	_ = hs.shutdown()
 	if err := fs.Close(); err != nil {
 		t.Fatal(err)
 	}
