@@ -113,7 +113,7 @@ func (h *Host) mayBeStoredLocked(id keyID, group uint32) bool {
 	if h.groups[group].complete {
 		return false
 	}
-	_, _, _, spilled := h.findSpilledLocked(id, group)
+	_, spilled := h.findSpilledLocked(id, group)
 	return !spilled
 }
 

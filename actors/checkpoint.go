@@ -243,10 +243,8 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 				// cleans it), else its entry.
 				if now := h.lookupLocked(k.id, g); now != nil {
 					k = now
-				} else if a, off, _, ok := h.findSpilledLocked(k.id, g); ok {
-					_, body := a.at(off)
-					e, _ := decodeSpilled(body)
-					moved = append(moved, spilledCopy{k.id, slices.Clone(e.value), e.lastNow})
+				} else if at, ok := h.findSpilledLocked(k.id, g); ok {
+					moved = append(moved, spilledCopy{k.id, slices.Clone(at.e.value), at.e.lastNow})
 					continue
 				} else {
 					h.mu.Unlock()

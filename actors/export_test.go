@@ -76,16 +76,11 @@ func CorruptSpilled(h *Host, pipeline, key string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	id := keyID{pipeline, key}
-	a, off, _, ok := h.findSpilledLocked(id, h.GroupOf(pipeline, key))
+	at, ok := h.findSpilledLocked(id, h.GroupOf(pipeline, key))
 	if !ok {
 		return false
 	}
-	_, body := a.at(off)
-	e, err := decodeSpilled(body)
-	if err != nil {
-		return false
-	}
-	_, n := binary.Uvarint(e.value) // the position, then the packed state
-	e.value[n] = 0xee
+	_, n := binary.Uvarint(at.e.value) // the position, then the packed state
+	at.e.value[n] = 0xee
 	return true
 }

@@ -597,19 +597,21 @@ func (h *Host) sendRead(pipeline, key string, msg any) error {
 	return nil
 }
 
-// newGrainLocked returns a new grain for a key not in memory: from the
-// spill if it is there (dirty, as it left), else from l if its snapshot was
-// read already, else from the snapshot cache, else from the store (unless
-// the key is known to be new). h.mu must be held.
+// newGrainLocked returns a new grain for a key not in memory: from l if its
+// snapshot was read already, else from the spill if it is there (dirty, as
+// it left), else from the snapshot cache, else from the store (unless the
+// key is known to be new). (A key read already was not spilled then, and
+// cannot be since: activate.go.) h.mu must be held.
 func (h *Host) newGrainLocked(id keyID, group uint32, l *loaded) *grain {
 	gs := &h.groups[group]
-	if sl, dirtyAt, lastNow := h.unspillLocked(id, group); sl != nil {
-		g := &grain{host: h, id: id, group: group, epoch: gs.epoch, pipeline: h.cfg.Pipelines[id.pipeline],
-			pstats: h.stats.pipelines[id.pipeline], preloaded: sl, lastNow: lastNow}
-		h.markDirtyLocked(g, dirtyAt)
-		return g
+	var (
+		dirtyAt persistence.Position
+		lastNow int64
+	)
+	if l == nil {
+		l, dirtyAt, lastNow = h.unspillLocked(id, group)
 	}
-	if !gs.complete {
+	if !gs.complete && (l == nil || !l.spilled) { // (a spilled key has no cache entry: it was in memory since)
 		// Back in memory, the key may change: its cached state would be
 		// stale once it leaves again (cache.go).
 		if l == nil {
@@ -620,8 +622,12 @@ func (h *Host) newGrainLocked(id keyID, group uint32, l *loaded) *grain {
 	if l == nil && gs.complete {
 		l = newKey // nothing to read
 	}
-	return &grain{host: h, id: id, group: group, epoch: gs.epoch, pipeline: h.cfg.Pipelines[id.pipeline],
-		pstats: h.stats.pipelines[id.pipeline], preloaded: l}
+	g := &grain{host: h, id: id, group: group, epoch: gs.epoch, pipeline: h.cfg.Pipelines[id.pipeline],
+		pstats: h.stats.pipelines[id.pipeline], preloaded: l, lastNow: lastNow}
+	if l != nil && l.spilled {
+		h.markDirtyLocked(g, dirtyAt) // it left memory changed
+	}
+	return g
 }
 
 // sendLocked sends msg to the key's grain, activating it if needed, and

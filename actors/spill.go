@@ -74,7 +74,6 @@ type spill struct {
 	seed      maphash.Seed
 	index     map[uint64]spillLoc
 	nextArena uint32
-	n         int   // entries in the index
 	bytes     int64 // the arenas' chunks and the index's entries
 	name, buf []byte
 }
@@ -205,10 +204,14 @@ func (e *spilledEntry) is(id keyID) bool {
 	return string(e.pipeline) == id.pipeline && string(e.key) == id.key
 }
 
+// hash returns the index's hash of a key, whose name it leaves in sp.name.
 func (sp *spill) hash(id keyID) uint64 {
 	sp.name = id.appendSnapshotKey(sp.name[:0])
-	return maphash.Bytes(sp.seed, sp.name)
+	return sp.hashName()
 }
+
+// hashName is the index's hash of the key name in sp.name.
+func (sp *spill) hashName() uint64 { return maphash.Bytes(sp.seed, sp.name) }
 
 // spillLocked packs a parked dirty key into its group's spill and takes it
 // out of memory. It reports false if the key cannot leave so (its ids are
@@ -245,7 +248,6 @@ func (h *Host) spillLocked(g *grain) bool {
 		sp.index = map[uint64]spillLoc{}
 	}
 	sp.index[hash] = spillLoc{g.group, a.id, off}
-	sp.n++
 	gs.spilled++
 	grown := a.bytes - was + spillIndexBytes
 	sp.bytes += grown
@@ -286,18 +288,27 @@ func (h *Host) packSpilled(g *grain) (body []byte, ok bool) {
 	return b, true
 }
 
-// findSpilledLocked returns the arena and offset of a key's entry, if the
-// key is spilled. h.mu must be held.
-func (h *Host) findSpilledLocked(id keyID, group uint32) (*spillArena, uint32, uint64, bool) {
+// spilledAt is a spilled key's entry, where it is and decoded (its byte
+// slices in the arena).
+type spilledAt struct {
+	a    *spillArena
+	off  uint32
+	hash uint64
+	e    spilledEntry
+}
+
+// findSpilledLocked returns a key's entry, if the key is spilled. h.mu must
+// be held.
+func (h *Host) findSpilledLocked(id keyID, group uint32) (spilledAt, bool) {
 	gs := &h.groups[group]
 	if gs.spilled == 0 {
-		return nil, 0, 0, false
+		return spilledAt{}, false
 	}
 	sp := &h.resident.spill
 	hash := sp.hash(id)
 	loc, ok := sp.index[hash]
 	if !ok || loc.group != group {
-		return nil, 0, 0, false
+		return spilledAt{}, false
 	}
 	for _, a := range gs.spills {
 		if a.id != loc.arena {
@@ -305,33 +316,30 @@ func (h *Host) findSpilledLocked(id keyID, group uint32) (*spillArena, uint32, u
 		}
 		_, body := a.at(loc.off)
 		if e, err := decodeSpilled(body); err == nil && e.is(id) {
-			return a, loc.off, hash, true
+			return spilledAt{a, loc.off, hash, e}, true
 		}
-		return nil, 0, 0, false // another key with the same hash
+		return spilledAt{}, false // another key with the same hash
 	}
-	return nil, 0, 0, false
+	return spilledAt{}, false
 }
 
 // unspillLocked takes a key out of the spill, if it is there: it returns
 // the key's state as the snapshot cache would (loaded.cached, a copy), and
 // its dirty position and last processing time. h.mu must be held.
 func (h *Host) unspillLocked(id keyID, group uint32) (l *loaded, dirtyAt persistence.Position, lastNow int64) {
-	a, off, hash, ok := h.findSpilledLocked(id, group)
+	at, ok := h.findSpilledLocked(id, group)
 	if !ok {
 		return nil, 0, 0
 	}
-	_, body := a.at(off)
-	e, _ := decodeSpilled(body) // (found: it decodes)
-	a.kill(off)
-	h.unindexSpilledLocked(group, hash)
+	at.a.kill(at.off)
+	h.unindexSpilledLocked(group, at.hash)
 	h.stats.unspilled.Add(1)
-	return &loaded{cached: slices.Clone(e.value), spilled: true}, e.dirtyAt, e.lastNow
+	return &loaded{cached: slices.Clone(at.e.value), spilled: true}, at.e.dirtyAt, at.e.lastNow
 }
 
 func (h *Host) unindexSpilledLocked(group uint32, hash uint64) {
 	sp := &h.resident.spill
 	delete(sp.index, hash)
-	sp.n--
 	sp.bytes -= spillIndexBytes
 	h.resident.bytes -= spillIndexBytes
 	h.groups[group].spilled--
@@ -397,7 +405,7 @@ func (sp *spill) entries(group uint32, a *spillArena, f func(off uint32, e *spil
 			return // (not written so)
 		}
 		sp.name = e.name(sp.name[:0])
-		hash := maphash.Bytes(sp.seed, sp.name)
+		hash := sp.hashName()
 		loc, ok := sp.index[hash]
 		f(off, &e, hash, ok && loc == spillLoc{group, a.id, off})
 	})

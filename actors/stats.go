@@ -125,7 +125,7 @@ func (h *Host) Stats() Stats {
 	h.mu.Lock()
 	n, dirty, unavailable, takingOver, logged := h.lru.n, 0, 0, 0, int64(0)
 	resident, residentBytes := h.resident.n(), h.resident.bytes
-	spilled, spilledBytes := h.resident.spill.n, h.resident.spill.bytes
+	spilled, spilledBytes := len(h.resident.spill.index), h.resident.spill.bytes
 	idle := len(h.shells)
 	cached, cacheBytes := h.cache.stats()
 	for i := range h.groups {
