@@ -25,9 +25,10 @@
 #   others' preloads, which take minutes each at 10M keys)
 #   REDIS_ARGS="...": more redis-server options (for instance
 #   "--auto-aof-rewrite-percentage 0" to see what AOF rewrites cost)
-# Prints one JSON line per measurement to $OUT (default: a temp file) and a
-# table of medians with the ratios to naive. Everything it starts is stopped
-# by PID when it exits.
+# Prints one JSON line per measurement to $OUT (default: a temp file), a
+# table of medians with the ratios to naive, and one of the CPU each target
+# cost per event (node + Redis + load generator, from `keyfold bench`).
+# Everything it starts is stopped by PID when it exits.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 keys=("${@:-10000 100000 1000000}")
@@ -129,5 +130,13 @@ for (k, dist, phase), t in sorted(groups.items()):
     print(f'{k:>9} {dist:8} {phase:7} {n:>11.0f} {rd:>11.0f} {rd/n if n else 0:>7.2f} {med(t.get("redis", [{}]), "p99_ms"):>7.0f} '
           f'{e:>10.0f} {e/n if n else 0:>7.2f} {med(t.get("embedded", [{}]), "p99_ms"):>7.0f} {med(t.get("embedded", [{}]), "node_heap_per_key"):>10.0f} '
           f'{med(t.get("embedded", [{}]), "node_rss_per_key"):>9.0f} {med(t.get("embedded", [{}]), "node_cached_keys"):>9.0f} {max(len(v) for v in t.values())}')
+# CPU per event (µs, medians): what each target cost on the shared cores,
+# node + Redis + load generator; the ratio is naive's sum over the target's.
+cpu = lambda rs: statistics.median(r.get("node_cpu_us_per_event", 0) + r.get("redis_cpu_us_per_event", 0) + r.get("client_cpu_us_per_event", 0) for r in rs)
+print(f'\nCPU µs per event, node + Redis + load generator (naive: Redis + load generator)')
+print(f'{"keys":>9} {"dist":8} {"phase":7} {"naive":>7} {"redis":>7} {"naive/x":>7} {"embedded":>8} {"naive/x":>7}')
+for (k, dist, phase), t in sorted(groups.items()):
+    n, rd, e = (cpu(t[x]) if x in t else 0 for x in ("naive", "redis", "embedded"))
+    print(f'{k:>9} {dist:8} {phase:7} {n:>7.1f} {rd:>7.1f} {n/rd if rd else 0:>7.2f} {e:>8.1f} {n/e if e else 0:>7.2f}')
 EOF
 echo "measurements: $out"

@@ -195,6 +195,7 @@ type benchResult struct {
 	SettledS   float64 `json:"preload_checkpointed_seconds,omitempty"` // after the preload, until the node stored it
 	Rate       float64 `json:"rate,omitempty"`                         // events/s offered (--rate)
 	memoryStats
+	cpuStats
 }
 
 func bench(ctx context.Context, o benchOptions, out io.Writer) error {
@@ -263,6 +264,10 @@ func bench(ctx context.Context, o benchOptions, out io.Writer) error {
 		defer w.Flush()
 		trace = w
 	}
+	cpu0, err := readCPU(ctx, o)
+	if err != nil {
+		return err
+	}
 	start := time.Now()
 	events, latencies, err := loadPhase(ctx, o, sinks, &seq, o.duration, o.rate, pickers, trace)
 	// Acks that came after the phase's end are not counted, nor is the
@@ -270,6 +275,10 @@ func bench(ctx context.Context, o benchOptions, out io.Writer) error {
 	elapsed := min(time.Since(start), o.duration)
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
+	}
+	cpu1, err := readCPU(ctx, o)
+	if err != nil {
+		return err
 	}
 	if len(latencies) == 0 {
 		return errors.New("bench: no request completed")
@@ -280,6 +289,7 @@ func bench(ctx context.Context, o benchOptions, out io.Writer) error {
 	res.Events, res.Requests, res.Seconds = events, len(latencies), elapsed.Seconds()
 	res.EventsPerS = float64(events) / elapsed.Seconds()
 	res.P50Ms, res.P90Ms, res.P99Ms, res.MaxMs = ms(q(0.5)), ms(q(0.9)), ms(q(0.99)), ms(latencies[len(latencies)-1])
+	res.cpuStats = perEvent(cpu0, cpu1, o, events)
 	if err := res.memoryStats.collect(ctx, o); err != nil {
 		return fmt.Errorf("bench: memory figures: %w", err)
 	}
@@ -293,6 +303,7 @@ func bench(ctx context.Context, o benchOptions, out io.Writer) error {
 	if s := res.memoryStats.String(); s != "" {
 		fmt.Fprintln(out, s)
 	}
+	fmt.Fprintln(out, res.cpuStats)
 	return nil
 }
 

@@ -197,6 +197,11 @@ func TestBench(t *testing.T) {
 	if err != nil || json.Unmarshal([]byte(out), &res) != nil || res.Target != "keyfold-grpc-stream" || res.Events == 0 || res.NodeActiveKeys == 0 || res.NodeRSS == 0 || res.SettledS == 0 {
 		t.Fatalf("bench --stream --json: %v\n%s", err, out)
 	}
+	// The CPU per event of the node (here the test's own process) and of
+	// the load generator; no Redis was named.
+	if res.ClientCPU <= 0 || res.NodeCPU <= 0 || res.RedisCPU != 0 {
+		t.Errorf("bench --metrics: cpu per event node %v, client %v, redis %v µs", res.NodeCPU, res.ClientCPU, res.RedisCPU)
+	}
 	for _, k := range []string{"u0", "u49"} {
 		if out, err := runCLI(t, "get", "--addr", grpcAddr, "logins", k); err != nil {
 			t.Errorf("key %s after --preload: %v\n%s", k, err, out)
@@ -240,8 +245,12 @@ func TestBench(t *testing.T) {
 	rs := redistest.Start(t)
 	out, err = runCLI(t, "bench", "--naive-redis", rs.URL(), "--stream", "--keys", "7", "--preload", "--duration", "300ms",
 		"--batch", "10", "--concurrency", "2", "--redis-info", rs.URL(), "--json")
+	res = benchResult{}
 	if err != nil || json.Unmarshal([]byte(out), &res) != nil || res.Target != "naive-redis" || res.RedisUsed == 0 {
 		t.Fatalf("bench --naive-redis: %v\n%s", err, out)
+	}
+	if res.RedisCPU <= 0 || res.ClientCPU <= 0 || res.NodeCPU != 0 {
+		t.Errorf("bench --redis-info: cpu per event redis %v, client %v, node %v µs", res.RedisCPU, res.ClientCPU, res.NodeCPU)
 	}
 	rdb := rs.Client()
 	total, ids := int64(0), 0

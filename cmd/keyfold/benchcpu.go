@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"syscall"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// cpuStats is the CPU the measured phase cost per acknowledged event: the
+// node's (process_cpu_seconds_total, with --metrics), Redis's (INFO cpu,
+// with --redis-info) and this load generator's own. Where they share a
+// machine's cores, throughput follows their sum, so the sum compares
+// targets more steadily than events/s on a machine with noisy neighbours;
+// the parts say which process pays. (The samples are taken before the
+// measured phase and once its last ack is in, so the work of the acks that
+// came after its end, at most a window per client, is counted too.)
+type cpuStats struct {
+	NodeCPU   float64 `json:"node_cpu_us_per_event,omitempty"`
+	RedisCPU  float64 `json:"redis_cpu_us_per_event,omitempty"`
+	ClientCPU float64 `json:"client_cpu_us_per_event,omitempty"`
+}
+
+// cpuSample is the CPU seconds each process used so far.
+type cpuSample struct{ node, redis, client float64 }
+
+// readCPU samples the CPU seconds of the node, Redis and this process.
+func readCPU(ctx context.Context, o benchOptions) (cpuSample, error) {
+	var s cpuSample
+	if o.metrics != "" {
+		v, found, err := scrape(ctx, o.metrics, "process_cpu_seconds_total")
+		if err != nil {
+			return s, err
+		}
+		if !found[0] {
+			return s, fmt.Errorf("--metrics: %s has no process_cpu_seconds_total", o.metrics)
+		}
+		s.node = v[0]
+	}
+	if o.redisInfo != "" {
+		opts, err := redis.ParseURL(o.redisInfo)
+		if err != nil {
+			return s, fmt.Errorf("--redis-info: %w", err)
+		}
+		rdb := redis.NewClient(opts)
+		defer rdb.Close()
+		info, err := rdb.InfoMap(ctx, "cpu").Result()
+		if err != nil {
+			return s, fmt.Errorf("--redis-info: %w", err)
+		}
+		for _, f := range []string{"used_cpu_sys", "used_cpu_user"} {
+			v, err := strconv.ParseFloat(info["CPU"][f], 64)
+			if err != nil {
+				return s, fmt.Errorf("--redis-info: INFO cpu %s: %w", f, err)
+			}
+			s.redis += v
+		}
+	}
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return s, fmt.Errorf("bench: getrusage: %w", err)
+	}
+	s.client = tvSeconds(ru.Utime) + tvSeconds(ru.Stime)
+	return s, nil
+}
+
+func tvSeconds(tv syscall.Timeval) float64 { return float64(tv.Sec) + float64(tv.Usec)/1e6 }
+
+// perEvent returns what happened between two samples, in µs per event.
+// A process not sampled (no --metrics, no --redis-info) stays 0.
+func perEvent(before, after cpuSample, o benchOptions, events int64) cpuStats {
+	us := func(a, b float64) float64 { return (b - a) * 1e6 / float64(events) }
+	c := cpuStats{ClientCPU: us(before.client, after.client)}
+	if o.metrics != "" {
+		c.NodeCPU = us(before.node, after.node)
+	}
+	if o.redisInfo != "" {
+		c.RedisCPU = us(before.redis, after.redis)
+	}
+	return c
+}
+
+func (c cpuStats) String() string {
+	return fmt.Sprintf("cpu per event: node %.1f µs, redis %.1f µs, load generator %.1f µs (sum %.1f µs)",
+		c.NodeCPU, c.RedisCPU, c.ClientCPU, c.NodeCPU+c.RedisCPU+c.ClientCPU)
+}
