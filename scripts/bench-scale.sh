@@ -25,6 +25,9 @@
 #   others' preloads, which take minutes each at 10M keys)
 #   REDIS_ARGS="...": more redis-server options (for instance
 #   "--auto-aof-rewrite-percentage 0" to see what AOF rewrites cost)
+#   PROFILES=DIR: the nodes serve their profiles (serve --pprof) and each
+#   node measurement writes the node's CPU profile of its measured phase to
+#   DIR/TARGET-KEYS-DIST-PHASE-RUN.pprof
 # Prints one JSON line per measurement to $OUT (default: a temp file), a
 # table of medians with the ratios to naive, and one of the CPU each target
 # cost per event (node + Redis + load generator, from `keyfold bench`).
@@ -65,11 +68,18 @@ pids+=($!)
 until redis-cli -p "$rport" ping >/dev/null 2>&1; do sleep 0.05; done
 redis=redis://127.0.0.1:$rport
 
-# node STORE_ARGS...: start a node, wait until it is ready; sets npid, grpc, http.
+# node STORE_ARGS...: start a node, wait until it is ready; sets npid, grpc,
+# http and prof (the bench arguments for its CPU profile, with PROFILES).
 node() {
-	local hport gport
+	local hport gport pport
 	hport=$(free_port)
 	gport=$(free_port)
+	prof=()
+	if [ -n "${PROFILES:-}" ]; then
+		pport=$(free_port)
+		set -- "$@" --pprof "127.0.0.1:$pport"
+		prof=(--pprof "127.0.0.1:$pport")
+	fi
 	"$nodebin" serve --config "$config" --http "127.0.0.1:$hport" --grpc "127.0.0.1:$gport" "$@" >>"$work/node.log" 2>&1 &
 	npid=$!
 	pids+=("$npid")
@@ -87,6 +97,10 @@ record() {
 	shift 5
 	local pre=()
 	[ "$phase" = steady ] && pre=(--preload)
+	if [ "$target" != naive ] && [ -n "${PROFILES:-}" ]; then
+		mkdir -p "$PROFILES"
+		pre+=("${prof[@]}" --cpu-profile "$PROFILES/$target-$k-$dist-$phase-$run.pprof")
+	fi
 	"$kf" bench "${load[@]}" --keys "$k" --dist "$dist" "${pre[@]}" --json "$@" |
 		python3 -c 'import json,sys; d=json.load(sys.stdin); d.update(target=sys.argv[1], phase=sys.argv[2], run=int(sys.argv[3])); print(json.dumps(d))' \
 			"$target" "$phase" "$run" | tee -a "$out"

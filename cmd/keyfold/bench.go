@@ -82,6 +82,9 @@ measured apart.`,
 			if o.stream && o.grpc == "" && o.naiveRedis == "" {
 				return errors.New("--stream loads over gRPC (or Redis by hand): give the node's --addr")
 			}
+			if (o.cpuProfile == "") != (o.pprof == "") {
+				return errors.New("--cpu-profile FILE and --pprof ADDR go together (the node serves its profiles with serve --pprof ADDR)")
+			}
 			return bench(cmd.Context(), o, cmd.OutOrStdout())
 		},
 	}
@@ -105,8 +108,10 @@ measured apart.`,
 	f.DurationVar(&o.duration, "duration", 10*time.Second, "how long to measure")
 	f.StringVar(&o.trace, "trace", "", "write every acknowledged batch of the measured phase to this file, one line each: when it was due (ms since the phase began) and its ack latency (ms), to see when a target stalls")
 	f.Float64Var(&o.rate, "rate", 0, "events/s to offer in the measured phase, all clients together (0: as fast as the target acks); latency counts from each batch's scheduled time, so a target that falls behind shows it")
-	f.StringVar(&o.metrics, "metrics", "", "the node's HTTP base URL, to report its memory from /metrics after the run")
-	f.StringVar(&o.redisInfo, "redis-info", "", "a Redis URL, to report its used_memory per key after the run")
+	f.StringVar(&o.metrics, "metrics", "", "the node's HTTP base URL, to report its memory and CPU per event from /metrics")
+	f.StringVar(&o.redisInfo, "redis-info", "", "a Redis URL, to report its used_memory per key and CPU per event")
+	f.StringVar(&o.cpuProfile, "cpu-profile", "", "write the node's CPU profile of the measured phase to this file (from the node's `serve --pprof` address, given as --pprof)")
+	f.StringVar(&o.pprof, "pprof", "", "with --cpu-profile: the node's pprof address (host:port or URL)")
 	f.BoolVar(&o.json, "json", false, "print the figures as one JSON object")
 	return cmd
 }
@@ -125,6 +130,7 @@ type benchOptions struct {
 	metrics, redisInfo               string
 	json                             bool
 	trace                            string // a file for every ack of the measured phase
+	cpuProfile, pprof                string // the node's CPU profile of the measured phase, and where to get it
 }
 
 // benchEvent is one synthetic event before a sink renders it: its key's
@@ -268,6 +274,7 @@ func bench(ctx context.Context, o benchOptions, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	profiled := profileNode(ctx, o)
 	start := time.Now()
 	events, latencies, err := loadPhase(ctx, o, sinks, &seq, o.duration, o.rate, pickers, trace)
 	// Acks that came after the phase's end are not counted, nor is the
@@ -275,6 +282,9 @@ func bench(ctx context.Context, o benchOptions, out io.Writer) error {
 	elapsed := min(time.Since(start), o.duration)
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
+	}
+	if err := <-profiled; err != nil {
+		return err
 	}
 	cpu1, err := readCPU(ctx, o)
 	if err != nil {

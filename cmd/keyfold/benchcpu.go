@@ -3,8 +3,13 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"os"
 	"strconv"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -85,4 +90,48 @@ func perEvent(before, after cpuSample, o benchOptions, events int64) cpuStats {
 func (c cpuStats) String() string {
 	return fmt.Sprintf("cpu per event: node %.1f µs, redis %.1f µs, load generator %.1f µs (sum %.1f µs)",
 		c.NodeCPU, c.RedisCPU, c.ClientCPU, c.NodeCPU+c.RedisCPU+c.ClientCPU)
+}
+
+// profileNode fetches the node's CPU profile of the measured phase (the
+// whole seconds of --duration, at least one) from its pprof address into
+// --cpu-profile, and sends the outcome; with no --cpu-profile it sends nil
+// at once. It starts with the phase, so the profile holds the node's work
+// for the load measured and nothing of the preload or warmup.
+func profileNode(ctx context.Context, o benchOptions) <-chan error {
+	done := make(chan error, 1)
+	if o.cpuProfile == "" {
+		done <- nil
+		return done
+	}
+	base := o.pprof
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	secs := max(int(o.duration/time.Second), 1)
+	go func() {
+		done <- func() error {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", strings.TrimSuffix(base, "/"), secs), nil)
+			if err != nil {
+				return fmt.Errorf("--pprof: %w", err)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return fmt.Errorf("--pprof: %w", err)
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("--pprof: GET /debug/pprof/profile: %s", resp.Status)
+			}
+			f, err := os.Create(o.cpuProfile)
+			if err != nil {
+				return fmt.Errorf("--cpu-profile: %w", err)
+			}
+			if _, err := io.Copy(f, resp.Body); err != nil {
+				f.Close()
+				return fmt.Errorf("--cpu-profile: %w", err)
+			}
+			return f.Close()
+		}()
+	}()
+	return done
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -12,6 +13,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/big"
 	"net"
 	"net/http"
@@ -234,6 +236,26 @@ func TestBench(t *testing.T) {
 			t.Fatalf("trace line %d %q: %v", i+1, l, err)
 		}
 	}
+	// --cpu-profile: the node's CPU profile of the measured phase, fetched
+	// from its pprof address (here this process's): a gzipped pprof profile
+	// of CPU samples. Half of the pair is refused.
+	paddr, stopPprof, err := servePprof("127.0.0.1:0", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopPprof()
+	prof := filepath.Join(t.TempDir(), "cpu.pprof")
+	if out, err := runCLI(t, "bench", "--addr", grpcAddr, "--stream", "--keys", "50", "--duration", "1s", "--batch", "10",
+		"--concurrency", "2", "--pprof", paddr, "--cpu-profile", prof); err != nil {
+		t.Fatalf("bench --cpu-profile: %v\n%s", err, out)
+	}
+	if raw, err := gunzipFile(prof); err != nil || !bytes.Contains(raw, []byte("cpu")) || !bytes.Contains(raw, []byte("nanoseconds")) {
+		t.Errorf("bench --cpu-profile wrote no CPU profile: %v (%d bytes)", err, len(raw))
+	}
+	if _, err := runCLI(t, "bench", "--addr", grpcAddr, "--cpu-profile", prof); err == nil || !strings.Contains(err.Error(), "--pprof") {
+		t.Errorf("bench --cpu-profile without --pprof: %v, want a refusal naming --pprof", err)
+	}
+
 	for _, bad := range []string{"-1", "NaN", "+Inf"} {
 		if _, err := runCLI(t, "bench", "--addr", grpcAddr, "--rate", bad); err == nil || !strings.Contains(err.Error(), "--rate") {
 			t.Errorf("bench --rate %s: %v, want a refusal naming --rate", bad, err)
@@ -268,6 +290,20 @@ func TestBench(t *testing.T) {
 	if int64(ids) != total || total < res.Events+7 {
 		t.Errorf("naive Redis: %d events counted, %d ids remembered; want them equal and at least the %d measured + 7 preloaded", total, ids, res.Events)
 	}
+}
+
+// gunzipFile returns the decompressed content of a gzip file.
+func gunzipFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	z, err := gzip.NewReader(f)
+	if err != nil {
+		return nil, err
+	}
+	return io.ReadAll(z)
 }
 
 // selfSigned writes a certificate for 127.0.0.1 and its key as PEM files.

@@ -112,7 +112,7 @@ it does not exit.`,
 				return err
 			}
 			if pprofAddr != "" {
-				stop, err := servePprof(pprofAddr, logger)
+				_, stop, err := servePprof(pprofAddr, logger)
 				if err != nil {
 					return err
 				}
@@ -143,10 +143,10 @@ it does not exit.`,
 
 // servePprof serves net/http/pprof's handlers on a listener of their own, so
 // that profiles are never reachable on the API's address.
-func servePprof(addr string, logger *slog.Logger) (stop func(), err error) {
+func servePprof(addr string, logger *slog.Logger) (bound string, stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("--pprof: %w", err)
+		return "", nil, fmt.Errorf("--pprof: %w", err)
 	}
 	// Contention is what a stall needs explained: sample one in 100 mutex
 	// waits and blocking events of a millisecond or more (cheap at that rate).
@@ -161,7 +161,7 @@ func servePprof(addr string, logger *slog.Logger) (stop func(), err error) {
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	logger.Info("listening", "pprof", ln.Addr().String())
 	go func() { _ = srv.Serve(ln) }()
-	return func() { _ = srv.Close() }, nil
+	return ln.Addr().String(), func() { _ = srv.Close() }, nil
 }
 
 // redisLogger hands go-redis's messages to slog at debug level.
