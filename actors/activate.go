@@ -124,76 +124,99 @@ const prefetchParallelism = 32
 type prefetch struct {
 	done  chan struct{}
 	byKey map[keyID]*loaded // valid once done is closed; nil if the read failed
-	// cached are the keys found in the snapshot cache, not read.
+	// cached are the keys found in the snapshot cache, not read (valid
+	// once done is closed).
 	cached map[keyID]*loaded
 }
 
-// prefetchLocked starts reading the snapshots of the keys of groups that
-// are not active; h.mu must be held. It returns nil if every key is active.
+// prefetchKey is a key a commit may have to read, and its group's
+// incarnation when the commit looked.
+type prefetchKey struct {
+	id    keyID
+	group uint32
+	epoch persistence.Epoch
+}
+
+// prefetchLocked starts reading the states of the commit's keys that are
+// in memory nowhere (neither active, parked, stopping nor spilled) and may
+// be stored: from the snapshot cache, else from the store; h.mu must be
+// held. It returns nil if there is no such key.
+//
+// The cache is looked up with the store reads, while the append syncs, not
+// here under h.mu: at a million keys its look-ups (a cache miss or two
+// each, and a copy of the entry) were a third of the commit loop's time
+// under the lock (BENCHMARKS.md, session 20). A key's entry cannot change
+// meanwhile for the reasons its snapshot cannot (above): it is clean, and
+// an entry is written only when a key leaves memory, with the state it has
+// when clean.
 func (h *Host) prefetchLocked(groups []*groupBatch) *prefetch {
-	want := map[uint32][]keyID{}
-	var cached map[keyID]*loaded
+	var keys []prefetchKey
 	for _, gb := range groups {
 		for _, kb := range gb.keys {
-			if !h.mayBeStoredLocked(kb.id, gb.group) {
-				continue
+			if h.mayBeStoredLocked(kb.id, gb.group) {
+				keys = append(keys, prefetchKey{kb.id, gb.group, h.groups[gb.group].epoch})
 			}
-			if l := h.cache.get(kb.id, h.groups[gb.group].epoch); l != nil {
-				if cached == nil {
-					cached = map[keyID]*loaded{}
-				}
-				cached[kb.id] = l
-				continue
-			}
-			want[gb.group] = append(want[gb.group], kb.id)
 		}
 	}
-	if len(want) == 0 && cached == nil {
+	if len(keys) == 0 {
 		return nil
 	}
-	p := &prefetch{done: make(chan struct{}), cached: cached}
-	if len(want) == 0 {
-		close(p.done)
-		return p
-	}
-	go func() {
-		defer close(p.done)
-		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-		defer cancel()
-		// The groups are read at once: a commit of first-time keys touches
-		// most groups, and one after the other their round trips added up
-		// to more than the append they hide behind.
-		var (
-			mu    sync.Mutex
-			byKey = map[keyID]*loaded{}
-			reads errgroup.Group
-		)
-		reads.SetLimit(prefetchParallelism)
-		for g, ids := range want {
-			reads.Go(func() error {
-				ls, err := loadKeys(ctx, h.store, h.cfg.Pipelines, g, ids)
-				if err != nil {
-					return err
-				}
-				mu.Lock()
-				defer mu.Unlock()
-				for i := range ls {
-					byKey[ids[i]] = &ls[i]
-				}
-				return nil
-			})
-		}
-		if reads.Wait() != nil {
-			return // the grains read for themselves (and fail as they would)
-		}
-		p.byKey = byKey
-	}()
+	p := &prefetch{done: make(chan struct{})}
+	go p.read(h, keys)
 	return p
 }
 
-// take returns the read of a key, once the read is done (nil if it failed,
-// or the key was not read). The commit dispatches only to groups whose epoch
-// did not move since the read began, so a read it takes is current.
+// read looks the keys up in the snapshot cache and reads the others from
+// the store, then closes p.done.
+func (p *prefetch) read(h *Host, keys []prefetchKey) {
+	defer close(p.done)
+	want := map[uint32][]keyID{}
+	var name []byte // the cache's key, scratch
+	for _, k := range keys {
+		var l *loaded
+		if l, name = h.cache.lookup(name, k.id, k.epoch); l != nil {
+			if p.cached == nil {
+				p.cached = map[keyID]*loaded{}
+			}
+			p.cached[k.id] = l
+			continue
+		}
+		want[k.group] = append(want[k.group], k.id)
+	}
+	if len(want) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	// The groups are read at once: a commit of first-time keys touches
+	// most groups, and one after the other their round trips added up
+	// to more than the append they hide behind.
+	var (
+		mu    sync.Mutex
+		byKey = map[keyID]*loaded{}
+		reads errgroup.Group
+	)
+	reads.SetLimit(prefetchParallelism)
+	for g, ids := range want {
+		reads.Go(func() error {
+			ls, err := loadKeys(ctx, h.store, h.cfg.Pipelines, g, ids)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for i := range ls {
+				byKey[ids[i]] = &ls[i]
+			}
+			return nil
+		})
+	}
+	if reads.Wait() != nil {
+		return // the grains read for themselves (and fail as they would)
+	}
+	p.byKey = byKey
+}
+
 func (p *prefetch) take(id keyID) *loaded {
 	if p == nil {
 		return nil

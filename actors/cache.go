@@ -119,18 +119,29 @@ func (c *snapshotCache) putValue(name []byte, epoch persistence.Epoch, value []b
 // get returns the cached state of a key of a group in epoch, or nil; the
 // entry stays (newGrainLocked deletes it). h.mu must be held.
 func (c *snapshotCache) get(id keyID, epoch persistence.Epoch) *loaded {
+	l, key := c.lookup(c.key, id, epoch)
+	c.key = key
+	return l
+}
+
+// lookup is get with the caller's scratch buffer for the entry's name
+// (returned for reuse), so that it needs no h.mu: fastcache is safe for
+// concurrent use, and the counters are atomic. (c.c is set once, before
+// the host runs, and reset after it stopped.)
+func (c *snapshotCache) lookup(scratch []byte, id keyID, epoch persistence.Epoch) (*loaded, []byte) {
 	if c.c == nil {
-		return nil
+		return nil, scratch
 	}
-	v, ok := c.c.HasGet(nil, c.name(id))
+	scratch = id.appendSnapshotKey(scratch[:0])
+	v, ok := c.c.HasGet(nil, scratch)
 	if ok {
 		if e, n := binary.Uvarint(v); n > 0 && e == epoch {
 			c.hits.Add(1)
-			return &loaded{cached: v[n:]}
+			return &loaded{cached: v[n:]}, scratch
 		}
 	}
 	c.misses.Add(1)
-	return nil
+	return nil, scratch
 }
 
 // del forgets a key (it is back in memory). h.mu must be held.

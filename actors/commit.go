@@ -220,8 +220,13 @@ func (h *Host) commit(reqs []*ingestReq) {
 		h.mu.Unlock()
 		return
 	}
-	// The keys to activate are read while the append syncs.
+	// The keys to activate are read while the append syncs. The read ends
+	// before the commit returns, whatever happens (it looks in the snapshot
+	// cache, which the host's end resets).
 	pf := h.prefetchLocked(groups)
+	if pf != nil {
+		defer func() { <-pf.done }()
+	}
 	h.mu.Unlock()
 	for i, gb := range groups {
 		data, err := encodeRecord(gb.keys, gb.watermarks)
