@@ -132,7 +132,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	if clock != nil {
 		d.Snapshots = append(d.Snapshots, persistence.Snapshot{Key: groupClockKey, Data: clock})
 	}
-	got, err := h.snapshotKeys(ctx, g, epoch, dirty, spilled, &d)
+	got, moved, err := h.snapshotKeys(ctx, g, epoch, dirty, spilled, &d)
 	if errors.Is(err, errDropped) {
 		return nil // lost meanwhile: its keys are gone, its next take-over replays its log
 	}
@@ -185,6 +185,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	}
 	gs.covered = max(gs.covered, covers)
 	h.retireSpillLocked(g, spilled) // its keys are stored: to the snapshot cache
+	h.retireMovedLocked(g, moved)   // likewise, those written from where they moved
 	h.evictLocked()                 // the keys it cleaned may leave memory now
 	return nil
 }
@@ -192,19 +193,19 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 // snapshotKeys adds to d the snapshots of the keys spilled when the
 // checkpoint began (spilled, frozen) and asks keys of group g (in memory,
 // dirty when it began) for theirs, a chunk at a time; it returns what each
-// key is to be told once they are stored. A key no longer
-// dirty is skipped. A parked key is snapshotted
+// key is to be told once they are stored, and the keys written from the
+// spill they went to meanwhile. A key no longer dirty is skipped. A parked key is snapshotted
 // here, without an actor: meanwhile it is held as if stopping, so what is
 // sent to it waits (resident.go). errDropped: the group was lost meanwhile.
-func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epoch, keys []*grain, spilled []*spillArena, d *persistence.CheckpointData) ([]written, error) {
+func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epoch, keys []*grain, spilled []*spillArena, d *persistence.CheckpointData) ([]written, []spilledCopy, error) {
 	select {
 	case h.snapshotting <- struct{}{}:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
 	defer func() { <-h.snapshotting }()
 	if err := h.snapshotSpilled(spilled, d); err != nil {
-		return nil, fmt.Errorf("%w: %w", errSpillBroken, err)
+		return nil, nil, fmt.Errorf("%w: %w", errSpillBroken, err)
 	}
 	got := make([]written, 0, len(keys))
 	add := func(r snapshotReply) error {
@@ -218,22 +219,23 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 	replies := make(chan snapshotReply, snapshotChunk)
 	var (
 		parked []*grain
-		moved  []spilledCopy
+		moved  []spilledCopy // all of them
 	)
 	for len(keys) > 0 {
 		chunk := keys[:min(len(keys), snapshotChunk)]
 		keys = keys[len(chunk):]
-		parked, moved = parked[:0], moved[:0]
+		parked = parked[:0]
+		movedNow := len(moved)
 		asked := 0
 		h.mu.Lock()
 		gs := &h.groups[g]
 		if !gs.ready || gs.epoch != epoch {
 			h.mu.Unlock()
-			return nil, errDropped
+			return nil, nil, errDropped
 		}
 		if err := goneDirty(chunk); err != nil {
 			h.mu.Unlock()
-			return nil, err
+			return nil, nil, err
 		}
 		for _, k := range chunk {
 			if k.spilled {
@@ -244,11 +246,11 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 				if now := h.lookupLocked(k.id, g); now != nil {
 					k = now
 				} else if at, ok := h.findSpilledLocked(k.id, g); ok {
-					moved = append(moved, spilledCopy{k.id, slices.Clone(at.e.value), at.e.lastNow})
+					moved = append(moved, spilledCopy{k.id, slices.Clone(at.e.value), at.e.lastNow, at.a.id, at.off})
 					continue
 				} else {
 					h.mu.Unlock()
-					return nil, fmt.Errorf("actors: changed key %s/%s left the spill unsaved", k.id.pipeline, k.id.key)
+					return nil, nil, fmt.Errorf("actors: changed key %s/%s left the spill unsaved", k.id.pipeline, k.id.key)
 				}
 			}
 			switch {
@@ -264,9 +266,9 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 			}
 		}
 		h.mu.Unlock()
-		for _, m := range moved {
+		for _, m := range moved[movedNow:] {
 			if err := h.snapshotEntry(m.id, m.value, m.lastNow, d); err != nil {
-				return nil, fmt.Errorf("%w: %w", errSpillBroken, err)
+				return nil, nil, fmt.Errorf("%w: %w", errSpillBroken, err)
 			}
 		}
 		if len(parked) > 0 {
@@ -282,30 +284,31 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 			}
 			h.mu.Unlock()
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		}
 		for range asked {
 			select {
 			case r := <-replies:
 				if err := add(r); err != nil {
-					return nil, err
+					return nil, nil, err
 				}
 			case <-ctx.Done():
-				return nil, ctx.Err()
+				return nil, nil, ctx.Err()
 			case <-h.failCh:
-				return nil, h.Err()
+				return nil, nil, h.Err()
 			}
 		}
 	}
-	return got, nil
+	return got, moved, nil
 }
 
-// spilledCopy is a copy of a spilled key's entry.
+// spilledCopy is a copy of a spilled key's entry, and where it is.
 type spilledCopy struct {
-	id      keyID
-	value   []byte
-	lastNow int64
+	id         keyID
+	value      []byte
+	lastNow    int64
+	arena, off uint32
 }
 
 // appendSnapshot adds a key's snapshot to a checkpoint's data.

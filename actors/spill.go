@@ -39,8 +39,10 @@ import (
 // frozen bytes are not written to, so it reads them without h.mu). A key
 // of its dirty list spilled after it began is written from where it is
 // now: its new grain, or the spill (snapshotKeys). On success, the
-// entries still live go to the snapshot cache and the arenas are freed; on
-// failure the arenas thaw and the next checkpoint writes them.
+// entries still live go to the snapshot cache and the arenas are freed
+// (and so do the entries it wrote for keys that spilled after it began,
+// if they are still there: retireMovedLocked); on failure the arenas thaw
+// and the next checkpoint writes them.
 //
 // The spill is kept outside the Go heap's pointers: entries in 32 KiB
 // chunks, an index from a hash of the key's name to where its entry is,
@@ -426,6 +428,39 @@ func (h *Host) retireSpillLocked(group uint32, arenas []*spillArena) {
 			}
 		})
 		h.dropArenaLocked(group, a)
+	}
+}
+
+// retireMovedLocked ends the entries a checkpoint of the group wrote for
+// keys that spilled after it began (snapshotKeys): each one still spilled
+// where it was written is the key's whole state (a spilled key changes only
+// by coming back, which takes it out), stored now, so the key is clean and
+// goes to the snapshot cache, as a frozen entry would. (Left there, it
+// stayed dirty and the next checkpoint wrote it again.) h.mu must be held.
+func (h *Host) retireMovedLocked(group uint32, moved []spilledCopy) {
+	gs := &h.groups[group]
+	sp := &h.resident.spill
+	for _, m := range moved {
+		at, ok := h.findSpilledLocked(m.id, group)
+		if !ok || at.a.id != m.arena || at.off != m.off {
+			continue // back in memory since (and maybe spilled again): not what was written
+		}
+		sp.name = at.e.name(sp.name[:0])
+		h.cache.putValue(sp.name, gs.epoch, at.e.value)
+		gs.complete = false // it left memory
+		at.a.kill(at.off)
+		h.unindexSpilledLocked(group, at.hash)
+	}
+	// An arena left with no live entry goes now, not at the next checkpoint.
+	for _, a := range slices.Clone(gs.spills) {
+		if a.frozen || !slices.ContainsFunc(moved, func(m spilledCopy) bool { return m.arena == a.id }) {
+			continue
+		}
+		live := false
+		sp.entries(group, a, func(_ uint32, _ *spilledEntry, _ uint64, indexed bool) { live = live || indexed })
+		if !live {
+			h.dropArenaLocked(group, a)
+		}
 	}
 }
 

@@ -277,6 +277,12 @@ func TestCheckpointFollowsKeysThatMoved(t *testing.T) {
 			if hook.Load() != nil {
 				t.Fatal("the checkpoint did not run the hook")
 			}
+			// What it wrote from the spill left the spill (to the snapshot
+			// cache), the keys spilled after it froze included: nothing
+			// spilled is left, and in the first case nothing changed.
+			if st := hs.host.Stats(); st.SpilledKeys != 0 || st.SpilledBytes != 0 || (moved == "spilled" && st.DirtyKeys != 0) {
+				t.Errorf("after the checkpoint: %d keys spilled in %d B, %d changed; want none spilled", st.SpilledKeys, st.SpilledBytes, st.DirtyKeys)
+			}
 			hs2 := crashAndRestart(t, hs, fs, dir, 1)
 			defer hs2.shutdown()
 			for i := range keys {
