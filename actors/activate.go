@@ -217,6 +217,9 @@ func (p *prefetch) read(h *Host, keys []prefetchKey) {
 	p.byKey = byKey
 }
 
+// take returns the read of a key, once the read is done (nil if it failed,
+// or the key was not read). The commit dispatches only to groups whose epoch
+// did not move since the read began, so a read it takes is current.
 func (p *prefetch) take(id keyID) *loaded {
 	if p == nil {
 		return nil

@@ -40,8 +40,9 @@ import (
 // budget is full. Written only at eviction and deleted at activation, an
 // entry's age is the time since its key was last used: oldest first is
 // least recently used first. A hash collision or a deleted entry is a
-// miss, which only costs the store read. Every call runs under h.mu, so
-// the scratch buffers are the host's.
+// miss, which only costs the store read. Every call but lookup runs
+// under h.mu, so the scratch buffers are the host's; lookup, which a
+// commit's read calls without it, takes its caller's.
 type snapshotCache struct {
 	c            *fastcache.Cache // nil: no cache
 	key, val     []byte           // scratch, under h.mu

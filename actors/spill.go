@@ -438,6 +438,9 @@ func (h *Host) retireSpillLocked(group uint32, arenas []*spillArena) {
 // goes to the snapshot cache, as a frozen entry would. (Left there, it
 // stayed dirty and the next checkpoint wrote it again.) h.mu must be held.
 func (h *Host) retireMovedLocked(group uint32, moved []spilledCopy) {
+	if len(moved) == 0 {
+		return
+	}
 	gs := &h.groups[group]
 	sp := &h.resident.spill
 	for _, m := range moved {
@@ -452,8 +455,12 @@ func (h *Host) retireMovedLocked(group uint32, moved []spilledCopy) {
 		h.unindexSpilledLocked(group, at.hash)
 	}
 	// An arena left with no live entry goes now, not at the next checkpoint.
+	touched := make(map[uint32]bool)
+	for _, m := range moved {
+		touched[m.arena] = true
+	}
 	for _, a := range slices.Clone(gs.spills) {
-		if a.frozen || !slices.ContainsFunc(moved, func(m spilledCopy) bool { return m.arena == a.id }) {
+		if a.frozen || !touched[a.id] {
 			continue
 		}
 		live := false
