@@ -194,9 +194,10 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 // checkpoint began (spilled, frozen) and asks keys of group g (in memory,
 // dirty when it began) for theirs, a chunk at a time; it returns what each
 // key is to be told once they are stored, and the keys written from the
-// spill they went to meanwhile. A key no longer dirty is skipped. A parked key is snapshotted
-// here, without an actor: meanwhile it is held as if stopping, so what is
-// sent to it waits (resident.go). errDropped: the group was lost meanwhile.
+// spill they went to meanwhile. A key no longer dirty is skipped. A parked
+// key is snapshotted here, without an actor: meanwhile it is held as if
+// stopping, so what is sent to it waits (resident.go). errDropped: the
+// group was lost meanwhile.
 func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epoch, keys []*grain, spilled []*spillArena, d *persistence.CheckpointData) ([]written, []spilledCopy, error) {
 	select {
 	case h.snapshotting <- struct{}{}:

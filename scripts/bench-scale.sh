@@ -71,16 +71,12 @@ redis=redis://127.0.0.1:$rport
 # node STORE_ARGS...: start a node, wait until it is ready; sets npid, grpc,
 # http and prof (the bench arguments for its CPU profile, with PROFILES).
 node() {
-	local hport gport pport
+	local hport gport
 	hport=$(free_port)
 	gport=$(free_port)
 	prof=()
-	if [ -n "${PROFILES:-}" ]; then
-		pport=$(free_port)
-		set -- "$@" --pprof "127.0.0.1:$pport"
-		prof=(--pprof "127.0.0.1:$pport")
-	fi
-	"$nodebin" serve --config "$config" --http "127.0.0.1:$hport" --grpc "127.0.0.1:$gport" "$@" >>"$work/node.log" 2>&1 &
+	[ -n "${PROFILES:-}" ] && prof=(--pprof "127.0.0.1:$(free_port)")
+	"$nodebin" serve --config "$config" --http "127.0.0.1:$hport" --grpc "127.0.0.1:$gport" "$@" "${prof[@]}" >>"$work/node.log" 2>&1 &
 	npid=$!
 	pids+=("$npid")
 	http=http://127.0.0.1:$hport
@@ -95,13 +91,13 @@ stop_node() {
 record() {
 	local target=$1 k=$2 dist=$3 phase=$4 run=$5
 	shift 5
-	local pre=()
-	[ "$phase" = steady ] && pre=(--preload)
+	local args=()
+	[ "$phase" = steady ] && args=(--preload)
 	if [ "$target" != naive ] && [ -n "${PROFILES:-}" ]; then
 		mkdir -p "$PROFILES"
-		pre+=("${prof[@]}" --cpu-profile "$PROFILES/$target-$k-$dist-$phase-$run.pprof")
+		args+=("${prof[@]}" --cpu-profile "$PROFILES/$target-$k-$dist-$phase-$run.pprof")
 	fi
-	"$kf" bench "${load[@]}" --keys "$k" --dist "$dist" "${pre[@]}" --json "$@" |
+	"$kf" bench "${load[@]}" --keys "$k" --dist "$dist" "${args[@]}" --json "$@" |
 		python3 -c 'import json,sys; d=json.load(sys.stdin); d.update(target=sys.argv[1], phase=sys.argv[2], run=int(sys.argv[3])); print(json.dumps(d))' \
 			"$target" "$phase" "$run" | tee -a "$out"
 }

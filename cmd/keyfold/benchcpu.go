@@ -45,22 +45,22 @@ func readCPU(ctx context.Context, o benchOptions) (cpuSample, error) {
 		s.node = v[0]
 	}
 	if o.redisInfo != "" {
-		opts, err := redis.ParseURL(o.redisInfo)
-		if err != nil {
-			return s, fmt.Errorf("--redis-info: %w", err)
-		}
-		rdb := redis.NewClient(opts)
-		defer rdb.Close()
-		info, err := rdb.InfoMap(ctx, "cpu").Result()
-		if err != nil {
-			return s, fmt.Errorf("--redis-info: %w", err)
-		}
-		for _, f := range []string{"used_cpu_sys", "used_cpu_user"} {
-			v, err := strconv.ParseFloat(info["CPU"][f], 64)
+		err := withRedisInfo(o, func(rdb *redis.Client) error {
+			info, err := rdb.InfoMap(ctx, "cpu").Result()
 			if err != nil {
-				return s, fmt.Errorf("--redis-info: INFO cpu %s: %w", f, err)
+				return err
 			}
-			s.redis += v
+			for _, f := range []string{"used_cpu_sys", "used_cpu_user"} {
+				v, err := strconv.ParseFloat(info["CPU"][f], 64)
+				if err != nil {
+					return fmt.Errorf("INFO cpu %s: %w", f, err)
+				}
+				s.redis += v
+			}
+			return nil
+		})
+		if err != nil {
+			return s, err
 		}
 	}
 	var ru syscall.Rusage
@@ -69,6 +69,21 @@ func readCPU(ctx context.Context, o benchOptions) (cpuSample, error) {
 	}
 	s.client = tvSeconds(ru.Utime) + tvSeconds(ru.Stime)
 	return s, nil
+}
+
+// withRedisInfo calls f with a client of the --redis-info Redis; its
+// errors come back naming the flag.
+func withRedisInfo(o benchOptions, f func(rdb *redis.Client) error) error {
+	opts, err := redis.ParseURL(o.redisInfo)
+	if err != nil {
+		return fmt.Errorf("--redis-info: %w", err)
+	}
+	rdb := redis.NewClient(opts)
+	defer rdb.Close()
+	if err := f(rdb); err != nil {
+		return fmt.Errorf("--redis-info: %w", err)
+	}
+	return nil
 }
 
 func tvSeconds(tv syscall.Timeval) float64 { return float64(tv.Sec) + float64(tv.Usec)/1e6 }

@@ -223,23 +223,20 @@ func (m *memoryStats) collect(ctx context.Context, o benchOptions) error {
 		}
 	}
 	if o.redisInfo != "" {
-		opts, err := redis.ParseURL(o.redisInfo)
-		if err != nil {
-			return fmt.Errorf("--redis-info: %w", err)
-		}
-		rdb := redis.NewClient(opts)
-		defer rdb.Close()
-		info, err := rdb.InfoMap(ctx, "memory").Result()
-		if err != nil {
-			return fmt.Errorf("--redis-info: %w", err)
-		}
-		m.RedisUsed, _ = strconv.ParseFloat(info["Memory"]["used_memory"], 64)
-		n, err := rdb.DBSize(ctx).Result()
-		if err != nil {
-			return fmt.Errorf("--redis-info: %w", err)
-		}
-		m.RedisKeys = float64(n)
-		m.RedisPerKey = m.RedisUsed / float64(o.keys)
+		return withRedisInfo(o, func(rdb *redis.Client) error {
+			info, err := rdb.InfoMap(ctx, "memory").Result()
+			if err != nil {
+				return err
+			}
+			m.RedisUsed, _ = strconv.ParseFloat(info["Memory"]["used_memory"], 64)
+			n, err := rdb.DBSize(ctx).Result()
+			if err != nil {
+				return err
+			}
+			m.RedisKeys = float64(n)
+			m.RedisPerKey = m.RedisUsed / float64(o.keys)
+			return nil
+		})
 	}
 	return nil
 }
