@@ -310,9 +310,10 @@ func (s *Store) reopen() {
 		s.life.Unlock()
 		return // Close closes db
 	}
-	db := s.db
-	s.db = nil
+	db, j := s.db, s.journal
+	s.db, s.journal = nil, nil
 	s.life.Unlock()
+	j.close()
 	if err := s.inPebble(db.Close); err != nil {
 		s.log.Debug("closing the failed store", "dir", s.dir, "err", err.Error())
 	}
@@ -326,7 +327,10 @@ func (s *Store) reopen() {
 		var err error
 		if err = s.checkSpace(0); err == nil {
 			if db, err = s.openDB(); err == nil {
-				break
+				if j, err = s.openJournal(db); err == nil {
+					break
+				}
+				_ = s.inPebble(db.Close)
 			}
 		}
 		s.limitedError("store reopen failed: retrying", err)
@@ -349,10 +353,10 @@ func (s *Store) reopen() {
 	s.life.Lock()
 	defer s.life.Unlock()
 	if s.parked { // the new Pebble's recovery got stuck meanwhile
-		s.db = db
+		s.db, s.journal = db, j
 		return
 	}
-	s.db, s.broken = db, nil
+	s.db, s.journal, s.broken = db, j, nil
 	s.log.Info("store reopened", "dir", s.dir)
 }
 

@@ -128,34 +128,59 @@ func TestDiskReserveRefusesAppends(t *testing.T) {
 	}
 }
 
-// A WAL write that fails with ENOSPC (the space went between the check and
+// openFull opens a store on a fullFS failing writes of files with suffix,
+// claims group 1 and appends records 0 to n-1 to it.
+func openFull(t *testing.T, suffix string, n int) (*embedded.Store, string, *atomic.Bool, persistence.GroupState) {
+	t.Helper()
+	full := new(atomic.Bool)
+	dir := t.TempDir()
+	s, err := embedded.OpenFS(dir, embedded.Options{}, newFullFS(suffix, full, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Claim(t.Context(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if _, err := s.Append(t.Context(), []persistence.Entry{{Group: 1, Epoch: st.Epoch, Data: record(i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s, dir, full, st
+}
+
+// reclaim claims group 1 once the failed store has reopened.
+func reclaim(t *testing.T, s *embedded.Store) persistence.GroupState {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := s.Claim(t.Context(), 1)
+		if err == nil {
+			return st
+		}
+		if !errors.Is(err, embedded.ErrFailed) || time.Now().After(deadline) {
+			t.Fatalf("claim after the disk was freed: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A log write that fails with ENOSPC (the space went between the check and
 // the write) fails the call and breaks the store, which reopens itself once
 // writes work again: nothing acknowledged is lost, the failed record is in
 // the log at most once, and appends go on after it.
-func TestDiskFullWALWriteRecovers(t *testing.T) {
+func TestDiskFullLogWriteRecovers(t *testing.T) {
 	ctx := context.Background()
-	var full atomic.Bool
-	fs := newFullFS(".log", &full, nil)
-	dir := t.TempDir()
-	s, err := embedded.OpenFS(dir, embedded.Options{}, fs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, dir, full, st := openFull(t, ".seg", 10)
 	defer s.Close()
-	st, err := s.Claim(ctx, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var acked [][]byte
 	for i := range 10 {
-		if _, err := s.Append(ctx, []persistence.Entry{{Group: 1, Epoch: st.Epoch, Data: record(i)}}); err != nil {
-			t.Fatal(err)
-		}
 		acked = append(acked, record(i))
 	}
 	full.Store(true)
 	failed := record(10)
-	_, err = s.Append(ctx, []persistence.Entry{{Group: 1, Epoch: st.Epoch, Data: failed}})
+	_, err := s.Append(ctx, []persistence.Entry{{Group: 1, Epoch: st.Epoch, Data: failed}})
 	if !errors.Is(err, embedded.ErrFailed) || !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("append on a full disk = %v, want ErrFailed wrapping ENOSPC", err)
 	}
@@ -166,16 +191,7 @@ func TestDiskFullWALWriteRecovers(t *testing.T) {
 		t.Errorf("Disk() = %+v, want full and failed", d)
 	}
 	full.Store(false)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if st, err = s.Claim(ctx, 1); err == nil {
-			break
-		}
-		if !errors.Is(err, embedded.ErrFailed) || time.Now().After(deadline) {
-			t.Fatalf("claim after the disk was freed: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	st = reclaim(t, s)
 	pos, data := readAll(t, s, 1)
 	if len(data) < len(acked) || len(data) > len(acked)+1 {
 		t.Fatalf("log has %d records after the reopen, want %d or %d", len(data), len(acked), len(acked)+1)
@@ -202,6 +218,41 @@ func TestDiskFullWALWriteRecovers(t *testing.T) {
 	defer s2.Close()
 	if _, data2 := readAll(t, s2, 1); len(data2) != len(data)+1 {
 		t.Fatalf("log has %d records after a restart, want %d", len(data2), len(data)+1)
+	}
+}
+
+// A checkpoint whose Pebble WAL write fails with ENOSPC breaks the store
+// the same way: once it has reopened, the checkpoint is there entirely
+// (snapshot and position) or not at all, the log above the checkpoint is
+// whole, and appends go on at the next position.
+func TestDiskFullWALWriteRecovers(t *testing.T) {
+	ctx := context.Background()
+	s, _, full, st := openFull(t, ".log", 10)
+	defer s.Close()
+	full.Store(true)
+	err := s.Checkpoint(ctx, 1, st.Epoch, persistence.CheckpointData{Through: 6, Snapshots: []persistence.Snapshot{{Key: "k", Data: []byte("v")}}})
+	if !errors.Is(err, embedded.ErrFailed) || !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("checkpoint on a full disk = %v, want ErrFailed wrapping ENOSPC", err)
+	}
+	full.Store(false)
+	st = reclaim(t, s)
+	_, snapErr := s.Get(ctx, 1, "k")
+	switch {
+	case st.Checkpoint == 6 && snapErr == nil, st.Checkpoint == 0 && errors.Is(snapErr, persistence.ErrNotFound):
+	default:
+		t.Fatalf("after the reopen: checkpoint %d, snapshot error %v; want both or neither", st.Checkpoint, snapErr)
+	}
+	pos, data := readAll(t, s, 1)
+	if len(pos) != int(10-st.Checkpoint) || pos[0] != st.Checkpoint+1 {
+		t.Fatalf("log after the reopen: positions %v, want %d to 10", pos, st.Checkpoint+1)
+	}
+	for i, p := range pos {
+		if !bytes.Equal(data[i], record(int(p)-1)) {
+			t.Fatalf("record %d = %q, want %q", p, data[i], record(int(p)-1))
+		}
+	}
+	if p, err := s.Append(ctx, []persistence.Entry{{Group: 1, Epoch: st.Epoch, Data: record(10)}}); err != nil || p[0] != 11 {
+		t.Fatalf("append after the reopen = %v, %v; want position 11", p, err)
 	}
 }
 

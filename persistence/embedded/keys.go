@@ -16,7 +16,9 @@ import (
 //	                                 "groups" → uint32 number of key groups
 //	'e' group:4            the group's epoch (uint64); absent = 0, unclaimed
 //	'c' group:4            the group's checkpoint position (uint64); absent = 0
-//	'l' group:4 pos:8      a log record; the value is the record's data
+//	'l' group:4 pos:8      format 1 only: a log record, whose value is its
+//	                       data (format 2 keeps the log in segment files,
+//	                       journal.go; Open moves a format 1 log there)
 //	's' group:4 key        a key's snapshot; the value is its data
 //	't' group:4 key        a key's entry in the group's timer index; the value
 //	                       is its due time (int64 Unix ms)
@@ -28,9 +30,9 @@ import (
 //
 // A group's last position is not stored: it is the larger of the position of
 // its last log record and its checkpoint. A checkpoint never goes beyond the
-// last position, so after one that trims of the whole log the checkpoint holds it, and
-// positions are never reused, also after a reopen. Appends therefore write
-// only their records.
+// last position, so once it covers the whole log the checkpoint holds it,
+// and positions are never reused, also after a reopen. Appends therefore
+// write only their records.
 //
 // Output records of a pipeline get sequence numbers 1, 2, 3, … in append
 // order (a cursor is the decimal number), and their append times never go
@@ -54,8 +56,9 @@ const (
 
 // formatVersion is the version of this key layout, recorded in a new store.
 // The timer and output keys came later, without a new version: a store
-// without them is one with no timers and no outputs.
-const formatVersion = 1
+// without them is one with no timers and no outputs. Version 2 moved the
+// log out of Pebble (journal.go).
+const formatVersion = 2
 
 var (
 	metaFormatKey = []byte("mformat")
@@ -88,24 +91,6 @@ func appendLogKey(dst []byte, group uint32, pos persistence.Position) []byte {
 
 func logKey(group uint32, pos persistence.Position) []byte {
 	return appendLogKey(make([]byte, 0, logKeyLen), group, pos)
-}
-
-// logBounds returns the key range [lower, upper) of a group's records at
-// positions from from up to and including through.
-func logBounds(group uint32, from, through persistence.Position) (lower, upper []byte) {
-	lower = logKey(group, from)
-	if through == math.MaxUint64 {
-		return lower, logEnd(group)
-	}
-	return lower, logKey(group, through+1)
-}
-
-// logEnd returns the first key after all of a group's records.
-func logEnd(group uint32) []byte {
-	if group == math.MaxUint32 {
-		return []byte{kindLog + 1}
-	}
-	return groupKey(kindLog, group+1, 0)
 }
 
 // logPos decodes the position of a log record's key.

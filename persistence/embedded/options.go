@@ -47,6 +47,9 @@ type Options struct {
 
 	// fs is the filesystem, vfs.Default unless a test injects faults.
 	fs vfs.FS
+	// segmentSize is the size of a log segment (journal.go), 64 MiB unless
+	// a test makes it smaller.
+	segmentSize int64
 }
 
 const (
@@ -78,6 +81,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MemTableSize == 0 {
 		o.MemTableSize = defaultMemTableSize
+	}
+	if o.segmentSize == 0 {
+		o.segmentSize = defaultSegmentSize
 	}
 	if o.fs == nil {
 		o.fs = vfs.Default

@@ -2,8 +2,10 @@ package embedded
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"math"
 	"path/filepath"
@@ -21,23 +23,26 @@ type Store struct {
 	opts    Options
 	lock    *pebble.Lock
 	log     *slog.Logger
+	segSize int64 // see journal
 	reserve int64 // see Options.DiskReserve; negative: no check
 
 	// life guards db, closed, broken, parked and active: calls in progress
 	// hold an active count so that Close and a reopen wait for them (Pebble
 	// must not be closed under them). db changes only when no call is
 	// active, so a call reads it without the lock after begin.
-	life   sync.Mutex
-	idle   sync.Cond // signalled when active drops to 0 after Close began or the store broke
-	db     *pebble.DB
-	closed bool
-	broken error         // why calls fail until the reopen (ErrFailed …), or nil
-	parked bool          // a Pebble goroutine is parked (see pebbleLogger.Fatalf): db cannot be closed
-	wedged chan struct{} // closed when parked is set: calls stop waiting for Pebble (wedge.go)
-	active int
-	done   chan struct{} // closed when Close is over
-	stop   chan struct{} // closed when Close begins: ends a reopen
-	jobs   sync.WaitGroup
+	life sync.Mutex
+	idle sync.Cond // signalled when active drops to 0 after Close began or the store broke
+	db   *pebble.DB
+	// journal is the groups' log (journal.go); it changes with db.
+	journal *journal
+	closed  bool
+	broken  error         // why calls fail until the reopen (ErrFailed …), or nil
+	parked  bool          // a Pebble goroutine is parked (see pebbleLogger.Fatalf): db cannot be closed
+	wedged  chan struct{} // closed when parked is set: calls stop waiting for Pebble (wedge.go)
+	active  int
+	done    chan struct{} // closed when Close is over
+	stop    chan struct{} // closed when Close begins: ends a reopen
+	jobs    sync.WaitGroup
 
 	openFailed chan error // during openDB: a reason to give up on Pebble's Open
 
@@ -110,6 +115,7 @@ func Open(dir string, opts Options) (*Store, error) {
 		lock:      lock,
 		log:       opts.Logger,
 		reserve:   -1,
+		segSize:   opts.segmentSize,
 		done:      make(chan struct{}),
 		stop:      make(chan struct{}),
 		wedged:    make(chan struct{}),
@@ -139,6 +145,10 @@ func Open(dir string, opts Options) (*Store, error) {
 		_ = s.Close()
 		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
 	}
+	if s.journal, err = s.openJournal(s.db); err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
+	}
 	s.disk.opened.Store(true)
 	s.log.Debug("store opened", "dir", abs)
 	return s, nil
@@ -147,8 +157,9 @@ func Open(dir string, opts Options) (*Store, error) {
 // Dir returns the store's directory, made absolute.
 func (s *Store) Dir() string { return s.dir }
 
-// checkFormat records the key layout's version in a new store and refuses
-// a store of another one.
+// checkFormat records the key layout's version in a new store, moves the
+// log of a version 1 store out of Pebble (see migrateLog), and refuses a
+// store of another version.
 func (s *Store) checkFormat() error {
 	var v uint64
 	err := s.inPebble(func() (err error) {
@@ -160,10 +171,159 @@ func (s *Store) checkFormat() error {
 		return s.write(func() error { return s.db.Set(metaFormatKey, encodeUint64(formatVersion), pebble.Sync) })
 	case err != nil:
 		return fmt.Errorf("format version: %w", err)
+	case v == 1:
+		return s.migrateLog()
 	case v != formatVersion:
 		return fmt.Errorf("unknown format version %d (this build knows %d): %w", v, formatVersion, persistence.ErrIncompatible)
 	}
 	return nil
+}
+
+// openJournal opens the log (journal.go), with the groups' checkpoints as
+// db has them.
+func (s *Store) openJournal(db *pebble.DB) (*journal, error) {
+	checkpoint := func(id uint32) (persistence.Position, error) {
+		b, closer, err := db.Get(checkpointKey(id))
+		if errors.Is(err, pebble.ErrNotFound) {
+			return 0, nil
+		}
+		if err != nil {
+			return 0, fmt.Errorf("checkpoint of group %d: %w", id, err)
+		}
+		defer closer.Close()
+		return decodeUint64(b)
+	}
+	var j *journal
+	err := s.inPebble(func() (err error) {
+		j, err = openJournal(s.opts.fs, s.dir, s.segSize, checkpoint)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("log: %w", err)
+	}
+	return j, nil
+}
+
+// migrateLog moves the log records of a version 1 store (in Pebble, under
+// kindLog keys) to a new log, then deletes them from Pebble and records
+// version 2 in one synced batch. Segments a migration cut short left are
+// deleted first, so a migration interrupted anywhere starts over.
+func (s *Store) migrateLog() error {
+	j := &journal{fs: s.opts.fs, dir: s.opts.fs.PathJoin(s.dir, segmentDir)}
+	if err := j.fs.MkdirAll(j.dir, 0o755); err != nil {
+		return fmt.Errorf("migrate the log: %w", err)
+	}
+	seqs, err := j.list(false)
+	if err != nil {
+		return fmt.Errorf("migrate the log: %w", err)
+	}
+	for _, seq := range seqs {
+		if err := j.fs.Remove(j.fs.PathJoin(j.dir, segmentName(seq))); err != nil {
+			return fmt.Errorf("migrate the log: %w", err)
+		}
+	}
+	if s.journal, err = s.openJournal(s.db); err != nil {
+		return fmt.Errorf("migrate the log: %w", err)
+	}
+	defer func() {
+		s.journal.close()
+		s.journal = nil
+	}()
+	records := 0
+	err = s.inPebble(func() error {
+		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kindLog}, UpperBound: []byte{kindLog + 1}})
+		if err != nil {
+			return err
+		}
+		defer it.Close()
+		var (
+			buf    []byte
+			blocks []pendingBlock
+			start  int
+			count  uint32
+			group  uint32
+			last   persistence.Position
+		)
+		end := func() error {
+			if count == 0 {
+				return nil
+			}
+			if err := endBlock(buf[start:], count); err != nil {
+				return err
+			}
+			blocks = append(blocks, pendingBlock{group: group, off: start, len: uint32(len(buf) - start), last: last})
+			count = 0
+			return nil
+		}
+		flush := func() error {
+			if err := end(); err != nil || len(blocks) == 0 {
+				return err
+			}
+			err := s.journal.write(buf, blocks)
+			buf, blocks = nil, nil
+			return err
+		}
+		for valid := it.First(); valid; valid = it.Next() {
+			k := it.Key()
+			p, err := logPos(k)
+			if err != nil {
+				return err
+			}
+			g := binary.BigEndian.Uint32(k[1:])
+			if count > 0 && (g != group || p != last+1 || len(buf) > 4<<20) {
+				if err := end(); err != nil {
+					return err
+				}
+				if len(buf) > 4<<20 {
+					if err := flush(); err != nil {
+						return err
+					}
+				}
+			}
+			if count == 0 {
+				start, group = len(buf), g
+				buf = startBlock(buf, g, p)
+			}
+			v, err := it.ValueAndErr()
+			if err != nil {
+				return err
+			}
+			buf = appendRecord(buf, v)
+			count, last = count+1, p
+			records++
+		}
+		if err := it.Error(); err != nil {
+			return err
+		}
+		return flush()
+	})
+	if err != nil {
+		return fmt.Errorf("migrate the log: %w", err)
+	}
+	err = s.write(func() error {
+		b := s.db.NewBatch()
+		defer b.Close()
+		_ = b.DeleteRange([]byte{kindLog}, []byte{kindLog + 1}, nil)
+		_ = b.Set(metaFormatKey, encodeUint64(formatVersion), nil)
+		return b.Commit(pebble.Sync)
+	})
+	if err != nil {
+		return fmt.Errorf("migrate the log: %w", err)
+	}
+	s.log.Info("log moved out of Pebble (store format 1 to 2)", "dir", s.dir, "records", records)
+	return nil
+}
+
+// logFailed breaks the store after a failed write or sync of the log (the
+// record may or may not be in it), and returns the store's error: it
+// reopens, or, if the data directory was removed, it is stuck (the next
+// segment could not be created).
+func (s *Store) logFailed(err error) error {
+	if _, serr := s.opts.fs.Stat(s.dir); errors.Is(serr, fs.ErrNotExist) {
+		s.stuck(err)
+		return s.wedgedErr()
+	}
+	return s.fail(err)
 }
 
 // Close waits for the calls in progress and closes the store. Later calls
@@ -198,6 +358,9 @@ func (s *Store) Close() error {
 		// Pebble may get stuck while it closes (a compaction it waits for
 		// parks): then inPebble gives up on it.
 		err = s.inPebble(s.db.Close)
+		if s.journal != nil {
+			s.journal.close()
+		}
 		if err != nil && broken != nil {
 			err = nil // the failure the calls were told about
 		}
@@ -275,23 +438,7 @@ func (s *Store) load(id uint32, g *group) error {
 	if g.checkpoint, err = s.getUint64(checkpointKey(id)); err != nil && !errors.Is(err, pebble.ErrNotFound) {
 		return fmt.Errorf("load checkpoint: %w", err)
 	}
-	lower, upper := logBounds(id, 0, math.MaxUint64)
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
-	if err != nil {
-		return fmt.Errorf("load last position: %w", err)
-	}
-	g.last = g.checkpoint
-	if it.Last() {
-		p, err := logPos(it.Key())
-		if err != nil {
-			_ = it.Close()
-			return fmt.Errorf("load last position: %w", err)
-		}
-		g.last = max(g.last, p)
-	}
-	if err := it.Close(); err != nil {
-		return fmt.Errorf("load last position: %w", err)
-	}
+	g.last = max(g.checkpoint, s.journal.last(id))
 	return nil
 }
 
@@ -380,34 +527,54 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 		groups = append(groups, g)
 	}
 
-	next := make([]persistence.Position, len(ids))
+	// One block per group, the group's records in slice order.
+	ks := make([]int, len(entries))
+	counts := make([]int, len(ids)+1)
 	fenced := make([]bool, len(ids))
-	for k, g := range groups {
-		next[k] = g.last
-	}
-	b := s.db.NewBatch()
-	defer closeBatch(&b)
-	var key [logKeyLen]byte
 	for i, e := range entries {
 		k, _ := slices.BinarySearch(ids, e.Group)
+		ks[i] = k
 		if !groups[k].owns(e.Epoch) {
 			fenced[k] = true
 			continue
 		}
-		next[k]++
-		pos[i] = next[k]
-		if err := b.Set(appendLogKey(key[:0], e.Group, next[k]), e.Data, nil); err != nil {
-			clear(pos)
-			return pos, fmt.Errorf("embedded: append group %d: %w", e.Group, err)
+		counts[k+1]++
+	}
+	for k := range ids {
+		counts[k+1] += counts[k]
+	}
+	order := make([]int, counts[len(ids)])
+	for i, k := range ks {
+		if !fenced[k] {
+			order[counts[k]] = i
+			counts[k]++
 		}
 	}
-	if !b.Empty() {
-		if err := s.commit(&b); err != nil {
-			clear(pos)
-			return pos, fmt.Errorf("embedded: append: %w", err)
+	buf := make([]byte, 0, size+len(entries)*binary.MaxVarintLen32+len(ids)*blockHeaderLen)
+	blocks := make([]pendingBlock, 0, len(ids))
+	for n := 0; n < len(order); {
+		k := ks[order[n]]
+		start, next := len(buf), groups[k].last
+		buf = startBlock(buf, ids[k], next+1)
+		for ; n < len(order) && ks[order[n]] == k; n++ {
+			next++
+			pos[order[n]] = next
+			buf = appendRecord(buf, entries[order[n]].Data)
 		}
-		for k, g := range groups {
-			g.last = next[k]
+		if err := endBlock(buf[start:], uint32(next-groups[k].last)); err != nil {
+			clear(pos)
+			return pos, fmt.Errorf("embedded: append group %d: %w", ids[k], err)
+		}
+		blocks = append(blocks, pendingBlock{group: ids[k], off: start, len: uint32(len(buf) - start), last: next})
+	}
+	if len(blocks) > 0 {
+		if err := s.journal.write(buf, blocks); err != nil {
+			clear(pos)
+			return pos, fmt.Errorf("embedded: append: %w", s.logFailed(err))
+		}
+		for _, b := range blocks {
+			k, _ := slices.BinarySearch(ids, b.group)
+			groups[k].last = b.last
 		}
 	}
 
@@ -431,47 +598,21 @@ func (s *Store) Read(ctx context.Context, id uint32, after persistence.Position,
 	if after == math.MaxUint64 {
 		return nil
 	}
-	lower, upper := logBounds(id, after+1, math.MaxUint64)
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	n := 0
+	check := func() error {
+		if n++; n%256 == 0 {
+			return ctx.Err()
+		}
+		return nil
+	}
+	fnErr, err := s.journal.read(id, after, check, fn)
+	if fnErr != nil {
+		return fnErr // fn's own error, as it is
+	}
 	if err != nil {
 		return fmt.Errorf("embedded: read group %d: %w", id, err)
 	}
-	if fnErr, err := readIter(ctx, it, fn); fnErr != nil || err != nil {
-		_ = s.closeIter(it)
-		if fnErr != nil {
-			return fnErr // fn's own error, as it is
-		}
-		return fmt.Errorf("embedded: read group %d: %w", id, err)
-	}
-	if err := s.closeIter(it); err != nil {
-		return fmt.Errorf("embedded: read group %d: %w", id, err)
-	}
 	return nil
-}
-
-// readIter calls fn with each record of it, checking ctx every so often. It
-// returns fn's error or its own.
-func readIter(ctx context.Context, it *pebble.Iterator, fn func(persistence.Position, []byte) error) (fnErr, err error) {
-	n := 0
-	for valid := it.First(); valid; valid = it.Next() {
-		if n++; n%256 == 0 {
-			if err := ctx.Err(); err != nil {
-				return nil, err
-			}
-		}
-		p, err := logPos(it.Key())
-		if err != nil {
-			return nil, err
-		}
-		v, err := it.ValueAndErr()
-		if err != nil {
-			return nil, err
-		}
-		if err := fn(p, v); err != nil {
-			return err, nil
-		}
-	}
-	return nil, it.Error()
 }
 
 // Checkpoint writes the snapshots, the timer index entries and the outputs
@@ -536,10 +677,7 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 		}
 	}
 	if advance {
-		if err := errors.Join(
-			b.Set(checkpointKey(id), encodeUint64(d.Through), nil),
-			trimLog(b, id, checkpoint, d.Through),
-		); err != nil {
+		if err := b.Set(checkpointKey(id), encodeUint64(d.Through), nil); err != nil {
 			return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
 		}
 	}
@@ -560,33 +698,7 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 		g.mu.Lock()
 		g.checkpoint = max(g.checkpoint, d.Through)
 		g.mu.Unlock()
-	}
-	return nil
-}
-
-// maxPointTrim is the most log records a checkpoint deletes one by one;
-// a longer stretch is deleted with one range deletion.
-const maxPointTrim = 16384
-
-// trimLog adds to b the deletion of the group's records after checkpoint
-// through through. Positions are dense, so it deletes each record's key:
-// a range deletion in the memtable makes every point read of the memtable
-// (a key's snapshot, on activation) rebuild the memtable's fragmented range
-// deletions once one more was added, and with a trim per group and
-// checkpoint that cost grew with the number of groups times the trims
-// since the last flush: half of the node's CPU at 1M keys (BENCHMARKS.md).
-// A point tombstone costs only reads of its own key. Only an unusually long
-// stretch (a checkpoint long held back) is a range deletion.
-func trimLog(b *pebble.Batch, group uint32, checkpoint, through persistence.Position) error {
-	if through-checkpoint > maxPointTrim {
-		lower, upper := logBounds(group, checkpoint+1, through)
-		return b.DeleteRange(lower, upper, nil)
-	}
-	var key [logKeyLen]byte
-	for p := checkpoint + 1; p <= through; p++ {
-		if err := b.Delete(appendLogKey(key[:0], group, p), nil); err != nil {
-			return err
-		}
+		s.journal.trim(id, d.Through)
 	}
 	return nil
 }
