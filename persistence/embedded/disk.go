@@ -313,6 +313,7 @@ func (s *Store) reopen() {
 	db, j := s.db, s.journal
 	s.db, s.journal = nil, nil
 	s.life.Unlock()
+	tail := j.failedTail() // the log is cut where its syncs ended
 	j.close()
 	if err := s.inPebble(db.Close); err != nil {
 		s.log.Debug("closing the failed store", "dir", s.dir, "err", err.Error())
@@ -327,7 +328,7 @@ func (s *Store) reopen() {
 		var err error
 		if err = s.checkSpace(0); err == nil {
 			if db, err = s.openDB(); err == nil {
-				if j, err = s.openJournal(db); err == nil {
+				if j, err = s.openJournal(db, tail); err == nil {
 					break
 				}
 				_ = s.inPebble(db.Close)

@@ -128,13 +128,21 @@ func TestDiskReserveRefusesAppends(t *testing.T) {
 	}
 }
 
-// openFull opens a store on a fullFS failing writes of files with suffix,
-// claims group 1 and appends records 0 to n-1 to it.
+// openFull is openWithRecords on a fullFS failing writes of files with
+// suffix.
 func openFull(t *testing.T, suffix string, n int) (*embedded.Store, string, *atomic.Bool, persistence.GroupState) {
 	t.Helper()
 	full := new(atomic.Bool)
+	s, dir, st := openWithRecords(t, newFullFS(suffix, full, nil), n)
+	return s, dir, full, st
+}
+
+// openWithRecords opens a store on fs, claims group 1 and appends records
+// 0 to n-1 to it.
+func openWithRecords(t *testing.T, fs vfs.FS, n int) (*embedded.Store, string, persistence.GroupState) {
+	t.Helper()
 	dir := t.TempDir()
-	s, err := embedded.OpenFS(dir, embedded.Options{}, newFullFS(suffix, full, nil))
+	s, err := embedded.OpenFS(dir, embedded.Options{}, fs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +155,7 @@ func openFull(t *testing.T, suffix string, n int) (*embedded.Store, string, *ato
 			t.Fatal(err)
 		}
 	}
-	return s, dir, full, st
+	return s, dir, st
 }
 
 // reclaim claims group 1 once the failed store has reopened.
@@ -218,6 +226,40 @@ func TestDiskFullLogWriteRecovers(t *testing.T) {
 	defer s2.Close()
 	if _, data2 := readAll(t, s2, 1); len(data2) != len(data)+1 {
 		t.Fatalf("log has %d records after a restart, want %d", len(data2), len(data)+1)
+	}
+}
+
+// A log sync that fails (EIO) after its write went through: the record is
+// in the page cache, maybe not on disk, and a later fdatasync could report
+// success without writing it. The store fails, and its reopen cuts the log
+// where its last successful sync ended: the failed record is gone, every
+// acknowledged one is there, and the next append takes its position.
+func TestLogSyncFailureCutsUnsynced(t *testing.T) {
+	ctx := t.Context()
+	var fail atomic.Bool
+	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if op.Kind == errorfs.OpFileSyncData && fail.Load() && strings.HasSuffix(op.Path, ".seg") {
+			return &os.PathError{Op: "fdatasync", Path: op.Path, Err: syscall.EIO}
+		}
+		return nil
+	}))
+	s, _, st := openWithRecords(t, fs, 5)
+	defer s.Close()
+	fail.Store(true)
+	if _, err := s.Append(ctx, []persistence.Entry{{Group: 1, Epoch: st.Epoch, Data: record(5)}}); !errors.Is(err, embedded.ErrFailed) || !errors.Is(err, syscall.EIO) {
+		t.Fatalf("append whose sync fails = %v, want ErrFailed wrapping EIO", err)
+	}
+	fail.Store(false)
+	st = reclaim(t, s)
+	if st.Last != 5 {
+		t.Errorf("last position after the reopen = %d, want 5 (the unsynced record cut)", st.Last)
+	}
+	pos, data := readAll(t, s, 1)
+	if len(data) != 5 || pos[4] != 5 || !bytes.Equal(data[4], record(4)) {
+		t.Fatalf("log after the reopen: %d records, last at %v; want records 0 to 4 at 1 to 5", len(data), pos)
+	}
+	if p, err := s.Append(ctx, []persistence.Entry{{Group: 1, Epoch: st.Epoch, Data: record(6)}}); err != nil || p[0] != 6 {
+		t.Fatalf("append after the reopen = %v, %v; want position 6", p, err)
 	}
 }
 

@@ -94,6 +94,7 @@ type segment struct {
 	name    string
 	f       vfs.File
 	size    int64
+	durable int64                           // the bytes known to be synced
 	groups  map[uint32]persistence.Position // per group, its last position in the segment
 	refs    int                             // reads and syncs using f (under journal.mu)
 	deleted bool                            // removed: f is closed when refs drops to 0
@@ -129,7 +130,12 @@ func segmentName(seq uint64) string { return fmt.Sprintf("%016d%s", seq, segment
 // needed). It checks every block, cuts a torn tail off the last segment,
 // deletes the segments every record of which is checkpointed, and starts a
 // new segment.
-func openJournal(fs vfs.FS, dir string, segmentSize int64, checkpoint func(uint32) (persistence.Position, error)) (_ *journal, err error) {
+//
+// tail, if set, is what a journal that failed had synced of its last
+// segment (see failedTail): the segment is cut there, since what followed
+// was never acknowledged and, after a failed fdatasync, may be in the page
+// cache only.
+func openJournal(fs vfs.FS, dir string, segmentSize int64, tail syncedTail, checkpoint func(uint32) (persistence.Position, error)) (_ *journal, err error) {
 	j := &journal{
 		fs:          fs,
 		dir:         fs.PathJoin(dir, segmentDir),
@@ -137,6 +143,9 @@ func openJournal(fs vfs.FS, dir string, segmentSize int64, checkpoint func(uint3
 		groups:      map[uint32]*groupLog{},
 	}
 	if err := fs.MkdirAll(j.dir, 0o755); err != nil {
+		return nil, fmt.Errorf("log directory: %w", err)
+	}
+	if err := syncDir(fs, dir); err != nil { // the log directory's own entry
 		return nil, fmt.Errorf("log directory: %w", err)
 	}
 	seqs, err := j.list(true)
@@ -149,7 +158,7 @@ func openJournal(fs vfs.FS, dir string, segmentSize int64, checkpoint func(uint3
 		}
 	}()
 	for i, seq := range seqs {
-		if err := j.load(seq, i == len(seqs)-1, checkpoint); err != nil {
+		if err := j.load(seq, i == len(seqs)-1, tail, checkpoint); err != nil {
 			return nil, err
 		}
 	}
@@ -192,9 +201,31 @@ func (j *journal) list(clean bool) ([]uint64, error) {
 	return seqs, nil
 }
 
-// load scans a segment: it checks its blocks, indexes them and, for the
-// last segment, cuts a torn tail.
-func (j *journal) load(seq uint64, last bool, checkpoint func(uint32) (persistence.Position, error)) error {
+// syncedTail is how much of its last segment a failed journal had synced.
+type syncedTail struct {
+	seq  uint64
+	size int64
+	ok   bool
+}
+
+// failedTail returns, if the journal failed, how much of its last segment
+// it had synced.
+func (j *journal) failedTail() syncedTail {
+	if j == nil {
+		return syncedTail{}
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.err == nil || len(j.segs) == 0 {
+		return syncedTail{}
+	}
+	seg := j.segs[len(j.segs)-1]
+	return syncedTail{seq: seg.seq, size: seg.durable, ok: true}
+}
+
+// load scans a segment: it checks its blocks, indexes them and cuts a
+// torn tail off the last segment (and off the one tail names).
+func (j *journal) load(seq uint64, last bool, tail syncedTail, checkpoint func(uint32) (persistence.Position, error)) error {
 	name := j.fs.PathJoin(j.dir, segmentName(seq))
 	f, err := j.fs.Open(name)
 	if err != nil {
@@ -206,8 +237,19 @@ func (j *journal) load(seq uint64, last bool, checkpoint func(uint32) (persisten
 	if err != nil {
 		return fmt.Errorf("log segment %s: %w", name, err)
 	}
-	fileSize := st.Size()
-	good, err := scanBlocks(bufio.NewReaderSize(io.NewSectionReader(f, 0, fileSize), 1<<20), fileSize,
+	if last {
+		// What a killed process wrote and did not sync may still be in the
+		// page cache only: it must be durable before anything that follows
+		// it is acknowledged.
+		if err := f.SyncData(); err != nil {
+			return fmt.Errorf("log segment %s: sync: %w", name, err)
+		}
+	}
+	fileSize, scanSize := st.Size(), st.Size()
+	if tail.ok && tail.seq == seq {
+		scanSize = min(scanSize, tail.size)
+	}
+	good, err := scanBlocks(bufio.NewReaderSize(io.NewSectionReader(f, 0, scanSize), 1<<20), scanSize,
 		func(off int64, h blockHeader, records []byte) error {
 			gl := j.groups[h.group]
 			if gl == nil {
@@ -228,13 +270,13 @@ func (j *journal) load(seq uint64, last bool, checkpoint func(uint32) (persisten
 			gl.blocks = append(gl.blocks, blockRef{seg: seg, off: off, len: h.len, last: last})
 			return nil
 		})
-	seg.size = good
+	seg.size, seg.durable = good, good
 	switch {
 	case err != nil:
 		return err
 	case good == fileSize:
 		return nil
-	case !last:
+	case good < scanSize && !last:
 		return fmt.Errorf("%w: segment %s has a bad block at offset %d of %d and is not the last one: the records after it would be lost", errCorruptLog, name, good, fileSize)
 	}
 	return j.cut(seg)
@@ -361,8 +403,10 @@ func (j *journal) create(seq uint64) error {
 	return nil
 }
 
-func (j *journal) syncDir() error {
-	d, err := j.fs.OpenDir(j.dir)
+func (j *journal) syncDir() error { return syncDir(j.fs, j.dir) }
+
+func syncDir(fs vfs.FS, dir string) error {
+	d, err := fs.OpenDir(dir)
 	if err != nil {
 		return err
 	}
@@ -436,6 +480,7 @@ func (j *journal) rollLocked(seg *segment) error {
 		return j.err
 	}
 	casMax(&j.synced, j.written)
+	seg.durable = seg.size
 	if err := j.create(seg.seq + 1); err != nil {
 		j.err = err
 		return err
@@ -457,6 +502,7 @@ func (j *journal) sync(end uint64) error {
 		return j.err
 	}
 	seg, written := j.segs[len(j.segs)-1], j.written
+	size := seg.size
 	seg.refs++
 	j.mu.Unlock()
 	err := seg.f.SyncData()
@@ -470,6 +516,7 @@ func (j *journal) sync(end uint64) error {
 		return j.err
 	}
 	casMax(&j.synced, written)
+	seg.durable = max(seg.durable, size)
 	return nil
 }
 

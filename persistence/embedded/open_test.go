@@ -89,6 +89,51 @@ func TestAppendFencedNamesGroups(t *testing.T) {
 	}
 }
 
+// Fencing is per entry: in a call that carries a group's current epoch
+// and an old one, only the entries with the current one are appended, at
+// consecutive positions, and the others get position 0 and ErrFenced.
+func TestAppendFencedPerEntry(t *testing.T) {
+	ctx := t.Context()
+	s := open(t, t.TempDir())
+	defer s.Close()
+	old, err := s.Claim(ctx, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, err := s.Claim(ctx, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := s.Claim(ctx, 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, entries := range [][]persistence.Entry{
+		{{Group: 5, Epoch: old.Epoch, Data: []byte("stale")}, {Group: 5, Epoch: cur.Epoch, Data: []byte("5-a")}, {Group: 9, Epoch: other.Epoch, Data: []byte("9-a")}},
+		{{Group: 9, Epoch: other.Epoch, Data: []byte("9-b")}, {Group: 5, Epoch: old.Epoch, Data: []byte("stale")}, {Group: 5, Epoch: cur.Epoch, Data: []byte("5-b")}},
+	} {
+		pos, err := s.Append(ctx, entries)
+		if !errors.Is(err, persistence.ErrFenced) {
+			t.Errorf("call %d: err = %v, want ErrFenced", i, err)
+		}
+		for k, e := range entries {
+			if want := e.Epoch != old.Epoch || e.Group != 5; (pos[k] != 0) != want {
+				t.Errorf("call %d: entry %q got position %d", i, e.Data, pos[k])
+			}
+		}
+	}
+	for g, want := range map[uint32][]string{5: {"5-a", "5-b"}, 9: {"9-a", "9-b"}} {
+		pos, data := readAll(t, s, g)
+		var got []string
+		for _, d := range data {
+			got = append(got, string(d))
+		}
+		if strings.Join(got, ",") != strings.Join(want, ",") || pos[0] != 1 || pos[1] != 2 {
+			t.Errorf("group %d: %v at %v, want %v at 1, 2", g, got, pos, want)
+		}
+	}
+}
+
 // Pebble logs nothing at info level or above in normal operation.
 func TestQuietLogging(t *testing.T) {
 	var buf bytes.Buffer

@@ -145,7 +145,7 @@ func Open(dir string, opts Options) (*Store, error) {
 		_ = s.Close()
 		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
 	}
-	if s.journal, err = s.openJournal(s.db); err != nil {
+	if s.journal, err = s.openJournal(s.db, syncedTail{}); err != nil {
 		_ = s.Close()
 		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
 	}
@@ -181,7 +181,7 @@ func (s *Store) checkFormat() error {
 
 // openJournal opens the log (journal.go), with the groups' checkpoints as
 // db has them.
-func (s *Store) openJournal(db *pebble.DB) (*journal, error) {
+func (s *Store) openJournal(db *pebble.DB, tail syncedTail) (*journal, error) {
 	checkpoint := func(id uint32) (persistence.Position, error) {
 		b, closer, err := db.Get(checkpointKey(id))
 		if errors.Is(err, pebble.ErrNotFound) {
@@ -195,7 +195,7 @@ func (s *Store) openJournal(db *pebble.DB) (*journal, error) {
 	}
 	var j *journal
 	err := s.inPebble(func() (err error) {
-		j, err = openJournal(s.opts.fs, s.dir, s.segSize, checkpoint)
+		j, err = openJournal(s.opts.fs, s.dir, s.segSize, tail, checkpoint)
 		return err
 	})
 	if err != nil {
@@ -222,13 +222,10 @@ func (s *Store) migrateLog() error {
 			return fmt.Errorf("migrate the log: %w", err)
 		}
 	}
-	if s.journal, err = s.openJournal(s.db); err != nil {
+	if j, err = s.openJournal(s.db, syncedTail{}); err != nil {
 		return fmt.Errorf("migrate the log: %w", err)
 	}
-	defer func() {
-		s.journal.close()
-		s.journal = nil
-	}()
+	defer j.close()
 	records := 0
 	err = s.inPebble(func() error {
 		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kindLog}, UpperBound: []byte{kindLog + 1}})
@@ -259,7 +256,7 @@ func (s *Store) migrateLog() error {
 			if err := end(); err != nil || len(blocks) == 0 {
 				return err
 			}
-			err := s.journal.write(buf, blocks)
+			err := j.write(buf, blocks)
 			buf, blocks = nil, nil
 			return err
 		}
@@ -484,9 +481,11 @@ func (s *Store) Claim(ctx context.Context, id uint32) (persistence.GroupState, e
 	return persistence.GroupState{Epoch: epoch, Checkpoint: g.checkpoint, Last: g.last}, nil
 }
 
-// Append appends the entries of all groups in one synced Pebble batch. It
+// Append appends the entries of all groups to the log (journal.go) with one
+// write and one sync: a block per group, its records in slice order. It
 // holds the locks of the groups involved, in ascending order, until the
-// batch is durable; calls for disjoint groups run in parallel.
+// write is durable; calls for disjoint groups run in parallel and share
+// syncs.
 func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]persistence.Position, error) {
 	pos := make([]persistence.Position, len(entries))
 	if err := s.begin(ctx); err != nil {
@@ -545,12 +544,19 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 	}
 	order := make([]int, counts[len(ids)])
 	for i, k := range ks {
-		if !fenced[k] {
+		if groups[k].owns(entries[i].Epoch) { // fencing is per entry
 			order[counts[k]] = i
 			counts[k]++
 		}
 	}
-	buf := make([]byte, 0, size+len(entries)*binary.MaxVarintLen32+len(ids)*blockHeaderLen)
+	bp := appendBufs.Get().(*[]byte)
+	defer func() {
+		if cap(*bp) <= maxPooledAppend {
+			appendBufs.Put(bp)
+		}
+	}()
+	buf := slices.Grow((*bp)[:0], size+len(entries)*binary.MaxVarintLen32+len(ids)*blockHeaderLen)
+	defer func() { *bp = buf[:0] }()
 	blocks := make([]pendingBlock, 0, len(ids))
 	for n := 0; n < len(order); {
 		k := ks[order[n]]
@@ -587,6 +593,12 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 	return pos, errors.Join(errs...)
 }
 
+// appendBufs holds Append's buffers (the blocks it writes), up to
+// maxPooledAppend bytes each.
+var appendBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+const maxPooledAppend = 4 << 20
+
 // Read calls fn with the group's records after a position. It reads a
 // consistent view of the log as of the call. fn may call the store, but not
 // Close.
@@ -616,8 +628,9 @@ func (s *Store) Read(ctx context.Context, id uint32, after persistence.Position,
 }
 
 // Checkpoint writes the snapshots, the timer index entries and the outputs
-// and, when d.Through is above the stored checkpoint, records it and deletes
-// the records through it with one range deletion, all in one synced batch.
+// and, when d.Through is above the stored checkpoint, records it, all in one
+// synced batch; then the log forgets the records through it and deletes the
+// segments that hold no others (journal.trim).
 // Checkpointing beyond the last position is an error: later records would
 // get positions at or below it.
 //
