@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
@@ -28,16 +29,20 @@ import (
 // node (BENCHMARKS.md, session 20). Snapshots, checkpoint positions, epochs,
 // timers and outputs stay in Pebble.
 //
-// A segment is a sequence of blocks, each holding consecutive records of one
-// group:
+// A segment is a sequence of frames, one per Append, each a sequence of
+// blocks, one per group, each holding consecutive records of the group:
 //
-//	crc:4 length:4 group:4 first:8 count:4  records
+//	frame: crc:4 length:4 blocks:4  block…
+//	block: crc:4 length:4 group:4 first:8 count:4  record…
 //
-// crc is the CRC-32C (Castagnoli) of everything after it; length is the
-// whole block's, header included; first is the position of the first of
-// its count records, each a uvarint length then the data. An Append writes
-// one block per group it touches, all in one write. Integers are
-// little-endian.
+// A block's crc is the CRC-32C (Castagnoli) of everything after it, so a
+// read of one group checks its blocks alone; a frame's is that of its
+// length and count and then of its blocks' crcs, so that the recovery scan
+// keeps an Append whole or drops it whole (a kill can cut a large write
+// short): a batch of events that spans groups is in the log entirely or not
+// at all, as it was in Pebble. Lengths include the headers; first is the
+// position of the first of count records, each a uvarint length then the
+// data. Integers are little-endian.
 //
 // A segment is written by one process only, from its creation, and never
 // again after the next one is created (Open starts a new one, whatever the
@@ -45,7 +50,7 @@ import (
 // and the directory is synced after a creation, before anything written in
 // the new segment is acknowledged. So only the last segment can end with a
 // torn block (an unsynced write cut by a crash, or a failed write); Open
-// cuts it at its last whole block (rewriting the segment), and a bad block
+// cuts it at its last whole block (ftruncate), and a bad block
 // anywhere else is corruption: Open refuses the store rather than lose the
 // acknowledged records after it.
 //
@@ -60,8 +65,10 @@ import (
 const (
 	segmentDir         = "log"
 	segmentSuffix      = ".seg"
+	frameHeaderLen     = 4 + 4 + 4
 	blockHeaderLen     = 4 + 4 + 4 + 8 + 4
-	maxBlockLen        = 1 << 30
+	maxFrameLen        = 1 << 30
+	maxBlockLen        = maxFrameLen - frameHeaderLen
 	defaultSegmentSize = 64 << 20
 )
 
@@ -148,7 +155,7 @@ func openJournal(fs vfs.FS, dir string, segmentSize int64, tail syncedTail, chec
 	if err := syncDir(fs, dir); err != nil { // the log directory's own entry
 		return nil, fmt.Errorf("log directory: %w", err)
 	}
-	seqs, err := j.list(true)
+	seqs, err := j.list()
 	if err != nil {
 		return nil, err
 	}
@@ -176,21 +183,14 @@ func openJournal(fs vfs.FS, dir string, segmentSize int64, tail syncedTail, chec
 	return j, nil
 }
 
-// list returns the sequence numbers of the segments in ascending order,
-// after removing what a cut that did not finish left (see cut), if clean.
-func (j *journal) list(clean bool) ([]uint64, error) {
+// list returns the sequence numbers of the segments in ascending order.
+func (j *journal) list() ([]uint64, error) {
 	names, err := j.fs.List(j.dir)
 	if err != nil {
 		return nil, fmt.Errorf("log directory: %w", err)
 	}
 	var seqs []uint64
 	for _, name := range names {
-		if clean && strings.HasSuffix(name, segmentSuffix+".tmp") { // the segment itself is intact
-			if err := j.fs.Remove(j.fs.PathJoin(j.dir, name)); err != nil {
-				return nil, fmt.Errorf("log: %w", err)
-			}
-			continue
-		}
 		seq, err := strconv.ParseUint(strings.TrimSuffix(name, segmentSuffix), 10, 64)
 		if !strings.HasSuffix(name, segmentSuffix) || err != nil || segmentName(seq) != name {
 			continue // not ours
@@ -282,25 +282,22 @@ func (j *journal) load(seq uint64, last bool, tail syncedTail, checkpoint func(u
 	return j.cut(seg)
 }
 
-// cut rewrites the last segment without its torn tail (its first
-// seg.size bytes), through a temporary file renamed over it.
+// cut cuts the segment to its first seg.size bytes, durably, with
+// ftruncate (which needs no free space: a cut is what the reopen after a
+// full disk does). A crash meanwhile leaves the segment whole or cut, both
+// of which Open cuts again.
 func (j *journal) cut(seg *segment) error {
-	tmp := seg.name + ".tmp"
-	f, err := j.fs.Create(tmp, vfs.WriteCategoryUnspecified)
-	if err == nil {
-		_, err = io.Copy(f, io.NewSectionReader(seg.f, 0, seg.size))
-		if err == nil {
-			err = f.Sync()
-		}
-		err = errors.Join(err, f.Close())
-	}
-	if err == nil {
-		err = j.fs.Rename(tmp, seg.name)
-	}
-	if err == nil {
-		err = j.syncDir()
-	}
+	f, err := j.fs.OpenReadWrite(seg.name, vfs.WriteCategoryUnspecified)
 	if err != nil {
+		return fmt.Errorf("log segment %s: cutting its torn tail: %w", seg.name, err)
+	}
+	fd := f.Fd()
+	if fd == vfs.InvalidFd {
+		err = errors.New("the filesystem gives no file descriptor to truncate")
+	} else if err = syscall.Ftruncate(int(fd), seg.size); err == nil {
+		err = f.Sync()
+	}
+	if err = errors.Join(err, f.Close()); err != nil {
 		return fmt.Errorf("log segment %s: cutting its torn tail: %w", seg.name, err)
 	}
 	return nil
@@ -351,41 +348,83 @@ func decodeBlock(b []byte) (blockHeader, []byte, error) {
 	return h, records, nil
 }
 
-// scanBlocks reads the blocks of a segment of size bytes from r, calling
-// fn with each whole one. It returns the length of the prefix of whole
-// blocks: less than size if the segment ends with a torn or bad block.
-// fn's error ends the scan and is returned.
+// scanBlocks reads the frames of a segment of size bytes from r, calling
+// fn with each block of each whole frame, once the frame is checked whole.
+// It returns the length of the prefix of whole frames: less than size if
+// the segment ends with a torn or bad frame. fn's error ends the scan and
+// is returned.
 func scanBlocks(r io.Reader, size int64, fn func(off int64, h blockHeader, records []byte) error) (int64, error) {
 	var (
-		off int64
-		buf []byte
+		off    int64
+		buf    []byte
+		blocks []frameBlock
 	)
 	for off < size {
-		if size-off < blockHeaderLen {
+		if size-off < frameHeaderLen {
 			return off, nil
 		}
-		buf = slices.Grow(buf[:0], blockHeaderLen)[:blockHeaderLen]
+		buf = slices.Grow(buf[:0], frameHeaderLen)[:frameHeaderLen]
 		if _, err := io.ReadFull(r, buf); err != nil {
 			return off, fmt.Errorf("log: read at %d: %w", off, err)
 		}
 		n := binary.LittleEndian.Uint32(buf[4:])
-		if n < blockHeaderLen || n > maxBlockLen || int64(n) > size-off {
+		if n < frameHeaderLen || n > maxFrameLen || int64(n) > size-off {
 			return off, nil
 		}
 		buf = slices.Grow(buf, int(n))[:n]
-		if _, err := io.ReadFull(r, buf[blockHeaderLen:]); err != nil {
+		if _, err := io.ReadFull(r, buf[frameHeaderLen:]); err != nil {
 			return off, fmt.Errorf("log: read at %d: %w", off, err)
 		}
-		h, records, err := decodeBlock(buf)
-		if err != nil {
+		var ok bool
+		if blocks, ok = decodeFrame(buf, blocks[:0]); !ok {
 			return off, nil
 		}
-		if err := fn(off, h, records); err != nil {
-			return off, err
+		for _, b := range blocks {
+			if err := fn(off+int64(b.off), b.h, b.records); err != nil {
+				return off, err
+			}
 		}
 		off += int64(n)
 	}
 	return off, nil
+}
+
+// frameBlock is a block of a decoded frame.
+type frameBlock struct {
+	off     int // in the frame
+	h       blockHeader
+	records []byte
+}
+
+// decodeFrame checks a whole frame (its blocks, their number, its CRC) and
+// appends its blocks to dst.
+func decodeFrame(frame []byte, dst []frameBlock) ([]frameBlock, bool) {
+	if len(frame) < frameHeaderLen || int(binary.LittleEndian.Uint32(frame[4:])) != len(frame) {
+		return dst, false
+	}
+	crc := crc32.Update(0, crcTable, frame[4:frameHeaderLen])
+	pos := frameHeaderLen
+	for pos < len(frame) {
+		if len(frame)-pos < blockHeaderLen {
+			return dst, false
+		}
+		n := int(binary.LittleEndian.Uint32(frame[pos+4:]))
+		if n < blockHeaderLen || n > len(frame)-pos {
+			return dst, false
+		}
+		h, records, err := decodeBlock(frame[pos : pos+n])
+		if err != nil {
+			return dst, false
+		}
+		dst = append(dst, frameBlock{off: pos, h: h, records: records})
+		crc = crc32.Update(crc, crcTable, frame[pos:pos+4])
+		pos += n
+	}
+	count := binary.LittleEndian.Uint32(frame[8:])
+	if count == 0 || int(count) != len(dst) || crc != binary.LittleEndian.Uint32(frame) {
+		return dst, false
+	}
+	return dst, true
 }
 
 // create starts segment seq and makes it the one written.
@@ -678,6 +717,33 @@ func (j *journal) close() {
 		}
 	}
 	j.segs = nil
+}
+
+// startFrame appends a frame header to dst, to be completed by endFrame
+// once its blocks follow it.
+func startFrame(dst []byte) []byte {
+	var h [frameHeaderLen]byte
+	return append(dst, h[:]...)
+}
+
+// endFrame completes the frame that starts at f[0] and fills f, holding
+// whole blocks (see endBlock).
+func endFrame(f []byte) error {
+	if len(f) > maxFrameLen {
+		return fmt.Errorf("%d bytes in one append: more than %d", len(f), maxFrameLen)
+	}
+	binary.LittleEndian.PutUint32(f[4:], uint32(len(f)))
+	count := uint32(0)
+	for pos := frameHeaderLen; pos < len(f); pos += int(binary.LittleEndian.Uint32(f[pos+4:])) {
+		count++
+	}
+	binary.LittleEndian.PutUint32(f[8:], count)
+	crc := crc32.Update(0, crcTable, f[4:frameHeaderLen])
+	for pos := frameHeaderLen; pos < len(f); pos += int(binary.LittleEndian.Uint32(f[pos+4:])) {
+		crc = crc32.Update(crc, crcTable, f[pos:pos+4])
+	}
+	binary.LittleEndian.PutUint32(f, crc)
+	return nil
 }
 
 // appendRecord appends one record (its length, then data) to a block.

@@ -225,12 +225,43 @@ func TestLogTornTail(t *testing.T) {
 	}
 }
 
+// An Append is one frame: torn anywhere (a kill can cut a large write
+// short), it is dropped whole at the next open, for every group in it, and
+// a batch of events spanning groups is in the log entirely or not at all.
+func TestLogFrameAtomic(t *testing.T) {
+	dir := t.TempDir()
+	s := openSmall(t, dir, 1<<20)
+	epochs := claim(t, s, 1, 2, 3)
+	for range 6 {
+		appendOne(t, s, epochs, 1, 2, 3)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	segs := segments(t, dir)
+	name := segs[len(segs)-1]
+	b, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(name, b[:len(b)-3], 0o644); err != nil { // the last block of the last frame torn
+		t.Fatal(err)
+	}
+	s = openSmall(t, dir, 1<<20)
+	defer func() { _ = s.Close() }()
+	for _, g := range []uint32{1, 2, 3} {
+		if got := readLog(t, s, g, 0); !slices.Equal(got, want(g, 1, 5)) {
+			t.Errorf("group %d = %v, want 1 to 5 (the torn append dropped for every group)", g, got)
+		}
+	}
+}
+
 // A bad block anywhere but at the end of the last segment, or a segment
 // missing, is corruption: Open refuses the store rather than serve a log
 // without acknowledged records.
 func TestLogCorruptionRefused(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
+		name   string
 		break_ func(t *testing.T, segs []string)
 	}{
 		{"a flipped byte in the first segment", func(t *testing.T, segs []string) {
@@ -414,16 +445,23 @@ func TestLogMigration(t *testing.T) {
 }
 
 // FuzzScanBlocks: whatever a segment holds, the scan does not panic, keeps
-// a prefix of whole blocks that decode, and scanning that prefix again
-// finds the same blocks.
+// a prefix of whole frames whose blocks decode, and scanning that prefix
+// again finds the same blocks.
 func FuzzScanBlocks(f *testing.F) {
 	var seg []byte
-	for g := range uint32(3) {
-		start := len(seg)
-		seg = startBlock(seg, g, 7)
-		seg = appendRecord(seg, []byte("a record"))
-		seg = appendRecord(seg, nil)
-		if err := endBlock(seg[start:], 2); err != nil {
+	for range 2 {
+		frame := len(seg)
+		seg = startFrame(seg)
+		for g := range uint32(3) {
+			start := len(seg)
+			seg = startBlock(seg, g, 7)
+			seg = appendRecord(seg, []byte("a record"))
+			seg = appendRecord(seg, nil)
+			if err := endBlock(seg[start:], 2); err != nil {
+				f.Fatal(err)
+			}
+		}
+		if err := endFrame(seg[frame:]); err != nil {
 			f.Fatal(err)
 		}
 	}
@@ -440,6 +478,9 @@ func FuzzScanBlocks(f *testing.F) {
 		scan := func(b []byte) ([]block, int64) {
 			var blocks []block
 			good, err := scanBlocks(bytes.NewReader(b), int64(len(b)), func(off int64, h blockHeader, records []byte) error {
+				if off < 0 || off+int64(h.len) > int64(len(b)) {
+					t.Fatalf("block at %d of %d bytes outside the segment of %d", off, h.len, len(b))
+				}
 				if _, _, err := decodeBlock(b[off : off+int64(h.len)]); err != nil {
 					t.Fatalf("block at %d passed the scan but does not decode: %v", off, err)
 				}

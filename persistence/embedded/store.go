@@ -213,7 +213,7 @@ func (s *Store) migrateLog() error {
 	if err := j.fs.MkdirAll(j.dir, 0o755); err != nil {
 		return fmt.Errorf("migrate the log: %w", err)
 	}
-	seqs, err := j.list(false)
+	seqs, err := j.list()
 	if err != nil {
 		return fmt.Errorf("migrate the log: %w", err)
 	}
@@ -256,6 +256,9 @@ func (s *Store) migrateLog() error {
 			if err := end(); err != nil || len(blocks) == 0 {
 				return err
 			}
+			if err := endFrame(buf); err != nil {
+				return err
+			}
 			err := j.write(buf, blocks)
 			buf, blocks = nil, nil
 			return err
@@ -278,6 +281,9 @@ func (s *Store) migrateLog() error {
 				}
 			}
 			if count == 0 {
+				if len(buf) == 0 {
+					buf = startFrame(buf)
+				}
 				start, group = len(buf), g
 				buf = startBlock(buf, g, p)
 			}
@@ -555,8 +561,9 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 			appendBufs.Put(bp)
 		}
 	}()
-	buf := slices.Grow((*bp)[:0], size+len(entries)*binary.MaxVarintLen32+len(ids)*blockHeaderLen)
+	buf := slices.Grow((*bp)[:0], frameHeaderLen+size+len(entries)*binary.MaxVarintLen32+len(ids)*blockHeaderLen)
 	defer func() { *bp = buf[:0] }()
+	buf = startFrame(buf)
 	blocks := make([]pendingBlock, 0, len(ids))
 	for n := 0; n < len(order); {
 		k := ks[order[n]]
@@ -574,6 +581,10 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 		blocks = append(blocks, pendingBlock{group: ids[k], off: start, len: uint32(len(buf) - start), last: next})
 	}
 	if len(blocks) > 0 {
+		if err := endFrame(buf); err != nil {
+			clear(pos)
+			return pos, fmt.Errorf("embedded: append: %w", err)
+		}
 		if err := s.journal.write(buf, blocks); err != nil {
 			clear(pos)
 			return pos, fmt.Errorf("embedded: append: %w", s.logFailed(err))
