@@ -128,6 +128,10 @@ func (h *Host) Stats() Stats {
 	spilled, spilledBytes := len(h.resident.spill.index), h.resident.spill.bytes
 	idle := len(h.shells)
 	cached, cacheBytes := h.cache.stats()
+	// Read with the groups' states: a loss counts under h.mu as its group
+	// turns unavailable, and a caller waiting for "lost and served again"
+	// must not see the count of a loss whose group still reads as served.
+	lost := h.stats.groupsLost.Load()
 	for i := range h.groups {
 		gs := &h.groups[i]
 		dirty += len(gs.dirty) + gs.spilled
@@ -178,7 +182,7 @@ func (h *Host) Stats() Stats {
 		Spawned:       h.stats.spawned.Load(),
 		IdleActors:    idle,
 		Passivated:    h.stats.passivated.Load(),
-		GroupsLost:    h.stats.groupsLost.Load(),
+		GroupsLost:    lost,
 		TimersFired:   h.stats.timersFired.Load(),
 		Overflows:     h.dispatcher.overflows.Load(),
 
