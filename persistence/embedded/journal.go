@@ -2,6 +2,7 @@ package embedded
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -585,7 +586,7 @@ func (j *journal) read(group uint32, after persistence.Position, check func() er
 	if gl := j.groups[group]; gl != nil {
 		after = max(after, gl.trimmed) // deleted, as far as callers know
 		i, _ := slices.BinarySearchFunc(gl.blocks, after+1, func(b blockRef, p persistence.Position) int {
-			return cmpPos(b.last, p)
+			return cmp.Compare(b.last, p)
 		})
 		blocks = slices.Clone(gl.blocks[i:])
 	}
@@ -629,16 +630,6 @@ func (j *journal) read(group uint32, after persistence.Position, check func() er
 		}
 	}
 	return nil, nil
-}
-
-func cmpPos(a, b persistence.Position) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // trim records that the group has checkpointed through a position: its
@@ -719,31 +710,71 @@ func (j *journal) close() {
 	j.segs = nil
 }
 
-// startFrame appends a frame header to dst, to be completed by endFrame
-// once its blocks follow it.
-func startFrame(dst []byte) []byte {
-	var h [frameHeaderLen]byte
-	return append(dst, h[:]...)
+// frameBuilder encodes one frame: add the records of each group in
+// position order (a block ends when the group changes or a position is
+// skipped), then finish.
+type frameBuilder struct {
+	buf    []byte
+	blocks []pendingBlock
+	count  uint32 // records in the open block
 }
 
-// endFrame completes the frame that starts at f[0] and fills f, holding
-// whole blocks (see endBlock).
-func endFrame(f []byte) error {
-	if len(f) > maxFrameLen {
-		return fmt.Errorf("%d bytes in one append: more than %d", len(f), maxFrameLen)
+// add appends a record of group at position pos.
+func (f *frameBuilder) add(group uint32, pos persistence.Position, data []byte) error {
+	if f.count > 0 {
+		if b := &f.blocks[len(f.blocks)-1]; b.group != group || b.last+1 != pos {
+			if err := f.endBlock(); err != nil {
+				return err
+			}
+		}
 	}
-	binary.LittleEndian.PutUint32(f[4:], uint32(len(f)))
-	count := uint32(0)
-	for pos := frameHeaderLen; pos < len(f); pos += int(binary.LittleEndian.Uint32(f[pos+4:])) {
-		count++
+	if len(f.buf) == 0 {
+		var h [frameHeaderLen]byte
+		f.buf = append(f.buf, h[:]...)
 	}
-	binary.LittleEndian.PutUint32(f[8:], count)
-	crc := crc32.Update(0, crcTable, f[4:frameHeaderLen])
-	for pos := frameHeaderLen; pos < len(f); pos += int(binary.LittleEndian.Uint32(f[pos+4:])) {
-		crc = crc32.Update(crc, crcTable, f[pos:pos+4])
+	if f.count == 0 {
+		f.blocks = append(f.blocks, pendingBlock{group: group, off: len(f.buf)})
+		f.buf = startBlock(f.buf, group, pos)
 	}
-	binary.LittleEndian.PutUint32(f, crc)
+	f.buf = appendRecord(f.buf, data)
+	f.count++
+	f.blocks[len(f.blocks)-1].last = pos
 	return nil
+}
+
+func (f *frameBuilder) endBlock() error {
+	if f.count == 0 {
+		return nil
+	}
+	b := &f.blocks[len(f.blocks)-1]
+	if err := endBlock(f.buf[b.off:], f.count); err != nil {
+		return fmt.Errorf("group %d: %w", b.group, err)
+	}
+	b.len, f.count = uint32(len(f.buf)-b.off), 0
+	return nil
+}
+
+// finish completes the frame (if it holds any record).
+func (f *frameBuilder) finish() error {
+	if err := f.endBlock(); err != nil || len(f.blocks) == 0 {
+		return err
+	}
+	if len(f.buf) > maxFrameLen {
+		return fmt.Errorf("%d bytes in one append: more than %d", len(f.buf), maxFrameLen)
+	}
+	binary.LittleEndian.PutUint32(f.buf[4:], uint32(len(f.buf)))
+	binary.LittleEndian.PutUint32(f.buf[8:], uint32(len(f.blocks)))
+	crc := crc32.Update(0, crcTable, f.buf[4:frameHeaderLen])
+	for _, b := range f.blocks {
+		crc = crc32.Update(crc, crcTable, f.buf[b.off:b.off+4])
+	}
+	binary.LittleEndian.PutUint32(f.buf, crc)
+	return nil
+}
+
+// reset empties f for the next frame, keeping its buffers.
+func (f *frameBuilder) reset() {
+	f.buf, f.blocks, f.count = f.buf[:0], f.blocks[:0], 0
 }
 
 // appendRecord appends one record (its length, then data) to a block.

@@ -450,20 +450,16 @@ func TestLogMigration(t *testing.T) {
 func FuzzScanBlocks(f *testing.F) {
 	var seg []byte
 	for range 2 {
-		frame := len(seg)
-		seg = startFrame(seg)
+		var fb frameBuilder
 		for g := range uint32(3) {
-			start := len(seg)
-			seg = startBlock(seg, g, 7)
-			seg = appendRecord(seg, []byte("a record"))
-			seg = appendRecord(seg, nil)
-			if err := endBlock(seg[start:], 2); err != nil {
+			if err := errors.Join(fb.add(g, 7, []byte("a record")), fb.add(g, 8, nil)); err != nil {
 				f.Fatal(err)
 			}
 		}
-		if err := endFrame(seg[frame:]); err != nil {
+		if err := fb.finish(); err != nil {
 			f.Fatal(err)
 		}
+		seg = append(seg, fb.buf...)
 	}
 	f.Add(seg)
 	f.Add(seg[:len(seg)-3])

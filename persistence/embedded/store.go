@@ -233,35 +233,13 @@ func (s *Store) migrateLog() error {
 			return err
 		}
 		defer it.Close()
-		var (
-			buf    []byte
-			blocks []pendingBlock
-			start  int
-			count  uint32
-			group  uint32
-			last   persistence.Position
-		)
-		end := func() error {
-			if count == 0 {
-				return nil
-			}
-			if err := endBlock(buf[start:], count); err != nil {
-				return err
-			}
-			blocks = append(blocks, pendingBlock{group: group, off: start, len: uint32(len(buf) - start), last: last})
-			count = 0
-			return nil
-		}
+		var fb frameBuilder
 		flush := func() error {
-			if err := end(); err != nil || len(blocks) == 0 {
+			if err := fb.finish(); err != nil || len(fb.blocks) == 0 {
 				return err
 			}
-			if err := endFrame(buf); err != nil {
-				return err
-			}
-			err := j.write(buf, blocks)
-			buf, blocks = nil, nil
-			return err
+			defer fb.reset()
+			return j.write(fb.buf, fb.blocks)
 		}
 		for valid := it.First(); valid; valid = it.Next() {
 			k := it.Key()
@@ -269,31 +247,18 @@ func (s *Store) migrateLog() error {
 			if err != nil {
 				return err
 			}
-			g := binary.BigEndian.Uint32(k[1:])
-			if count > 0 && (g != group || p != last+1 || len(buf) > 4<<20) {
-				if err := end(); err != nil {
-					return err
-				}
-				if len(buf) > 4<<20 {
-					if err := flush(); err != nil {
-						return err
-					}
-				}
-			}
-			if count == 0 {
-				if len(buf) == 0 {
-					buf = startFrame(buf)
-				}
-				start, group = len(buf), g
-				buf = startBlock(buf, g, p)
-			}
 			v, err := it.ValueAndErr()
 			if err != nil {
 				return err
 			}
-			buf = appendRecord(buf, v)
-			count, last = count+1, p
-			records++
+			if err := fb.add(binary.BigEndian.Uint32(k[1:]), p, v); err != nil {
+				return err
+			}
+			if records++; len(fb.buf) > 4<<20 {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
 		}
 		if err := it.Error(); err != nil {
 			return err
@@ -561,37 +526,32 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 			appendBufs.Put(bp)
 		}
 	}()
-	buf := slices.Grow((*bp)[:0], frameHeaderLen+size+len(entries)*binary.MaxVarintLen32+len(ids)*blockHeaderLen)
-	defer func() { *bp = buf[:0] }()
-	buf = startFrame(buf)
-	blocks := make([]pendingBlock, 0, len(ids))
-	for n := 0; n < len(order); {
-		k := ks[order[n]]
-		start, next := len(buf), groups[k].last
-		buf = startBlock(buf, ids[k], next+1)
-		for ; n < len(order) && ks[order[n]] == k; n++ {
-			next++
-			pos[order[n]] = next
-			buf = appendRecord(buf, entries[order[n]].Data)
-		}
-		if err := endBlock(buf[start:], uint32(next-groups[k].last)); err != nil {
-			clear(pos)
-			return pos, fmt.Errorf("embedded: append group %d: %w", ids[k], err)
-		}
-		blocks = append(blocks, pendingBlock{group: ids[k], off: start, len: uint32(len(buf) - start), last: next})
+	fb := frameBuilder{buf: slices.Grow((*bp)[:0], frameHeaderLen+size+len(entries)*binary.MaxVarintLen32+len(ids)*blockHeaderLen)}
+	defer func() { *bp = fb.buf[:0] }()
+	last := make([]persistence.Position, len(ids))
+	for k, g := range groups {
+		last[k] = g.last
 	}
-	if len(blocks) > 0 {
-		if err := endFrame(buf); err != nil {
+	for _, i := range order {
+		k := ks[i]
+		last[k]++
+		pos[i] = last[k]
+		if err := fb.add(ids[k], last[k], entries[i].Data); err != nil {
 			clear(pos)
 			return pos, fmt.Errorf("embedded: append: %w", err)
 		}
-		if err := s.journal.write(buf, blocks); err != nil {
+	}
+	if err := fb.finish(); err != nil {
+		clear(pos)
+		return pos, fmt.Errorf("embedded: append: %w", err)
+	}
+	if len(fb.blocks) > 0 {
+		if err := s.journal.write(fb.buf, fb.blocks); err != nil {
 			clear(pos)
 			return pos, fmt.Errorf("embedded: append: %w", s.logFailed(err))
 		}
-		for _, b := range blocks {
-			k, _ := slices.BinarySearch(ids, b.group)
-			groups[k].last = b.last
+		for k, g := range groups {
+			g.last = last[k]
 		}
 	}
 
