@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -126,8 +127,12 @@ func (s *Server) start() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		err := c.Ping(ctx).Err()
 		cancel()
-		var reply redis.Error // the server answered, e.g. NOAUTH with --requirepass
-		if err == nil || errors.As(err, &reply) {
+		// The server answered: ready, also when the answer is an error such
+		// as NOAUTH with --requirepass, but not while it answers LOADING (it
+		// is still reading its append-only file after a restart and refuses
+		// every command).
+		var reply redis.Error
+		if err == nil || errors.As(err, &reply) && !strings.HasPrefix(reply.Error(), "LOADING") {
 			return nil
 		}
 		if s.exited() {
