@@ -2,6 +2,7 @@ package actors_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -38,6 +39,46 @@ func TestActivationReadsInBatches(t *testing.T) {
 	}
 	if v := hs.query("k399"); v.Seq != 1 {
 		t.Errorf("k399 = %+v", v)
+	}
+}
+
+// A restart reads the snapshots of the keys its log's tail names in one
+// batched call per key group and batch of records, not one read per key,
+// and each key starts from its snapshot.
+func TestReplayReadsInBatches(t *testing.T) {
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	cfg := actors.Config{Groups: 4}
+	hs := start(t, fs, cfg)
+	for i := range 400 {
+		hs.ingest(event(fmt.Sprintf("k%d", i), "", 1))
+	}
+	if err := hs.shutdown(); err != nil { // checkpoints them
+		t.Fatal(err)
+	}
+	// A second event to each key, never checkpointed: the tail to replay.
+	fs.InjectAll(faultstore.OpCheckpoint, faultstore.Fault{Err: errors.New("test: no checkpoints")})
+	hs = start(t, fs, cfg)
+	raws := make([][]byte, 400)
+	for i := range raws {
+		raws[i] = event(fmt.Sprintf("k%d", i), "", 10)
+	}
+	hs.ingest(raws...)
+	_ = hs.shutdown() // its checkpoint fails, as a crash would leave it
+	fs.Reset()
+
+	before := fs.Calls(faultstore.OpGet)
+	hs = start(t, fs, cfg)
+	defer hs.shutdown()
+	if reads := fs.Calls(faultstore.OpGet) - before; reads == 0 || reads > 4 {
+		t.Errorf("replaying a record naming 100 keys in each of 4 groups took %d reads, want at most one per group", reads)
+	}
+	if st := hs.host.Stats(); st.Replayed == 0 {
+		t.Errorf("replayed %d records, want the tail", st.Replayed)
+	}
+	for _, k := range []string{"k0", "k123", "k399"} {
+		if v := hs.query(k); v.Seq != 2 || v.Aggregates["sum"] != float64(11) {
+			t.Errorf("%s after the restart = %+v, want seq 2, sum 11 (its snapshot and the replayed event)", k, v)
+		}
 	}
 }
 

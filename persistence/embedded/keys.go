@@ -111,12 +111,20 @@ func timerKey(group uint32, key string) []byte {
 }
 
 // timerBounds returns the key range [lower, upper) of a group's timer index.
-func timerBounds(group uint32) (lower, upper []byte) {
-	lower = groupKey(kindTimer, group, 0)
+func timerBounds(group uint32) (lower, upper []byte) { return groupBounds(kindTimer, group) }
+
+// snapshotBounds returns the key range [lower, upper) of a group's
+// snapshots; lower is the prefix of each.
+func snapshotBounds(group uint32) (lower, upper []byte) { return groupBounds(kindSnapshot, group) }
+
+// groupBounds returns the key range [lower, upper) of a group's keys of a
+// kind.
+func groupBounds(kind byte, group uint32) (lower, upper []byte) {
+	lower = groupKey(kind, group, 0)
 	if group == math.MaxUint32 {
-		return lower, []byte{kindTimer + 1}
+		return lower, []byte{kind + 1}
 	}
-	return lower, groupKey(kindTimer, group+1, 0)
+	return lower, groupKey(kind, group+1, 0)
 }
 
 // pipelineKey returns kind+len+name, with room for more bytes.
