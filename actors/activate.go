@@ -105,16 +105,18 @@ var newKey = &loaded{}
 
 // mayBeStoredLocked reports whether activating the key would read its
 // snapshot: it is neither in memory nor spilled, and its group does not
-// know it to be new (groupState.complete). h.mu must be held.
-func (h *Host) mayBeStoredLocked(id keyID, group uint32) bool {
-	if h.lookupLocked(id, group) != nil {
-		return false // active, parked, or stopping: its grain takes the message
+// know it to be new (groupState.complete). It returns the key's grain if
+// the key is in memory (active, parked, or stopping: its grain takes the
+// message). h.mu must be held.
+func (h *Host) mayBeStoredLocked(id keyID, group uint32) (*grain, bool) {
+	if g := h.lookupLocked(id, group); g != nil {
+		return g, false
 	}
 	if h.groups[group].complete {
-		return false
+		return nil, false
 	}
 	_, spilled := h.findSpilledLocked(id, group)
-	return !spilled
+	return nil, !spilled
 }
 
 // prefetchParallelism bounds the groups read at once for one commit.
@@ -153,7 +155,8 @@ func (h *Host) prefetchLocked(groups []*groupBatch) *prefetch {
 	var keys []prefetchKey
 	for _, gb := range groups {
 		for _, kb := range gb.keys {
-			if h.mayBeStoredLocked(kb.id, gb.group) {
+			var stored bool
+			if kb.g, stored = h.mayBeStoredLocked(kb.id, gb.group); stored {
 				keys = append(keys, prefetchKey{kb.id, gb.group, h.groups[gb.group].epoch})
 			}
 		}

@@ -59,6 +59,12 @@ type keyBatch struct {
 	// the commit: they are logged under the sides, so the key is not listed
 	// in the record (unless a timer of it is due: fire).
 	derived bool
+	// g is the key's grain when the commit looked it up before its append
+	// (prefetchLocked), if it was in memory then: the dispatch after the
+	// append takes it if it is still the key's, without a second look-up
+	// in the registry (at a million keys each is a cache miss or two, and
+	// the two were a quarter of the commit loop; BENCHMARKS.md, session 22).
+	g *grain
 }
 
 // batchSlab allocates a commit's keyBatches together, a slice at a time;
@@ -295,6 +301,14 @@ func (h *Host) commit(reqs []*ingestReq) {
 		}
 		for _, kb := range gb.keys {
 			kb.msg.pos = pos
+			if g := kb.g; g != nil && g.tier != tierGone && g.epoch == gs.epoch && !h.stopped {
+				// Still the key's: a grain leaves the registry only
+				// as it is gone, and one of the group's epoch is the
+				// one lookupLocked finds.
+				h.deliverLocked(g, &kb.msg)
+				h.markDirtyLocked(g, pos)
+				continue
+			}
 			h.markDirtyLocked(h.sendLoadedLocked(kb.id, gb.group, &kb.msg, pf.take(kb.id)), pos)
 		}
 		for _, w := range gb.watermarks {

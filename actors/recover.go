@@ -495,7 +495,7 @@ func (h *Host) replayBatch(ctx context.Context, g uint32, batch []replayRecord) 
 	want := func(id keyID) {
 		if !seen[id] {
 			seen[id] = true
-			if h.mayBeStoredLocked(id, g) {
+			if _, stored := h.mayBeStoredLocked(id, g); stored {
 				ids = append(ids, id)
 			}
 		}
