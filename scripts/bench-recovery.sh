@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Recovery after a crash, measured: one embedded node under the load of
+# scripts/bench-scale.sh (keyfold bench over gRPC IngestStream, uniform
+# keys, every key preloaded), killed with SIGKILL once the log above its
+# checkpoints (keyfold_log_bytes_unchecked) reaches FRACTION of
+# checkpoint_bytes, then restarted on the same data directory; prints the
+# log it had to replay and how long until the restarted node was ready
+# (`keyfold health`), with the node's own "recovered" line (records
+# replayed, keys activated, time).
+#
+# Usage: scripts/bench-recovery.sh [CONFIG] [FRACTION]
+#   CONFIG defaults to examples/bench.yaml, FRACTION to 0.8;
+#   KEYS=1000000 keys; NODE_BIN=path: the keyfold binary to run the node;
+#   PROFILE=FILE: the restarted node's CPU profile of its first PSECS (10)
+#   seconds (serve --pprof).
+# If the log does not reach FRACTION within 150 s the node is killed then.
+# Everything it starts is stopped by PID when it exits.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+config=${1:-$root/examples/bench.yaml}
+fraction=${2:-0.8}
+keys=${KEYS:-1000000}
+work=$(mktemp -d)
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+go build -o "$work/keyfold" "$root/cmd/keyfold"
+kf=$work/keyfold
+nodebin=${NODE_BIN:-$kf}
+limit=$(awk '/^checkpoint_bytes:/{print $2}' "$config")
+limit=$(python3 -c "print(int(${limit:-67108864} * $fraction))")
+hport=$(free_port)
+gport=$(free_port)
+metrics() { curl -s "http://127.0.0.1:$hport/metrics" | awk '/^keyfold_log_bytes_unchecked /{printf "%d", $2}'; }
+
+"$nodebin" serve --config "$config" --data "$work/data" --http "127.0.0.1:$hport" --grpc "127.0.0.1:$gport" >"$work/node1.log" 2>&1 &
+node=$!
+pids+=("$node")
+until "$kf" health --addr "127.0.0.1:$gport" >/dev/null 2>&1; do sleep 0.1; done
+"$kf" bench --stream --window 8 --concurrency 4 --batch 100 --keys "$keys" --dist uniform --preload \
+	--duration 300s --addr "127.0.0.1:$gport" >"$work/bench.log" 2>&1 &
+bench=$!
+pids+=("$bench")
+start=$SECONDS
+unchecked=0
+while ((SECONDS - start < 150)); do
+	unchecked=$(metrics || true)
+	if ((SECONDS - start > 20 && ${unchecked:-0} >= limit)); then break; fi
+	sleep 0.2
+done
+kill -9 "$node"
+wait "$node" 2>/dev/null || true
+kill "$bench" 2>/dev/null || true
+wait "$bench" 2>/dev/null || true
+
+prof=()
+if [ -n "${PROFILE:-}" ]; then
+	pport=$(free_port)
+	prof=(--pprof "127.0.0.1:$pport")
+fi
+t0=$(date +%s.%N)
+"$nodebin" serve --config "$config" --data "$work/data" --http "127.0.0.1:$hport" --grpc "127.0.0.1:$gport" "${prof[@]}" >"$work/node2.log" 2>&1 &
+node=$!
+pids+=("$node")
+if [ -n "${PROFILE:-}" ]; then
+	until curl -sf -o "$PROFILE" "http://127.0.0.1:$pport/debug/pprof/profile?seconds=${PSECS:-10}"; do sleep 0.02; done &
+	pids+=($!)
+fi
+until "$kf" health --addr "127.0.0.1:$gport" >/dev/null 2>&1; do sleep 0.05; done
+t1=$(date +%s.%N)
+echo "keys $keys; log above the checkpoints at the kill: $((unchecked >> 20)) MiB; ready $(python3 -c "print(round($t1 - $t0, 2))") s after the restart; $(grep -o 'msg=recovered.*' "$work/node2.log")"
+if [ -n "${PROFILE:-}" ]; then
+	wait "${pids[-1]}" || true
+fi
