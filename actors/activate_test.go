@@ -82,6 +82,43 @@ func TestReplayReadsInBatches(t *testing.T) {
 	}
 }
 
+// A key that a replay's batched read started leaves memory changed (to the
+// spill) in the middle of the batch and comes back for a later record of
+// it: it must come back from the spill, not from the batch's read (which
+// lacks the records it took meanwhile). Passivation runs every millisecond
+// with one active key and almost no memory, while a lost group's tail of
+// 200 records over 10 keys is replayed, again and again.
+func TestReplayedKeyLeavesMemoryMidBatch(t *testing.T) {
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	cfg := actors.Config{Groups: 1, MaxActive: 1, MaxMemory: 4096, IdleTimeout: time.Millisecond, CheckpointInterval: time.Millisecond}
+	hs := start(t, fs, cfg)
+	const keys = 10
+	for i := range keys {
+		hs.ingest(event(fmt.Sprintf("k%d", i), "", 1))
+	}
+	if err := hs.shutdown(); err != nil { // checkpoints them
+		t.Fatal(err)
+	}
+	fs.InjectAll(faultstore.OpCheckpoint, faultstore.Fault{Err: errors.New("test: no checkpoints")})
+	hs = start(t, fs, cfg)
+	defer hs.shutdown()
+	for i := range 200 {
+		hs.ingest(event(fmt.Sprintf("k%d", i%keys), "", 10))
+	}
+	for round := range 5 {
+		fs.FailNext(faultstore.OpAppend, errors.New("test: lose the group"))
+		if _, err := hs.host.Ingest(context.Background(), "p", [][]byte{event("k0", "", 1000)}); err == nil {
+			t.Fatal("ingest succeeded with its append failing")
+		}
+		eventually(t, "the group served again", func() bool { return hs.host.Stats().GroupsTakingOver == 0 && hs.host.Stats().GroupsUnavailable == 0 })
+		for i := range keys {
+			if v := hs.query(fmt.Sprintf("k%d", i)); v.Seq != 21 || v.Aggregates["sum"] != float64(201) {
+				t.Fatalf("round %d: k%d after the take-over = seq %d, sum %v; want 21, 201", round, i, v.Seq, v.Aggregates["sum"])
+			}
+		}
+	}
+}
+
 // Keys reactivated over and over, from snapshots the commits read in
 // batches or from the resident tier: with slow reads, checkpoints and
 // passivations every millisecond and more keys than may stay active,

@@ -301,7 +301,9 @@ func (h *Host) commit(reqs []*ingestReq) {
 		}
 		for _, kb := range gb.keys {
 			kb.msg.pos = pos
-			if g := kb.g; g != nil && g.tier != tierGone && g.epoch == gs.epoch && !h.stopped {
+			g := kb.g
+			kb.g = nil // (the batch may outlive the grain's time in memory)
+			if g != nil && g.tier != tierGone && g.epoch == gs.epoch && !h.stopped {
 				// Still the key's: a grain leaves the registry only
 				// as it is gone, and one of the group's epoch is the
 				// one lookupLocked finds.

@@ -442,11 +442,14 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // Why the read is current when a grain starts from it: the group is being
 // taken over, so nothing else changes its keys or their snapshots (only
 // the replay sends inputs to them, and a checkpoint skips a group that is
-// not served); a key read was in memory nowhere, and one activated
-// meanwhile (by an earlier record of the batch) ignores it.
+// not served); a key read was in memory nowhere. A read is handed over at
+// the key's first dispatch of the batch and then forgotten: by its next
+// one the key may have left memory changed (passivation runs during a
+// replay, and a changed key goes to the spill), and activated again it
+// must start from there, not from the read.
 const (
 	replayBatchRecords = 256
-	replayBatchBytes   = 4 << 20
+	replayBatchBytes   = 1 << 20
 )
 
 // replayRecord is a logged record, decoded.
@@ -519,7 +522,9 @@ func (h *Host) replayBatch(ctx context.Context, g uint32, batch []replayRecord) 
 		rctx, cancel := context.WithTimeout(ctx, storeTimeout)
 		ls, err := loadKeys(rctx, h.store, h.cfg.Pipelines, g, ids)
 		cancel()
-		if err == nil {
+		if err != nil {
+			h.log.Warn("replay: batched snapshot read failed; the keys read for themselves", "group", g, "keys", len(ids), "err", err)
+		} else {
 			read = make(map[keyID]*loaded, len(ids))
 			for i := range ls {
 				read[ids[i]] = &ls[i]
@@ -529,6 +534,13 @@ func (h *Host) replayBatch(ctx context.Context, g uint32, batch []replayRecord) 
 	for _, r := range batch {
 		h.replay(g, r.pos, r.rec, r.size, epoch, read)
 	}
+}
+
+// takeRead returns a key's read state once (see replayBatchRecords).
+func takeRead(read map[keyID]*loaded, id keyID) *loaded {
+	l := read[id]
+	delete(read, id)
+	return l
 }
 
 // replay hands one logged record to its keys, those not in memory starting
@@ -610,10 +622,10 @@ func (h *Host) replay(g uint32, pos persistence.Position, rec *keyfoldv1.LogReco
 		if p.IsJoin() {
 			continue
 		}
-		h.markDirtyLocked(h.sendLoadedLocked(id, g, msg, read[id]), pos)
+		h.markDirtyLocked(h.sendLoadedLocked(id, g, msg, takeRead(read, id)), pos)
 	}
 	for _, id := range joinOrder {
-		h.markDirtyLocked(h.sendLoadedLocked(id, g, joined[id], read[id]), pos)
+		h.markDirtyLocked(h.sendLoadedLocked(id, g, joined[id], takeRead(read, id)), pos)
 	}
 	h.groups[g].dispatched = pos
 	h.groups[g].appended += int64(size)

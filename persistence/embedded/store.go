@@ -800,8 +800,17 @@ func (s *Store) GetMany(ctx context.Context, id uint32, keys []string) ([][]byte
 			}
 		}
 		k = append(k[:len(lower)], keys[i]...)
-		if !it.SeekPrefixGE(k) || !bytes.Equal(it.Key(), k) {
-			continue // none (or an error: it.Error below)
+		if !it.SeekPrefixGE(k) {
+			// None, or an error: each seek clears the last one's, so it
+			// is checked here, or the key would read as never stored.
+			if err := it.Error(); err != nil {
+				_ = s.closeIter(it)
+				return nil, fmt.Errorf("embedded: get group %d key %q: %w", id, keys[i], err)
+			}
+			continue
+		}
+		if !bytes.Equal(it.Key(), k) {
+			continue
 		}
 		v, err := it.ValueAndErr()
 		if err != nil {

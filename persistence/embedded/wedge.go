@@ -36,7 +36,9 @@ import (
 // 2 shared cores) while a commit's synced write hides it. A point read
 // takes none of Pebble's commit locks, and the DB mutex only when it drops
 // the last reference to a read state that was replaced while it read (a
-// Get's iterator samples no reads), so it can block only if a flush or
+// Get's iterator samples no reads; GetMany's iterator may, and is closed,
+// which is when it takes the DB mutex for them, in inPebble), so it can
+// block only if a flush or
 // compaction parks holding the DB mutex in those few microseconds; with
 // the data directory removed (the commit mutex only) it cannot. Later ones
 // fail at once like every call.
