@@ -82,6 +82,42 @@ func TestReplayReadsInBatches(t *testing.T) {
 	}
 }
 
+// A start's recovery keeps the keys its log's tail names within MaxActive,
+// as ingest does, though no passivation loop runs before Run: replaying a
+// million keys left them all active, each with an actor.
+func TestRecoveryBoundsActiveKeys(t *testing.T) {
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	cfg := actors.Config{Groups: 4, MaxActive: 10}
+	fs.InjectAll(faultstore.OpCheckpoint, faultstore.Fault{Err: errors.New("test: no checkpoints")})
+	hs := start(t, fs, cfg)
+	for i := range 200 {
+		hs.ingest(event(fmt.Sprintf("k%d", i), "", i))
+	}
+	_ = hs.shutdown() // its checkpoint fails: the 200 keys are only in the log
+	fs.Reset()
+
+	cfg.Store, cfg.Pipelines = fs, pipelines(t)
+	h, err := actors.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Recover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st := h.Stats(); st.Replayed == 0 || st.ActiveKeys > 10 {
+		t.Errorf("after replaying %d records naming 200 keys: %d active keys, want at most MaxActive, 10", st.Replayed, st.ActiveKeys)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	for _, i := range []int{0, 57, 199} {
+		if v, err := h.Query(context.Background(), "p", fmt.Sprintf("k%d", i)); err != nil || v.Seq != 1 || v.Aggregates["sum"] != float64(i) {
+			t.Errorf("k%d after the recovery = %+v, %v; want seq 1, sum %d", i, v, err, i)
+		}
+	}
+}
+
 // A key that a replay's batched read started leaves memory changed (to the
 // spill) in the middle of the batch and comes back for a later record of
 // it: it must come back from the spill, not from the batch's read (which

@@ -534,6 +534,16 @@ func (h *Host) replayBatch(ctx context.Context, g uint32, batch []replayRecord) 
 	for _, r := range batch {
 		h.replay(g, r.pos, r.rec, r.size, epoch, read)
 	}
+	// The replayed keys stay within MaxActive as ingested ones do. Before
+	// Run (a start's recovery) no passivation loop runs, and a log naming
+	// a million keys left them all active (an actor spawned for each, and
+	// 1.5 GB) until Run's first passivation (BENCHMARKS.md, session 22).
+	h.mu.Lock()
+	over := h.lru.n > h.cfg.MaxActive
+	h.mu.Unlock()
+	if over {
+		h.passivate()
+	}
 }
 
 // takeRead returns a key's read state once (see replayBatchRecords).
