@@ -560,18 +560,15 @@ func takeRead(read map[keyID]*loaded, id keyID) *loaded {
 // of a pipeline that was removed from the configuration are dropped, with
 // a warning.
 func (h *Host) replay(g uint32, pos persistence.Position, rec *keyfoldv1.LogRecord, size int, epoch persistence.Epoch, read map[keyID]*loaded) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.groups[g].epoch != epoch {
-		read = nil // (not expected during its take-over) the keys read for themselves
-	}
+	// The messages are built (the events prepared from their JSON again)
+	// before h.mu is taken: under it, the replays of groups taken over at
+	// once ran one at a time.
 	var wms map[string]int64
 	for _, w := range rec.Watermarks {
 		if wms == nil {
 			wms = make(map[string]int64, len(rec.Watermarks))
 		}
 		wms[w.Pipeline] = w.WatermarkMs
-		h.loggedClockLocked(g, w)
 	}
 	// A join's key may be listed (a timer of it was due) and take its
 	// sides' events too: one message for all, sent after the record's.
@@ -589,6 +586,11 @@ func (h *Host) replay(g uint32, pos persistence.Position, rec *keyfoldv1.LogReco
 		}
 		return m
 	}
+	type keyMsg struct {
+		id  keyID
+		msg *applyMsg
+	}
+	msgs := make([]keyMsg, 0, len(rec.Keys))
 	for _, ki := range rec.Keys {
 		p := h.cfg.Pipelines[ki.Pipeline]
 		if p == nil {
@@ -629,13 +631,24 @@ func (h *Host) replay(g uint32, pos persistence.Position, rec *keyfoldv1.LogReco
 				}
 			}
 		}
-		if p.IsJoin() {
-			continue
+		if !p.IsJoin() {
+			msgs = append(msgs, keyMsg{id, msg})
 		}
-		h.markDirtyLocked(h.sendLoadedLocked(id, g, msg, takeRead(read, id)), pos)
 	}
 	for _, id := range joinOrder {
-		h.markDirtyLocked(h.sendLoadedLocked(id, g, joined[id], takeRead(read, id)), pos)
+		msgs = append(msgs, keyMsg{id, joined[id]})
+	}
+
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.groups[g].epoch != epoch {
+		read = nil // (not expected during its take-over) the keys read for themselves
+	}
+	for _, w := range rec.Watermarks {
+		h.loggedClockLocked(g, w)
+	}
+	for _, m := range msgs {
+		h.markDirtyLocked(h.sendLoadedLocked(m.id, g, m.msg, takeRead(read, m.id)), pos)
 	}
 	h.groups[g].dispatched = pos
 	h.groups[g].appended += int64(size)
