@@ -433,8 +433,9 @@ func sleep(ctx context.Context, d time.Duration) bool {
 
 // A take-over replays its group's log a batch of records at a time: it
 // decodes up to replayBatchRecords records (or replayBatchBytes of them),
-// reads the snapshots of the keys they name that are not in memory in one
-// batched read (loadKeys), then hands the records to their keys. One read
+// builds their messages, reads the snapshots of the keys those go to that
+// are not in memory in one batched read (loadKeys), then hands the
+// messages over. One read
 // per key, inside each grain's activation, was most of a restart at a
 // million keys: 12 s for 64 MiB of log naming 320k keys, two thirds of it
 // in those reads (BENCHMARKS.md, session 22).
@@ -488,29 +489,28 @@ func (h *Host) replayLog(ctx context.Context, g uint32, after persistence.Positi
 	return err
 }
 
-// replayBatch reads the snapshots of the keys a batch of records names that
-// are not in memory, then replays the records in order.
+// replayBatch builds the messages of a batch of records, reads the
+// snapshots of the keys they go to that are not in memory, then hands the
+// messages over, a record at a time.
 func (h *Host) replayBatch(ctx context.Context, g uint32, batch []replayRecord) {
+	// The messages are built (the events prepared from their JSON again)
+	// without h.mu: under it, the replays of groups taken over at once
+	// ran one at a time.
+	msgs := make([][]keyMsg, len(batch))
+	for i, r := range batch {
+		msgs[i] = h.replayMessages(g, r.pos, r.rec)
+	}
 	var ids []keyID
 	h.mu.Lock()
 	epoch := h.groups[g].epoch
 	seen := map[keyID]bool{}
-	want := func(id keyID) {
-		if !seen[id] {
-			seen[id] = true
-			if _, stored := h.mayBeStoredLocked(id, g); stored {
-				ids = append(ids, id)
-			}
-		}
-	}
-	for _, r := range batch {
-		for _, ki := range r.rec.Keys {
-			if h.cfg.Pipelines[ki.Pipeline] == nil || strings.ContainsRune(ki.Key, 0) {
-				continue // dropped by replay
-			}
-			want(keyID{ki.Pipeline, ki.Key})
-			for _, j := range h.joins[ki.Pipeline] {
-				want(keyID{j.name, ki.Key})
+	for _, ms := range msgs {
+		for _, m := range ms {
+			if !seen[m.id] {
+				seen[m.id] = true
+				if _, stored := h.mayBeStoredLocked(m.id, g); stored {
+					ids = append(ids, m.id)
+				}
 			}
 		}
 	}
@@ -531,8 +531,13 @@ func (h *Host) replayBatch(ctx context.Context, g uint32, batch []replayRecord) 
 			}
 		}
 	}
-	for _, r := range batch {
-		h.replay(g, r.pos, r.rec, r.size, epoch, read)
+	for i, r := range batch {
+		h.mu.Lock()
+		if h.groups[g].epoch != epoch {
+			read = nil // (not expected during its take-over) the keys read for themselves
+		}
+		h.replayLocked(g, r, msgs[i], read)
+		h.mu.Unlock()
 	}
 	// The replayed keys stay within MaxActive as ingested ones do. Before
 	// Run (a start's recovery) no passivation loop runs, and a log naming
@@ -553,16 +558,18 @@ func takeRead(read map[keyID]*loaded, id keyID) *loaded {
 	return l
 }
 
-// replay hands one logged record to its keys, those not in memory starting
-// from their snapshots in read (as of the group's incarnation epoch). The
+// keyMsg is what a replayed record hands one key.
+type keyMsg struct {
+	id  keyID
+	msg *applyMsg
+}
+
+// replayMessages builds what one logged record hands its keys. The
 // record's inputs were accepted when logged, so they are applied whatever
-// the configuration says now (see fold.Pipeline.Replay); only the inputs
-// of a pipeline that was removed from the configuration are dropped, with
-// a warning.
-func (h *Host) replay(g uint32, pos persistence.Position, rec *keyfoldv1.LogRecord, size int, epoch persistence.Epoch, read map[keyID]*loaded) {
-	// The messages are built (the events prepared from their JSON again)
-	// before h.mu is taken: under it, the replays of groups taken over at
-	// once ran one at a time.
+// the configuration says now (see fold.Pipeline.Replay); only the inputs of
+// a pipeline that was removed from the configuration are dropped, with a
+// warning.
+func (h *Host) replayMessages(g uint32, pos persistence.Position, rec *keyfoldv1.LogRecord) []keyMsg {
 	var wms map[string]int64
 	for _, w := range rec.Watermarks {
 		if wms == nil {
@@ -585,10 +592,6 @@ func (h *Host) replay(g uint32, pos persistence.Position, rec *keyfoldv1.LogReco
 			joinOrder = append(joinOrder, id)
 		}
 		return m
-	}
-	type keyMsg struct {
-		id  keyID
-		msg *applyMsg
 	}
 	msgs := make([]keyMsg, 0, len(rec.Keys))
 	for _, ki := range rec.Keys {
@@ -638,18 +641,19 @@ func (h *Host) replay(g uint32, pos persistence.Position, rec *keyfoldv1.LogReco
 	for _, id := range joinOrder {
 		msgs = append(msgs, keyMsg{id, joined[id]})
 	}
+	return msgs
+}
 
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.groups[g].epoch != epoch {
-		read = nil // (not expected during its take-over) the keys read for themselves
-	}
-	for _, w := range rec.Watermarks {
+// replayLocked hands a replayed record's messages to their keys, those not
+// in memory starting from their snapshots in read (see replayBatchRecords).
+// h.mu must be held.
+func (h *Host) replayLocked(g uint32, r replayRecord, msgs []keyMsg, read map[keyID]*loaded) {
+	for _, w := range r.rec.Watermarks {
 		h.loggedClockLocked(g, w)
 	}
 	for _, m := range msgs {
-		h.markDirtyLocked(h.sendLoadedLocked(m.id, g, m.msg, takeRead(read, m.id)), pos)
+		h.markDirtyLocked(h.sendLoadedLocked(m.id, g, m.msg, takeRead(read, m.id)), r.pos)
 	}
-	h.groups[g].dispatched = pos
-	h.groups[g].appended += int64(size)
+	h.groups[g].dispatched = r.pos
+	h.groups[g].appended += int64(r.size)
 }
