@@ -33,7 +33,10 @@ import (
 // kept it (cache.go).
 type loaded struct {
 	found bool // the key has a snapshot
-	state fold.State
+	// state is set if found. (Behind a pointer: most loads are of the
+	// snapshot cache, which sets cached alone, and a State in each was
+	// most of the bytes a commit's look-ups allocated.)
+	state *fold.State
 	pos   persistence.Position
 	// cached is the key's state in the snapshot cache or the spill, which
 	// the grain decodes (on its actor, not under h.mu); found and state are
@@ -95,7 +98,7 @@ func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string
 		if err != nil {
 			return nil, fmt.Errorf("snapshot of %s/%s: %w", id.pipeline, id.key, err)
 		}
-		out[i] = loaded{found: true, state: state, pos: snap.Position}
+		out[i] = loaded{found: true, state: &state, pos: snap.Position}
 	}
 	return out, nil
 }
@@ -174,14 +177,24 @@ func (h *Host) prefetchLocked(groups []*groupBatch) *prefetch {
 func (p *prefetch) read(h *Host, keys []prefetchKey) {
 	defer close(p.done)
 	want := map[uint32][]keyID{}
-	var name []byte // the cache's key, scratch
-	for _, k := range keys {
-		var l *loaded
-		if l, name = h.cache.lookup(name, k.id, k.epoch); l != nil {
+	// The hits share two allocations, their loaded and their entries' bytes:
+	// at a million keys most of a commit's keys are cache hits, and one
+	// object each (of ~240 B, with the state's room) was a twentieth of
+	// the bytes allocated per event (BENCHMARKS.md, session 23). The slab
+	// never grows, so that its elements stay where they are.
+	var (
+		name  []byte                          // the cache's key, scratch
+		vals  = make([]byte, 0, 64*len(keys)) // the hits' entries (of aggregates, 60 B or so each)
+		state []byte
+		hits  = make([]loaded, 0, len(keys))
+	)
+	for i, k := range keys {
+		if state, vals, name = h.cache.lookup(name, vals, k.id, k.epoch); state != nil {
 			if p.cached == nil {
-				p.cached = map[keyID]*loaded{}
+				p.cached = make(map[keyID]*loaded, len(keys)-i)
 			}
-			p.cached[k.id] = l
+			hits = append(hits, loaded{cached: state})
+			p.cached[k.id] = &hits[len(hits)-1]
 			continue
 		}
 		want[k.group] = append(want[k.group], k.id)

@@ -120,29 +120,34 @@ func (c *snapshotCache) putValue(name []byte, epoch persistence.Epoch, value []b
 // get returns the cached state of a key of a group in epoch, or nil; the
 // entry stays (newGrainLocked deletes it). h.mu must be held.
 func (c *snapshotCache) get(id keyID, epoch persistence.Epoch) *loaded {
-	l, key := c.lookup(c.key, id, epoch)
+	state, _, key := c.lookup(c.key, nil, id, epoch)
 	c.key = key
-	return l
+	if state == nil {
+		return nil
+	}
+	return &loaded{cached: state}
 }
 
-// lookup is get with the caller's scratch buffer for the entry's name
-// (returned for reuse), so that it needs no h.mu: fastcache is safe for
-// concurrent use, and the counters are atomic. (c.c is set once, before
-// the host runs, and reset after it stopped.)
-func (c *snapshotCache) lookup(scratch []byte, id keyID, epoch persistence.Epoch) (*loaded, []byte) {
+// lookup appends the cached state of a key of a group in epoch to dst and
+// returns it (nil if there is none; dst is then as it was), dst, and the
+// caller's scratch buffer for the entry's name, for reuse. It needs no
+// h.mu: fastcache is safe for concurrent use, and the counters are atomic.
+// (c.c is set once, before the host runs, and reset after it stopped.)
+func (c *snapshotCache) lookup(scratch, dst []byte, id keyID, epoch persistence.Epoch) (state, _, _ []byte) {
 	if c.c == nil {
-		return nil, scratch
+		return nil, dst, scratch
 	}
 	scratch = id.appendSnapshotKey(scratch[:0])
-	v, ok := c.c.HasGet(nil, scratch)
+	start := len(dst)
+	v, ok := c.c.HasGet(dst, scratch)
 	if ok {
-		if e, n := binary.Uvarint(v); n > 0 && e == epoch {
+		if e, n := binary.Uvarint(v[start:]); n > 0 && e == epoch {
 			c.hits.Add(1)
-			return &loaded{cached: v[n:]}, scratch
+			return v[start+n : len(v) : len(v)], v, scratch
 		}
 	}
 	c.misses.Add(1)
-	return nil, scratch
+	return nil, v[:start], scratch
 }
 
 // del forgets a key (it is back in memory). h.mu must be held.

@@ -164,6 +164,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	}
 	stored = true
 	h.stats.checkpoints.Add(1)
+	h.stats.snapshots.Add(int64(len(got) + len(moved)))
 
 	h.mu.Lock()
 	defer h.mu.Unlock()

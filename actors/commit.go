@@ -73,6 +73,10 @@ type batchSlab struct{ next []keyBatch }
 
 const batchSlabSize = 256
 
+// maxKeptRecordBytes bounds the records' buffer a commit keeps for the
+// next one (a larger one, of an unusual commit, goes).
+const maxKeptRecordBytes = 8 << 20
+
 func (s *batchSlab) new(id keyID) *keyBatch {
 	if len(s.next) == cap(s.next) {
 		s.next = make([]keyBatch, 0, batchSlabSize)
@@ -106,10 +110,15 @@ func (h *Host) commit(reqs []*ingestReq) {
 		events += len(r.events) + len(r.fires)
 	}
 	batches := make(map[uint32]*groupBatch)
-	// Sized for the events, up to a slab: a commit of many events to a few
-	// keys needs no more, and a key slow to take its batch keeps only its
-	// slab's batches (and their events) in memory.
-	index := make(map[keyID]*keyBatch, min(events, batchSlabSize)) // a key is in one group
+	index := h.commitIndex // a key is in one group
+	if index == nil {
+		index = make(map[keyID]*keyBatch, batchSlabSize)
+		h.commitIndex = index
+	}
+	defer clear(index)
+	// The slab is sized for the events, up to batchSlabSize: a commit of
+	// many events to a few keys needs no more, and a key slow to take its
+	// batch keeps only its slab's batches (and their events) in memory.
 	slab := batchSlab{next: make([]keyBatch, 0, min(events, batchSlabSize))}
 	groupOf := func(g uint32) *groupBatch {
 		gb := batches[g]
@@ -234,9 +243,19 @@ func (h *Host) commit(reqs []*ingestReq) {
 		defer func() { <-pf.done }()
 	}
 	h.mu.Unlock()
+	// The records share one buffer, kept for the next commit (Append keeps
+	// none of it): each commit allocated its records anew, a tenth of the
+	// bytes allocated per event (BENCHMARKS.md, session 23).
+	records := h.recordBuf[:0]
+	defer func() {
+		if cap(records) <= maxKeptRecordBytes {
+			h.recordBuf = records[:0]
+		}
+	}()
 	for i, gb := range groups {
-		data, err := encodeRecord(gb.keys, gb.watermarks)
-		if err != nil { // cannot happen for these messages
+		start := len(records)
+		var err error
+		if records, err = appendRecord(records, gb.keys, gb.watermarks); err != nil { // cannot happen for these messages
 			err = fmt.Errorf("actors: encode record: %w", err)
 			for _, gb := range groups {
 				failGroup(gb, err)
@@ -244,7 +263,8 @@ func (h *Host) commit(reqs []*ingestReq) {
 			h.fail(err)
 			return
 		}
-		entries[i].Data = data
+		// (Capped: a record after it may reuse the spare room.)
+		entries[i].Data = records[start:len(records):len(records)]
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)

@@ -187,7 +187,8 @@ func (g *grain) load() error {
 		state, pos, err := decodeCached(g.pipeline, l.cached)
 		switch {
 		case err == nil:
-			l = &loaded{found: true, state: state, pos: pos}
+			g.restored(pos, state)
+			return nil
 		case l.spilled:
 			// (Not expected: the spill holds what it encoded.) The store's
 			// snapshot is older: the group's log must replay the key.
@@ -209,13 +210,19 @@ func (g *grain) load() error {
 	if !l.found {
 		return nil // a new key
 	}
-	g.pos, g.state = l.pos, l.state
+	g.restored(l.pos, *l.state)
+	return nil
+}
+
+// restored takes the key's state as its snapshot (or the cache's copy of
+// it) has it.
+func (g *grain) restored(pos persistence.Position, state fold.State) {
+	g.pos, g.state = pos, state
 	g.reported = g.pipeline.NextTimer(&g.state) // what the store's index says
 	g.expiry = g.pipeline.WakeAt(&g.state, 0)
 	// Everything restored is stored, unless RestoreParts asked for a
 	// rewrite (a new bucket layout) by starting past it.
 	g.stored = min(g.state.Version(), fold.RestoredVersion)
-	return nil
 }
 
 func (g *grain) apply(m *applyMsg) {

@@ -47,6 +47,13 @@ type Host struct {
 	// cache keeps what keys that left memory were, encoded (cache.go).
 	cache snapshotCache
 
+	// commitIndex finds a commit's batch of a key; kept (empty) between
+	// commits, which the commit loop runs one at a time, so that each
+	// does not grow a map of its thousands of keys anew (a twentieth of
+	// the bytes allocated per event at a million keys, BENCHMARKS.md).
+	commitIndex map[keyID]*keyBatch
+	recordBuf   []byte // the commit's records, kept likewise
+
 	// storeDown is set when an append failed with the store unreachable (not
 	// fenced) and cleared by the next successful claim: meanwhile commits
 	// fail at once instead of each waiting for the store's timeout.

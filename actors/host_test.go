@@ -627,6 +627,25 @@ func TestCheckpointFollowsLogBytes(t *testing.T) {
 	}
 }
 
+// TestCheckpointWritesWhatChanged: a checkpoint writes the snapshots of the
+// keys changed since the last one, once each however many events they
+// took, and Stats.Snapshots counts them.
+func TestCheckpointWritesWhatChanged(t *testing.T) {
+	hs := start(t, openStore(t, t.TempDir()), actors.Config{Groups: 4, CheckpointInterval: 5 * time.Millisecond})
+	defer hs.shutdown()
+	for round, keys := range []int{20, 5} {
+		var batch [][]byte // three events to each key, in one commit
+		for i := range 3 * keys {
+			batch = append(batch, event(fmt.Sprintf("k%d", i%keys), fmt.Sprintf("r%d-%d", round, i), 1))
+		}
+		hs.ingest(batch...)
+		eventually(t, "every change stored", func() bool { return hs.host.Stats().DirtyKeys == 0 })
+	}
+	if got := hs.host.Stats().Snapshots; got != 25 {
+		t.Fatalf("%d key snapshots written, want 25 (20 keys, then 5 of them again)", got)
+	}
+}
+
 // TestDedupAcrossBucketsAndRestarts: ids spread over many snapshot buckets
 // survive passivation, checkpoints and a restart, and expire on time.
 func TestDedupAcrossBucketsAndRestarts(t *testing.T) {

@@ -1,6 +1,8 @@
 package actors
 
 import (
+	"slices"
+
 	"github.com/keyfold/keyfold/actors/fold"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -15,7 +17,7 @@ func decodeRecord(data []byte) (*keyfoldv1.LogRecord, error) {
 	return &rec, nil
 }
 
-// encodeRecord encodes one group's share of a commit as a
+// appendRecord appends one group's share of a commit to dst, as a
 // keyfold.v1.LogRecord, byte for byte as proto.Marshal would (record_test.go
 // compares them), straight from the commit's batches: building the
 // messages first cost an Input per event and a KeyInputs per key, a tenth
@@ -24,7 +26,7 @@ func decodeRecord(data []byte) (*keyfoldv1.LogRecord, error) {
 // A join's key that only takes its sides' events (derived) is not listed,
 // and a listed one (a timer of it was due) lists none of them: they are
 // logged under their sides (deriveJoins).
-func encodeRecord(keys []*keyBatch, wms []*keyfoldv1.Watermark) ([]byte, error) {
+func appendRecord(dst []byte, keys []*keyBatch, wms []*keyfoldv1.Watermark) ([]byte, error) {
 	size := 0
 	sizes := make([]int, len(keys)) // each listed key's KeyInputs, measured once
 	for i, kb := range keys {
@@ -42,7 +44,7 @@ func encodeRecord(keys []*keyBatch, wms []*keyfoldv1.Watermark) ([]byte, error) 
 		}
 		size += 1 + protowire.SizeBytes(len(wmData[i]))
 	}
-	b := make([]byte, 0, size)
+	b := slices.Grow(dst, size)
 	for i, kb := range keys {
 		if !listed(kb) {
 			continue

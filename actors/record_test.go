@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// encodeRecord writes what proto.Marshal writes for the same record, for
+// appendRecord writes what proto.Marshal writes for the same record, for
 // records of every shape: keys with and without inputs, empty and long
 // events, tombstones, expiry checks and calls with and without ids, join
 // keys fed by their sides (not logged unless a timer of theirs is due), times of every size and sign, and
@@ -54,19 +54,23 @@ func TestEncodeRecordIsProtoMarshal(t *testing.T) {
 		for range r.IntN(3) {
 			want.Watermarks = append(want.Watermarks, &keyfoldv1.Watermark{Pipeline: "p", WatermarkMs: times[r.IntN(len(times))], MaxEventMs: 5})
 		}
-		got, err := encodeRecord(keys, want.Watermarks)
-		if err != nil {
-			t.Fatal(err)
-		}
 		wantData, err := proto.Marshal(want)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !bytes.Equal(got, wantData) {
-			t.Fatalf("seed %d: encodeRecord differs from proto.Marshal:\n got %x\nwant %x", seed, got, wantData)
+		// Appended after what the buffer holds, in exactly the room it
+		// needs: a miscounted size would grow the buffer.
+		const prefix = "prefix"
+		dst := append(make([]byte, 0, len(prefix)+len(wantData)), prefix...)
+		got, err := appendRecord(dst, keys, want.Watermarks)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if cap(got) != len(got) {
-			t.Fatalf("seed %d: %d bytes in a buffer of %d: the size was miscounted", seed, len(got), cap(got))
+		if string(got[:len(prefix)]) != prefix || !bytes.Equal(got[len(prefix):], wantData) {
+			t.Fatalf("seed %d: appendRecord differs from proto.Marshal:\n got %x\nwant %x", seed, got, wantData)
+		}
+		if &got[0] != &dst[0] {
+			t.Fatalf("seed %d: the buffer grew: the size was miscounted", seed)
 		}
 	}
 }

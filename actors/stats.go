@@ -7,6 +7,7 @@ type hostStats struct {
 	duplicates  atomic.Int64
 	commits     atomic.Int64
 	checkpoints atomic.Int64
+	snapshots   atomic.Int64 // key snapshots the checkpoints wrote
 	replayed    atomic.Int64
 	activations atomic.Int64
 	spawned     atomic.Int64
@@ -92,6 +93,7 @@ type Stats struct {
 	Duplicates       int64
 	Commits          int64 // group commits (synced appends)
 	Checkpoints      int64 // group checkpoints written
+	Snapshots        int64 // key snapshots written by checkpoints (keys changed since their last)
 	Replayed         int64 // log records replayed by take-overs (at start and after a loss)
 	// LoggedBytes is the size of the log records above the groups'
 	// checkpoints: what a restart would replay (about CheckpointBytes at
@@ -176,6 +178,7 @@ func (h *Host) Stats() Stats {
 		Duplicates:    h.stats.duplicates.Load(),
 		Commits:       h.stats.commits.Load(),
 		Checkpoints:   h.stats.checkpoints.Load(),
+		Snapshots:     h.stats.snapshots.Load(),
 		Replayed:      h.stats.replayed.Load(),
 		LoggedBytes:   logged,
 		Activations:   h.stats.activations.Load(),

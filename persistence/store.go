@@ -44,7 +44,8 @@ type Log interface {
 	// Groups are independent: an entry whose epoch is not its group's
 	// current epoch is not appended and the error wraps ErrFenced; entries
 	// of other groups may still be appended. On error, positions[i] is 0 for
-	// every entry that was not appended.
+	// every entry that was not appended. Append keeps no reference to the
+	// entries' Data once it returns: the caller reuses its buffers.
 	Append(ctx context.Context, entries []Entry) (positions []Position, err error)
 
 	// Read calls fn with each record of the group whose position is greater

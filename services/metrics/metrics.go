@@ -26,6 +26,7 @@ func RegisterHost(reg prometheus.Registerer, stats func() actors.Stats) error {
 		counter("duplicates_total", "Events skipped because their id was already applied to the key, as the ingest replies reported them (a replay does not count a logged duplicate again).", func(s actors.Stats) float64 { return float64(s.Duplicates) }),
 		counter("commits_total", "Group commits: synced appends to the key-group logs.", func(s actors.Stats) float64 { return float64(s.Commits) }),
 		counter("checkpoints_total", "Key-group checkpoints written.", func(s actors.Stats) float64 { return float64(s.Checkpoints) }),
+		counter("snapshots_written_total", "Key snapshots written by checkpoints: the keys changed since their last one (with many more keys than events per checkpoint, about one per event).", func(s actors.Stats) float64 { return float64(s.Snapshots) }),
 		counter("replayed_records_total", "Log records replayed by key-group take-overs (at start and after a loss).", func(s actors.Stats) float64 { return float64(s.Replayed) }),
 		counter("activations_total", "Key actors activated.", func(s actors.Stats) float64 { return float64(s.Activations) }),
 		counter("passivations_total", "Key actors passivated.", func(s actors.Stats) float64 { return float64(s.Passivated) }),
