@@ -1,13 +1,21 @@
-# keyfold: one static binary on a distroless base.
+# keyfold: one binary on a distroless base with glibc.
+#
+# Built with cgo (the golang image has a C compiler): Pebble then keeps its
+# block cache and memtables in C memory, outside the Go heap. Without cgo
+# they are Go allocations, and at a few million keys the collector pays for
+# them: 42k against 55k events/s of first-time keys at three million keys,
+# a preload of ten million keys four times slower (BENCHMARKS.md, session
+# 23). The binary needs only libc, which distroless/base has (the builder
+# and the base are both Debian 12).
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/keyfold ./cmd/keyfold \
+RUN CGO_ENABLED=1 go build -trimpath -ldflags="-s -w" -o /out/keyfold ./cmd/keyfold \
  && mkdir -p /out/data
 
-FROM gcr.io/distroless/static-debian12:nonroot
+FROM gcr.io/distroless/base-debian12:nonroot
 COPY --from=build /out/keyfold /usr/local/bin/keyfold
 COPY examples/quickstart.yaml /etc/keyfold/keyfold.yaml
 # The data directory must exist, owned by the nonroot user, before the volume
