@@ -132,7 +132,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	if clock != nil {
 		d.Snapshots = append(d.Snapshots, persistence.Snapshot{Key: groupClockKey, Data: clock})
 	}
-	got, moved, err := h.snapshotKeys(ctx, g, epoch, dirty, spilled, &d)
+	got, moved, fromSpill, err := h.snapshotKeys(ctx, g, epoch, dirty, spilled, &d)
 	if errors.Is(err, errDropped) {
 		return nil // lost meanwhile: its keys are gone, its next take-over replays its log
 	}
@@ -164,7 +164,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	}
 	stored = true
 	h.stats.checkpoints.Add(1)
-	h.stats.snapshots.Add(int64(len(got) + len(moved)))
+	h.stats.snapshots.Add(int64(len(got) + len(moved) + fromSpill))
 
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -199,15 +199,16 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 // key is snapshotted here, without an actor: meanwhile it is held as if
 // stopping, so what is sent to it waits (resident.go). errDropped: the
 // group was lost meanwhile.
-func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epoch, keys []*grain, spilled []*spillArena, d *persistence.CheckpointData) ([]written, []spilledCopy, error) {
+func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epoch, keys []*grain, spilled []*spillArena, d *persistence.CheckpointData) (_ []written, _ []spilledCopy, fromSpill int, _ error) {
 	select {
 	case h.snapshotting <- struct{}{}:
 	case <-ctx.Done():
-		return nil, nil, ctx.Err()
+		return nil, nil, 0, ctx.Err()
 	}
 	defer func() { <-h.snapshotting }()
-	if err := h.snapshotSpilled(spilled, d); err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", errSpillBroken, err)
+	fromSpill, err := h.snapshotSpilled(spilled, d)
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("%w: %w", errSpillBroken, err)
 	}
 	got := make([]written, 0, len(keys))
 	add := func(r snapshotReply) error {
@@ -233,11 +234,11 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 		gs := &h.groups[g]
 		if !gs.ready || gs.epoch != epoch {
 			h.mu.Unlock()
-			return nil, nil, errDropped
+			return nil, nil, 0, errDropped
 		}
 		if err := goneDirty(chunk); err != nil {
 			h.mu.Unlock()
-			return nil, nil, err
+			return nil, nil, 0, err
 		}
 		for _, k := range chunk {
 			if k.spilled {
@@ -252,7 +253,7 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 					continue
 				} else {
 					h.mu.Unlock()
-					return nil, nil, fmt.Errorf("actors: changed key %s/%s left the spill unsaved", k.id.pipeline, k.id.key)
+					return nil, nil, 0, fmt.Errorf("actors: changed key %s/%s left the spill unsaved", k.id.pipeline, k.id.key)
 				}
 			}
 			switch {
@@ -270,7 +271,7 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 		h.mu.Unlock()
 		for _, m := range moved[movedNow:] {
 			if err := h.snapshotEntry(m.id, m.value, m.lastNow, d); err != nil {
-				return nil, nil, fmt.Errorf("%w: %w", errSpillBroken, err)
+				return nil, nil, 0, fmt.Errorf("%w: %w", errSpillBroken, err)
 			}
 		}
 		if len(parked) > 0 {
@@ -286,23 +287,23 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 			}
 			h.mu.Unlock()
 			if err != nil {
-				return nil, nil, err
+				return nil, nil, 0, err
 			}
 		}
 		for range asked {
 			select {
 			case r := <-replies:
 				if err := add(r); err != nil {
-					return nil, nil, err
+					return nil, nil, 0, err
 				}
 			case <-ctx.Done():
-				return nil, nil, ctx.Err()
+				return nil, nil, 0, ctx.Err()
 			case <-h.failCh:
-				return nil, nil, h.Err()
+				return nil, nil, 0, h.Err()
 			}
 		}
 	}
-	return got, moved, nil
+	return got, moved, fromSpill, nil
 }
 
 // spilledCopy is a copy of a spilled key's entry, and where it is.

@@ -73,9 +73,13 @@ type batchSlab struct{ next []keyBatch }
 
 const batchSlabSize = 256
 
-// maxKeptRecordBytes bounds the records' buffer a commit keeps for the
-// next one (a larger one, of an unusual commit, goes).
-const maxKeptRecordBytes = 8 << 20
+// maxKeptRecordBytes and maxKeptIndexKeys bound the records' buffer and
+// the key index a commit keeps for the next one (larger ones, of unusual
+// commits, go: a map keeps its size, and clearing it costs that).
+const (
+	maxKeptRecordBytes = 8 << 20
+	maxKeptIndexKeys   = 1 << 16
+)
 
 func (s *batchSlab) new(id keyID) *keyBatch {
 	if len(s.next) == cap(s.next) {
@@ -115,7 +119,13 @@ func (h *Host) commit(reqs []*ingestReq) {
 		index = make(map[keyID]*keyBatch, batchSlabSize)
 		h.commitIndex = index
 	}
-	defer clear(index)
+	defer func() {
+		if len(index) > maxKeptIndexKeys {
+			h.commitIndex = nil // (a commit of unusually many keys: timers firing at once)
+		} else {
+			clear(index)
+		}
+	}()
 	// The slab is sized for the events, up to batchSlabSize: a commit of
 	// many events to a few keys needs no more, and a key slow to take its
 	// batch keeps only its slab's batches (and their events) in memory.

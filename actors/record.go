@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"fmt"
 	"slices"
 
 	"github.com/keyfold/keyfold/actors/fold"
@@ -44,6 +45,7 @@ func appendRecord(dst []byte, keys []*keyBatch, wms []*keyfoldv1.Watermark) ([]b
 		}
 		size += 1 + protowire.SizeBytes(len(wmData[i]))
 	}
+	start := len(dst)
 	b := slices.Grow(dst, size)
 	for i, kb := range keys {
 		if !listed(kb) {
@@ -67,6 +69,11 @@ func appendRecord(dst []byte, keys []*keyBatch, wms []*keyfoldv1.Watermark) ([]b
 	for _, d := range wmData {
 		b = protowire.AppendTag(b, 3, protowire.BytesType)
 		b = protowire.AppendBytes(b, d)
+	}
+	if len(b)-start != size {
+		// The lengths written before their messages come from the same
+		// measures: a record not of its measured size would not decode.
+		return nil, fmt.Errorf("record of %d bytes measured as %d", len(b)-start, size)
 	}
 	return b, nil
 }

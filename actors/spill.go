@@ -360,8 +360,11 @@ func (h *Host) freezeSpillLocked(group uint32) []*spillArena {
 
 // snapshotSpilled adds the snapshots of the live entries of frozen arenas
 // to d. It runs without h.mu: frozen arenas are not written to.
-func (h *Host) snapshotSpilled(arenas []*spillArena, d *persistence.CheckpointData) error {
-	var err error
+func (h *Host) snapshotSpilled(arenas []*spillArena, d *persistence.CheckpointData) (int, error) {
+	var (
+		n   int
+		err error
+	)
 	for _, a := range arenas {
 		a.each(func(_ uint32, dead bool, body []byte) {
 			if dead || err != nil {
@@ -370,10 +373,11 @@ func (h *Host) snapshotSpilled(arenas []*spillArena, d *persistence.CheckpointDa
 			var e spilledEntry
 			if e, err = decodeSpilled(body); err == nil {
 				err = h.snapshotEntry(e.id(), e.value, e.lastNow, d)
+				n++
 			}
 		})
 	}
-	return err
+	return n, err
 }
 
 // snapshotEntry adds the snapshot of a spilled key's state (value, as in

@@ -95,6 +95,9 @@ func TestCheckpointWritesSpilledKeys(t *testing.T) {
 			if st.SpilledKeys != 0 || st.SpilledBytes != 0 || st.DirtyKeys != 0 || st.CachedKeys < keys/2 {
 				t.Fatalf("after the checkpoint: %+v; want no spill, nothing changed, the keys in the cache", st)
 			}
+			if st.Snapshots != keys { // each key changed once, written once: from the spill or memory
+				t.Fatalf("%d key snapshots counted, want %d (the spilled ones included)", st.Snapshots, keys)
+			}
 			for i := range keys { // from the cache
 				if v := hs.query(fmt.Sprintf("k%d", i)); v.Seq != 2 || v.Aggregates["sum"] != float64(i+1) {
 					t.Fatalf("k%d = %+v", i, v)
