@@ -5,8 +5,10 @@
 # they are Go allocations, and at a few million keys the collector pays for
 # them: 42k against 55k events/s of first-time keys at three million keys,
 # a preload of ten million keys four times slower (BENCHMARKS.md, session
-# 23). The binary needs only libc, which distroless/base has (the builder
-# and the base are both Debian 12).
+# 23). The binary needs only glibc (libc, and libresolv for the net
+# package), which distroless/base has: the builder and the base are both
+# Debian 12, and must move together (a newer builder's glibc symbols would
+# not be found here).
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
