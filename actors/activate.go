@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/keyfold/keyfold/actors/fold"
@@ -180,18 +181,23 @@ func (p *prefetch) read(h *Host, keys []prefetchKey) {
 	// The hits share two allocations, their loaded and their entries' bytes:
 	// at a million keys most of a commit's keys are cache hits, and one
 	// object each (of ~240 B, with the state's room) was a twentieth of
-	// the bytes allocated per event (BENCHMARKS.md, session 23). The slab
-	// never grows, so that its elements stay where they are.
+	// the bytes allocated per event (BENCHMARKS.md, session 23). Both are
+	// made at the first hit, for the keys left; the slab never grows, so
+	// that its elements stay where they are.
 	var (
-		name  []byte                          // the cache's key, scratch
-		vals  = make([]byte, 0, 64*len(keys)) // the hits' entries (of aggregates, 60 B or so each)
+		name  []byte // the cache's key, scratch
+		vals  []byte // the hits' entries
 		state []byte
-		hits  = make([]loaded, 0, len(keys))
+		hits  []loaded
 	)
 	for i, k := range keys {
 		if state, vals, name = h.cache.lookup(name, vals, k.id, k.epoch); state != nil {
 			if p.cached == nil {
 				p.cached = make(map[keyID]*loaded, len(keys)-i)
+				hits = make([]loaded, 0, len(keys)-i)
+				// (Entries of aggregates take 60 B or so. The first
+				// stays where it is: state is its own slice.)
+				vals = slices.Grow(vals, 64*(len(keys)-i-1))
 			}
 			hits = append(hits, loaded{cached: state})
 			p.cached[k.id] = &hits[len(hits)-1]
