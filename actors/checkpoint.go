@@ -172,8 +172,16 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 		return nil // lost meanwhile: these keys are gone
 	}
 	for _, r := range got {
+		if r.g.spilled {
+			// It left memory into the spill after its reply: its entry is
+			// what was written unless it came back and changed since.
+			if at, ok := h.findSpilledLocked(r.g.id, g); ok && at.e.dirtyAt <= r.pos {
+				moved = append(moved, spilledCopy{id: r.g.id, arena: at.a.id, off: at.off})
+			}
+			continue
+		}
 		// Told before the key turns clean and may leave memory. A dirty
-		// key is always in memory: active, stopping or parked. (Told
+		// key is in memory (active, stopping or parked) or spilled. (Told
 		// without a message: a message each flooded the workers as the
 		// snapshot requests did.)
 		r.g.markSaved(r.version)
@@ -186,7 +194,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	}
 	gs.covered = max(gs.covered, covers)
 	h.retireSpillLocked(g, spilled) // its keys are stored: to the snapshot cache
-	h.retireMovedLocked(g, moved)   // likewise, those written from where they moved
+	h.retireMovedLocked(g, moved)   // likewise, those written from the spill or that spilled since
 	h.evictLocked()                 // the keys it cleaned may leave memory now
 	return nil
 }

@@ -435,12 +435,15 @@ func (h *Host) retireSpillLocked(group uint32, arenas []*spillArena) {
 	}
 }
 
-// retireMovedLocked ends the entries a checkpoint of the group wrote for
-// keys that spilled after it began (snapshotKeys): each one still spilled
-// where it was written is the key's whole state (a spilled key changes only
-// by coming back, which takes it out), stored now, so the key is clean and
-// goes to the snapshot cache, as a frozen entry would. (Left there, it
-// stayed dirty and the next checkpoint wrote it again.) h.mu must be held.
+// retireMovedLocked ends the entries of keys a checkpoint of the group
+// wrote that are in the spill's unfrozen arenas: those written from there
+// (they spilled after it began, snapshotKeys) and those that spilled after
+// their grain's snapshot reply (checkpointGroup). Each one still spilled
+// where it was found is the key's whole state as written (a spilled key
+// changes only by coming back, which takes it out), stored now, so the key
+// is clean and goes to the snapshot cache, as a frozen entry would. (Left
+// there, it stayed dirty and the next checkpoint wrote it again.) h.mu
+// must be held.
 func (h *Host) retireMovedLocked(group uint32, moved []spilledCopy) {
 	if len(moved) == 0 {
 		return

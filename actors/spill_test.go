@@ -129,6 +129,60 @@ func TestCheckpointWritesSpilledKeys(t *testing.T) {
 	}
 }
 
+// A key that leaves memory into the spill while its checkpoint is being
+// stored (after it replied with its snapshot) is clean once the checkpoint
+// is: the next checkpoint does not write it again. (It was left dirty in
+// the spill, and written twice: TestCheckpointWritesSpilledKeys saw it
+// when passivations were still under way as its checkpoint ran.)
+func TestKeySpilledWhileItsCheckpointIsStoredIsClean(t *testing.T) {
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	cfg := spillConfig(8 << 10)
+	cfg.Groups = 1
+	cfg.CacheMemory = actors.MinCacheMemory
+	cfg.MaxMemory += actors.MinCacheMemory
+	hs := start(t, fs, cfg)
+	defer hs.shutdown()
+	batch := func(prefix string, n int) [][]byte {
+		var evs [][]byte
+		for i := range n {
+			evs = append(evs, event(fmt.Sprintf("%s%d", prefix, i), "x", i))
+		}
+		return evs
+	}
+	const first, later = 5, 300
+	hs.ingest(batch("a", first)...) // active (MaxActive 5) and changed
+	if st := hs.host.Stats(); st.ActiveKeys != first || st.DirtyKeys != first {
+		t.Fatalf("stats %+v: want %d active changed keys", st, first)
+	}
+	hold := make(chan struct{})
+	fs.Inject(faultstore.OpCheckpoint, 1, faultstore.Fault{Wait: hold})
+	done := make(chan error, 1)
+	go func() { done <- actors.Checkpoint(hs.host, context.Background()) }()
+	eventually(t, "the checkpoint to reach the store", func() bool { return fs.Calls(faultstore.OpCheckpoint) == 1 })
+	// Meanwhile later keys push the first ones out of memory: they were
+	// used and parked first, so they spill first.
+	hs.ingest(batch("b", later)...)
+	eventually(t, "keys to spill", func() bool { return hs.host.Stats().SpilledKeys >= later/2 })
+	close(hold)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// (The spill's budget may have asked for a checkpoint of its own
+	// meanwhile: this one writes whatever is left.) Each key changed once
+	// is written once.
+	if err := actors.Checkpoint(hs.host, context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st := hs.host.Stats(); st.Snapshots != first+later || st.DirtyKeys != 0 || st.SpilledKeys != 0 {
+		t.Fatalf("after the checkpoints: %+v; want %d snapshots in all, nothing changed or spilled", st, first+later)
+	}
+	for i := range first { // from the snapshot cache, as written
+		if v := hs.query(fmt.Sprintf("a%d", i)); v.Seq != 1 || v.Aggregates["sum"] != float64(i) {
+			t.Fatalf("a%d = %+v", i, v)
+		}
+	}
+}
+
 // Spilled keys are only in memory until a checkpoint: a crash before it
 // loses nothing, the log replays them.
 func TestSpilledKeysSurviveACrash(t *testing.T) {

@@ -39,6 +39,11 @@ type Fault struct {
 	// the call fails with the context's error and does not reach the store.
 	Delay time.Duration
 
+	// Wait, if non-nil, is waited for (until it is closed) after Delay, so
+	// that a test can hold a call in flight while it does something else.
+	// If the call's context ends first, the call fails as for Delay.
+	Wait <-chan struct{}
+
 	// Err, if non-nil, is the error the call returns, as it is.
 	Err error
 

@@ -106,6 +106,13 @@ func before(ctx context.Context, op Op, f Fault) error {
 			return fmt.Errorf("faultstore: %v delayed: %w", op, ctx.Err())
 		}
 	}
+	if f.Wait != nil {
+		select {
+		case <-f.Wait:
+		case <-ctx.Done():
+			return fmt.Errorf("faultstore: %v held: %w", op, ctx.Err())
+		}
+	}
 	if f.Err != nil && !f.After {
 		return f.Err
 	}
