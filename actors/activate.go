@@ -109,14 +109,14 @@ var newKey = &loaded{}
 
 // mayBeStoredLocked reports whether activating the key would read its
 // snapshot: it is neither in memory nor spilled, and its group does not
-// know it to be new (groupState.complete). It returns the key's grain if
+// know it to be new (groupState.complete, groupState.stored). It returns the key's grain if
 // the key is in memory (active, parked, or stopping: its grain takes the
 // message). h.mu must be held.
 func (h *Host) mayBeStoredLocked(id keyID, group uint32) (*grain, bool) {
 	if g := h.lookupLocked(id, group); g != nil {
 		return g, false
 	}
-	if h.groups[group].complete {
+	if gs := &h.groups[group]; gs.complete || !gs.stored.mayHave(id) {
 		return nil, false
 	}
 	_, spilled := h.findSpilledLocked(id, group)

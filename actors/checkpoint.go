@@ -93,7 +93,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 		h.mu.Unlock()
 		return nil
 	}
-	through, epoch := gs.dispatched, gs.epoch
+	through, epoch, filter := gs.dispatched, gs.epoch, gs.stored
 	covers := gs.appended // the bytes of log through covers
 	var clock []byte      // the group's clocks as of through
 	if len(gs.clocks) > 0 {
@@ -150,6 +150,9 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	if err := h.flushOutputs(ctx); err != nil {
 		return fmt.Errorf("actors: checkpoint group %d: %w", g, err)
 	}
+	// The keys written join the group's filter before they are (and its
+	// changed layers are written with them): storedkeys.go.
+	layers := filter.addWritten(&d)
 	wctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	err = h.store.Checkpoint(wctx, g, epoch, d)
 	cancel()
@@ -163,6 +166,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 		return fmt.Errorf("actors: checkpoint group %d: %w", g, err)
 	}
 	stored = true
+	filter.saved(layers)
 	h.stats.checkpoints.Add(1)
 	h.stats.snapshots.Add(int64(len(got) + len(moved) + fromSpill))
 

@@ -84,3 +84,7 @@ func CorruptSpilled(h *Host, pipeline, key string) bool {
 	at.e.value[n] = 0xee
 	return true
 }
+
+// StoredKeysKey names a group's filter of stored keys among its snapshots
+// (storedkeys.go).
+const StoredKeysKey = storedKeysKey

@@ -165,6 +165,9 @@ type groupState struct {
 	// from a take-over of a group that was never checkpointed until a key
 	// of the group leaves memory (resident.go).
 	complete bool
+	// stored is the filter of the keys the store has a snapshot of
+	// (storedkeys.go); nil: any may have one.
+	stored *storedKeys
 }
 
 // unchecked is the number of records handed to the group's keys above its
@@ -626,8 +629,9 @@ func (h *Host) newGrainLocked(id keyID, group uint32, l *loaded) *grain {
 		}
 		h.cache.del(id)
 	}
-	if l == nil && gs.complete {
+	if l == nil && (gs.complete || !gs.stored.mayHave(id)) {
 		l = newKey // nothing to read
+		h.stats.newKeys.Add(1)
 	}
 	g := &grain{host: h, id: id, group: group, epoch: gs.epoch, pipeline: h.cfg.Pipelines[id.pipeline],
 		pstats: h.stats.pipelines[id.pipeline], preloaded: l, lastNow: lastNow}

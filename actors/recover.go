@@ -241,8 +241,10 @@ func (h *Host) takeOver(ctx context.Context, g uint32) error {
 		// writes snapshots and advances its position in one write).
 		gs.complete = st.Checkpoint == 0
 		gs.clocks, gs.timers, gs.expiry = nil, nil, nil
+		gs.stored = nil
 		h.mu.Unlock()
-		if h.timed || h.expiring {
+		err = h.loadStoredKeys(ctx, g, st)
+		if err == nil && (h.timed || h.expiring) {
 			err = h.loadTimers(ctx, g, st.Epoch)
 		}
 		if err == nil {
@@ -277,6 +279,26 @@ func (h *Host) takeOver(ctx context.Context, g uint32) error {
 			h.cfg.Pipelines[name].Resume(c, now)
 		}
 	}
+	return nil
+}
+
+// loadStoredKeys reads the filter of group g's stored keys, for the
+// incarnation st claimed. A filter that does not decode is reported and
+// left out: the group's keys are read as if it had none.
+func (h *Host) loadStoredKeys(ctx context.Context, g uint32, st persistence.GroupState) error {
+	f, err := loadStoredKeys(ctx, h.store, g, st.Checkpoint)
+	if errors.Is(err, errFilter) {
+		h.log.Error("the group's filter of stored keys is unreadable; its keys are read from the store", "group", g, "err", err)
+		f, err = nil, nil
+	}
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	if gs := &h.groups[g]; gs.epoch == st.Epoch {
+		gs.stored = f
+	}
+	h.mu.Unlock()
 	return nil
 }
 
@@ -404,6 +426,7 @@ func (h *Host) dropGroupsLocked(groups map[uint32]bool) {
 		gs.dirty = nil
 		gs.appended, gs.covered = 0, 0
 		gs.clocks, gs.timers, gs.expiry = nil, nil, nil // a take-over reads them again
+		gs.stored = nil
 	}
 }
 

@@ -29,6 +29,7 @@ func TestSpilledKeysComeBackChanged(t *testing.T) {
 	fs := faultstore.New(openStore(t, t.TempDir()))
 	hs := start(t, fs, spillConfig(96<<10))
 	defer hs.shutdown()
+	reads := fs.Calls(faultstore.OpGet) // (the take-overs': filters of stored keys)
 	const keys = 300
 	for i := range keys {
 		hs.ingest(event(fmt.Sprintf("k%d", i), "x", i))
@@ -55,7 +56,7 @@ func TestSpilledKeysComeBackChanged(t *testing.T) {
 	if st.Unspills < keys/2 || st.DirtyKeys != keys || st.Checkpoints != 0 {
 		t.Errorf("stats %+v: want the spilled keys back, all still changed, no checkpoint", st)
 	}
-	if n := fs.Calls(faultstore.OpGet); n != 0 {
+	if n := fs.Calls(faultstore.OpGet) - reads; n != 0 {
 		t.Errorf("%d store reads for keys that never left memory or the spill", n)
 	}
 }

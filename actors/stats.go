@@ -18,6 +18,7 @@ type hostStats struct {
 	timersFired atomic.Int64
 	spilled     atomic.Int64              // changed keys that left memory into the spill (spill.go)
 	unspilled   atomic.Int64              // of those, activated from it
+	newKeys     atomic.Int64              // activated as new, without a read (Stats.NewKeys)
 	pipelines   map[string]*pipelineStats // fixed at New
 }
 
@@ -89,12 +90,17 @@ type Stats struct {
 	SpilledKeys      int
 	SpilledBytes     int64
 	Spills, Unspills int64
-	Events           int64 // events applied (duplicates included) since start
-	Duplicates       int64
-	Commits          int64 // group commits (synced appends)
-	Checkpoints      int64 // group checkpoints written
-	Snapshots        int64 // key snapshots written by checkpoints (keys changed since their last)
-	Replayed         int64 // log records replayed by take-overs (at start and after a loss)
+	// NewKeys counts the keys activated as new without a store read: their
+	// group's filter of stored keys does not hold them (storedkeys.go).
+	// FilterBytes is the filters' memory (about 1.5 B a stored key).
+	NewKeys     int64
+	FilterBytes int64
+	Events      int64 // events applied (duplicates included) since start
+	Duplicates  int64
+	Commits     int64 // group commits (synced appends)
+	Checkpoints int64 // group checkpoints written
+	Snapshots   int64 // key snapshots written by checkpoints (keys changed since their last)
+	Replayed    int64 // log records replayed by take-overs (at start and after a loss)
 	// LoggedBytes is the size of the log records above the groups'
 	// checkpoints: what a restart would replay (about CheckpointBytes at
 	// most).
@@ -125,7 +131,7 @@ type Stats struct {
 // Stats returns the host's counters.
 func (h *Host) Stats() Stats {
 	h.mu.Lock()
-	n, dirty, unavailable, takingOver, logged := h.lru.n, 0, 0, 0, int64(0)
+	n, dirty, unavailable, takingOver, logged, filterBytes := h.lru.n, 0, 0, 0, int64(0), int64(0)
 	resident, residentBytes := h.resident.n(), h.resident.bytes
 	spilled, spilledBytes := len(h.resident.spill.index), h.resident.spill.bytes
 	idle := len(h.shells)
@@ -138,6 +144,7 @@ func (h *Host) Stats() Stats {
 		gs := &h.groups[i]
 		dirty += len(gs.dirty) + gs.spilled
 		logged += gs.appended - gs.covered
+		filterBytes += gs.stored.bytes()
 		if gs.owned && !gs.ready {
 			unavailable++
 		}
@@ -174,6 +181,8 @@ func (h *Host) Stats() Stats {
 		SpilledBytes:  spilledBytes,
 		Spills:        h.stats.spilled.Load(),
 		Unspills:      h.stats.unspilled.Load(),
+		NewKeys:       h.stats.newKeys.Load(),
+		FilterBytes:   filterBytes,
 		Events:        h.stats.events.Load(),
 		Duplicates:    h.stats.duplicates.Load(),
 		Commits:       h.stats.commits.Load(),
