@@ -108,19 +108,21 @@ func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string
 var newKey = &loaded{}
 
 // mayBeStoredLocked reports whether activating the key would read its
-// snapshot: it is neither in memory nor spilled, and its group does not
-// know it to be new (groupState.complete, groupState.stored). It returns the key's grain if
-// the key is in memory (active, parked, or stopping: its grain takes the
-// message). h.mu must be held.
-func (h *Host) mayBeStoredLocked(id keyID, group uint32) (*grain, bool) {
+// snapshot (stored): it is neither in memory nor spilled, and its group
+// does not know it to be new (groupState.complete, groupState.stored);
+// isNew, whether it is known to be new and not spilled. It returns the
+// key's grain if the key is in memory (active, parked, or stopping: its
+// grain takes the message). h.mu must be held.
+func (h *Host) mayBeStoredLocked(id keyID, group uint32) (g *grain, stored, isNew bool) {
 	if g := h.lookupLocked(id, group); g != nil {
-		return g, false
+		return g, false, false
 	}
-	if gs := &h.groups[group]; gs.complete || !gs.stored.mayHave(id) {
-		return nil, false
+	gs := &h.groups[group]
+	known := gs.complete || !gs.stored.mayHave(id)
+	if _, spilled := h.findSpilledLocked(id, group); spilled {
+		return nil, false, false
 	}
-	_, spilled := h.findSpilledLocked(id, group)
-	return nil, !spilled
+	return nil, !known, known
 }
 
 // prefetchParallelism bounds the groups read at once for one commit.
@@ -160,7 +162,7 @@ func (h *Host) prefetchLocked(groups []*groupBatch) *prefetch {
 	for _, gb := range groups {
 		for _, kb := range gb.keys {
 			var stored bool
-			if kb.g, stored = h.mayBeStoredLocked(kb.id, gb.group); stored {
+			if kb.g, stored, kb.isNew = h.mayBeStoredLocked(kb.id, gb.group); stored {
 				keys = append(keys, prefetchKey{kb.id, gb.group, h.groups[gb.group].epoch})
 			}
 		}

@@ -631,6 +631,8 @@ func (h *Host) newGrainLocked(id keyID, group uint32, l *loaded) *grain {
 	}
 	if l == nil && (gs.complete || !gs.stored.mayHave(id)) {
 		l = newKey // nothing to read
+	}
+	if l == newKey {
 		h.stats.newKeys.Add(1)
 	}
 	g := &grain{host: h, id: id, group: group, epoch: gs.epoch, pipeline: h.cfg.Pipelines[id.pipeline],

@@ -531,7 +531,7 @@ func (h *Host) replayBatch(ctx context.Context, g uint32, batch []replayRecord) 
 		for _, m := range ms {
 			if !seen[m.id] {
 				seen[m.id] = true
-				if _, stored := h.mayBeStoredLocked(m.id, g); stored {
+				if _, stored, _ := h.mayBeStoredLocked(m.id, g); stored {
 					ids = append(ids, m.id)
 				}
 			}
