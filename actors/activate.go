@@ -117,11 +117,11 @@ func (h *Host) mayBeStoredLocked(id keyID, group uint32) (g *grain, stored, isNe
 	if g := h.lookupLocked(id, group); g != nil {
 		return g, false, false
 	}
-	gs := &h.groups[group]
-	known := gs.complete || !gs.stored.mayHave(id)
 	if _, spilled := h.findSpilledLocked(id, group); spilled {
 		return nil, false, false
 	}
+	gs := &h.groups[group]
+	known := gs.complete || !gs.stored.mayHave(id)
 	return nil, !known, known
 }
 

@@ -94,8 +94,9 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 		return nil
 	}
 	through, epoch, filter := gs.dispatched, gs.epoch, gs.stored
-	covers := gs.appended // the bytes of log through covers
-	var clock []byte      // the group's clocks as of through
+	at := max(through, gs.checkpoint) // the group's position once stored
+	covers := gs.appended             // the bytes of log through covers
+	var clock []byte                  // the group's clocks as of through
 	if len(gs.clocks) > 0 {
 		gc := &keyfoldv1.GroupClock{}
 		for _, w := range gs.clocks {
@@ -152,7 +153,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	}
 	// The keys written join the group's filter before they are (and its
 	// changed layers are written with them): storedkeys.go.
-	layers := filter.addWritten(&d)
+	layers := filter.addWritten(&d, at)
 	wctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	err = h.store.Checkpoint(wctx, g, epoch, d)
 	cancel()

@@ -88,3 +88,7 @@ func CorruptSpilled(h *Host, pipeline, key string) bool {
 // StoredKeysKey names a group's filter of stored keys among its snapshots
 // (storedkeys.go).
 const StoredKeysKey = storedKeysKey
+
+// WithoutStoredKeysFilter makes h keep no filters of stored keys, as a
+// keyfold from before them did (for a setup func of start).
+func WithoutStoredKeysFilter(h *Host) { h.noStoredKeys = true }

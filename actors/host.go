@@ -97,7 +97,10 @@ type Host struct {
 	// afterFreeze, if set (by tests), runs in a group's checkpoint once it
 	// took its keys and froze its spill, before it asks for snapshots.
 	afterFreeze func(group uint32)
-	stopped     bool
+	// noStoredKeys (tests) makes the host keep no filters of stored keys,
+	// as a keyfold from before them did (storedkeys.go).
+	noStoredKeys bool
+	stopped      bool
 
 	// Event time (see timers.go). timed is set when a pipeline has windows
 	// or patterns, expiring when one has a ttl; clocks are the node's

@@ -243,7 +243,9 @@ func (h *Host) takeOver(ctx context.Context, g uint32) error {
 		gs.clocks, gs.timers, gs.expiry = nil, nil, nil
 		gs.stored = nil
 		h.mu.Unlock()
-		err = h.loadStoredKeys(ctx, g, st)
+		if !h.noStoredKeys {
+			err = h.loadStoredKeys(ctx, g, st)
+		}
 		if err == nil && (h.timed || h.expiring) {
 			err = h.loadTimers(ctx, g, st.Epoch)
 		}
@@ -287,7 +289,11 @@ func (h *Host) takeOver(ctx context.Context, g uint32) error {
 // left out: the group's keys are read as if it had none.
 func (h *Host) loadStoredKeys(ctx context.Context, g uint32, st persistence.GroupState) error {
 	f, err := loadStoredKeys(ctx, h.store, g, st.Checkpoint)
-	if errors.Is(err, errFilter) {
+	switch {
+	case errors.Is(err, errStaleFilter):
+		h.log.Warn("the group's filter of stored keys is out of date; its keys are read from the store", "group", g, "err", err)
+		f, err = nil, nil
+	case errors.Is(err, errFilter):
 		h.log.Error("the group's filter of stored keys is unreadable; its keys are read from the store", "group", g, "err", err)
 		f, err = nil, nil
 	}

@@ -25,8 +25,8 @@ import (
 // it writes before it writes them, and writes the layers of the filter that
 // changed in the same atomic store write as the snapshots (as the group's
 // clock is): the filter in the store always holds every key whose snapshot
-// the store has. A take-over reads it (one read per group and layer: the
-// recovery stays independent of the number of keys). A key the filter does
+// the store has. A take-over reads it (two reads per group, the header and
+// its layers: the recovery stays independent of the number of keys). A key the filter does
 // not hold loads as new; a false positive (about 0.4% of the keys a full
 // layer, up to 3% at ten million keys, and keys erased since) is read as
 // before.
@@ -37,7 +37,16 @@ import (
 // fails leaves keys in the filter that the store does not have: harmless.
 // A group whose store has no filter (written by an older keyfold) has none
 // here either (nil: every key may be stored, read as before); one that was
-// never checkpointed starts with an empty one.
+// never checkpointed starts with an empty one. The filter's header names the
+// checkpoint position it was written at, and a take-over uses it only if
+// that is the group's position: a keyfold without the filter (in a rolling
+// upgrade, or after a downgrade) moves the position as it stores keys the
+// filter does not hold (TestKeysStoredWithoutTheFilterAreRead).
+//
+// Keys are never taken out (an erased key stays, a harmless false
+// positive): the filter follows the keys a group ever stored. At 32 layers
+// (~490k keys a group, ~125M with the default 256 groups) it is dropped,
+// in memory and in the store, and the group's keys are read as before.
 //
 // The filter grows in layers, so that a checkpoint writes only the layer
 // keys are added to: 1,024 keys, then twice as many up to 16,384 a layer,
@@ -57,18 +66,25 @@ const (
 	// storedKeysKey+"/"+layer its layers (like groupClockKey, a name no
 	// key's snapshot can have).
 	storedKeysKey = "\x00keys"
-	// maxFilterLayers bounds what a header may claim (4,096 layers is 64M
-	// keys a group).
-	maxFilterLayers = 1 << 12
+	// maxFilterLayers bounds a group's filter: 32 layers hold ~490k keys
+	// (a look-up of a key it does not hold then touches 32 cache lines, and
+	// ~12% of them are false positives). A group that stores more keys
+	// drops its filter (full): its keys are read as before.
+	maxFilterLayers = 32
+	headerFull      = 1 // the header's flag: the group outgrew its filter
 )
 
-// storedKeys is a group's filter. A nil *storedKeys holds every key.
+// storedKeys is a group's filter. A nil *storedKeys holds every key, as
+// does a full one.
 type storedKeys struct {
 	layers atomic.Pointer[[]*filterLayer]
+	full   atomic.Bool
 	// The rest is its checkpoints' (one at a time): how many keys each
-	// layer was given, and which changed since the store last had them.
+	// layer was given, which changed since the store last had them, and
+	// how many layers the store has that a full filter is to delete.
 	counts  []int
 	unsaved []bool
+	drop    int
 }
 
 type filterLayer struct {
@@ -139,7 +155,7 @@ func (l *filterLayer) set(h uint64) {
 
 // mayHave reports whether the key may have a snapshot in the store.
 func (f *storedKeys) mayHave(id keyID) bool {
-	if f == nil {
+	if f == nil || f.full.Load() {
 		return true
 	}
 	layers := *f.layers.Load()
@@ -159,7 +175,7 @@ func (f *storedKeys) mayHave(id keyID) bool {
 // a checkpoint of the group calls it.
 func (f *storedKeys) add(name string) {
 	i := strings.IndexByte(name, 0)
-	if f == nil || i <= 0 {
+	if f == nil || f.full.Load() || i <= 0 {
 		return
 	}
 	h := hashKey(keyID{pipeline: name[:i], key: name[i+1:]})
@@ -170,6 +186,12 @@ func (f *storedKeys) add(name string) {
 		}
 	}
 	n := len(layers)
+	if n == maxFilterLayers && f.counts[n-1] >= layers[n-1].capacity {
+		f.full.Store(true) // (read first: a look-up sees the key held)
+		f.layers.Store(new([]*filterLayer))
+		f.drop, f.counts, f.unsaved = n, nil, nil
+		return
+	}
 	if n == 0 || f.counts[n-1] >= layers[n-1].capacity {
 		grown := append(layers[:n:n], newFilterLayer(layerCapacity(n)))
 		f.counts, f.unsaved = append(f.counts, 0), append(f.unsaved, false)
@@ -190,8 +212,15 @@ func isKeySnapshot(name string) bool {
 }
 
 // addWritten adds the keys whose state d writes, and then the layers that
-// changed (and the header) to d. It returns the layers it wrote, for saved.
-func (f *storedKeys) addWritten(d *persistence.CheckpointData) []int {
+// changed and the header to d; at is the group's checkpoint position once
+// d is stored. It returns the layers it wrote, for saved.
+//
+// The header names that position, and a take-over uses the filter only if
+// it is the group's: a keyfold without the filter (an older one, in a
+// rolling upgrade or after a downgrade) writes snapshots without adding
+// them, but it moves the position, so its snapshots are never hidden by a
+// filter it did not keep. (So the header is written by every checkpoint.)
+func (f *storedKeys) addWritten(d *persistence.CheckpointData, at persistence.Position) []int {
 	if f == nil {
 		return nil
 	}
@@ -208,15 +237,28 @@ func (f *storedKeys) addWritten(d *persistence.CheckpointData) []int {
 			wrote = append(wrote, i)
 		}
 	}
-	if len(wrote) > 0 {
-		hdr := binary.AppendUvarint([]byte{filterVersion}, uint64(len(layers)))
-		d.Snapshots = append(d.Snapshots, persistence.Snapshot{Key: storedKeysKey, Data: hdr})
+	flags := byte(0)
+	if f.full.Load() {
+		flags = headerFull
+		for i := range f.drop {
+			d.Snapshots = append(d.Snapshots, persistence.Snapshot{Key: filterLayerKey(i)}) // deleted
+		}
 	}
+	hdr := binary.AppendUvarint([]byte{filterVersion, flags}, at)
+	hdr = binary.AppendUvarint(hdr, uint64(len(layers)))
+	d.Snapshots = append(d.Snapshots, persistence.Snapshot{Key: storedKeysKey, Data: hdr})
 	return wrote
 }
 
-// saved records that the layers addWritten returned are stored.
+// saved records that what addWritten added to a checkpoint is stored.
 func (f *storedKeys) saved(layers []int) {
+	if f == nil {
+		return
+	}
+	if f.full.Load() {
+		f.drop = 0
+		return
+	}
 	for _, i := range layers {
 		f.unsaved[i] = false
 	}
@@ -255,17 +297,14 @@ func decodeLayer(i int, b []byte) (*filterLayer, int, error) {
 	if len(b) < 1 || b[0] != filterVersion {
 		return nil, 0, fmt.Errorf("%w: layer %d: unknown version", errFilter, i)
 	}
-	b = b[1:]
-	capacity, n := binary.Uvarint(b)
-	if n <= 0 || capacity != uint64(layerCapacity(i)) {
+	capacity, b, ok := uvarint(b[1:])
+	if !ok || capacity != uint64(layerCapacity(i)) {
 		return nil, 0, fmt.Errorf("%w: layer %d: capacity", errFilter, i)
 	}
-	b = b[n:]
-	count, n := binary.Uvarint(b)
-	if n <= 0 || count > capacity {
+	count, b, ok := uvarint(b)
+	if !ok || count > capacity {
 		return nil, 0, fmt.Errorf("%w: layer %d: count", errFilter, i)
 	}
-	b = b[n:]
 	l := newFilterLayer(int(capacity))
 	if len(b) != 8*len(l.words) {
 		return nil, 0, fmt.Errorf("%w: layer %d: %d bytes of words, want %d", errFilter, i, len(b), 8*len(l.words))
@@ -276,9 +315,23 @@ func decodeLayer(i int, b []byte) (*filterLayer, int, error) {
 	return l, int(count), nil
 }
 
+// uvarint decodes a varint as binary.AppendUvarint encodes it (no longer),
+// and returns the rest of b.
+func uvarint(b []byte) (uint64, []byte, bool) {
+	v, n := binary.Uvarint(b)
+	if n <= 0 || n != len(binary.AppendUvarint(nil, v)) {
+		return 0, nil, false
+	}
+	return v, b[n:], true
+}
+
+// errStaleFilter: the group's filter is not of its last checkpoint.
+var errStaleFilter = errors.New("the stored keys' filter was written before the group's last checkpoint (by a keyfold without the filter?)")
+
 // loadStoredKeys reads group g's filter after a claim of it (checkpoint is
 // the group's checkpoint position). It returns nil (every key may be
-// stored) for a group checkpointed by a keyfold that kept no filter. A
+// stored) for a group that outgrew its filter, or that was checkpointed by
+// a keyfold that kept none: with no header, or with errStaleFilter. A
 // filter that does not decode is an error wrapping errFilter.
 func loadStoredKeys(ctx context.Context, store persistence.Snapshots, g uint32, checkpoint persistence.Position) (*storedKeys, error) {
 	hdr, err := store.Get(ctx, g, storedKeysKey)
@@ -291,12 +344,22 @@ func loadStoredKeys(ctx context.Context, store persistence.Snapshots, g uint32, 
 	if err != nil {
 		return nil, err
 	}
-	if len(hdr) < 1 || hdr[0] != filterVersion {
-		return nil, fmt.Errorf("%w: header: unknown version", errFilter)
+	if len(hdr) < 2 || hdr[0] != filterVersion || hdr[1]&^headerFull != 0 {
+		return nil, fmt.Errorf("%w: header: unknown version or flags", errFilter)
 	}
-	count, n := binary.Uvarint(hdr[1:])
-	if n <= 0 || n != len(hdr)-1 || count > maxFilterLayers {
+	at, rest, ok := uvarint(hdr[2:])
+	var count uint64
+	if ok {
+		count, rest, ok = uvarint(rest)
+	}
+	if !ok || len(rest) != 0 || count > maxFilterLayers {
 		return nil, fmt.Errorf("%w: header", errFilter)
+	}
+	if at != checkpoint {
+		return nil, fmt.Errorf("%w (filter at %d, checkpoint at %d)", errStaleFilter, at, checkpoint)
+	}
+	if hdr[1]&headerFull != 0 {
+		return nil, nil
 	}
 	names := make([]string, count)
 	for i := range names {

@@ -113,3 +113,95 @@ func TestNewKeysAreNotRead(t *testing.T) {
 		})
 	}
 }
+
+// A keyfold without the filter (an older one: a rolling upgrade, or a
+// downgrade and an upgrade again) stores keys without adding them to the
+// filter: the next take-over by one with the filter does not use the
+// filter it left, and the keys stored meanwhile are read, not taken to be
+// new.
+func TestKeysStoredWithoutTheFilterAreRead(t *testing.T) {
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	cfg := actors.Config{Groups: 4}
+	run := func(prefix string, setup ...func(*actors.Host)) {
+		t.Helper()
+		hs := start(t, fs, cfg, setup...)
+		for i := range 100 {
+			hs.ingest(event(fmt.Sprintf("%s%d", prefix, i), "x", i))
+		}
+		if err := hs.shutdown(); err != nil { // checkpoints them
+			t.Fatal(err)
+		}
+	}
+	run("a")
+	run("b", actors.WithoutStoredKeysFilter)
+	hs := start(t, fs, cfg)
+	defer hs.shutdown()
+	for _, prefix := range []string{"a", "b"} {
+		for i := range 100 {
+			k := fmt.Sprintf("%s%d", prefix, i)
+			if r := hs.ingest(event(k, "x", 1000)); r.Duplicates != 1 {
+				t.Fatalf("%s: its id is forgotten (read as a new key): %+v", k, r)
+			}
+			if v := hs.query(k); v.Seq != 1 || v.Aggregates["sum"] != float64(i) {
+				t.Fatalf("%s = %+v", k, v)
+			}
+		}
+	}
+	if st := hs.host.Stats(); st.FilterBytes != 0 {
+		t.Errorf("stats %+v: want no filter in use", st)
+	}
+}
+
+// The filter's layers written a few at a time, by checkpoints that each
+// wrote only the layers they changed (one of them failing, its keys
+// replayed and written by the next), add up in the store to a filter that
+// holds every key stored.
+func TestFilterWrittenInPartsHoldsEveryKey(t *testing.T) {
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	cfg := actors.Config{Groups: 1}
+	const perRound = 1500 // 4,500 keys: the layers of 1k, 2k and 4k keys
+	ingestRound := func(hs *harness, round int) {
+		t.Helper()
+		for b := 0; b < perRound; b += 100 {
+			var evs [][]byte
+			for i := b; i < b+100; i++ {
+				evs = append(evs, event(fmt.Sprintf("r%d-%d", round, i), "x", i))
+			}
+			hs.ingest(evs...)
+		}
+	}
+	hs := start(t, fs, cfg)
+	ingestRound(hs, 1)
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	hs = start(t, fs, cfg)
+	ingestRound(hs, 2)
+	if err := actors.Checkpoint(hs.host, context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ingestRound(hs, 3)
+	fs.InjectAll(faultstore.OpCheckpoint, faultstore.Fault{Err: fmt.Errorf("injected")})
+	_ = hs.shutdown() // its checkpoint fails: round 3 is only in the log
+	fs.Reset()
+	hs = start(t, fs, cfg) // replays round 3
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	hs = start(t, fs, cfg)
+	defer hs.shutdown()
+	for round := 1; round <= 3; round++ {
+		for b := 0; b < perRound; b += 100 {
+			var evs [][]byte
+			for i := b; i < b+100; i++ {
+				evs = append(evs, event(fmt.Sprintf("r%d-%d", round, i), "x", 0))
+			}
+			if r := hs.ingest(evs...); r.Duplicates != 100 {
+				t.Fatalf("round %d, keys %d to %d: %d of 100 retried ids recognised", round, b, b+99, r.Duplicates)
+			}
+		}
+	}
+	if st := hs.host.Stats(); st.FilterBytes == 0 || st.NewKeys != 0 {
+		t.Errorf("stats %+v: want a filter, no key taken to be new", st)
+	}
+}

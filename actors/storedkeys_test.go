@@ -11,16 +11,38 @@ import (
 	"github.com/keyfold/keyfold/persistence/memstore"
 )
 
-// checkpointKeys has f add the keys as a checkpoint writing their snapshots
-// would, and returns what that checkpoint wrote besides them.
+// checkpointKeys has f add the keys as a checkpoint to position 1 writing
+// their snapshots would, and returns what that checkpoint wrote besides
+// them.
 func checkpointKeys(f *storedKeys, keys ...keyID) (filterRecords []persistence.Snapshot, layers []int) {
 	var d persistence.CheckpointData
 	for _, id := range keys {
 		d.Snapshots = append(d.Snapshots, persistence.Snapshot{Key: id.snapshotKey(), Data: []byte("state")})
 	}
 	n := len(d.Snapshots)
-	layers = f.addWritten(&d)
+	layers = f.addWritten(&d, 1)
 	return d.Snapshots[n:], layers
+}
+
+// claimedStore is an in-memory store whose group 0 is claimed.
+func claimedStore(t *testing.T) (*memstore.Store, persistence.GroupState) {
+	t.Helper()
+	store := memstore.New()
+	t.Cleanup(func() { store.Close() })
+	st, err := store.Claim(context.Background(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, st
+}
+
+// keyNames are n keys of pipeline p.
+func keyNames(prefix string, n int) []keyID {
+	ids := make([]keyID, n)
+	for i := range ids {
+		ids[i] = keyID{"p", fmt.Sprintf("%s-%d", prefix, i)}
+	}
+	return ids
 }
 
 // The filter holds every key added, across its layers, and few others;
@@ -32,10 +54,7 @@ func TestStoredKeysFilter(t *testing.T) {
 		t.Fatal("an empty filter holds a key")
 	}
 	const keys = 60_000 // 1k + 2k + 4k + 8k + 16k + 16k + 16k(part): seven layers
-	ids := make([]keyID, keys)
-	for i := range ids {
-		ids[i] = keyID{"p", fmt.Sprintf("key-%d", i)}
-	}
+	ids := keyNames("key", keys)
 	recs, layers := checkpointKeys(f, ids...)
 	if n := len(*f.layers.Load()); n != 7 || len(layers) != 7 || len(recs) != 8 {
 		t.Fatalf("%d layers, %d written (%d records), want 7, 7 and the header", n, len(layers), len(recs))
@@ -57,8 +76,9 @@ func TestStoredKeysFilter(t *testing.T) {
 	}
 	f.saved(layers)
 
-	// Keys it holds already change nothing; a new one, the last layer.
-	if recs, layers := checkpointKeys(f, ids[:100]...); len(recs) != 0 || len(layers) != 0 {
+	// Keys it holds already change no layer (the header names the
+	// checkpoint's position: it is always written); a new one, the last.
+	if recs, layers := checkpointKeys(f, ids[:100]...); len(recs) != 1 || len(layers) != 0 {
 		t.Errorf("keys held already wrote %d records", len(recs))
 	}
 	if recs, layers := checkpointKeys(f, keyID{"q", "new"}); len(layers) != 1 || layers[0] != 6 || len(recs) != 2 {
@@ -67,12 +87,7 @@ func TestStoredKeysFilter(t *testing.T) {
 
 	// Written (everything) and read back.
 	ctx := context.Background()
-	store := memstore.New()
-	defer store.Close()
-	st, err := store.Claim(ctx, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, st := claimedStore(t)
 	for i := range f.unsaved {
 		f.unsaved[i] = true
 	}
@@ -99,6 +114,11 @@ func TestStoredKeysFilter(t *testing.T) {
 	}
 	if g, err := loadStoredKeys(ctx, store, 1, 5); err != nil || g != nil || !g.mayHave(ids[0]) {
 		t.Errorf("checkpointed without a filter: %v, %v", g, err)
+	}
+	// One of an earlier checkpoint than the group's last (written by a
+	// keyfold without the filter since): not used.
+	if g, err := loadStoredKeys(ctx, store, 0, 2); !errors.Is(err, errStaleFilter) || g != nil {
+		t.Errorf("a filter of an earlier checkpoint: %v, %v", g, err)
 	}
 	// One that does not decode is an error (the host reports it and reads
 	// every key).
@@ -154,4 +174,53 @@ func FuzzDecodeLayer(f *testing.F) {
 			t.Fatalf("decoded layer re-encodes differently")
 		}
 	})
+}
+
+// A group that outgrows its filter drops it: every key may be stored, its
+// layers are deleted from the store, and a take-over reads none.
+func TestStoredKeysFilterFull(t *testing.T) {
+	f := newStoredKeys()
+	capacity := 0
+	for i := range maxFilterLayers {
+		capacity += layerCapacity(i)
+	}
+	// (Keys it takes for held already, false positives, are not counted:
+	// it fills at a little more than its capacity.)
+	var recs []persistence.Snapshot
+	added, most := 0, 0
+	for !f.full.Load() {
+		var layers []int
+		most = max(most, len(*f.layers.Load()))
+		recs, layers = checkpointKeys(f, keyNames(fmt.Sprintf("k%d", added), 4096)...)
+		f.saved(layers)
+		if added += 4096; added > 2*capacity {
+			t.Fatalf("%d keys added, not full", added)
+		}
+	}
+	if added < capacity || most != maxFilterLayers {
+		t.Fatalf("full after %d keys (%d layers), want %d keys in %d layers", added, most, capacity, maxFilterLayers)
+	}
+	if f.bytes() != 0 || !f.mayHave(keyID{"p", "anything"}) {
+		t.Fatalf("full: %d B, holds every key %v", f.bytes(), f.mayHave(keyID{"p", "anything"}))
+	}
+	deleted := 0
+	for _, r := range recs {
+		if r.Data == nil {
+			deleted++
+		}
+	}
+	if deleted != maxFilterLayers || len(recs) != maxFilterLayers+1 {
+		t.Fatalf("wrote %d records, %d deletes; want every layer deleted and the header", len(recs), deleted)
+	}
+	ctx := context.Background()
+	store, st := claimedStore(t)
+	if err := store.Checkpoint(ctx, 0, st.Epoch, persistence.CheckpointData{Snapshots: recs}); err != nil {
+		t.Fatal(err)
+	}
+	if g, err := loadStoredKeys(ctx, store, 0, 1); err != nil || g != nil {
+		t.Errorf("a full filter read back: %v, %v; want none", g, err)
+	}
+	if recs, _ := checkpointKeys(f, keyID{"p", "later"}); len(recs) != 1 {
+		t.Errorf("a full filter's next checkpoint wrote %d records, want the header", len(recs))
+	}
 }
