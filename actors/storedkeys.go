@@ -162,9 +162,15 @@ func (f *storedKeys) mayHave(id keyID) bool {
 	if len(layers) == 0 {
 		return false
 	}
-	h := hashKey(id)
-	for _, l := range layers {
-		if l.has(h) {
+	return holds(layers, hashKey(id))
+}
+
+// holds reports whether a layer holds the hash. It looks from the last,
+// largest layers, which hold most keys: a stored key is found in a probe
+// or two (a key not held costs a cache line a layer whatever the order).
+func holds(layers []*filterLayer, h uint64) bool {
+	for i := len(layers) - 1; i >= 0; i-- {
+		if layers[i].has(h) {
 			return true
 		}
 	}
@@ -180,10 +186,8 @@ func (f *storedKeys) add(name string) {
 	}
 	h := hashKey(keyID{pipeline: name[:i], key: name[i+1:]})
 	layers := *f.layers.Load()
-	for _, l := range layers {
-		if l.has(h) {
-			return
-		}
+	if holds(layers, h) {
+		return
 	}
 	n := len(layers)
 	if n == maxFilterLayers && f.counts[n-1] >= layers[n-1].capacity {
