@@ -19,6 +19,8 @@
 #   RUNS=3 DURATION=8s DISTS="uniform zipf" PHASES="first steady" CONFIG=examples/bench.yaml
 #   NODE_BIN=path: run the nodes from another keyfold binary (an older build,
 #   for a before/after comparison under the same load generator)
+#   WARMUP=duration: load this long (not measured) before each measured
+#   phase, after the preload (the store's compactions catch up meanwhile)
 #   RATE=events/s: offer this rate instead of loading as fast as acks come
 #   (keyfold bench --rate), to read the ack latency at a given load
 #   TARGETS="naive redis embedded": the targets to run (a subset skips the
@@ -43,7 +45,7 @@ read -ra phases <<<"${PHASES:-first steady}"
 read -ra targets <<<"${TARGETS:-naive redis embedded}"
 want() { [[ " ${targets[*]} " == *" $1 "* ]]; }
 config=${CONFIG:-$root/examples/bench.yaml}
-load=(--stream --window 8 --concurrency 4 --batch 100 --duration "$duration" ${RATE:+--rate "$RATE"})
+load=(--stream --window 8 --concurrency 4 --batch 100 --duration "$duration" ${RATE:+--rate "$RATE"} ${WARMUP:+--warmup "$WARMUP"})
 
 work=$(mktemp -d)
 out=${OUT:-$work/results.jsonl}
