@@ -107,22 +107,21 @@ func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string
 // newKey is the load of a key known to have no snapshot (read only).
 var newKey = &loaded{}
 
-// mayBeStoredLocked reports whether activating the key would read its
-// snapshot (stored): it is neither in memory nor spilled, and its group
-// does not know it to be new (groupState.complete, groupState.stored);
-// isNew, whether it is known to be new and not spilled. It returns the
-// key's grain if the key is in memory (active, parked, or stopping: its
-// grain takes the message). h.mu must be held.
-func (h *Host) mayBeStoredLocked(id keyID, group uint32) (g *grain, stored, isNew bool) {
+// mayBeStoredLocked reports whether activating the key could read its
+// snapshot: it is neither in memory nor spilled, and its group does not
+// know it to be new (groupState.complete; its filter of stored keys,
+// groupState.stored, is the reader's to ask: prefetch.read). It returns
+// the key's grain if the key is in memory (active, parked, or stopping:
+// its grain takes the message). h.mu must be held.
+func (h *Host) mayBeStoredLocked(id keyID, group uint32) (*grain, bool) {
 	if g := h.lookupLocked(id, group); g != nil {
-		return g, false, false
+		return g, false
 	}
-	if _, spilled := h.findSpilledLocked(id, group); spilled {
-		return nil, false, false
+	if h.groups[group].complete {
+		return nil, false
 	}
-	gs := &h.groups[group]
-	known := gs.complete || !gs.stored.mayHave(id)
-	return nil, !known, known
+	_, spilled := h.findSpilledLocked(id, group)
+	return nil, !spilled
 }
 
 // prefetchParallelism bounds the groups read at once for one commit.
@@ -132,17 +131,19 @@ const prefetchParallelism = 32
 type prefetch struct {
 	done  chan struct{}
 	byKey map[keyID]*loaded // valid once done is closed; nil if the read failed
-	// cached are the keys found in the snapshot cache, not read (valid
-	// once done is closed).
+	// cached are the keys found in the snapshot cache, and those known to
+	// be new (newKey: their group's filter of stored keys does not hold
+	// them), not read (valid once done is closed).
 	cached map[keyID]*loaded
 }
 
 // prefetchKey is a key a commit may have to read, and its group's
 // incarnation when the commit looked.
 type prefetchKey struct {
-	id    keyID
-	group uint32
-	epoch persistence.Epoch
+	id     keyID
+	group  uint32
+	epoch  persistence.Epoch
+	stored *storedKeys // the group's filter then
 }
 
 // prefetchLocked starts reading the states of the commit's keys that are
@@ -156,14 +157,18 @@ type prefetchKey struct {
 // under the lock (BENCHMARKS.md, session 20). A key's entry cannot change
 // meanwhile for the reasons its snapshot cannot (above): it is clean, and
 // an entry is written only when a key leaves memory, with the state it has
-// when clean.
+// when clean. So is the group's filter of stored keys (a cache line a
+// layer per key: under h.mu, 0.7 µs of an event at ten million keys,
+// BENCHMARKS.md session 24), which cannot come to hold such a key
+// meanwhile either: a checkpoint writes only changed keys.
 func (h *Host) prefetchLocked(groups []*groupBatch) *prefetch {
 	var keys []prefetchKey
 	for _, gb := range groups {
 		for _, kb := range gb.keys {
 			var stored bool
-			if kb.g, stored, kb.isNew = h.mayBeStoredLocked(kb.id, gb.group); stored {
-				keys = append(keys, prefetchKey{kb.id, gb.group, h.groups[gb.group].epoch})
+			if kb.g, stored = h.mayBeStoredLocked(kb.id, gb.group); stored {
+				gs := &h.groups[gb.group]
+				keys = append(keys, prefetchKey{kb.id, gb.group, gs.epoch, gs.stored})
 			}
 		}
 	}
@@ -175,8 +180,9 @@ func (h *Host) prefetchLocked(groups []*groupBatch) *prefetch {
 	return p
 }
 
-// read looks the keys up in the snapshot cache and reads the others from
-// the store, then closes p.done.
+// read looks the keys up in the snapshot cache, then in their group's
+// filter of stored keys, and reads the others from the store, then closes
+// p.done.
 func (p *prefetch) read(h *Host, keys []prefetchKey) {
 	defer close(p.done)
 	want := map[uint32][]keyID{}
@@ -193,9 +199,14 @@ func (p *prefetch) read(h *Host, keys []prefetchKey) {
 		hits  []loaded
 	)
 	for i, k := range keys {
-		if state, vals, name = h.cache.lookup(name, vals, k.id, k.epoch); state != nil {
-			if p.cached == nil {
-				p.cached = make(map[keyID]*loaded, len(keys)-i)
+		state, vals, name = h.cache.lookup(name, vals, k.id, k.epoch)
+		known := state == nil && !k.stored.mayHave(k.id)
+		if (state != nil || known) && p.cached == nil {
+			p.cached = make(map[keyID]*loaded, len(keys)-i)
+		}
+		switch {
+		case state != nil:
+			if hits == nil {
 				hits = make([]loaded, 0, len(keys)-i)
 				// (Entries of aggregates take 60 B or so. The first
 				// stays where it is: state is its own slice.)
@@ -203,9 +214,11 @@ func (p *prefetch) read(h *Host, keys []prefetchKey) {
 			}
 			hits = append(hits, loaded{cached: state})
 			p.cached[k.id] = &hits[len(hits)-1]
-			continue
+		case known:
+			p.cached[k.id] = newKey
+		default:
+			want[k.group] = append(want[k.group], k.id)
 		}
-		want[k.group] = append(want[k.group], k.id)
 	}
 	if len(want) == 0 {
 		return

@@ -59,13 +59,6 @@ type keyBatch struct {
 	// the commit: they are logged under the sides, so the key is not listed
 	// in the record (unless a timer of it is due: fire).
 	derived bool
-	// isNew is set if the commit found the key new before its append (in
-	// memory nowhere, and neither spilled nor held by its group's filter
-	// of stored keys: prefetchLocked): it still is at the dispatch (only
-	// a commit changes a key, and a key not in memory is not written), so
-	// the dispatch does not look again (the filter's look-up is a cache
-	// miss or two a layer).
-	isNew bool
 	// g is the key's grain when the commit looked it up before its append
 	// (prefetchLocked), if it was in memory then: the dispatch after the
 	// append takes it if it is still the key's, without a second look-up
@@ -348,11 +341,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 				h.markDirtyLocked(g, pos)
 				continue
 			}
-			l := pf.take(kb.id)
-			if l == nil && kb.isNew {
-				l = newKey
-			}
-			h.markDirtyLocked(h.sendLoadedLocked(kb.id, gb.group, &kb.msg, l), pos)
+			h.markDirtyLocked(h.sendLoadedLocked(kb.id, gb.group, &kb.msg, pf.take(kb.id)), pos)
 		}
 		for _, w := range gb.watermarks {
 			h.loggedClockLocked(gb.group, w)

@@ -537,7 +537,7 @@ func (h *Host) replayBatch(ctx context.Context, g uint32, batch []replayRecord) 
 		for _, m := range ms {
 			if !seen[m.id] {
 				seen[m.id] = true
-				if _, stored, _ := h.mayBeStoredLocked(m.id, g); stored {
+				if _, stored := h.mayBeStoredLocked(m.id, g); stored && h.groups[g].stored.mayHave(m.id) {
 					ids = append(ids, m.id)
 				}
 			}
