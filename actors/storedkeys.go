@@ -52,8 +52,9 @@ import (
 // keys are added to: 1,024 keys, then twice as many up to 16,384 a layer,
 // 12 bits a key (1.5 B: 15 MB at ten million keys), in blocks of one cache
 // line (a look-up touches one line a layer). The words are read and set
-// atomically: the commit loop looks keys up (under h.mu) while a checkpoint
-// of the group adds its keys (a group's checkpoints run one at a time).
+// atomically: a commit's prefetch (off h.mu) and activations look keys up
+// while a checkpoint of the group adds its keys (a group's checkpoints run
+// one at a time).
 
 const (
 	filterFirstLayer = 1 << 10
