@@ -180,8 +180,8 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 		if r.g.spilled {
 			// It left memory into the spill after its reply: its entry is
 			// what was written unless it came back and changed since.
-			if at, ok := h.findSpilledLocked(r.g.id, g); ok && at.e.dirtyAt <= r.pos {
-				moved = append(moved, spilledCopy{id: r.g.id, arena: at.a.id, off: at.off})
+			if e, ok := h.findSpilledLocked(r.g.id, g); ok && e.e.dirtyAt <= r.pos {
+				moved = append(moved, spilledCopy{id: r.g.id, arena: e.a.id, off: e.off})
 			}
 			continue
 		}

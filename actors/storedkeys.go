@@ -106,9 +106,9 @@ func newStoredKeys() *storedKeys {
 	return f
 }
 
-// hashKey is the filter's hash of a key's snapshot name (id.snapshotKey()),
-// without making the name. It is stored (in the filter's bits): it must not
-// change.
+// hashKey is the filter's hash of a key's snapshot name,
+// xxhash.Sum64String(id.snapshotKey()), without making the name. It is
+// stored (in the filter's bits): it must not change.
 func hashKey(id keyID) uint64 {
 	var d xxhash.Digest
 	d.Reset()
@@ -178,14 +178,13 @@ func holds(layers []*filterLayer, h uint64) bool {
 	return false
 }
 
-// add records that the named key's snapshot is about to be written. Only
-// a checkpoint of the group calls it.
+// add records that the key whose snapshot name (isKeySnapshot) is given is
+// about to be written. Only a checkpoint of the group calls it.
 func (f *storedKeys) add(name string) {
-	i := strings.IndexByte(name, 0)
-	if f == nil || f.full.Load() || i <= 0 {
+	if f.full.Load() {
 		return
 	}
-	h := hashKey(keyID{pipeline: name[:i], key: name[i+1:]})
+	h := xxhash.Sum64String(name) // hashKey of its key
 	layers := *f.layers.Load()
 	if holds(layers, h) {
 		return
