@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/persistence/embedded"
 	"github.com/keyfold/keyfold/persistence/faultstore"
 )
 
@@ -19,21 +20,72 @@ func cacheConfig(groups uint32) actors.Config {
 		MaxMemory: cache + 5*actors.ActiveKeyBytes + 8<<10, CacheMemory: cache}
 }
 
-// Keys that left memory into the snapshot cache come back from it whole,
-// remembered ids included, without a store read; what they do then is
-// stored as for any key (a restart without the cache finds it).
-func TestCachedKeysNeedNoStoreRead(t *testing.T) {
+// startCached starts a host of cacheConfig(4) on a new store behind a
+// faultstore, sends one event (v = i) to each of keys k0, k1, ..., and waits
+// until they are stored and half of them or more left memory into the
+// snapshot cache.
+func startCached(t *testing.T, keys int) (*embedded.Store, *faultstore.Store, *harness) {
+	t.Helper()
 	store := openStore(t, t.TempDir())
 	fs := faultstore.New(store)
 	hs := start(t, fs, cacheConfig(4))
-	const keys = 300
 	for i := range keys {
 		hs.ingest(event(fmt.Sprintf("k%d", i), "x", i))
 	}
 	eventually(t, "keys to leave memory into the cache", func() bool {
 		st := hs.host.Stats()
-		return st.DirtyKeys == 0 && st.ActiveKeys <= 5 && st.CachedKeys >= keys/2
+		return st.DirtyKeys == 0 && st.ActiveKeys <= 5 && st.CachedKeys >= int64(keys/2)
 	})
+	return store, fs, hs
+}
+
+// A key that enters memory another way (a query) while a commit that found
+// it in memory nowhere waits for its append gets the commit's events in
+// that grain: the commit does not make a second one (it looks the key up
+// again unless no key entered memory meanwhile, commit.go).
+func TestKeyActivatedWhileItsCommitAppends(t *testing.T) {
+	const keys = 300
+	_, fs, hs := startCached(t, keys)
+	key, sum := "", 0
+	for i := range keys {
+		if k := fmt.Sprintf("k%d", i); !actors.InMemory(hs.host, "p", k) {
+			key, sum = k, i
+			break
+		}
+	}
+	if key == "" {
+		t.Fatal("every key is in memory")
+	}
+	release := make(chan struct{})
+	appends := fs.Calls(faultstore.OpAppend)
+	fs.Inject(faultstore.OpAppend, 1, faultstore.Fault{Wait: release})
+	done := make(chan error, 1)
+	go func() {
+		_, err := hs.host.Ingest(context.Background(), "p", [][]byte{event(key, "y", 1000)})
+		done <- err
+	}()
+	eventually(t, "the commit to append", func() bool { return fs.Calls(faultstore.OpAppend) > appends })
+	if v := hs.query(key); v.Seq != 1 { // activates it, while the append waits
+		t.Fatalf("%s before the event: %+v, want seq 1", key, v)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("ingest: %v", err)
+	}
+	if err := actors.CheckRegistry(hs.host); err != nil {
+		t.Fatal(err)
+	}
+	if v := hs.query(key); v.Seq != 2 || v.Aggregates["sum"] != float64(sum+1000) {
+		t.Fatalf("%s = %+v, want seq 2, sum %d", key, v, sum+1000)
+	}
+}
+
+// Keys that left memory into the snapshot cache come back from it whole,
+// remembered ids included, without a store read; what they do then is
+// stored as for any key (a restart without the cache finds it).
+func TestCachedKeysNeedNoStoreRead(t *testing.T) {
+	const keys = 300
+	store, fs, hs := startCached(t, keys)
 	st0 := hs.host.Stats()
 	reads := fs.Calls(faultstore.OpGet)
 	sendAgain(t, hs, keys, "leaving memory into the cache")

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/keyfold/keyfold/persistence"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
@@ -111,7 +112,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	}
 	dirty := slices.Clone(gs.dirty)
 	spilled := h.freezeSpillLocked(g)
-	d := persistence.CheckpointData{Snapshots: make([]persistence.Snapshot, 0, len(dirty)+gs.spilled+1), Through: through}
+	d := checkpointData{CheckpointData: persistence.CheckpointData{Snapshots: make([]persistence.Snapshot, 0, len(dirty)+gs.spilled+1), Through: through}}
 	h.mu.Unlock()
 	stored := false
 	if len(spilled) > 0 {
@@ -153,9 +154,9 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	}
 	// The keys written join the group's filter before they are (and its
 	// changed layers are written with them): storedkeys.go.
-	layers := filter.addWritten(&d, at)
+	layers := filter.addWritten(&d.CheckpointData, at)
 	wctx, cancel := context.WithTimeout(ctx, storeTimeout)
-	err = h.store.Checkpoint(wctx, g, epoch, d)
+	err = h.store.Checkpoint(wctx, g, epoch, d.CheckpointData)
 	cancel()
 	if errors.Is(err, persistence.ErrFenced) {
 		// Another owner claimed the group: it is theirs to checkpoint (and
@@ -212,7 +213,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 // key is snapshotted here, without an actor: meanwhile it is held as if
 // stopping, so what is sent to it waits (resident.go). errDropped: the
 // group was lost meanwhile.
-func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epoch, keys []*grain, spilled []*spillArena, d *persistence.CheckpointData) (_ []written, _ []spilledCopy, fromSpill int, _ error) {
+func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epoch, keys []*grain, spilled []*spillArena, d *checkpointData) (_ []written, _ []spilledCopy, fromSpill int, _ error) {
 	select {
 	case h.snapshotting <- struct{}{}:
 	case <-ctx.Done():
@@ -327,8 +328,34 @@ type spilledCopy struct {
 	arena, off uint32
 }
 
+// checkpointData is a checkpoint's data as it is gathered, and the memory
+// its snapshots' names are made in.
+type checkpointData struct {
+	persistence.CheckpointData
+	names []byte // the names' bytes; only ever appended to
+}
+
+// name returns the key's name in the snapshot store (keyID.snapshotKey),
+// made in d.names: a checkpoint names every key it writes, nearly one per
+// event at a million keys, and a string each was 1% of the CPU there.
+func (d *checkpointData) name(id keyID) string {
+	n := len(id.pipeline) + 1 + len(id.key)
+	if cap(d.names)-len(d.names) < n {
+		d.names = make([]byte, 0, max(n, nameChunk))
+	}
+	start := len(d.names)
+	d.names = id.appendSnapshotKey(d.names)
+	// The bytes are never written again: a name is appended after them,
+	// or to a new chunk.
+	return unsafe.String(&d.names[start], n)
+}
+
+// nameChunk is the size of checkpointData's chunks of names.
+const nameChunk = 16 << 10
+
 // appendSnapshot adds a key's snapshot to a checkpoint's data.
-func appendSnapshot(d *persistence.CheckpointData, r *snapshotReply) {
+func appendSnapshot(d *checkpointData, r *snapshotReply) {
+	r.core.Key = d.name(r.g.id)
 	d.Snapshots = append(d.Snapshots, r.core)
 	d.Snapshots = append(d.Snapshots, r.buckets...)
 	if r.ttl {

@@ -252,6 +252,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 	if pf != nil {
 		defer func() { <-pf.done }()
 	}
+	entered := h.entered // (see the dispatch below)
 	h.mu.Unlock()
 	// The records share one buffer, kept for the next commit (Append keeps
 	// none of it): each commit allocated its records anew, a tenth of the
@@ -339,6 +340,18 @@ func (h *Host) commit(reqs []*ingestReq) {
 				// one lookupLocked finds.
 				h.deliverLocked(g, &kb.msg)
 				h.markDirtyLocked(g, pos)
+				continue
+			}
+			if g == nil && h.entered == entered {
+				// In memory nowhere when the prefetch looked (under
+				// h.mu, as now), and no key entered memory since but
+				// this commit's own, each once: it still is not, and
+				// needs no second look-up (a cache miss in a map of
+				// the keys in memory; 2% of the CPU at ten million
+				// keys), nor its snapshot cache entry deleted unless
+				// the prefetch found one (newGrainLocked).
+				h.markDirtyLocked(h.activateLocked(kb.id, gb.group, &kb.msg, pf.take(kb.id), true), pos)
+				entered = h.entered
 				continue
 			}
 			h.markDirtyLocked(h.sendLoadedLocked(kb.id, gb.group, &kb.msg, pf.take(kb.id)), pos)

@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 )
 
 // CachedKeys returns how many of a pipeline's keys the snapshot cache
@@ -92,3 +93,25 @@ const StoredKeysKey = storedKeysKey
 // WithoutStoredKeysFilter makes h keep no filters of stored keys, as a
 // keyfold from before them did (for a setup func of start).
 func WithoutStoredKeysFilter(h *Host) { h.noStoredKeys = true }
+
+// InMemory reports whether a key is in memory (active, stopping or parked).
+func InMemory(h *Host, pipeline, key string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lookupLocked(keyID{pipeline, key}, h.GroupOf(pipeline, key)) != nil
+}
+
+// CheckRegistry fails if a key with an actor or parked is not the grain the
+// registry holds for it (a second grain of one key).
+func CheckRegistry(h *Host) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, l := range []*lru[grain, *grain]{&h.lru, &h.resident.clean, &h.resident.dirty, &h.resident.pinned} {
+		for g := l.head; g != nil; g = g.order.next {
+			if h.keys[g.id] != g {
+				return fmt.Errorf("key %s/%s is in memory (tier %d) as a grain the registry does not hold", g.id.pipeline, g.id.key, g.tier)
+			}
+		}
+	}
+	return nil
+}

@@ -388,7 +388,7 @@ func (g *grain) snapshot() snapshotReply {
 		return r
 	}
 	r.version = parts.Version
-	core := persistence.Snapshot{Key: g.id.snapshotKey()} // nil Data deletes
+	var core persistence.Snapshot // nil Data deletes; its Key is the checkpoint's to name (appendSnapshot)
 	switch {
 	case g.state.Empty():
 	case parts.CoreData != nil:

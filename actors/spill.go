@@ -360,7 +360,7 @@ func (h *Host) freezeSpillLocked(group uint32) []*spillArena {
 
 // snapshotSpilled adds the snapshots of the live entries of frozen arenas
 // to d. It runs without h.mu: frozen arenas are not written to.
-func (h *Host) snapshotSpilled(arenas []*spillArena, d *persistence.CheckpointData) (int, error) {
+func (h *Host) snapshotSpilled(arenas []*spillArena, d *checkpointData) (int, error) {
 	var (
 		n   int
 		err error
@@ -382,7 +382,7 @@ func (h *Host) snapshotSpilled(arenas []*spillArena, d *persistence.CheckpointDa
 
 // snapshotEntry adds the snapshot of a spilled key's state (value, as in
 // its entry) to d, as its grain would have written it.
-func (h *Host) snapshotEntry(id keyID, value []byte, lastNow int64, d *persistence.CheckpointData) error {
+func (h *Host) snapshotEntry(id keyID, value []byte, lastNow int64, d *checkpointData) error {
 	p := h.cfg.Pipelines[id.pipeline]
 	state, pos, err := decodeCached(p, value)
 	if err != nil {
