@@ -45,8 +45,8 @@ type Config struct {
 	DiskReserve int64 `yaml:"disk_reserve"`
 	// StoreCacheMemory is the size in bytes of the embedded store's block
 	// cache (Pebble's), which holds recently read blocks of snapshots
-	// beyond the keys in memory; 0 is the default (64 MiB). It is memory on
-	// top of MaxMemory. Ignored when Redis or Store is set. See
+	// beyond the keys in memory, up to this size; 0 is the default (256
+	// MiB, used as blocks are read). It is memory on top of MaxMemory. Ignored when Redis or Store is set. See
 	// embedded.Options.CacheSize.
 	StoreCacheMemory int64 `yaml:"store_cache_memory"`
 	// Redis, if set, is the URL of the Redis that keeps the node's state
