@@ -46,8 +46,8 @@ type Config struct {
 	// StoreCacheMemory is the size in bytes of the embedded store's block
 	// cache (Pebble's), which holds recently read blocks of snapshots
 	// beyond the keys in memory, up to this size; 0 is the default (256
-	// MiB, used as blocks are read). It is memory on top of MaxMemory. Ignored when Redis or Store is set. See
-	// embedded.Options.CacheSize.
+	// MiB, used as blocks are read). It is memory on top of MaxMemory.
+	// Ignored when Redis or Store is set. See embedded.Options.CacheSize.
 	StoreCacheMemory int64 `yaml:"store_cache_memory"`
 	// Redis, if set, is the URL of the Redis that keeps the node's state
 	// instead of the embedded store: redis://[user:password@]host:port/db,

@@ -348,9 +348,11 @@ func (h *Host) commit(reqs []*ingestReq) {
 				// this commit's own, each once: it still is not, and
 				// needs no second look-up (a cache miss in a map of
 				// the keys in memory; 2% of the CPU at ten million
-				// keys), nor its snapshot cache entry deleted unless
-				// the prefetch found one (newGrainLocked).
-				h.markDirtyLocked(h.activateLocked(kb.id, gb.group, &kb.msg, pf.take(kb.id), true), pos)
+				// keys). Nor can the snapshot cache have an entry of
+				// it that the prefetch did not find there: an entry is
+				// written only as a key leaves memory.
+				l := pf.take(kb.id)
+				h.markDirtyLocked(h.activateLocked(kb.id, gb.group, &kb.msg, l, l != nil && l.cached == nil), pos)
 				entered = h.entered
 				continue
 			}

@@ -618,10 +618,10 @@ func (h *Host) sendRead(pipeline, key string, msg any) error {
 // snapshot was read already, else from the spill if it is there (dirty, as
 // it left), else from the snapshot cache, else from the store (unless the
 // key is known to be new). (A key read already was not spilled then, and
-// cannot be since: activate.go.) unseen says that l is a commit's read of
-// a key in memory nowhere since (commit.go): unless l came from the snapshot
-// cache, the cache has no entry of the key to delete. h.mu must be held.
-func (h *Host) newGrainLocked(id keyID, group uint32, l *loaded, unseen bool) *grain {
+// cannot be since: activate.go.) uncached says that the snapshot cache
+// holds no entry of the key, so there is none to delete (a commit knows it
+// of a key its prefetch did not find there: commit.go). h.mu must be held.
+func (h *Host) newGrainLocked(id keyID, group uint32, l *loaded, uncached bool) *grain {
 	gs := &h.groups[group]
 	var (
 		dirtyAt persistence.Position
@@ -630,12 +630,10 @@ func (h *Host) newGrainLocked(id keyID, group uint32, l *loaded, unseen bool) *g
 	if l == nil {
 		l, dirtyAt, lastNow = h.unspillLocked(id, group)
 	}
-	if !gs.complete && (l == nil || !l.spilled) && (!unseen || l == nil || l.cached != nil) {
-		// (A spilled key has no cache entry: it was in memory since. Nor
-		// has an unseen one the cache did not return: an entry is written
-		// only as a key leaves memory, and it was not in memory since the
-		// look-up missed. At ten million keys that delete, a cache miss in
-		// fastcache's index, was 2% of the CPU.)
+	if !gs.complete && (l == nil || !l.spilled) && !uncached {
+		// (A spilled key has no cache entry: it was in memory since. At
+		// ten million keys the delete of an entry that is not there, a
+		// cache miss in fastcache's index, was 2% of the CPU.)
 		// Back in memory, the key may change: its cached state would be
 		// stale once it leaves again (cache.go).
 		if l == nil {
@@ -676,10 +674,10 @@ func (h *Host) sendLoadedLocked(id keyID, group uint32, msg any, l *loaded) *gra
 }
 
 // activateLocked sends msg to a key that is not in memory (lookupLocked
-// finds no grain of it), in a new grain; l and unseen are newGrainLocked's.
-// h.mu must be held.
-func (h *Host) activateLocked(id keyID, group uint32, msg any, l *loaded, unseen bool) *grain {
-	g := h.newGrainLocked(id, group, l, unseen)
+// finds no grain of it), in a new grain; l and uncached are
+// newGrainLocked's. h.mu must be held.
+func (h *Host) activateLocked(id keyID, group uint32, msg any, l *loaded, uncached bool) *grain {
+	g := h.newGrainLocked(id, group, l, uncached)
 	h.keys[id] = g
 	h.entered++
 	h.spawnLocked(g)
