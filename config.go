@@ -102,6 +102,24 @@ type Config struct {
 	// MaxMemory, if that is at least 48 MiB, the cache's smallest size.
 	// Negative: no cache.
 	CacheMemory int64 `yaml:"cache_memory"`
+	// GoMemoryLimit is the soft memory limit of the Go runtime
+	// (runtime/debug.SetMemoryLimit) that keyfold serve sets, in bytes: the
+	// collector works harder as the process's Go memory nears it. 0 (the
+	// default): the GOMEMLIMIT environment variable if it is set, else 2 ×
+	// (MaxMemory + MaxIngestBytes), at most 90% of the memory the process
+	// may use (its cgroup's limit, else the machine's) less 1.15 × the
+	// embedded store's block cache (which is not Go memory), and at least
+	// 256 MiB. Negative: no limit. New never changes the process's runtime
+	// (an embedding program owns it); see ApplyGoRuntime.
+	GoMemoryLimit int64 `yaml:"go_memory_limit"`
+	// GoGCPercent is the collector's target percentage (GOGC) keyfold serve
+	// sets: a collection starts once the heap has grown this much over what
+	// the last one left live. 0 (the default): the GOGC environment variable
+	// if it is set, else 300 while a memory limit applies (then the limit,
+	// not the heap's growth, paces the collector once the heap is large),
+	// else Go's 100. Negative: off, collections only near the memory limit,
+	// which must then apply.
+	GoGCPercent int `yaml:"go_gc_percent"`
 	// MaxBodyBytes bounds an HTTP request body (default 8 MiB); larger
 	// bodies get 413.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
@@ -274,6 +292,12 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 	// setting. A negative max_memory is refused below.)
 	if maxMemory := c.maxMemory(); maxMemory > 0 && c.CacheMemory > maxMemory {
 		errs = append(errs, fmt.Errorf("keyfold: config: cache_memory %d is more than max_memory %d, of which it is a part", c.CacheMemory, maxMemory))
+	}
+	if c.GoMemoryLimit > 0 && c.GoMemoryLimit < MinGoMemoryLimit {
+		errs = append(errs, fmt.Errorf("keyfold: config: go_memory_limit %d is below %d MiB, too little for a node's process (negative: no limit)", c.GoMemoryLimit, MinGoMemoryLimit>>20))
+	}
+	if c.GoGCPercent < 0 && c.GoMemoryLimit < 0 {
+		errs = append(errs, errors.New("keyfold: config: go_gc_percent is negative (off) and go_memory_limit too: nothing would start a collection"))
 	}
 	if c.KeyGroups > MaxKeyGroups {
 		errs = append(errs, fmt.Errorf("keyfold: config: key_groups %d is more than %d", c.KeyGroups, MaxKeyGroups))

@@ -8,8 +8,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"math"
 	"os"
 	"runtime"
+	"runtime/metrics"
 	"strings"
 	"time"
 
@@ -104,6 +106,7 @@ it does not exit.`,
 				return err
 			}
 			cfg.Logger = logger
+			logGoRuntime(logger, cfg.ApplyGoRuntime())
 			// go-redis logs every failed dial on its own global logger;
 			// the store's failures already reach ours as warnings.
 			redis.SetLogger(redisLogger{logger})
@@ -196,4 +199,20 @@ func newLoggerTo(w io.Writer, level, format string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format: want text or json, got %q", format)
+}
+
+// logGoRuntime logs the Go runtime's memory limit and GOGC in effect, and
+// where the limit came from (keyfold.GoRuntime).
+func logGoRuntime(logger *slog.Logger, r keyfold.GoRuntime) {
+	s := []metrics.Sample{{Name: "/gc/gomemlimit:bytes"}, {Name: "/gc/gogc:percent"}}
+	metrics.Read(s)
+	limit := "none"
+	if v := s[0].Value.Uint64(); v < math.MaxInt64 {
+		limit = fmt.Sprintf("%d MiB", v>>20)
+	}
+	gogc := "off"
+	if v := s[1].Value.Uint64(); v > 0 {
+		gogc = fmt.Sprint(v)
+	}
+	logger.Info("go runtime", "memory_limit", limit, "from", r.From, "gogc", gogc)
 }

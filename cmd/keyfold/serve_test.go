@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"math"
 	"net/http"
+	"os"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -59,5 +62,73 @@ func TestServePprof(t *testing.T) {
 	}
 	if code, _ := get(n.base + "/debug/pprof/"); code != http.StatusNotFound {
 		t.Errorf("the API's address serves /debug/pprof/: %d", code)
+	}
+}
+
+// serve sets the Go runtime's memory limit and GOGC from the configuration
+// (keyfold.Config.GoRuntime), leaves the environment's when the
+// configuration sets neither, and derives them from max_memory otherwise;
+// the effective values are on /metrics and in the log.
+func TestServeGoRuntime(t *testing.T) {
+	const mib = 1 << 20
+	env := func(kv ...string) []string {
+		var e []string
+		for _, v := range os.Environ() {
+			if !strings.HasPrefix(v, "GOMEMLIMIT=") && !strings.HasPrefix(v, "GOGC=") {
+				e = append(e, v)
+			}
+		}
+		return append(e, kv...)
+	}
+	for _, tc := range []struct {
+		name      string
+		config    string
+		env       []string
+		limit     int64 // 0: derived, only checked to be set
+		gogc      string
+		logLimit  string
+		logSource string
+	}{
+		{"configured", "go_memory_limit: 629145600\ngo_gc_percent: 250\n", env("GOMEMLIMIT=1GiB", "GOGC=50"), 600 * mib, "250", "600 MiB", "go_memory_limit"},
+		{"from the environment", "", env("GOMEMLIMIT=700MiB", "GOGC=150"), 700 * mib, "150", "700 MiB", "GOMEMLIMIT"},
+		{"derived from max_memory", "max_memory: 104857600\n", env(), 0, "300", "", "max_memory"},
+		{"none", "go_memory_limit: -1\n", env(), math.MaxInt64, "100", "none", "none"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(keyfoldBinary(t), "serve", "--config", writeConfig(t, tc.config+pipelinesYAML),
+				"--data", t.TempDir(), "--http", "127.0.0.1:0", "--grpc", "")
+			cmd.Env = tc.env
+			n := launch(t, "node", cmd)
+			n.waitReady(30 * time.Second)
+			limit, err := n.scrape("go_gc_gomemlimit_bytes")
+			if err != nil {
+				t.Fatal(err)
+			}
+			gogc, err := n.scrape("go_gc_gogc_percent")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := strconv.ParseFloat(limit, 64)
+			if err != nil {
+				t.Fatalf("go_gc_gomemlimit_bytes %q: %v", limit, err)
+			}
+			switch {
+			case tc.limit == 0:
+				// 2 × (100 MiB + the 256 MiB of requests in flight), unless
+				// the machine has too little memory for it; at least 256 MiB.
+				if got < 256*mib || got > 2*(100+256)*mib {
+					t.Errorf("derived memory limit %.0f MiB, want 256 to 712 MiB", got/mib)
+				}
+			case got != float64(tc.limit):
+				t.Errorf("go_gc_gomemlimit_bytes = %s, want %d", limit, tc.limit)
+			}
+			if gogc != tc.gogc {
+				t.Errorf("go_gc_gogc_percent = %s, want %s", gogc, tc.gogc)
+			}
+			line := n.logs.grep("msg=\"go runtime\"")
+			if len(line) == 0 || !strings.Contains(line[0], "from="+tc.logSource) || (tc.logLimit != "" && !strings.Contains(line[0], "memory_limit=\""+tc.logLimit+"\"") && !strings.Contains(line[0], "memory_limit="+tc.logLimit)) {
+				t.Errorf("log line %q: want from=%s, memory_limit=%s", line, tc.logSource, tc.logLimit)
+			}
+		})
 	}
 }

@@ -58,8 +58,10 @@ type Options struct {
 	segmentSize int64
 }
 
+// DefaultCacheSize is the block cache's size when Options.CacheSize is 0.
+const DefaultCacheSize = 256 << 20
+
 const (
-	defaultCacheSize    = 256 << 20
 	defaultMemTableSize = 32 << 20
 	maxMemTableSize     = 4 << 30
 )
@@ -83,7 +85,7 @@ func (o Options) withDefaults() Options {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	if o.CacheSize == 0 {
-		o.CacheSize = defaultCacheSize
+		o.CacheSize = DefaultCacheSize
 	}
 	if o.MemTableSize == 0 {
 		o.MemTableSize = defaultMemTableSize
