@@ -107,10 +107,13 @@ type Config struct {
 	// collector works harder as the process's Go memory nears it. 0 (the
 	// default): the GOMEMLIMIT environment variable if it is set, else 2 ×
 	// (MaxMemory + MaxIngestBytes), at most 90% of the memory the process
-	// may use (its cgroup's limit, else the machine's) less 1.15 × the
-	// embedded store's block cache (which is not Go memory), and at least
-	// 256 MiB. Negative: no limit. New never changes the process's runtime
-	// (an embedding program owns it); see ApplyGoRuntime.
+	// may use (its cgroup's limit or the machine's, the smaller) less the
+	// node's memory the runtime does not count (the snapshot cache's
+	// entries; with cgo, the embedded store's block cache, 15% more for its
+	// slop, and its memtables), and at least 256 MiB. (Without cgo those
+	// two are Go memory, and are added to the limit.) Negative: no limit.
+	// New never changes the process's runtime (an embedding program owns
+	// it); see ApplyGoRuntime.
 	GoMemoryLimit int64 `yaml:"go_memory_limit"`
 	// GoGCPercent is the collector's target percentage (GOGC) keyfold serve
 	// sets: a collection starts once the heap has grown this much over what

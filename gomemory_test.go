@@ -13,6 +13,15 @@ func TestGoRuntime(t *testing.T) {
 		gib = 1 << 30
 	)
 	frac := func(r float64, n int64) int64 { return int64(r * float64(n)) }
+	// capped is the derived limit on a machine of avail bytes with the
+	// embedded store's default caches and a snapshot cache of cache bytes.
+	capped := func(avail, cache int64) int64 {
+		off := float64(cache)
+		if cgoEnabled {
+			off += 1.15*embedded.DefaultCacheSize + 2*embedded.DefaultMemTableSize
+		}
+		return int64(0.9*float64(avail) - off)
+	}
 	env := func(kv ...string) func(string) string {
 		return func(k string) string {
 			for i := 0; i+1 < len(kv); i += 2 {
@@ -29,6 +38,7 @@ func TestGoRuntime(t *testing.T) {
 		available uint64
 		getenv    func(string) string
 		want      GoRuntime
+		warn      bool // some warning expected
 	}{
 		{
 			// 2 × (1 GiB of keys + 256 MiB of requests in flight)
@@ -45,16 +55,32 @@ func TestGoRuntime(t *testing.T) {
 			want:      GoRuntime{MemoryLimit: 2 * (8*gib + DefaultMaxIngestBytes), GCPercent: DefaultGoGCPercent, From: "max_memory"},
 		},
 		{
-			// 90% of 4 GiB less 1.15 × the 256 MiB block cache
-			name:      "capped by the memory available, less the block cache",
+			// 90% of 4 GiB less what the runtime does not count: the
+			// snapshot cache's entries (2/3 of half of max_memory) and,
+			// with cgo, 1.15 × the block cache and two memtables
+			name:      "capped by the memory available, less the memory outside the Go heap",
 			cfg:       Config{MaxMemory: 2 * gib},
 			available: 4 * gib,
 			getenv:    env(),
-			want:      GoRuntime{MemoryLimit: frac(0.9, 4*gib) - frac(1.15, embedded.DefaultCacheSize), GCPercent: DefaultGoGCPercent, From: "max_memory"},
+			want:      GoRuntime{MemoryLimit: capped(4*gib, gib*2/3), GCPercent: DefaultGoGCPercent, From: "max_memory"},
+		},
+		{
+			name:      "a budget too large for the machine is warned of",
+			cfg:       Config{MaxMemory: 3 * gib},
+			available: 4 * gib,
+			getenv:    env(),
+			want:      GoRuntime{MemoryLimit: capped(4*gib, gib), GCPercent: DefaultGoGCPercent, From: "max_memory"},
+			warn:      true,
+		},
+		{
+			name:   "overflow saturates",
+			cfg:    Config{MaxMemory: math.MaxInt64 / 2, CacheMemory: -1},
+			getenv: env(),
+			want:   GoRuntime{MemoryLimit: math.MaxInt64 / 2, GCPercent: DefaultGoGCPercent, From: "max_memory"},
 		},
 		{
 			name:      "on Redis no block cache is set aside",
-			cfg:       Config{MaxMemory: 2 * gib, Redis: "redis://127.0.0.1:6379"},
+			cfg:       Config{MaxMemory: 2 * gib, Redis: "redis://127.0.0.1:6379", CacheMemory: -1},
 			available: 4 * gib,
 			getenv:    env(),
 			want:      GoRuntime{MemoryLimit: frac(0.9, 4*gib), GCPercent: DefaultGoGCPercent, From: "max_memory"},
@@ -65,6 +91,7 @@ func TestGoRuntime(t *testing.T) {
 			available: 300 * mib,
 			getenv:    env(),
 			want:      GoRuntime{MemoryLimit: MinGoMemoryLimit, GCPercent: DefaultGoGCPercent, From: "max_memory"},
+			warn:      true, // (the block cache alone leaves less than the keys need)
 		},
 		{
 			name:      "set",
@@ -84,6 +111,28 @@ func TestGoRuntime(t *testing.T) {
 			available: 24 * gib,
 			getenv:    env("GOMEMLIMIT", "1GiB"),
 			want:      GoRuntime{GCPercent: DefaultGoGCPercent, From: "GOMEMLIMIT"},
+		},
+		{
+			name:      "a malformed GOGC counts as unset (the runtime takes it for 100)",
+			available: 24 * gib,
+			getenv:    env("GOGC", "300%"),
+			want:      GoRuntime{MemoryLimit: 2 * (gib + DefaultMaxIngestBytes), GCPercent: DefaultGoGCPercent, From: "max_memory"},
+			warn:      true,
+		},
+		{
+			name:      "GOGC=off with no limit is the environment's, warned of",
+			available: 24 * gib,
+			getenv:    env("GOMEMLIMIT", "off", "GOGC", "off"),
+			want:      GoRuntime{From: "none"},
+			warn:      true,
+		},
+		{
+			name:      "go_gc_percent off with GOMEMLIMIT=off is ignored, warned of",
+			cfg:       Config{GoGCPercent: -1},
+			available: 24 * gib,
+			getenv:    env("GOMEMLIMIT", "off"),
+			want:      GoRuntime{From: "none"},
+			warn:      true,
 		},
 		{
 			name:      "GOMEMLIMIT=off: no limit, so Go's GOGC",
@@ -113,11 +162,18 @@ func TestGoRuntime(t *testing.T) {
 			available: 24 * gib,
 			getenv:    env(),
 			want:      GoRuntime{MemoryLimit: math.MaxInt64, From: "none"},
+			warn:      true,
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := tc.cfg.GoRuntime(tc.available, tc.getenv); got != tc.want {
+			got := tc.cfg.GoRuntime(tc.available, tc.getenv)
+			warnings := got.Warnings
+			got.Warnings = nil
+			if got.MemoryLimit != tc.want.MemoryLimit || got.GCPercent != tc.want.GCPercent || got.From != tc.want.From {
 				t.Errorf("GoRuntime = %+v, want %+v", got, tc.want)
+			}
+			if (len(warnings) > 0) != tc.warn {
+				t.Errorf("warnings %q, want some: %v", warnings, tc.warn)
 			}
 		})
 	}

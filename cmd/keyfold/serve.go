@@ -201,8 +201,8 @@ func newLoggerTo(w io.Writer, level, format string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("--log-format: want text or json, got %q", format)
 }
 
-// logGoRuntime logs the Go runtime's memory limit and GOGC in effect, and
-// where the limit came from (keyfold.GoRuntime).
+// logGoRuntime logs the Go runtime's memory limit and GOGC in effect, where
+// the limit came from (keyfold.GoRuntime), and its warnings.
 func logGoRuntime(logger *slog.Logger, r keyfold.GoRuntime) {
 	s := []metrics.Sample{{Name: "/gc/gomemlimit:bytes"}, {Name: "/gc/gogc:percent"}}
 	metrics.Read(s)
@@ -210,9 +210,12 @@ func logGoRuntime(logger *slog.Logger, r keyfold.GoRuntime) {
 	if v := s[0].Value.Uint64(); v < math.MaxInt64 {
 		limit = fmt.Sprintf("%d MiB", v>>20)
 	}
-	gogc := "off"
-	if v := s[1].Value.Uint64(); v > 0 {
+	gogc := "off" // (the runtime reports off, -1, as a uint64)
+	if v := int64(s[1].Value.Uint64()); v >= 0 {
 		gogc = fmt.Sprint(v)
 	}
 	logger.Info("go runtime", "memory_limit", limit, "from", r.From, "gogc", gogc)
+	for _, w := range r.Warnings {
+		logger.Warn("go runtime: " + w)
+	}
 }

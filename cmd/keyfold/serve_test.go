@@ -93,6 +93,8 @@ func TestServeGoRuntime(t *testing.T) {
 		{"from the environment", "", env("GOMEMLIMIT=700MiB", "GOGC=150"), 700 * mib, "150", "700 MiB", "GOMEMLIMIT"},
 		{"derived from max_memory", "max_memory: 104857600\n", env(), 0, "300", "", "max_memory"},
 		{"none", "go_memory_limit: -1\n", env(), math.MaxInt64, "100", "none", "none"},
+		// The runtime reports off (-1) as a uint64: 1.8e19 on /metrics.
+		{"collector off under the limit", "go_memory_limit: 629145600\ngo_gc_percent: -1\n", env(), 600 * mib, "1.8446744073709552e+19", "600 MiB", "go_memory_limit"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := exec.Command(keyfoldBinary(t), "serve", "--config", writeConfig(t, tc.config+pipelinesYAML),
@@ -126,8 +128,13 @@ func TestServeGoRuntime(t *testing.T) {
 				t.Errorf("go_gc_gogc_percent = %s, want %s", gogc, tc.gogc)
 			}
 			line := n.logs.grep("msg=\"go runtime\"")
-			if len(line) == 0 || !strings.Contains(line[0], "from="+tc.logSource) || (tc.logLimit != "" && !strings.Contains(line[0], "memory_limit=\""+tc.logLimit+"\"") && !strings.Contains(line[0], "memory_limit="+tc.logLimit)) {
-				t.Errorf("log line %q: want from=%s, memory_limit=%s", line, tc.logSource, tc.logLimit)
+			wantGC := "gogc=" + tc.gogc
+			if tc.gogc == "1.8446744073709552e+19" {
+				wantGC = "gogc=off"
+			}
+			if len(line) == 0 || !strings.Contains(line[0], "from="+tc.logSource) || !strings.Contains(line[0], wantGC) ||
+				(tc.logLimit != "" && !strings.Contains(line[0], "memory_limit=\""+tc.logLimit+"\"") && !strings.Contains(line[0], "memory_limit="+tc.logLimit)) {
+				t.Errorf("log line %q: want from=%s, %s, memory_limit=%s", line, tc.logSource, wantGC, tc.logLimit)
 			}
 		})
 	}

@@ -58,11 +58,16 @@ type Options struct {
 	segmentSize int64
 }
 
-// DefaultCacheSize is the block cache's size when Options.CacheSize is 0.
-const DefaultCacheSize = 256 << 20
+// DefaultCacheSize is the block cache's size when Options.CacheSize is 0,
+// and DefaultMemTableSize a memtable's when Options.MemTableSize is (the
+// largest: a small filesystem gets smaller ones).
+const (
+	DefaultCacheSize    = 256 << 20
+	DefaultMemTableSize = 32 << 20
+)
 
 const (
-	defaultMemTableSize = 32 << 20
+	defaultMemTableSize = DefaultMemTableSize
 	maxMemTableSize     = 4 << 30
 )
 
