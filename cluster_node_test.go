@@ -10,7 +10,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -254,9 +258,33 @@ func TestClusterRouting(t *testing.T) {
 }
 
 // freeAddr returns a loopback address with a port free a moment ago (the
-// static member list needs the addresses before the nodes start).
+// static member list needs the addresses before the nodes start). The port
+// is drawn below the kernel's ephemeral range: a port the kernel handed out
+// for :0 and took back is the next one it hands to another test's listener
+// or outgoing connection, and a node then failed to bind it ("address
+// already in use", seen in CI). Below the range only another test drawing
+// at random can take it. (Falls back to :0 if the range starts too low.)
 func freeAddr(t *testing.T) string {
 	t.Helper()
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
+	}
+	const first = 10000
+	for range 100 {
+		if low-first < 1000 {
+			break
+		}
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(first+rand.IntN(low-first)))
+		if ln, err := net.Listen("tcp", addr); err == nil {
+			ln.Close()
+			return addr
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
