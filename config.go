@@ -228,9 +228,7 @@ func (c Config) withDefaults() Config {
 	if c.MaxBatchEvents == 0 {
 		c.MaxBatchEvents = DefaultMaxBatchEvents
 	}
-	if c.MaxIngestBytes == 0 {
-		c.MaxIngestBytes = max(DefaultMaxIngestBytes, c.largestIngest())
-	}
+	c.MaxIngestBytes = c.maxIngestBytes()
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
 	}
@@ -246,6 +244,12 @@ func (c Config) withDefaults() Config {
 
 // maxMemory is the max_memory in effect: the default when unset.
 func (c Config) maxMemory() int64 { return cmp.Or(c.MaxMemory, actors.DefaultMaxMemory) }
+
+// maxIngestBytes is the max_ingest_bytes in effect: when unset, the default
+// or what the largest request needs, the larger.
+func (c Config) maxIngestBytes() int64 {
+	return cmp.Or(c.MaxIngestBytes, max(DefaultMaxIngestBytes, c.largestIngest()))
+}
 
 // Validate reports every problem of c at once, and compiles the pipelines
 // to find theirs (each names the pipeline and the entry).

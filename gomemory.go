@@ -110,9 +110,8 @@ func (c Config) GoRuntime(available uint64, getenv func(string) string) GoRuntim
 // use beside the memory the runtime does not count (nodeMemory). Problems
 // are added to warnings.
 func (c Config) derivedGoMemoryLimit(available uint64, warnings *[]string) int64 {
-	ingest := cmp.Or(c.MaxIngestBytes, max(DefaultMaxIngestBytes, c.largestIngest()))
 	offHeap, storeGo := c.nodeMemory()
-	live := float64(c.maxMemory()) + float64(ingest) + float64(storeGo)
+	live := float64(c.maxMemory()) + float64(c.maxIngestBytes()) + float64(storeGo)
 	limit := 2*live - float64(storeGo) // (the store's memory is not live heap that doubles)
 	if available > 0 {
 		room := 0.9*float64(available) - float64(offHeap)
@@ -138,11 +137,7 @@ func (c Config) derivedGoMemoryLimit(available uint64, warnings *[]string) int64
 // slop, and memtables) and the store's memory it does count (storeGo:
 // those of Pebble's without cgo).
 func (c Config) nodeMemory() (offHeap, storeGo int64) {
-	cache := c.CacheMemory
-	if cache == 0 && c.maxMemory()/2 >= actors.MinCacheMemory {
-		cache = c.maxMemory() / 2 // (actors.Config's default)
-	}
-	offHeap = max(cache, 0) * 2 / 3 // its entries; a third is their index, in the heap
+	offHeap = actors.CacheEntryMemory(c.maxMemory(), c.CacheMemory)
 	if c.Store == nil && c.Redis == "" {
 		store := int64(1.15*float64(cmp.Or(c.StoreCacheMemory, embedded.DefaultCacheSize))) + 2*embedded.DefaultMemTableSize
 		if cgoEnabled {

@@ -126,15 +126,7 @@ func (c *Config) setDefaults() {
 			c.MaxActive = int(max(c.MaxMemory/4/ActiveKeyBytes, 1))
 		}
 	}
-	if c.CacheMemory == 0 {
-		c.CacheMemory = -1
-		if c.MaxMemory/2 >= MinCacheMemory {
-			c.CacheMemory = c.MaxMemory / 2
-		}
-	}
-	if c.MaxMemory < 0 {
-		c.CacheMemory = -1 // a key that is passivated leaves memory at once
-	}
+	c.CacheMemory = cacheMemoryFor(c.MaxMemory, c.CacheMemory)
 	if c.MaxCommitEvents == 0 {
 		c.MaxCommitEvents = DefaultMaxCommitEvents
 	}
@@ -150,6 +142,31 @@ func (c *Config) setDefaults() {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+}
+
+// cacheMemoryFor is the CacheMemory in effect for a MaxMemory (its default
+// applied) and a CacheMemory as configured: negative for no cache.
+func cacheMemoryFor(maxMemory, cacheMemory int64) int64 {
+	if maxMemory < 0 {
+		return -1 // a key that is passivated leaves memory at once
+	}
+	if cacheMemory == 0 {
+		cacheMemory = -1
+		if maxMemory/2 >= MinCacheMemory {
+			cacheMemory = maxMemory / 2
+		}
+	}
+	return cacheMemory
+}
+
+// CacheEntryMemory is the most memory the snapshot cache's entries take
+// outside the Go heap (fastcache maps its chunks) for a host configured
+// with maxMemory (its default applied) and cacheMemory (as configured).
+func CacheEntryMemory(maxMemory, cacheMemory int64) int64 {
+	if m := cacheMemoryFor(maxMemory, cacheMemory); m > 0 {
+		return cacheChunkBytes(m)
+	}
+	return 0
 }
 
 // residentBudget is the memory left for resident keys: MaxMemory less

@@ -66,10 +66,7 @@ const (
 	DefaultMemTableSize = 32 << 20
 )
 
-const (
-	defaultMemTableSize = DefaultMemTableSize
-	maxMemTableSize     = 4 << 30
-)
+const maxMemTableSize = 4 << 30
 
 // Validate reports every problem with the options at once.
 func (o Options) Validate() error {
@@ -93,7 +90,7 @@ func (o Options) withDefaults() Options {
 		o.CacheSize = DefaultCacheSize
 	}
 	if o.MemTableSize == 0 {
-		o.MemTableSize = defaultMemTableSize
+		o.MemTableSize = DefaultMemTableSize
 	}
 	if o.segmentSize == 0 {
 		o.segmentSize = defaultSegmentSize
@@ -107,7 +104,7 @@ func (o Options) withDefaults() Options {
 // memTableSize returns the default memtable size on a filesystem of total
 // bytes: a flush of two memtables must fit in the reserve.
 func memTableSize(total uint64) uint64 {
-	return min(defaultMemTableSize, max(total/20, 1<<20))
+	return min(DefaultMemTableSize, max(total/20, 1<<20))
 }
 
 // reserve returns the disk reserve for a filesystem of total bytes.
