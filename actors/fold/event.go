@@ -72,13 +72,17 @@ func (p *Pipeline) prepare(ev *Event, raw []byte, contrib []contribution) error 
 		return ErrJoinIngest
 	}
 	obj := bytes.TrimSpace(raw)
-	if len(obj) == 0 || obj[0] != '{' || !json.Valid(obj) {
+	var buf [maxStackReads][]byte
+	var f fields
+	valid := false
+	if len(obj) > 0 && obj[0] == '{' {
+		f, valid = p.scanFields(obj, &buf)
+	}
+	if !valid {
 		var m map[string]any
 		err := json.Unmarshal(raw, &m) // for its message
 		return &FieldError{Field: "", Reason: describeJSONError(raw, err)}
 	}
-	var buf [maxStackReads][]byte
-	f := p.scanFields(obj, &buf)
 	*ev = Event{Raw: raw}
 
 	kv, ok := f.rawValue(p.keyRef)
@@ -107,10 +111,13 @@ func (p *Pipeline) Replay(raw []byte, key string) *Event {
 	ev := &Event{Raw: raw, Key: key}
 	var buf [maxStackReads][]byte
 	var f fields
-	if obj := bytes.TrimSpace(raw); len(obj) > 0 && obj[0] == '{' && json.Valid(obj) {
-		f = p.scanFields(obj, &buf)
-	} else {
+	valid := false
+	if obj := bytes.TrimSpace(raw); len(obj) > 0 && obj[0] == '{' {
+		f, valid = p.scanFields(obj, &buf)
+	}
+	if !valid {
 		f = fields{p: p, notObject: true}
+		clear(buf[:]) // the members before the fault are not read
 		if len(p.reads) <= maxStackReads {
 			f.vals = buf[:len(p.reads)]
 		} else {
@@ -153,7 +160,7 @@ func (p *Pipeline) prepareRest(ev *Event, f *fields, contrib []contribution, str
 		}
 	}
 	var env map[string]any // what the filters see
-	if p.hasFilters {
+	if p.needsEnv {
 		var err error
 		if env, err = f.filterEnv(ev.Raw); err != nil {
 			if strict {
@@ -166,7 +173,7 @@ func (p *Pipeline) prepareRest(ev *Event, f *fields, contrib []contribution, str
 		}
 	}
 	if len(p.steps) > 0 {
-		mask, err := p.stepMask(env)
+		mask, err := p.stepMask(f, env)
 		if err != nil && strict {
 			return err
 		}
@@ -192,7 +199,7 @@ func (p *Pipeline) prepareRest(ev *Event, f *fields, contrib []contribution, str
 func (a *aggregate) contribution(f *fields, env map[string]any, ref fieldRef) (contribution, error) {
 	var c contribution
 	if a.where != nil {
-		ok, err := a.where.match(env)
+		ok, err := a.where.eval(f, env)
 		if err != nil {
 			return c, &FieldError{Field: "aggregates." + a.name + ".where", Reason: err.Error()}
 		}
@@ -210,12 +217,12 @@ func (a *aggregate) contribution(f *fields, env map[string]any, ref fieldRef) (c
 	}
 	switch {
 	case a.op.numeric():
-		v, err := decodeValue(raw)
+		num, isNum, err := decodeNumber(raw)
 		if err != nil {
 			return c, &FieldError{Field: a.field, Reason: err.Error()}
 		}
-		num, isNum := v.(float64)
 		if !isNum {
+			v, _ := decodeValue(raw) // (valid JSON, not a number: decodes)
 			return c, &FieldError{Field: a.field, Reason: fmt.Sprintf("%s needs a number, got %s", a.op, describe(v))}
 		}
 		c.num = num
@@ -273,12 +280,12 @@ func scalarText(raw []byte, strict bool) (string, error) {
 		}
 		return looseString(raw), nil
 	}
-	v, err := decodeValue(raw)
+	x, ok, err := decodeNumber(raw)
 	if err != nil {
 		return "", err
 	}
-	x, ok := v.(float64)
 	if !ok {
+		v, _ := decodeValue(raw) // (valid JSON, not a number: decodes)
 		return "", fmt.Errorf("must be a string or a number, got %s", describe(v))
 	}
 	if math.Abs(x) >= maxExactInt {

@@ -142,13 +142,13 @@ func (p *Pipeline) compilePatterns(spec Spec, bad func(entry, format string, arg
 
 // stepMask evaluates the pattern filters on an event: bit i is set when
 // filter i matches.
-func (p *Pipeline) stepMask(fields map[string]any) (uint64, error) {
+func (p *Pipeline) stepMask(f *fields, env map[string]any) (uint64, error) {
 	var mask uint64
 	for i, w := range p.steps {
 		if w == nil {
 			continue
 		}
-		ok, err := w.match(fields)
+		ok, err := w.eval(f, env)
 		if err != nil {
 			return 0, &FieldError{Field: "patterns.where", Reason: err.Error()}
 		}

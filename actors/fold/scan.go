@@ -78,6 +78,11 @@ func (p *Pipeline) indexFields() {
 		if w.dynamic {
 			p.dynamicEnv = true
 		}
+		if w.eq != nil {
+			w.eq.read = read(w.eq.field)
+			continue // evaluated without the map of members
+		}
+		p.needsEnv = true
 		for _, path := range w.paths {
 			if i := read(path[0]); !seen[i] {
 				seen[i] = true
@@ -85,7 +90,6 @@ func (p *Pipeline) indexFields() {
 			}
 		}
 	}
-	p.hasFilters = len(filters) > 0
 }
 
 // maxStackReads is how many read members an event's scan keeps without
@@ -102,17 +106,18 @@ type fields struct {
 	notObject bool
 }
 
-// scanFields finds the members p reads in raw, a valid JSON object. Like
-// encoding/json decoding into a map, a member given twice takes its last
-// value.
-func (p *Pipeline) scanFields(raw []byte, buf *[maxStackReads][]byte) fields {
-	f := fields{p: p}
+// scanFields finds the members p reads in raw, a JSON object (raw[0] ==
+// '{'), and reports whether raw is valid JSON (encoding/json.Valid); f is
+// only of use if it is. Like encoding/json decoding into a map, a member
+// given twice takes its last value.
+func (p *Pipeline) scanFields(raw []byte, buf *[maxStackReads][]byte) (f fields, valid bool) {
+	f = fields{p: p}
 	if len(p.reads) <= maxStackReads {
 		f.vals = buf[:len(p.reads)]
 	} else {
 		f.vals = make([][]byte, len(p.reads))
 	}
-	eachMember(raw, func(name, val []byte) {
+	valid = eachMember(raw, func(name, val []byte) {
 		// The name is decoded once, not once per field read; p.reads holds
 		// each name once.
 		inner := name[1 : len(name)-1]
@@ -130,7 +135,7 @@ func (p *Pipeline) scanFields(raw []byte, buf *[maxStackReads][]byte) fields {
 			}
 		}
 	})
-	return f
+	return f, valid
 }
 
 // raw returns the raw JSON value of a field, and whether it is present.
@@ -202,29 +207,53 @@ func (f *fields) filterEnv(raw []byte) (map[string]any, error) {
 }
 
 // eachMember calls fn with the raw name (quotes included) and raw value of
-// each member of obj, a valid JSON object.
-func eachMember(obj []byte, fn func(name, val []byte)) {
-	i := skipWS(obj, 0) + 1 // past '{'
+// each member of obj, a JSON object (obj[0] == '{'), in order, and reports
+// whether obj is valid JSON exactly as encoding/json.Valid says (fn may
+// have been called for the members before a fault). One pass does both:
+// encoding/json.Valid (a state machine called through a function per byte)
+// and then a scan of the members was 40% of what preparing an event cost
+// (BENCHMARKS.md, session 29). Of the well-kept validators measured, those
+// several times faster than encoding/json's either accept what it refuses
+// (fastjson: control characters in strings) or recurse without its depth
+// limit (gjson); FuzzEachMember holds this one to encoding/json.Valid.
+func eachMember(obj []byte, fn func(name, val []byte)) bool {
+	i := skipWS(obj, 1) // past '{'
+	if i < len(obj) && obj[i] == '}' {
+		return skipWS(obj, i+1) == len(obj)
+	}
 	for {
-		i = skipWS(obj, i)
 		if i >= len(obj) || obj[i] != '"' {
-			return // '}'
+			return false
 		}
 		nameEnd := stringEnd(obj, i)
+		if nameEnd < 0 {
+			return false
+		}
 		name := obj[i:nameEnd]
-		i = skipWS(obj, nameEnd) + 1 // past ':'
-		i = skipWS(obj, i)
-		end := valueEnd(obj, i)
-		fn(name, obj[i:end])
-		i = skipWS(obj, end)
-		if i < len(obj) && obj[i] == ',' {
-			i++
+		if i = skipWS(obj, nameEnd); i >= len(obj) || obj[i] != ':' {
+			return false
+		}
+		start := skipWS(obj, i+1)
+		end := valueEnd(obj, start, 1)
+		if end < 0 {
+			return false
+		}
+		fn(name, obj[start:end])
+		switch i = skipWS(obj, end); {
+		case i >= len(obj):
+			return false
+		case obj[i] == ',':
+			i = skipWS(obj, i+1)
+		case obj[i] == '}':
+			return skipWS(obj, i+1) == len(obj)
+		default:
+			return false
 		}
 	}
 }
 
 // memberValue returns the raw value of obj's member name (the last one if
-// given twice), or nil.
+// given twice), or nil; obj is a valid JSON object.
 func memberValue(obj []byte, name string) []byte {
 	var v []byte
 	eachMember(obj, func(n, val []byte) {
@@ -265,45 +294,197 @@ func skipWS(b []byte, i int) int {
 	return i
 }
 
-// stringEnd returns the end of the valid JSON string at b[i] == '"'.
+// maxNestingDepth is encoding/json's: a value nested deeper is invalid.
+const maxNestingDepth = 10000
+
+// stringEnd returns the end of the JSON string at b[i] == '"', or -1 if it
+// is not valid JSON (unterminated, a control character, a bad escape).
+// Bytes from 0x80 up are taken as they are, as encoding/json.Valid takes
+// them.
 func stringEnd(b []byte, i int) int {
 	for j := i + 1; j < len(b); j++ {
-		switch b[j] {
-		case '\\':
-			j++
-		case '"':
+		switch c := b[j]; {
+		case c == '"':
 			return j + 1
+		case c == '\\':
+			if j++; j >= len(b) {
+				return -1
+			}
+			switch b[j] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			case 'u':
+				if j+4 >= len(b) || !isHex(b[j+1]) || !isHex(b[j+2]) || !isHex(b[j+3]) || !isHex(b[j+4]) {
+					return -1
+				}
+				j += 4
+			default:
+				return -1
+			}
+		case c < 0x20:
+			return -1
 		}
 	}
-	return len(b)
+	return -1
 }
 
-// valueEnd returns the end of the valid JSON value at b[i].
-func valueEnd(b []byte, i int) int {
-	switch b[i] {
-	case '"':
-		return stringEnd(b, i)
-	case '{', '[':
-		depth := 0
-		for j := i; j < len(b); j++ {
-			switch b[j] {
-			case '"':
-				j = stringEnd(b, j) - 1
-			case '{', '[':
-				depth++
-			case '}', ']':
-				if depth--; depth == 0 {
-					return j + 1
-				}
-			}
-		}
-		return len(b)
+func isHex(c byte) bool {
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+// valueEnd returns the end of the JSON value at b[i], inside depth
+// containers, or -1 if it is not valid JSON.
+func valueEnd(b []byte, i, depth int) int {
+	if i >= len(b) {
+		return -1
 	}
+	switch b[i] {
+	case '{', '[':
+		return containerEnd(b, i, depth)
+	}
+	return scalarEnd(b, i)
+}
+
+// scalarEnd returns the end of the JSON string, number or literal at b[i],
+// or -1 if there is none.
+func scalarEnd(b []byte, i int) int {
+	switch c := b[i]; {
+	case c == '"':
+		return stringEnd(b, i)
+	case c == 't':
+		return literalEnd(b, i, "true")
+	case c == 'f':
+		return literalEnd(b, i, "false")
+	case c == 'n':
+		return literalEnd(b, i, "null")
+	case c == '-' || isDigit(c):
+		return numberEnd(b, i)
+	}
+	return -1
+}
+
+func literalEnd(b []byte, i int, lit string) int {
+	if len(b)-i < len(lit) || string(b[i:i+len(lit)]) != lit {
+		return -1
+	}
+	return i + len(lit)
+}
+
+// numberEnd returns the end of the JSON number at b[i], or -1: an optional
+// minus, 0 or digits not starting with 0, an optional fraction, an optional
+// exponent.
+func numberEnd(b []byte, i int) int {
 	j := i
-	for j < len(b) && b[j] != ',' && b[j] != '}' && b[j] != ']' && b[j] != ' ' && b[j] != '\t' && b[j] != '\n' && b[j] != '\r' {
+	if b[j] == '-' {
 		j++
 	}
+	switch {
+	case j >= len(b) || !isDigit(b[j]):
+		return -1
+	case b[j] == '0':
+		j++
+	default:
+		for j < len(b) && isDigit(b[j]) {
+			j++
+		}
+	}
+	if j < len(b) && b[j] == '.' {
+		if j++; j >= len(b) || !isDigit(b[j]) {
+			return -1
+		}
+		for j < len(b) && isDigit(b[j]) {
+			j++
+		}
+	}
+	if j < len(b) && (b[j] == 'e' || b[j] == 'E') {
+		if j++; j < len(b) && (b[j] == '+' || b[j] == '-') {
+			j++
+		}
+		if j >= len(b) || !isDigit(b[j]) {
+			return -1
+		}
+		for j < len(b) && isDigit(b[j]) {
+			j++
+		}
+	}
 	return j
+}
+
+// containerEnd returns the end of the JSON object or array at b[i], inside
+// depth containers, or -1 if it is not valid JSON (or nested deeper than
+// encoding/json allows). It walks without recursion: the containers it is
+// in are a stack of their opening bytes, on the goroutine's stack up to 32
+// deep (an event nested deeper costs a slice, bounded by the depth limit).
+func containerEnd(b []byte, i, depth int) int {
+	var small [32]byte
+	open := small[:0]
+	for {
+		// A value starts at b[i].
+		if i >= len(b) {
+			return -1
+		}
+		if c := b[i]; c == '{' || c == '[' {
+			if depth++; depth > maxNestingDepth {
+				return -1
+			}
+			open = append(open, c)
+			if i = skipWS(b, i+1); i < len(b) && b[i] == c+2 { // '{'+2 is '}', '['+2 is ']': empty
+				open = open[:len(open)-1]
+				depth--
+				i++
+			} else {
+				if c == '{' {
+					if i = memberStart(b, i); i < 0 {
+						return -1
+					}
+				}
+				continue
+			}
+		} else if i = scalarEnd(b, i); i < 0 {
+			return -1
+		}
+		// A value ended at b[i]: the containers it closes, then the next.
+		for {
+			if len(open) == 0 {
+				return i
+			}
+			if i = skipWS(b, i); i >= len(b) {
+				return -1
+			}
+			top := open[len(open)-1]
+			if b[i] == ',' {
+				i = skipWS(b, i+1)
+				if top == '{' {
+					if i = memberStart(b, i); i < 0 {
+						return -1
+					}
+				}
+				break
+			}
+			if b[i] != top+2 {
+				return -1
+			}
+			open = open[:len(open)-1]
+			depth--
+			i++
+		}
+	}
+}
+
+// memberStart reads a member's name and colon at b[i] and returns where its
+// value starts, or -1.
+func memberStart(b []byte, i int) int {
+	if i >= len(b) || b[i] != '"' {
+		return -1
+	}
+	if i = stringEnd(b, i); i < 0 {
+		return -1
+	}
+	if i = skipWS(b, i); i >= len(b) || b[i] != ':' {
+		return -1
+	}
+	return skipWS(b, i+1)
 }
 
 // decodeValue decodes one valid raw JSON value as encoding/json decodes it
@@ -325,11 +506,24 @@ func decodeValue(v []byte) (any, error) {
 		}
 		return x, nil
 	}
-	f, err := strconv.ParseFloat(string(v), 64)
+	f, _, err := decodeNumber(v)
 	if err != nil {
-		return nil, fmt.Errorf("number %s is out of range", v)
+		return nil, err
 	}
 	return f, nil
+}
+
+// decodeNumber decodes one valid raw JSON value if it is a number, as
+// decodeValue would, without making it an any (8 bytes on the heap each).
+func decodeNumber(v []byte) (f float64, isNum bool, err error) {
+	if v[0] != '-' && !isDigit(v[0]) {
+		return 0, false, nil
+	}
+	f, err = strconv.ParseFloat(string(v), 64)
+	if err != nil {
+		return 0, true, fmt.Errorf("number %s is out of range", v)
+	}
+	return f, true, nil
 }
 
 // looseString decodes a valid JSON string as encoding/json does: invalid

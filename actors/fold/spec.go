@@ -163,7 +163,7 @@ type Pipeline struct {
 	aggRefs                []fieldRef // by aggregate
 	envReads               []int      // the members the filters name
 	dynamicEnv             bool       // a filter may read any member
-	hasFilters             bool
+	needsEnv               bool       // a filter is evaluated on the members decoded (filterEnv)
 
 	fingerprint uint64 // see Fingerprint
 }

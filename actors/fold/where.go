@@ -1,10 +1,12 @@
 package fold
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/expr-lang/expr"
 	"github.com/expr-lang/expr/ast"
@@ -19,6 +21,56 @@ type where struct {
 	// dynamic is set when the filter may read fields it does not name
 	// ($env[expr], "x" in $env): it then sees every field of the event.
 	dynamic bool
+	// eq is set when the filter compares a top-level field with a text
+	// (type == 'login_failed'): it is then evaluated on the field's raw
+	// value, without expr (see textEq).
+	eq *textEq
+}
+
+// textEq is a filter `field == 'text'` or `field != 'text'` (either way
+// round). expr's == is true only for a string equal to the text: a field
+// absent, null, a number, a bool, an object or an array is not equal, and
+// no operand of == fails. So the filter needs neither the event's members
+// decoded into a map nor expr's machine: preparing an event with one such
+// filter cost a fifth more (BENCHMARKS.md, session 29).
+// FuzzFilterTextEq holds it to expr's answers.
+type textEq struct {
+	field string
+	read  int // the field's index in Pipeline.reads (indexFields)
+	text  string
+	neg   bool // !=
+}
+
+// matchRaw evaluates the filter on the field's raw JSON value (nil if
+// absent), which the event's scan found valid.
+func (e *textEq) matchRaw(raw []byte) bool {
+	equal := false
+	if len(raw) > 0 && raw[0] == '"' {
+		if inner := raw[1 : len(raw)-1]; bytes.IndexByte(inner, '\\') < 0 && utf8.Valid(inner) {
+			equal = string(inner) == e.text
+		} else {
+			equal = looseString(raw) == e.text
+		}
+	}
+	return equal != e.neg
+}
+
+// textEqOf returns the filter node as a textEq, or nil if it is not one.
+func textEqOf(node ast.Node) *textEq {
+	b, ok := node.(*ast.BinaryNode)
+	if !ok || (b.Operator != "==" && b.Operator != "!=") {
+		return nil
+	}
+	field, text := b.Left, b.Right
+	if _, ok := field.(*ast.StringNode); ok {
+		field, text = text, field
+	}
+	id, ok := field.(*ast.IdentifierNode)
+	lit, ok2 := text.(*ast.StringNode)
+	if !ok || !ok2 || strings.HasPrefix(id.Value, "$") {
+		return nil
+	}
+	return &textEq{field: id.Value, text: lit.Value, neg: b.Operator == "!="}
 }
 
 // compileWhere compiles a filter. Fields absent from an event are nil. Calls
@@ -43,7 +95,7 @@ func compileWhere(src string) (*where, error) {
 	if v.err != nil {
 		return nil, v.err
 	}
-	return &where{prog: prog, paths: v.paths, dynamic: v.envRefs != v.envNamed}, nil
+	return &where{prog: prog, paths: v.paths, dynamic: v.envRefs != v.envNamed, eq: textEqOf(node)}, nil
 }
 
 type whereVisitor struct {
@@ -126,6 +178,15 @@ func memberPath(n *ast.MemberNode) []string {
 		return nil
 	}
 	return append(base, prop.Value)
+}
+
+// eval evaluates the filter on an event's members: on the raw value of
+// its field if it is a textEq, else on env (filterEnv).
+func (w *where) eval(f *fields, env map[string]any) (bool, error) {
+	if w.eq != nil {
+		return w.eq.matchRaw(f.vals[w.eq.read]), nil
+	}
+	return w.match(env)
 }
 
 // match evaluates the filter on an event. A filter that cannot be evaluated
