@@ -121,7 +121,7 @@ func (p *Pipeline) scanFields(raw []byte, buf *[maxStackReads][]byte) (f fields,
 		// The name is decoded once, not once per field read; p.reads holds
 		// each name once.
 		inner := name[1 : len(name)-1]
-		if bytes.IndexByte(inner, '\\') >= 0 || !utf8.Valid(inner) {
+		if !literal(inner) {
 			d, ok := decodeName(name)
 			if !ok {
 				return
@@ -136,6 +136,21 @@ func (p *Pipeline) scanFields(raw []byte, buf *[maxStackReads][]byte) (f fields,
 		}
 	})
 	return f, valid
+}
+
+// literal reports whether the inside of a JSON string (between its
+// quotes) is its own decoding: no escape, and valid UTF-8, which is
+// checked only past the ASCII that most names and values are.
+func literal(inner []byte) bool {
+	for i, c := range inner {
+		if c == '\\' {
+			return false
+		}
+		if c >= 0x80 {
+			return bytes.IndexByte(inner[i:], '\\') < 0 && utf8.Valid(inner[i:])
+		}
+	}
+	return true
 }
 
 // raw returns the raw JSON value of a field, and whether it is present.
@@ -276,8 +291,7 @@ func decodeName(raw []byte) ([]byte, bool) {
 
 // memberIs reports whether the raw member name (quoted) decodes to s.
 func memberIs(raw []byte, s string) bool {
-	inner := raw[1 : len(raw)-1]
-	if bytes.IndexByte(inner, '\\') < 0 && utf8.Valid(inner) {
+	if inner := raw[1 : len(raw)-1]; literal(inner) {
 		return string(inner) == s
 	}
 	var name string
@@ -529,8 +543,7 @@ func decodeNumber(v []byte) (f float64, isNum bool, err error) {
 // looseString decodes a valid JSON string as encoding/json does: invalid
 // UTF-8 and unpaired surrogates become U+FFFD.
 func looseString(v []byte) string {
-	inner := v[1 : len(v)-1]
-	if bytes.IndexByte(inner, '\\') < 0 && utf8.Valid(inner) {
+	if inner := v[1 : len(v)-1]; literal(inner) {
 		return string(inner)
 	}
 	var s string

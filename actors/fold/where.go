@@ -1,12 +1,10 @@
 package fold
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
-	"unicode/utf8"
 
 	"github.com/expr-lang/expr"
 	"github.com/expr-lang/expr/ast"
@@ -46,7 +44,7 @@ type textEq struct {
 func (e *textEq) matchRaw(raw []byte) bool {
 	equal := false
 	if len(raw) > 0 && raw[0] == '"' {
-		if inner := raw[1 : len(raw)-1]; bytes.IndexByte(inner, '\\') < 0 && utf8.Valid(inner) {
+		if inner := raw[1 : len(raw)-1]; literal(inner) {
 			equal = string(inner) == e.text
 		} else {
 			equal = looseString(raw) == e.text
