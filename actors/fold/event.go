@@ -160,13 +160,14 @@ func (p *Pipeline) prepareRest(ev *Event, f *fields, contrib []contribution, str
 		}
 	}
 	var env map[string]any // what the filters see
-	if p.needsEnv {
+	if p.hasFilters {
 		var err error
 		if env, err = f.filterEnv(ev.Raw); err != nil {
 			if strict {
 				return err
 			}
 			env = map[string]any{}
+			f.noFilterFields = true // what filters read is absent (textEq too)
 		}
 		if !p.dynamicEnv {
 			defer putEnv(env)
@@ -222,7 +223,10 @@ func (a *aggregate) contribution(f *fields, env map[string]any, ref fieldRef) (c
 			return c, &FieldError{Field: a.field, Reason: err.Error()}
 		}
 		if !isNum {
-			v, _ := decodeValue(raw) // (valid JSON, not a number: decodes)
+			v, err := decodeValue(raw)
+			if err != nil { // an array or object holding a number out of range
+				return c, &FieldError{Field: a.field, Reason: err.Error()}
+			}
 			return c, &FieldError{Field: a.field, Reason: fmt.Sprintf("%s needs a number, got %s", a.op, describe(v))}
 		}
 		c.num = num
@@ -285,7 +289,10 @@ func scalarText(raw []byte, strict bool) (string, error) {
 		return "", err
 	}
 	if !ok {
-		v, _ := decodeValue(raw) // (valid JSON, not a number: decodes)
+		v, err := decodeValue(raw)
+		if err != nil { // an array or object holding a number out of range
+			return "", err
+		}
 		return "", fmt.Errorf("must be a string or a number, got %s", describe(v))
 	}
 	if math.Abs(x) >= maxExactInt {

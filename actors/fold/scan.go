@@ -79,10 +79,10 @@ func (p *Pipeline) indexFields() {
 			p.dynamicEnv = true
 		}
 		if w.eq != nil {
-			w.eq.read = read(w.eq.field)
-			continue // evaluated without the map of members
+			w.eq.read = read(w.eq.field) // evaluated without the map of members
+		} else {
+			p.needsEnv = true
 		}
-		p.needsEnv = true
 		for _, path := range w.paths {
 			if i := read(path[0]); !seen[i] {
 				seen[i] = true
@@ -90,6 +90,7 @@ func (p *Pipeline) indexFields() {
 			}
 		}
 	}
+	p.hasFilters = len(filters) > 0
 }
 
 // maxStackReads is how many read members an event's scan keeps without
@@ -104,6 +105,9 @@ type fields struct {
 	// (Neither the event nor what filters see are kept here: escape
 	// analysis would move vals' array to the heap with them.)
 	notObject bool
+	// noFilterFields is set when a member a filter reads could not be
+	// decoded during a replay: the filters then see no member.
+	noFilterFields bool
 }
 
 // scanFields finds the members p reads in raw, a JSON object (raw[0] ==
@@ -195,9 +199,12 @@ func putEnv(env map[string]any) {
 }
 
 // filterEnv is what where filters evaluate: the members they name, decoded;
-// or, if a filter reads fields it does not name ($env[expr]), all of those
-// of raw, the event. A value that cannot be decoded (a number out of range)
-// is a *FieldError.
+// or, if a filter reads fields it does not name ($env[expr], "x" in $env),
+// all of those of raw, the event. A value that cannot be decoded (a number
+// out of range) is a *FieldError, whether or not a filter decodes it: if
+// every filter is a textEq, none does, and the members are only checked
+// (nil map), so that an event is refused or its filters see nothing just as
+// when each member was decoded.
 func (f *fields) filterEnv(raw []byte) (map[string]any, error) {
 	if f.p.dynamicEnv {
 		env := map[string]any{}
@@ -208,17 +215,40 @@ func (f *fields) filterEnv(raw []byte) (map[string]any, error) {
 		}
 		return env, nil
 	}
-	env := envs.Get().(map[string]any)
+	var env map[string]any
+	if f.p.needsEnv {
+		env = envs.Get().(map[string]any)
+	}
 	for _, i := range f.p.envReads {
-		if v := f.vals[i]; v != nil {
-			d, err := decodeValue(v)
-			if err != nil {
+		v := f.vals[i]
+		if v == nil {
+			continue
+		}
+		if env == nil {
+			if err := checkDecodes(v); err != nil {
 				return nil, &FieldError{Field: f.p.reads[i], Reason: err.Error()}
 			}
-			env[f.p.reads[i]] = d
+			continue
 		}
+		d, err := decodeValue(v)
+		if err != nil {
+			putEnv(env)
+			return nil, &FieldError{Field: f.p.reads[i], Reason: err.Error()}
+		}
+		env[f.p.reads[i]] = d
 	}
 	return env, nil
+}
+
+// checkDecodes fails where decodeValue would, without decoding a string
+// or a literal (which always decode).
+func checkDecodes(v []byte) error {
+	switch v[0] {
+	case '"', 't', 'f', 'n':
+		return nil
+	}
+	_, err := decodeValue(v)
+	return err
 }
 
 // eachMember calls fn with the raw name (quotes included) and raw value of

@@ -163,7 +163,8 @@ type Pipeline struct {
 	aggRefs                []fieldRef // by aggregate
 	envReads               []int      // the members the filters name
 	dynamicEnv             bool       // a filter may read any member
-	needsEnv               bool       // a filter is evaluated on the members decoded (filterEnv)
+	hasFilters             bool
+	needsEnv               bool // a filter is evaluated on the members decoded (filterEnv), not only textEq ones
 
 	fingerprint uint64 // see Fingerprint
 }

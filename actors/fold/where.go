@@ -182,6 +182,9 @@ func memberPath(n *ast.MemberNode) []string {
 // its field if it is a textEq, else on env (filterEnv).
 func (w *where) eval(f *fields, env map[string]any) (bool, error) {
 	if w.eq != nil {
+		if f.noFilterFields {
+			return w.eq.matchRaw(nil), nil
+		}
 		return w.eq.matchRaw(f.vals[w.eq.read]), nil
 	}
 	return w.match(env)
