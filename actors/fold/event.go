@@ -71,13 +71,8 @@ func (p *Pipeline) prepare(ev *Event, raw []byte, contrib []contribution) error 
 	if p.join != nil {
 		return ErrJoinIngest
 	}
-	obj := bytes.TrimSpace(raw)
 	var buf [maxStackReads][]byte
-	var f fields
-	valid := false
-	if len(obj) > 0 && obj[0] == '{' {
-		f, valid = p.scanFields(obj, &buf)
-	}
+	f, valid := p.scanFields(raw, &buf)
 	if !valid {
 		var m map[string]any
 		err := json.Unmarshal(raw, &m) // for its message
@@ -110,19 +105,10 @@ func (p *Pipeline) prepare(ev *Event, raw []byte, contrib []contribution) error 
 func (p *Pipeline) Replay(raw []byte, key string) *Event {
 	ev := &Event{Raw: raw, Key: key}
 	var buf [maxStackReads][]byte
-	var f fields
-	valid := false
-	if obj := bytes.TrimSpace(raw); len(obj) > 0 && obj[0] == '{' {
-		f, valid = p.scanFields(obj, &buf)
-	}
+	f, valid := p.scanFields(raw, &buf)
 	if !valid {
-		f = fields{p: p, notObject: true}
-		clear(buf[:]) // the members before the fault are not read
-		if len(p.reads) <= maxStackReads {
-			f.vals = buf[:len(p.reads)]
-		} else {
-			f.vals = make([][]byte, len(p.reads))
-		}
+		f.notObject = true
+		clear(f.vals) // the members before the fault are not read
 	}
 	_ = p.prepareRest(ev, &f, nil, false)
 	return ev

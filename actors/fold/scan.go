@@ -110,10 +110,10 @@ type fields struct {
 	noFilterFields bool
 }
 
-// scanFields finds the members p reads in raw, a JSON object (raw[0] ==
-// '{'), and reports whether raw is valid JSON (encoding/json.Valid); f is
-// only of use if it is. Like encoding/json decoding into a map, a member
-// given twice takes its last value.
+// scanFields finds the members p reads in raw, an event, and reports
+// whether raw is a JSON object (encoding/json.Valid, around spaces); f's
+// members are only of use if it is. Like encoding/json decoding into a map,
+// a member given twice takes its last value.
 func (p *Pipeline) scanFields(raw []byte, buf *[maxStackReads][]byte) (f fields, valid bool) {
 	f = fields{p: p}
 	if len(p.reads) <= maxStackReads {
@@ -121,7 +121,11 @@ func (p *Pipeline) scanFields(raw []byte, buf *[maxStackReads][]byte) (f fields,
 	} else {
 		f.vals = make([][]byte, len(p.reads))
 	}
-	valid = eachMember(raw, func(name, val []byte) {
+	obj := bytes.TrimSpace(raw)
+	if len(obj) == 0 || obj[0] != '{' {
+		return f, false
+	}
+	valid = eachMember(obj, func(name, val []byte) {
 		// The name is decoded once, not once per field read; p.reads holds
 		// each name once.
 		inner := name[1 : len(name)-1]
@@ -267,23 +271,15 @@ func eachMember(obj []byte, fn func(name, val []byte)) bool {
 		return skipWS(obj, i+1) == len(obj)
 	}
 	for {
-		if i >= len(obj) || obj[i] != '"' {
+		nameEnd, start := memberStart(obj, i)
+		if start < 0 {
 			return false
 		}
-		nameEnd := stringEnd(obj, i)
-		if nameEnd < 0 {
-			return false
-		}
-		name := obj[i:nameEnd]
-		if i = skipWS(obj, nameEnd); i >= len(obj) || obj[i] != ':' {
-			return false
-		}
-		start := skipWS(obj, i+1)
 		end := valueEnd(obj, start, 1)
 		if end < 0 {
 			return false
 		}
-		fn(name, obj[start:end])
+		fn(obj[i:nameEnd], obj[start:end])
 		switch i = skipWS(obj, end); {
 		case i >= len(obj):
 			return false
@@ -302,7 +298,7 @@ func eachMember(obj []byte, fn func(name, val []byte)) bool {
 func memberValue(obj []byte, name string) []byte {
 	var v []byte
 	eachMember(obj, func(n, val []byte) {
-		if memberIs(n, name) {
+		if decodesTo(n, name) {
 			v = val
 		}
 	})
@@ -319,8 +315,9 @@ func decodeName(raw []byte) ([]byte, bool) {
 	return []byte(name), true
 }
 
-// memberIs reports whether the raw member name (quoted) decodes to s.
-func memberIs(raw []byte, s string) bool {
+// decodesTo reports whether raw, a JSON string (quoted, a member's name
+// or a value), decodes to s, without a string when it is literal.
+func decodesTo(raw []byte, s string) bool {
 	if inner := raw[1 : len(raw)-1]; literal(inner) {
 		return string(inner) == s
 	}
@@ -479,7 +476,7 @@ func containerEnd(b []byte, i, depth int) int {
 				i++
 			} else {
 				if c == '{' {
-					if i = memberStart(b, i); i < 0 {
+					if _, i = memberStart(b, i); i < 0 {
 						return -1
 					}
 				}
@@ -500,7 +497,7 @@ func containerEnd(b []byte, i, depth int) int {
 			if b[i] == ',' {
 				i = skipWS(b, i+1)
 				if top == '{' {
-					if i = memberStart(b, i); i < 0 {
+					if _, i = memberStart(b, i); i < 0 {
 						return -1
 					}
 				}
@@ -516,19 +513,19 @@ func containerEnd(b []byte, i, depth int) int {
 	}
 }
 
-// memberStart reads a member's name and colon at b[i] and returns where its
-// value starts, or -1.
-func memberStart(b []byte, i int) int {
+// memberStart reads a member's name and colon at b[i] and returns where the
+// name ends and where the value starts (value -1 if they are not there).
+func memberStart(b []byte, i int) (nameEnd, value int) {
 	if i >= len(b) || b[i] != '"' {
-		return -1
+		return 0, -1
 	}
-	if i = stringEnd(b, i); i < 0 {
-		return -1
+	if nameEnd = stringEnd(b, i); nameEnd < 0 {
+		return 0, -1
 	}
-	if i = skipWS(b, i); i >= len(b) || b[i] != ':' {
-		return -1
+	if i = skipWS(b, nameEnd); i >= len(b) || b[i] != ':' {
+		return 0, -1
 	}
-	return skipWS(b, i+1)
+	return nameEnd, skipWS(b, i+1)
 }
 
 // decodeValue decodes one valid raw JSON value as encoding/json decodes it

@@ -42,14 +42,7 @@ type textEq struct {
 // matchRaw evaluates the filter on the field's raw JSON value (nil if
 // absent), which the event's scan found valid.
 func (e *textEq) matchRaw(raw []byte) bool {
-	equal := false
-	if len(raw) > 0 && raw[0] == '"' {
-		if inner := raw[1 : len(raw)-1]; literal(inner) {
-			equal = string(inner) == e.text
-		} else {
-			equal = looseString(raw) == e.text
-		}
-	}
+	equal := len(raw) > 0 && raw[0] == '"' && decodesTo(raw, e.text)
 	return equal != e.neg
 }
 
