@@ -256,7 +256,25 @@ func (p *Peers) Retain(members []string) {
 	}
 	p.mu.Unlock()
 	for _, pr := range gone {
-		go p.closePeer(pr, pr.conn.GetState() != connectivity.Ready)
+		go func() { p.closePeer(pr, !connected(pr.conn)) }()
+	}
+}
+
+// connected reports whether conn is connected to its peer. gRPC hands a
+// new connection to calls before it reports the channel ready
+// (ccBalancerWrapper.updateState: the picker, then the state), so a call
+// can be on the wire while the channel still says Connecting: that state
+// is waited out, for a second at most, before the answer. (Read at once,
+// it cut a call in flight to a peer that was leaving gracefully, now and
+// then: TestRetainLetsAnsweringPeerFinish on a loaded machine.)
+func connected(conn *grpc.ClientConn) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	for {
+		s := conn.GetState()
+		if s != connectivity.Connecting || !conn.WaitForStateChange(ctx, s) {
+			return s == connectivity.Ready
+		}
 	}
 }
 
