@@ -236,6 +236,7 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 	replies := make(chan snapshotReply, snapshotChunk)
 	var (
 		parked []*grain
+		direct []*grain      // active keys snapshotted under h.mu
 		moved  []spilledCopy // all of them
 	)
 	for len(keys) > 0 {
@@ -254,6 +255,7 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 			h.mu.Unlock()
 			return nil, nil, 0, err
 		}
+		direct = direct[:0]
 		for _, k := range chunk {
 			if k.spilled {
 				// It left memory into the spill since the checkpoint
@@ -277,9 +279,27 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 				h.unparkLocked(k)
 				h.holdLocked(k)
 				parked = append(parked, k)
-			default: // active or stopping
+			case k.tier == tierActive && !k.pipeline.HasHandler() && k.sh.mb.idle():
+				// Its actor is done with it and nothing is on its way
+				// (what is sent to a key is sent under h.mu): snapshotted
+				// here, below, as a parked key is, instead of through a
+				// message, a mailbox run and a reply (BENCHMARKS.md,
+				// session 30). (A Go handler's codec runs on its actor.)
+				direct = append(direct, k)
+			case k.tier == tierActive:
+				// Not a use of the key: its place in the order of use
+				// stays (deliverLocked would make it the most recent).
+				k.sh.send(&snapshotMsg{reply: replies})
+				asked++
+			default: // stopping: it waits for the next actor, or the park
 				h.deliverLocked(k, &snapshotMsg{reply: replies})
 				asked++
+			}
+		}
+		for _, k := range direct {
+			if err := add(k.snapshot()); err != nil {
+				h.mu.Unlock()
+				return nil, nil, 0, err
 			}
 		}
 		h.mu.Unlock()

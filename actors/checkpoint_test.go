@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/persistence/faultstore"
 )
 
@@ -198,5 +199,43 @@ func TestCheckpointRecordsFollowBytes(t *testing.T) {
 		if got != c.wantRecords {
 			t.Errorf("CheckpointBytes %d, CheckpointRecords %d: %d records, want %d", c.bytes, c.records, got, c.wantRecords)
 		}
+	}
+}
+
+// A checkpoint is not a use of the keys it snapshots: the least recently
+// used key is still the one passivated after it. (Snapshots went to active
+// keys as messages that made each the most recently used, so a key used
+// long ago but changed since the last checkpoint outlived one used after
+// it.) Both ways a checkpoint snapshots an active key are covered: itself,
+// while the key's actor is idle, and through the actor (always, for a
+// pipeline with a Go handler, whose codec runs on the actor).
+func TestCheckpointIsNotAUse(t *testing.T) {
+	handled, err := fold.Compile("p", fold.Spec{Key: "k", Aggregates: map[string]fold.AggregateSpec{"n": {Op: "count"}}, Handler: flaky{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, ps := range map[string]map[string]*fold.Pipeline{"idle": pipelines(t), "through the actor": {"p": handled}} {
+		t.Run(name, func(t *testing.T) {
+			hs := start(t, openStore(t, t.TempDir()), actors.Config{Pipelines: ps, Groups: 1, MaxActive: 3, IdleTimeout: time.Hour, CheckpointInterval: time.Hour})
+			defer hs.shutdown()
+			for _, k := range []string{"a", "b", "c", "a"} { // used last: a; least recently: b
+				hs.ingest(event(k, "", 1))
+			}
+			if err := actors.Checkpoint(hs.host, context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if st := hs.host.Stats(); st.DirtyKeys != 0 {
+				t.Fatalf("%d keys dirty after the checkpoint", st.DirtyKeys)
+			}
+			hs.ingest(event("d", "", 1)) // one more than MaxActive: the least recently used goes
+			eventually(t, "a key to be passivated", func() bool {
+				return !actors.Active(hs.host, "p", "a") || !actors.Active(hs.host, "p", "b") || !actors.Active(hs.host, "p", "c")
+			})
+			for k, want := range map[string]bool{"a": true, "b": false, "c": true, "d": true} {
+				if got := actors.Active(hs.host, "p", k); got != want {
+					t.Errorf("key %s active %v after the checkpoint and a new key, want %v", k, got, want)
+				}
+			}
+		})
 	}
 }

@@ -115,3 +115,11 @@ func CheckRegistry(h *Host) error {
 	}
 	return nil
 }
+
+// Active reports whether a key has an actor.
+func Active(h *Host, pipeline, key string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	g := h.lookupLocked(keyID{pipeline, key}, h.GroupOf(pipeline, key))
+	return g != nil && g.tier == tierActive
+}
