@@ -61,6 +61,10 @@ func (h *Host) checkpoint(ctx context.Context) error {
 const (
 	snapshotChunk       = 256
 	snapshotParallelism = 4
+	// directPerLock bounds the active keys a checkpoint snapshots itself
+	// (snapshotKeys) in one hold of h.mu: at ten thousand keys each
+	// encodes a part of up to 256 remembered ids.
+	directPerLock = 16
 )
 
 // written is what a key is told once its snapshot is stored.
@@ -211,8 +215,11 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 // key is to be told once they are stored, and the keys written from the
 // spill they went to meanwhile. A key no longer dirty is skipped. A parked
 // key is snapshotted here, without an actor: meanwhile it is held as if
-// stopping, so what is sent to it waits (resident.go). errDropped: the
-// group was lost meanwhile.
+// stopping, so what is sent to it waits (resident.go); and it is parked
+// again whatever happens. An active key whose actor is idle is snapshotted
+// here too, under h.mu (nothing can reach its actor meanwhile); the others
+// are asked through their actors. errDropped: the group was lost
+// meanwhile.
 func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epoch, keys []*grain, spilled []*spillArena, d *checkpointData) (_ []written, _ []spilledCopy, fromSpill int, _ error) {
 	select {
 	case h.snapshotting <- struct{}{}:
@@ -236,7 +243,6 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 	replies := make(chan snapshotReply, snapshotChunk)
 	var (
 		parked []*grain
-		direct []*grain      // active keys snapshotted under h.mu
 		moved  []spilledCopy // all of them
 	)
 	for len(keys) > 0 {
@@ -247,16 +253,19 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 		asked := 0
 		h.mu.Lock()
 		gs := &h.groups[g]
-		if !gs.ready || gs.epoch != epoch {
-			h.mu.Unlock()
-			return nil, nil, 0, errDropped
-		}
-		if err := goneDirty(chunk); err != nil {
-			h.mu.Unlock()
-			return nil, nil, 0, err
-		}
-		direct = direct[:0]
-		for _, k := range chunk {
+		err := chunkErrLocked(gs, epoch, chunk)
+		direct := 0 // snapshotted here since h.mu was taken
+		for i := 0; err == nil && i < len(chunk); i++ {
+			if direct == directPerLock {
+				// h.mu is also what commits wait for: let them in between.
+				h.mu.Unlock()
+				h.mu.Lock()
+				direct = 0
+				if err = chunkErrLocked(gs, epoch, chunk[i:]); err != nil {
+					break
+				}
+			}
+			k := chunk[i]
 			if k.spilled {
 				// It left memory into the spill since the checkpoint
 				// began: it is written from where it is now, its grain
@@ -268,8 +277,8 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 					moved = append(moved, spilledCopy{k.id, slices.Clone(at.e.value), at.e.lastNow, at.a.id, at.off})
 					continue
 				} else {
-					h.mu.Unlock()
-					return nil, nil, 0, fmt.Errorf("actors: changed key %s/%s left the spill unsaved", k.id.pipeline, k.id.key)
+					err = fmt.Errorf("actors: changed key %s/%s left the spill unsaved", k.id.pipeline, k.id.key)
+					break
 				}
 			}
 			switch {
@@ -282,10 +291,12 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 			case k.tier == tierActive && !k.pipeline.HasHandler() && k.sh.mb.idle():
 				// Its actor is done with it and nothing is on its way
 				// (what is sent to a key is sent under h.mu): snapshotted
-				// here, below, as a parked key is, instead of through a
-				// message, a mailbox run and a reply (BENCHMARKS.md,
-				// session 30). (A Go handler's codec runs on its actor.)
-				direct = append(direct, k)
+				// here, as a parked key is, instead of through a message,
+				// a mailbox run and a reply (BENCHMARKS.md, session 30).
+				// (Not a Go handler's key: its codec is the user's code,
+				// kept from under h.mu.)
+				err = add(k.snapshot())
+				direct++
 			case k.tier == tierActive:
 				// Not a use of the key: its place in the order of use
 				// stays (deliverLocked would make it the most recent).
@@ -296,33 +307,31 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 				asked++
 			}
 		}
-		for _, k := range direct {
-			if err := add(k.snapshot()); err != nil {
-				h.mu.Unlock()
-				return nil, nil, 0, err
-			}
-		}
 		h.mu.Unlock()
 		for _, m := range moved[movedNow:] {
-			if err := h.snapshotEntry(m.id, m.value, m.lastNow, d); err != nil {
-				return nil, nil, 0, fmt.Errorf("%w: %w", errSpillBroken, err)
+			if err != nil {
+				break
+			}
+			if e := h.snapshotEntry(m.id, m.value, m.lastNow, d); e != nil {
+				err = fmt.Errorf("%w: %w", errSpillBroken, e)
+			}
+		}
+		for _, pg := range parked {
+			if err == nil {
+				err = add(pg.snapshot())
 			}
 		}
 		if len(parked) > 0 {
-			var err error
-			for _, pg := range parked {
-				if err == nil {
-					err = add(pg.snapshot())
-				}
-			}
+			// Back, also after an error (held, what is sent to them would
+			// wait for good), or to a new actor if inputs waited.
 			h.mu.Lock()
 			for _, pg := range parked {
-				h.parkLocked(pg) // back (also after an error), or to a new actor if inputs waited
+				h.parkLocked(pg)
 			}
 			h.mu.Unlock()
-			if err != nil {
-				return nil, nil, 0, err
-			}
+		}
+		if err != nil {
+			return nil, nil, 0, err
 		}
 		for range asked {
 			select {
@@ -390,6 +399,16 @@ func appendSnapshot(d *checkpointData, r *snapshotReply) {
 // whose activation failed (broken: its group is being lost), as a dirty key
 // leaves memory only with its group: its changes are only in the log,
 // which must stay. h.mu must be held.
+// chunkErrLocked reports why a checkpoint of group gs, in epoch, cannot go
+// on with keys: the group was dropped (errDropped), or one of them left
+// memory unsaved. h.mu must be held.
+func chunkErrLocked(gs *groupState, epoch persistence.Epoch, keys []*grain) error {
+	if !gs.ready || gs.epoch != epoch {
+		return errDropped
+	}
+	return goneDirty(keys)
+}
+
 func goneDirty(keys []*grain) error {
 	for _, k := range keys {
 		if k.dirtyIdx != 0 && k.tier == tierGone {

@@ -10,8 +10,10 @@
 //
 // Ordering: one commit loop appends records and hands each key its inputs
 // in log order, so a key applies its events in the order of its group's log.
-// Queries and snapshot requests travel through the same mailboxes, so a
-// query sees every event acknowledged before it was sent.
+// Queries travel through the same mailboxes, so a query sees every event
+// acknowledged before it was sent; so do a checkpoint's snapshot requests,
+// but for keys whose actor is idle (everything sent to them was
+// processed), which the checkpoint snapshots itself.
 //
 // Joins: a join is a pipeline of its own keys (fold.CompileJoin). An event
 // is logged once, under its pipeline; the commit loop, after the append,

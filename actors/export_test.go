@@ -123,3 +123,16 @@ func Active(h *Host, pipeline, key string) bool {
 	g := h.lookupLocked(keyID{pipeline, key}, h.GroupOf(pipeline, key))
 	return g != nil && g.tier == tierActive
 }
+
+// Break makes a key in memory fail as one whose activation failed does
+// (grain.broken), without losing its group.
+func Break(h *Host, pipeline, key string, err error) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	g := h.lookupLocked(keyID{pipeline, key}, h.GroupOf(pipeline, key))
+	if g == nil {
+		return false
+	}
+	g.broken = err
+	return true
+}

@@ -89,7 +89,9 @@ type KeyView struct {
 }
 
 // grain is one key in memory: it owns the key's fold.State, and only the
-// key's actor (its shell, shell.go) touches it while the key is active.
+// key's actor (its shell, shell.go) touches it while the key is active,
+// but for a checkpoint's snapshot while that actor is idle, taken under
+// h.mu, by which anything would reach the actor (snapshotKeys).
 type grain struct {
 	host     *Host
 	id       keyID

@@ -58,7 +58,8 @@ func (m *grainMailbox) scheduleLocked() {
 // waits: then the last message it was sent has been processed, and its
 // effects are visible to the caller (both hold m.mu). Whether it stays
 // idle is the caller's to ensure: the host posts a key's messages under
-// h.mu, and checks this under h.mu (stopLocked).
+// h.mu, and checks this under h.mu (stopLocked, and snapshotKeys, which
+// then snapshots the grain itself).
 func (m *grainMailbox) idle() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -10,8 +10,9 @@ import (
 //
 // A key in use has an actor of its own (a protoactor-go actor: a mailbox
 // and a run at a time on the dispatcher's workers), and only that actor
-// touches the key's grain: it applies the key's inputs one message at a
-// time, in the order they were sent. The actor is not tied to the key for
+// changes the key's grain: it applies the key's inputs one message at a
+// time, in the order they were sent. (A checkpoint snapshots the grain of
+// an idle actor itself, under h.mu: checkpoint.go.) The actor is not tied to the key for
 // life, though. When a key passivates, its actor processes the messages
 // sent before the passivation, parks the grain (resident.go) and goes back
 // to a pool; the next key to activate takes it from there. So an actor
