@@ -295,7 +295,7 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 				// a mailbox run and a reply (BENCHMARKS.md, session 30).
 				// (Not a Go handler's key: its codec is the user's code,
 				// kept from under h.mu.)
-				err = add(k.snapshot())
+				err = add(k.heldSnapshot())
 				direct++
 			case k.tier == tierActive:
 				// Not a use of the key: its place in the order of use
@@ -318,7 +318,7 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 		}
 		for _, pg := range parked {
 			if err == nil {
-				err = add(pg.snapshot())
+				err = add(pg.heldSnapshot())
 			}
 		}
 		if len(parked) > 0 {

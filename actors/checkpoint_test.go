@@ -2,9 +2,11 @@ package actors_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -266,5 +268,39 @@ func TestFailedCheckpointPutsParkedKeysBack(t *testing.T) {
 	}
 	if v := hs.query("a"); v.Seq != 2 || v.Aggregates["sum"] != float64(3) {
 		t.Fatalf("a = %+v, want both events", v)
+	}
+}
+
+// encodePanics is a Go handler whose state encoding panics once a key has
+// seen two events.
+type encodePanics struct{ flaky }
+
+func (encodePanics) EncodeState(v any) ([]byte, error) {
+	if v.(flakyState).N >= 2 {
+		panic("encoding the state")
+	}
+	return json.Marshal(v)
+}
+
+// A panic while a checkpoint snapshots a key without its actor (a parked
+// key) fails the host, as it does on the key's actor, instead of ending
+// the process; the keys it held are put back.
+func TestSnapshotPanicFailsTheHost(t *testing.T) {
+	p, err := fold.Compile("p", fold.Spec{Key: "k", Aggregates: map[string]fold.AggregateSpec{"n": {Op: "count"}}, Handler: encodePanics{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := start(t, openStore(t, t.TempDir()), actors.Config{Pipelines: map[string]*fold.Pipeline{"p": p}, Groups: 1, MaxActive: 1, IdleTimeout: time.Hour, CheckpointInterval: time.Hour})
+	defer hs.shutdown()
+	hs.ingest(event("a", "", 1), event("a", "", 2)) // a's state now panics to encode
+	hs.ingest(event("b", "", 1))                    // a is passivated, changed: parked
+	eventually(t, "a to be parked", func() bool {
+		return !actors.Active(hs.host, "p", "a") && actors.InMemory(hs.host, "p", "a")
+	})
+	if err := actors.Checkpoint(hs.host, context.Background()); err == nil || !strings.Contains(err.Error(), "panicked") {
+		t.Fatalf("checkpoint: %v, want the panic as an error", err)
+	}
+	if err := hs.host.Err(); !errors.Is(err, actors.ErrFailed) {
+		t.Fatalf("host error %v, want it failed", err)
 	}
 }

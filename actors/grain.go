@@ -367,6 +367,23 @@ func (g *grain) query() queryReply {
 	return queryReply{view: v}
 }
 
+// heldSnapshot is snapshot for a checkpoint that holds the grain itself
+// (a parked key, or an active one whose actor is idle, snapshotKeys): a
+// panic (a Go handler's codec is the user's code) fails the host and the
+// key, as it does on the key's actor (shell.Receive), instead of ending
+// the process, and is the reply's error.
+func (g *grain) heldSnapshot() (r snapshotReply) {
+	defer func() {
+		if p := recover(); p != nil {
+			err := fmt.Errorf("actors: grain %s/%s panicked: %v", g.id.pipeline, g.id.key, p)
+			g.broken = err
+			g.host.fail(err)
+			r = snapshotReply{g: g, err: err}
+		}
+	}()
+	return g.snapshot()
+}
+
 func (g *grain) snapshot() snapshotReply {
 	r := snapshotReply{g: g, pos: g.pos}
 	if g.broken != nil {
