@@ -304,3 +304,30 @@ func TestSnapshotPanicFailsTheHost(t *testing.T) {
 		t.Fatalf("host error %v, want it failed", err)
 	}
 }
+
+// jsonPanics is a Go handler whose state rendering panics.
+type jsonPanics struct{ flaky }
+
+func (jsonPanics) StateJSON(any) ([]byte, error) { panic("rendering the state") }
+
+// A panic while the host answers a query of a parked key itself (no actor
+// runs it) fails the host, as on the key's actor, instead of ending the
+// process.
+func TestParkedQueryPanicFailsTheHost(t *testing.T) {
+	p, err := fold.Compile("p", fold.Spec{Key: "k", Aggregates: map[string]fold.AggregateSpec{"n": {Op: "count"}}, Handler: jsonPanics{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := start(t, openStore(t, t.TempDir()), actors.Config{Pipelines: map[string]*fold.Pipeline{"p": p}, Groups: 1, MaxActive: 1, IdleTimeout: time.Hour, CheckpointInterval: time.Hour})
+	defer hs.shutdown()
+	hs.ingest(event("a", "", 1))
+	hs.ingest(event("b", "", 1)) // a is passivated: parked
+	eventually(t, "a to be parked", func() bool {
+		return !actors.Active(hs.host, "p", "a") && actors.InMemory(hs.host, "p", "a")
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := hs.host.Query(ctx, "p", "a"); !errors.Is(err, actors.ErrFailed) {
+		t.Fatalf("query: %v, want the host failed", err)
+	}
+}

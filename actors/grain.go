@@ -367,21 +367,40 @@ func (g *grain) query() queryReply {
 	return queryReply{view: v}
 }
 
+// panicked fails the host and the key after a panic p in the grain's code
+// (a Go handler's codec is the user's), as shell.Receive does on the key's
+// actor, and returns the error.
+func (g *grain) panicked(p any) error {
+	err := fmt.Errorf("actors: grain %s/%s panicked: %v", g.id.pipeline, g.id.key, p)
+	g.broken = err
+	g.host.fail(err)
+	return err
+}
+
 // heldSnapshot is snapshot for a checkpoint that holds the grain itself
 // (a parked key, or an active one whose actor is idle, snapshotKeys): a
-// panic (a Go handler's codec is the user's code) fails the host and the
-// key, as it does on the key's actor (shell.Receive), instead of ending
-// the process, and is the reply's error.
+// panic fails the host and the key instead of ending the process, and is
+// the reply's error.
 func (g *grain) heldSnapshot() (r snapshotReply) {
 	defer func() {
 		if p := recover(); p != nil {
-			err := fmt.Errorf("actors: grain %s/%s panicked: %v", g.id.pipeline, g.id.key, p)
-			g.broken = err
-			g.host.fail(err)
-			r = snapshotReply{g: g, err: err}
+			r = snapshotReply{g: g, err: g.panicked(p)}
 		}
 	}()
 	return g.snapshot()
+}
+
+// handleHeld is handle for what the host answers itself, under h.mu, for a
+// key no actor runs (a query of a parked key, what waited for a stopping
+// one: resident.go): a panic fails the host and the key instead of ending
+// the process (whoever waits for the answer sees the host fail).
+func (g *grain) handleHeld(m any) {
+	defer func() {
+		if p := recover(); p != nil {
+			g.panicked(p)
+		}
+	}()
+	g.handle(m)
 }
 
 func (g *grain) snapshot() snapshotReply {

@@ -602,7 +602,7 @@ func (h *Host) sendRead(pipeline, key string, msg any) error {
 	q, query := msg.(*queryMsg)
 	if k := h.lookupLocked(id, g); query && k != nil && k.tier == tierParked {
 		// Nothing else touches a parked key: it needs no actor to answer.
-		q.reply <- k.query()
+		k.handleHeld(q)
 	} else {
 		h.sendLocked(id, g, msg)
 	}

@@ -138,7 +138,7 @@ func (h *Host) parkLocked(g *grain) {
 			g.broken = errDropped
 		}
 		for _, m := range st.waiting {
-			g.handle(m)
+			g.handleHeld(m)
 		}
 		g.leaveMemory()
 		return
@@ -153,7 +153,7 @@ func (h *Host) parkLocked(g *grain) {
 			}
 			return
 		}
-		g.handle(m) // a snapshot, a query: no actor needed
+		g.handleHeld(m) // a snapshot, a query: no actor needed
 	}
 	g.rlist = rlistClean
 	if g.dirtyIdx != 0 {

@@ -68,9 +68,7 @@ func (s *shell) Receive(c actor.Context) {
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			err := fmt.Errorf("actors: grain %s/%s panicked: %v", g.id.pipeline, g.id.key, r)
-			g.broken = err
-			s.h.fail(err)
+			g.panicked(r)
 		}
 	}()
 	g.activate() // the grain's first message loads its state (a no-op after)
