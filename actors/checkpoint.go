@@ -308,11 +308,8 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 			}
 		}
 		h.mu.Unlock()
-		for _, m := range moved[movedNow:] {
-			if err != nil {
-				break
-			}
-			if e := h.snapshotEntry(m.id, m.value, m.lastNow, d); e != nil {
+		for i := movedNow; err == nil && i < len(moved); i++ {
+			if e := h.snapshotEntry(moved[i].id, moved[i].value, moved[i].lastNow, d); e != nil {
 				err = fmt.Errorf("%w: %w", errSpillBroken, e)
 			}
 		}
@@ -395,10 +392,6 @@ func appendSnapshot(d *checkpointData, r *snapshotReply) {
 	}
 }
 
-// goneDirty fails if a dirty key left memory. That happens only to a key
-// whose activation failed (broken: its group is being lost), as a dirty key
-// leaves memory only with its group: its changes are only in the log,
-// which must stay. h.mu must be held.
 // chunkErrLocked reports why a checkpoint of group gs, in epoch, cannot go
 // on with keys: the group was dropped (errDropped), or one of them left
 // memory unsaved. h.mu must be held.
@@ -409,6 +402,10 @@ func chunkErrLocked(gs *groupState, epoch persistence.Epoch, keys []*grain) erro
 	return goneDirty(keys)
 }
 
+// goneDirty fails if a dirty key left memory. That happens only to a key
+// whose activation failed (broken: its group is being lost), as a dirty key
+// leaves memory only with its group: its changes are only in the log,
+// which must stay. h.mu must be held.
 func goneDirty(keys []*grain) error {
 	for _, k := range keys {
 		if k.dirtyIdx != 0 && k.tier == tierGone {

@@ -212,11 +212,7 @@ func TestCheckpointRecordsFollowBytes(t *testing.T) {
 // while the key's actor is idle, and through the actor (always, for a
 // pipeline with a Go handler, whose codec runs on the actor).
 func TestCheckpointIsNotAUse(t *testing.T) {
-	handled, err := fold.Compile("p", fold.Spec{Key: "k", Aggregates: map[string]fold.AggregateSpec{"n": {Op: "count"}}, Handler: flaky{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, ps := range map[string]map[string]*fold.Pipeline{"idle": pipelines(t), "through the actor": {"p": handled}} {
+	for name, ps := range map[string]map[string]*fold.Pipeline{"idle": pipelines(t), "through the actor": handlerPipelines(t, flaky{})} {
 		t.Run(name, func(t *testing.T) {
 			hs := start(t, openStore(t, t.TempDir()), actors.Config{Pipelines: ps, Groups: 1, MaxActive: 3, IdleTimeout: time.Hour, CheckpointInterval: time.Hour})
 			defer hs.shutdown()
@@ -242,18 +238,37 @@ func TestCheckpointIsNotAUse(t *testing.T) {
 	}
 }
 
+// handlerPipelines is the pipeline "p" of key "k" counting its events,
+// with a Go handler.
+func handlerPipelines(t *testing.T, h fold.Handler) map[string]*fold.Pipeline {
+	t.Helper()
+	p, err := fold.Compile("p", fold.Spec{Key: "k", Aggregates: map[string]fold.AggregateSpec{"n": {Op: "count"}}, Handler: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string]*fold.Pipeline{"p": p}
+}
+
+// startParked starts a host of one group and one active key on ps, applies
+// events (of key a) and then one event of key b, which parks a, changed.
+func startParked(t *testing.T, ps map[string]*fold.Pipeline, events ...[]byte) *harness {
+	t.Helper()
+	hs := start(t, openStore(t, t.TempDir()), actors.Config{Pipelines: ps, Groups: 1, MaxActive: 1, IdleTimeout: time.Hour, CheckpointInterval: time.Hour})
+	hs.ingest(events...)
+	hs.ingest(event("b", "", 1))
+	eventually(t, "a to be parked", func() bool {
+		return !actors.Active(hs.host, "p", "a") && actors.InMemory(hs.host, "p", "a")
+	})
+	return hs
+}
+
 // A checkpoint that fails on one key puts back the parked keys it held to
 // snapshot: what is sent to them afterwards is applied, not left waiting
 // for good. (The failing key here is active and idle, snapshotted by the
 // checkpoint itself after the parked key was taken out of the tier.)
 func TestFailedCheckpointPutsParkedKeysBack(t *testing.T) {
-	hs := start(t, openStore(t, t.TempDir()), actors.Config{Groups: 1, MaxActive: 1, IdleTimeout: time.Hour, CheckpointInterval: time.Hour})
+	hs := startParked(t, nil, event("a", "", 1))
 	defer hs.shutdown()
-	hs.ingest(event("a", "", 1))
-	hs.ingest(event("b", "", 1)) // a is passivated, changed: parked dirty
-	eventually(t, "a to be parked", func() bool {
-		return !actors.Active(hs.host, "p", "a") && actors.InMemory(hs.host, "p", "a")
-	})
 	broken := errors.New("injected: b's activation failed")
 	if !actors.Break(hs.host, "p", "b", broken) {
 		t.Fatal("b is not in memory")
@@ -286,17 +301,8 @@ func (encodePanics) EncodeState(v any) ([]byte, error) {
 // key) fails the host, as it does on the key's actor, instead of ending
 // the process; the keys it held are put back.
 func TestSnapshotPanicFailsTheHost(t *testing.T) {
-	p, err := fold.Compile("p", fold.Spec{Key: "k", Aggregates: map[string]fold.AggregateSpec{"n": {Op: "count"}}, Handler: encodePanics{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := start(t, openStore(t, t.TempDir()), actors.Config{Pipelines: map[string]*fold.Pipeline{"p": p}, Groups: 1, MaxActive: 1, IdleTimeout: time.Hour, CheckpointInterval: time.Hour})
+	hs := startParked(t, handlerPipelines(t, encodePanics{}), event("a", "", 1), event("a", "", 2)) // a's state panics to encode
 	defer hs.shutdown()
-	hs.ingest(event("a", "", 1), event("a", "", 2)) // a's state now panics to encode
-	hs.ingest(event("b", "", 1))                    // a is passivated, changed: parked
-	eventually(t, "a to be parked", func() bool {
-		return !actors.Active(hs.host, "p", "a") && actors.InMemory(hs.host, "p", "a")
-	})
 	if err := actors.Checkpoint(hs.host, context.Background()); err == nil || !strings.Contains(err.Error(), "panicked") {
 		t.Fatalf("checkpoint: %v, want the panic as an error", err)
 	}
@@ -314,17 +320,8 @@ func (jsonPanics) StateJSON(any) ([]byte, error) { panic("rendering the state") 
 // runs it) fails the host, as on the key's actor, instead of ending the
 // process.
 func TestParkedQueryPanicFailsTheHost(t *testing.T) {
-	p, err := fold.Compile("p", fold.Spec{Key: "k", Aggregates: map[string]fold.AggregateSpec{"n": {Op: "count"}}, Handler: jsonPanics{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := start(t, openStore(t, t.TempDir()), actors.Config{Pipelines: map[string]*fold.Pipeline{"p": p}, Groups: 1, MaxActive: 1, IdleTimeout: time.Hour, CheckpointInterval: time.Hour})
+	hs := startParked(t, handlerPipelines(t, jsonPanics{}), event("a", "", 1))
 	defer hs.shutdown()
-	hs.ingest(event("a", "", 1))
-	hs.ingest(event("b", "", 1)) // a is passivated: parked
-	eventually(t, "a to be parked", func() bool {
-		return !actors.Active(hs.host, "p", "a") && actors.InMemory(hs.host, "p", "a")
-	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := hs.host.Query(ctx, "p", "a"); !errors.Is(err, actors.ErrFailed) {

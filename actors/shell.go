@@ -12,8 +12,8 @@ import (
 // and a run at a time on the dispatcher's workers), and only that actor
 // changes the key's grain: it applies the key's inputs one message at a
 // time, in the order they were sent. (A checkpoint snapshots the grain of
-// an idle actor itself, under h.mu: checkpoint.go.) The actor is not tied to the key for
-// life, though. When a key passivates, its actor processes the messages
+// an idle actor itself, under h.mu: checkpoint.go.) The actor is not tied
+// to the key for life, though. When a key passivates, its actor processes the messages
 // sent before the passivation, parks the grain (resident.go) and goes back
 // to a pool; the next key to activate takes it from there. So an actor
 // (a shell) runs one key at a time, and an activation costs a message
