@@ -58,9 +58,30 @@ func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string
 		return nil, err
 	}
 	snaps := make([]*keyfoldv1.Snapshot, len(ids))
-	var bucketNames []string
+	out := make([]loaded, len(ids))
+	var (
+		bucketNames []string
+		foreign     []int // packed by another shape than their pipeline's
+	)
 	for i, data := range datas {
 		if data == nil {
+			continue
+		}
+		if isPacked(data) {
+			ps, err := parsePacked(data)
+			if err != nil {
+				return nil, fmt.Errorf("snapshot of %s/%s: %w", ids[i].pipeline, ids[i].key, err)
+			}
+			p := pipelines[ids[i].pipeline]
+			if _, own := p.Shape(); !p.PacksState() || own != ps.shape {
+				foreign = append(foreign, i)
+				continue
+			}
+			state, err := p.UnpackState(ps.state)
+			if err != nil {
+				return nil, fmt.Errorf("snapshot of %s/%s: %w", ids[i].pipeline, ids[i].key, err)
+			}
+			out[i] = loaded{found: true, state: &state, pos: ps.pos}
 			continue
 		}
 		var snap keyfoldv1.Snapshot
@@ -87,7 +108,9 @@ func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string
 			}
 		}
 	}
-	out := make([]loaded, len(ids))
+	if err := loadForeign(ctx, store, pipelines, g, ids, datas, foreign, out); err != nil {
+		return nil, err
+	}
 	for i, snap := range snaps {
 		if snap == nil {
 			continue

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/persistence"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"golang.org/x/sync/errgroup"
@@ -158,6 +159,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	}
 	// The keys written join the group's filter before they are (and its
 	// changed layers are written with them): storedkeys.go.
+	d.addShapes()
 	layers := filter.addWritten(&d.CheckpointData, at)
 	wctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	err = h.store.Checkpoint(wctx, g, epoch, d.CheckpointData)
@@ -359,6 +361,21 @@ type spilledCopy struct {
 type checkpointData struct {
 	persistence.CheckpointData
 	names []byte // the names' bytes; only ever appended to
+	// shapes are the pipelines with a snapshot in the packed form among
+	// the snapshots: their shapes are written with them (addShapes).
+	shapes []*fold.Pipeline
+}
+
+// addShapes adds to d the shape of each pipeline a packed snapshot in it
+// was written with: the snapshot is read by name through it once the
+// pipeline's aggregates change (packed.go). A few dozen bytes per pipeline
+// and checkpoint, written again by each, so that no group's snapshot ever
+// names a shape its group does not hold, whoever wrote the group before.
+func (d *checkpointData) addShapes() {
+	for _, p := range d.shapes {
+		shape, id := p.Shape()
+		d.Snapshots = append(d.Snapshots, persistence.Snapshot{Key: shapeKey(p.Name(), id), Data: shape})
+	}
 }
 
 // name returns the key's name in the snapshot store (keyID.snapshotKey),
@@ -383,6 +400,9 @@ const nameChunk = 16 << 10
 func appendSnapshot(d *checkpointData, r *snapshotReply) {
 	r.core.Key = d.name(r.g.id)
 	d.Snapshots = append(d.Snapshots, r.core)
+	if r.packed && !slices.Contains(d.shapes, r.g.pipeline) {
+		d.shapes = append(d.shapes, r.g.pipeline)
+	}
 	d.Snapshots = append(d.Snapshots, r.buckets...)
 	if r.ttl {
 		d.Timers = append(d.Timers, persistence.Timer{Key: r.core.Key + expirySuffix, Due: r.expiry})

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+
+	"github.com/keyfold/keyfold/actors/fold"
 )
 
 // CachedKeys returns how many of a pipeline's keys the snapshot cache
@@ -136,3 +138,12 @@ func Break(h *Host, pipeline, key string, err error) bool {
 	g.broken = err
 	return true
 }
+
+// ShapeKey is the name of a pipeline's shape in its groups' snapshots.
+func ShapeKey(p *fold.Pipeline) string {
+	_, id := p.Shape()
+	return shapeKey(p.Name(), id)
+}
+
+// IsPacked reports whether a stored snapshot is in the packed form.
+func IsPacked(data []byte) bool { return isPacked(data) }

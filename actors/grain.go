@@ -51,10 +51,11 @@ type snapshotReply struct {
 	g   *grain
 	pos persistence.Position
 	// core and buckets are the store entries to write: the key's snapshot
-	// (an encoded keyfold.v1.Snapshot, nil Data when the key holds no
-	// state) and its changed id buckets.
+	// (an encoded keyfold.v1.Snapshot or, packed, packed.go's form; nil
+	// Data when the key holds no state) and its changed id buckets.
 	core    persistence.Snapshot
 	buckets []persistence.Snapshot
+	packed  bool   // core is in the packed form: its pipeline's shape is stored with it
 	version uint64 // the state version they reflect; acknowledged by markSaved
 	// For a pipeline with windows or patterns: the key's next timer.
 	timed bool
@@ -413,14 +414,27 @@ func (g *grain) snapshot() snapshotReply {
 		g.state.Persisted(v)
 		g.stored = v
 	}
-	// The core is encoded after room for the Snapshot's header, sized by
-	// the pipeline's last one: one allocation for the stored bytes.
-	var buf []byte
-	room := snapshotHeaderRoom(g.id)
-	if !g.pipeline.Timed() {
-		buf = make([]byte, room, room+int(g.pstats.coreSize.Load())+64)
+	// The core is encoded after room for the Snapshot's header (or after
+	// the packed form's), sized by the pipeline's last one: one allocation
+	// for the stored bytes.
+	var (
+		buf   []byte
+		room  int
+		parts fold.Parts
+		err   error
+	)
+	if g.host.packed && g.pipeline.PacksState() && g.state.OnePart() {
+		_, shapeID := g.pipeline.Shape()
+		buf = appendPackedHeader(make([]byte, 0, packedHeaderRoom+int(g.pstats.coreSize.Load())+64), shapeID, g.pos)
+		room = len(buf)
+		parts, err = g.pipeline.SnapshotPartsPacked(&g.state, g.stored, buf)
+	} else {
+		room = snapshotHeaderRoom(g.id)
+		if !g.pipeline.Timed() {
+			buf = make([]byte, room, room+int(g.pstats.coreSize.Load())+64)
+		}
+		parts, err = g.pipeline.SnapshotPartsAppend(&g.state, g.stored, buf)
 	}
-	parts, err := g.pipeline.SnapshotPartsAppend(&g.state, g.stored, buf)
 	if err != nil {
 		r.err = err
 		return r
@@ -429,6 +443,10 @@ func (g *grain) snapshot() snapshotReply {
 	var core persistence.Snapshot // nil Data deletes; its Key is the checkpoint's to name (appendSnapshot)
 	switch {
 	case g.state.Empty():
+	case parts.Packed:
+		g.pstats.coreSize.Store(int64(len(parts.CoreData) - room))
+		core.Data = parts.CoreData
+		r.packed = true
 	case parts.CoreData != nil:
 		g.pstats.coreSize.Store(int64(len(parts.CoreData) - room))
 		core.Data = prependSnapshotHeader(parts.CoreData, room, g.id, g.pos)

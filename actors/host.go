@@ -24,6 +24,7 @@ import (
 type Host struct {
 	cfg    Config
 	store  persistence.Store
+	packed bool // the store allows packed snapshots (packed.go); set by Recover
 	log    *slog.Logger
 	system *actor.ActorSystem
 

@@ -71,6 +71,8 @@ func (h *Host) recover(ctx context.Context) error {
 			if err := h.setLayout(storedLayout(stored)); err != nil {
 				return fmt.Errorf("actors: recover: %w", err)
 			}
+			// (Known once the store's format is: CheckGroups.)
+			h.packed = persistence.AllowsPacked(h.store)
 			break
 		}
 		if errors.Is(err, persistence.ErrGroupsMismatch) || errors.Is(err, persistence.ErrIncompatible) || ctx.Err() != nil {

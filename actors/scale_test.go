@@ -15,6 +15,7 @@ import (
 	"github.com/keyfold/keyfold/actors"
 	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/actors/fold/foldtest"
+	"github.com/keyfold/keyfold/persistence"
 	"github.com/keyfold/keyfold/persistence/embedded"
 )
 
@@ -80,7 +81,9 @@ func BenchmarkIngestKeysBeyondMemory(b *testing.B) {
 // 4000; cache=64MiB gives the snapshot cache 64 MiB of max_memory instead of
 // half, so that the resident tier holds most keys (and their changes:
 // changed keys stay in memory until a checkpoint, and the budget asks for
-// one when they fill it); mem=4GiB holds every key in memory.
+// one when they fill it); mem=4GiB holds every key in memory; unpacked
+// stores snapshots as messages, not packed (as on a store that does not
+// allow packed ones).
 func BenchmarkIngestKeysCheckpoints(b *testing.B) {
 	const fewer, records = 256 << 20, 4000
 	for _, c := range []struct {
@@ -95,6 +98,9 @@ func BenchmarkIngestKeysCheckpoints(b *testing.B) {
 	} {
 		b.Run(c.name, func(b *testing.B) { benchIngestKeys(b, 1_000_000, true, c.cfg) })
 	}
+	b.Run("unpacked", func(b *testing.B) {
+		benchIngestKeys(b, 1_000_000, true, actors.Config{}, func(s persistence.Store) persistence.Store { return unpacked{s} })
+	})
 }
 
 func benchPipeline(b *testing.B) map[string]*fold.Pipeline {
@@ -107,9 +113,9 @@ func benchPipeline(b *testing.B) map[string]*fold.Pipeline {
 
 // benchIngestKeys runs the benchmarks above on a host of cfg (the zero
 // Config is the default one).
-func benchIngestKeys(b *testing.B, keys int, preload bool, cfg actors.Config) {
+func benchIngestKeys(b *testing.B, keys int, preload bool, cfg actors.Config, wrap ...func(persistence.Store) persistence.Store) {
 	cfg.Pipelines = benchPipeline(b)
-	h := runBenchHost(b, cfg)
+	h := runBenchHost(b, cfg, wrap...)
 	if preload {
 		ingestEach(b, h, keys, func(i int) []byte {
 			return fmt.Appendf(nil, `{"user_id":"u%d","event_id":"p%d","type":"login_ok","amount":1,"geo":{"country":"DE"}}`, i, i)
@@ -323,13 +329,19 @@ func keysHeap(b *testing.B, cfg actors.Config, settled func(actors.Stats) bool) 
 }
 
 // runBenchHost runs a host on a new embedded store until the benchmark ends.
-func runBenchHost(b *testing.B, cfg actors.Config) *actors.Host {
+// runBenchHost runs a host of cfg on a new embedded store, seen through
+// wrap if given.
+func runBenchHost(b *testing.B, cfg actors.Config, wrap ...func(persistence.Store) persistence.Store) *actors.Host {
 	b.Helper()
 	store, err := embedded.Open(b.TempDir(), embedded.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	h, stop := hostOn(b, store, cfg)
+	var s persistence.Store = store
+	for _, w := range wrap {
+		s = w(s)
+	}
+	h, stop := hostOn(b, s, cfg)
 	b.Cleanup(func() {
 		if err := stop(); err != nil {
 			b.Error(err)

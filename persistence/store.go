@@ -187,3 +187,20 @@ type Store interface {
 
 	io.Closer
 }
+
+// PackedSnapshots is implemented by a store that allows snapshots in
+// keyfold's packed form (actors/packed.go): one whose every reader knows
+// it, because the store's recorded format keeps older keyfolds, which do
+// not, from opening it. The snapshot bytes are opaque to a store either
+// way; a store that does not implement it gets the other form only.
+type PackedSnapshots interface {
+	// PackedSnapshots reports whether the store allows them; it may know
+	// only once CheckGroups has returned (the store's recorded format).
+	PackedSnapshots() bool
+}
+
+// AllowsPacked reports whether s allows packed snapshots.
+func AllowsPacked(s Store) bool {
+	p, ok := s.(PackedSnapshots)
+	return ok && p.PackedSnapshots()
+}

@@ -1,6 +1,7 @@
 package fold
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 
@@ -201,6 +202,9 @@ type Parts struct {
 	// without windows or patterns, else as a message; the other is nil.
 	Core     *keyfoldv1.KeyState
 	CoreData []byte
+	// Packed: CoreData is the state's packed form (AppendPacked, ids
+	// inline), not a KeyState (SnapshotPartsPacked).
+	Packed bool
 	// Buckets are the id buckets changed after the version given to
 	// SnapshotParts; a nil Data deletes the stored bucket.
 	Buckets []BucketPart
@@ -216,6 +220,9 @@ type Parts struct {
 func (parts *Parts) CoreState() (*keyfoldv1.KeyState, error) {
 	if parts.Core != nil || parts.CoreData == nil {
 		return parts.Core, nil
+	}
+	if parts.Packed {
+		return nil, errors.New("fold: core state is packed")
 	}
 	var ks keyfoldv1.KeyState
 	if err := proto.Unmarshal(parts.CoreData, &ks); err != nil {
@@ -247,9 +254,25 @@ func (p *Pipeline) SnapshotParts(s *State, since uint64) (Parts, error) {
 // there is one (Parts.CoreData), to dst: a caller that knows about how
 // large it is, or wants room before it, allocates once.
 func (p *Pipeline) SnapshotPartsAppend(s *State, since uint64, dst []byte) (Parts, error) {
-	parts := Parts{Version: s.version, NextTimer: p.NextTimer(s)}
+	return p.snapshotParts(s, since, dst, false)
+}
+
+// SnapshotPartsPacked is SnapshotPartsAppend with the core in its packed
+// form (Parts.Packed) where the state packs positionally (PacksState, its
+// ids inline: OnePart); in the KeyState's otherwise.
+func (p *Pipeline) SnapshotPartsPacked(s *State, since uint64, dst []byte) (Parts, error) {
+	return p.snapshotParts(s, since, dst, p.packsCore() && s.OnePart())
+}
+
+func (p *Pipeline) snapshotParts(s *State, since uint64, dst []byte, packed bool) (Parts, error) {
+	parts := Parts{Version: s.version, NextTimer: p.NextTimer(s), Packed: packed}
 	var err error
-	if p.Timed() {
+	if packed {
+		parts.CoreData, err = p.AppendPacked(dst, s)
+		if err != nil {
+			return Parts{}, err
+		}
+	} else if p.Timed() {
 		if parts.Core, err = p.coreProto(s); err != nil {
 			return Parts{}, err
 		}

@@ -167,6 +167,8 @@ type Pipeline struct {
 	needsEnv               bool // a filter is evaluated on the members decoded (filterEnv), not only textEq ones
 
 	fingerprint uint64 // see Fingerprint
+	shape       []byte // see Shape
+	shapeID     uint64
 }
 
 type aggregate struct {
@@ -245,6 +247,7 @@ func Compile(name string, spec Spec) (*Pipeline, error) {
 	}
 	p.indexFields()
 	p.fingerprint = fingerprintOf(name, spec)
+	p.compileShape()
 	return p, nil
 }
 

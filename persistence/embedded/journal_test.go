@@ -444,6 +444,51 @@ func TestLogMigration(t *testing.T) {
 	}
 }
 
+// TestFormatVersions: a format 2 store (its log already out of Pebble) is
+// moved to format 3 at its next open with its data as it was, and allows
+// packed snapshots; a store of a format this build does not know is
+// refused, unchanged.
+func TestFormatVersions(t *testing.T) {
+	dir := t.TempDir()
+	s := openSmall(t, dir, 512)
+	epochs := claim(t, s, 1)
+	appendOne(t, s, epochs, 1, 1, 1)
+	if err := s.Checkpoint(t.Context(), 1, epochs[1], persistence.CheckpointData{Snapshots: []persistence.Snapshot{{Key: "k", Data: []byte("v")}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.db.Set(metaFormatKey, encodeUint64(2), pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openSmall(t, dir, 512)
+	if v, err := s.getUint64(metaFormatKey); err != nil || v != 3 {
+		t.Errorf("format = %d, %v; want 3", v, err)
+	}
+	if !persistence.AllowsPacked(s) {
+		t.Error("a format 3 store does not allow packed snapshots")
+	}
+	if got, err := s.Get(t.Context(), 1, "k"); err != nil || string(got) != "v" {
+		t.Errorf("snapshot after the move = %q, %v", got, err)
+	}
+	if got := readLog(t, s, 1, 0); len(got) != 3 {
+		t.Errorf("log after the move = %v, want 3 records", got)
+	}
+	if err := s.db.Set(metaFormatKey, encodeUint64(4), pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := Open(dir, Options{}); !errors.Is(err, persistence.ErrIncompatible) {
+		if err == nil {
+			s.Close()
+		}
+		t.Fatalf("open of a format 4 store: %v, want ErrIncompatible", err)
+	}
+}
+
 // FuzzScanBlocks: whatever a segment holds, the scan does not panic, keeps
 // a prefix of whole frames whose blocks decode, and scanning that prefix
 // again finds the same blocks.

@@ -57,8 +57,9 @@ const (
 // formatVersion is the version of this key layout, recorded in a new store.
 // The timer and output keys came later, without a new version: a store
 // without them is one with no timers and no outputs. Version 2 moved the
-// log out of Pebble (journal.go).
-const formatVersion = 2
+// log out of Pebble (journal.go). Version 3 allows snapshots in keyfold's
+// packed form (actors/packed.go); the key layout is version 2's.
+const formatVersion = 3
 
 var (
 	metaFormatKey = []byte("mformat")

@@ -65,7 +65,10 @@ type Store struct {
 	testHookCommit func(group uint32)
 }
 
-var _ persistence.Store = (*Store)(nil)
+var (
+	_ persistence.Store           = (*Store)(nil)
+	_ persistence.PackedSnapshots = (*Store)(nil)
+)
 
 // group is a key group's state, loaded on its first use.
 //
@@ -156,12 +159,19 @@ func Open(dir string, opts Options) (*Store, error) {
 	return s, nil
 }
 
+// PackedSnapshots reports that the store allows packed snapshots
+// (persistence.PackedSnapshots): its format version (3) keeps keyfolds that
+// do not know them from opening it.
+func (s *Store) PackedSnapshots() bool { return true }
+
 // Dir returns the store's directory, made absolute.
 func (s *Store) Dir() string { return s.dir }
 
 // checkFormat records the key layout's version in a new store, moves the
-// log of a version 1 store out of Pebble (see migrateLog), and refuses a
-// store of another version.
+// log of a version 1 store out of Pebble (see migrateLog), records version
+// 3 in a version 2 store (nothing else changes: from then on it may hold
+// packed snapshots, which keyfolds that know only version 2 cannot read),
+// and refuses a store of another version.
 func (s *Store) checkFormat() error {
 	var v uint64
 	err := s.inPebble(func() (err error) {
@@ -175,6 +185,11 @@ func (s *Store) checkFormat() error {
 		return fmt.Errorf("format version: %w", err)
 	case v == 1:
 		return s.migrateLog()
+	case v == 2:
+		if err := s.write(func() error { return s.db.Set(metaFormatKey, encodeUint64(formatVersion), pebble.Sync) }); err != nil {
+			return fmt.Errorf("format version: %w", err)
+		}
+		s.log.Info("store format 2 to 3: snapshots may be stored packed from now on; keyfolds before it cannot open this store", "dir", s.dir)
 	case v != formatVersion:
 		return fmt.Errorf("unknown format version %d (this build knows %d): %w", v, formatVersion, persistence.ErrIncompatible)
 	}
@@ -280,7 +295,7 @@ func (s *Store) migrateLog() error {
 	if err != nil {
 		return fmt.Errorf("migrate the log: %w", err)
 	}
-	s.log.Info("log moved out of Pebble (store format 1 to 2)", "dir", s.dir, "records", records)
+	s.log.Info("log moved out of Pebble (store format 1 to 3)", "dir", s.dir, "records", records)
 	return nil
 }
 

@@ -20,12 +20,18 @@ type Store struct {
 	always [numOps]*Fault
 }
 
-var _ persistence.Store = (*Store)(nil)
+var (
+	_ persistence.Store           = (*Store)(nil)
+	_ persistence.PackedSnapshots = (*Store)(nil)
+)
 
 // New returns a Store that passes calls to inner, with no faults arranged.
 func New(inner persistence.Store) *Store {
 	return &Store{inner: inner}
 }
+
+// PackedSnapshots is the wrapped store's (persistence.PackedSnapshots).
+func (s *Store) PackedSnapshots() bool { return persistence.AllowsPacked(s.inner) }
 
 // Inner returns the wrapped store.
 func (s *Store) Inner() persistence.Store { return s.inner }

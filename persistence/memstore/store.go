@@ -25,7 +25,14 @@ type Store struct {
 	closed bool
 }
 
-var _ persistence.Store = (*Store)(nil)
+var (
+	_ persistence.Store           = (*Store)(nil)
+	_ persistence.PackedSnapshots = (*Store)(nil)
+)
+
+// PackedSnapshots reports that the store allows packed snapshots
+// (persistence.PackedSnapshots): it lives and dies with its process.
+func (s *Store) PackedSnapshots() bool { return true }
 
 type data struct {
 	mu     sync.Mutex

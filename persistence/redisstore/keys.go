@@ -11,7 +11,7 @@ import (
 // The key layout, for a prefix P (Options.Prefix, "keyfold" by default) and
 // a key group N (decimal):
 //
-//	P:meta               hash   format (layout version), groups (number of key groups)
+//	P:meta               hash   format (layout version: below), groups (number of key groups)
 //	{P:N}:m              hash   epoch, checkpoint, last: the group's fencing token,
 //	                            its checkpoint position and its last appended position
 //	{P:N}:log            stream the group's log; the record at position n has the
@@ -34,7 +34,17 @@ import (
 //
 // A group's fields in {P:N}:m are absent until its first claim; a store
 // without P:meta is new.
-const formatVersion = 1
+//
+// The format (layout version) a new store records is 2: the layout of 1,
+// and snapshots that may be in keyfold's packed form (actors/packed.go),
+// which keyfolds that know only version 1 cannot read: they refuse the
+// store. A store that recorded 1 keeps it, and keyfold writes its
+// snapshots in the other form (persistence.PackedSnapshots), so that nodes
+// of an older build may still run on it.
+const (
+	formatVersion    = 2
+	oldFormatVersion = 1 // still served, without packed snapshots
+)
 
 // keys builds the store's Redis keys.
 type keys struct{ prefix string }

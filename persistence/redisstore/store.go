@@ -25,6 +25,9 @@ type Store struct {
 	k       keys
 	page    int64
 	closed  atomic.Bool
+	// packed: the store's format allows packed snapshots (set by
+	// CheckGroups).
+	packed atomic.Bool
 
 	// last holds, per group this store claimed, the last position it knows
 	// the group's log to have. Appends are conditional on it (see
@@ -39,7 +42,10 @@ type Store struct {
 	appending sync.Map // uint32 -> *sync.Mutex
 }
 
-var _ persistence.Store = (*Store)(nil)
+var (
+	_ persistence.Store           = (*Store)(nil)
+	_ persistence.PackedSnapshots = (*Store)(nil)
+)
 
 // New returns a store that uses c, which may be a single-node, Sentinel
 // (failover) or Redis Cluster client: configure TLS, timeouts, hooks and
@@ -547,6 +553,11 @@ func (s *Store) GetMany(ctx context.Context, group uint32, keys []string) ([][]b
 	return out, nil
 }
 
+// PackedSnapshots reports whether the store allows packed snapshots
+// (persistence.PackedSnapshots): whether CheckGroups found it at format 2
+// (every store it creates is; one created at format 1 stays so).
+func (s *Store) PackedSnapshots() bool { return s.packed.Load() }
+
 // CheckGroups records the layout version, number of key groups and key-group
 // layout in a new store and checks the first two in an existing one,
 // returning its key-group layout.
@@ -564,8 +575,13 @@ func (s *Store) CheckGroups(ctx context.Context, groups, layout uint32) (uint32,
 	if len(v) != 3 {
 		return 0, s.wrap("check groups", fmt.Errorf("unexpected reply %q", v))
 	}
-	if v[0] != strconv.Itoa(formatVersion) {
-		return 0, s.wrap("check groups", fmt.Errorf("%s has layout version %v; this build knows %d: %w", s.k.meta(), v[0], formatVersion, persistence.ErrIncompatible))
+	switch v[0] {
+	case strconv.Itoa(formatVersion):
+		s.packed.Store(true)
+	case strconv.Itoa(oldFormatVersion):
+		s.packed.Store(false)
+	default:
+		return 0, s.wrap("check groups", fmt.Errorf("%s has layout version %v; this build knows %d and %d: %w", s.k.meta(), v[0], oldFormatVersion, formatVersion, persistence.ErrIncompatible))
 	}
 	if v[1] != strconv.FormatUint(uint64(groups), 10) {
 		return 0, s.wrap("check groups", fmt.Errorf("%d, the store has %v: %w", groups, v[1], persistence.ErrGroupsMismatch))

@@ -1,6 +1,7 @@
 package redisstore_test
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -109,7 +110,7 @@ func TestLayout(t *testing.T) {
 	if got := rc.XRange(ctx, "{lay:7}:log", "-", "+").Val(); len(got) != 1 || got[0].ID != "2-0" || got[0].Values["d"] != "b" {
 		t.Errorf("log = %v, want the one record 2-0 above the checkpoint", got)
 	}
-	if got := rc.HGetAll(ctx, "lay:meta").Val(); got["groups"] != "16" || got["format"] != "1" {
+	if got := rc.HGetAll(ctx, "lay:meta").Val(); got["groups"] != "16" || got["format"] != "2" {
 		t.Errorf("store meta = %v", got)
 	}
 	wantDue := []redis.Z{{Score: 5, Member: "t"}, {Score: 1767225600000, Member: "k\x00x"}}
@@ -122,6 +123,51 @@ func TestLayout(t *testing.T) {
 	}
 	if got, err := s.ReadOutputs(ctx, "pipe", "", 10); err != nil || len(got) != 2 || got[0].Cursor != out[0].ID {
 		t.Errorf("ReadOutputs = %v, %v; want the stream IDs as cursors", got, err)
+	}
+}
+
+// TestFormatVersions: a new store records format 2, which allows packed
+// snapshots; a store created at format 1 keeps it and does not allow them
+// (nodes of an older build may run on it); another format is refused.
+func TestFormatVersions(t *testing.T) {
+	srv := redistest.Start(t)
+	rc := srv.Client()
+	ctx := t.Context()
+	for _, c := range []struct {
+		prefix, format string // "": a new store
+		packed         bool
+		refused        bool
+	}{
+		{prefix: "new", packed: true},
+		{prefix: "old", format: "1"},
+		{prefix: "newer", format: "3", refused: true},
+	} {
+		if c.format != "" {
+			rc.HSet(ctx, c.prefix+":meta", "format", c.format, "groups", "16", "keylayout", "2")
+		}
+		s, err := redisstore.New(rc, redisstore.Options{Prefix: c.prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.PackedSnapshots() {
+			t.Errorf("%s: packed snapshots allowed before the format is known", c.prefix)
+		}
+		_, err = s.CheckGroups(ctx, 16, 2)
+		if c.refused {
+			if !errors.Is(err, persistence.ErrIncompatible) {
+				t.Errorf("%s: CheckGroups = %v, want ErrIncompatible", c.prefix, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", c.prefix, err)
+		}
+		if s.PackedSnapshots() != c.packed || persistence.AllowsPacked(s) != c.packed {
+			t.Errorf("%s: packed snapshots allowed: %v, want %v", c.prefix, s.PackedSnapshots(), c.packed)
+		}
+		if got := rc.HGet(ctx, c.prefix+":meta", "format").Val(); got != cmp.Or(c.format, "2") {
+			t.Errorf("%s: format %q recorded", c.prefix, got)
+		}
 	}
 }
 

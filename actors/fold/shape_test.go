@@ -1,0 +1,150 @@
+package fold_test
+
+import (
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/keyfold/keyfold/actors/fold"
+	"google.golang.org/protobuf/proto"
+)
+
+// TestUnpackShapedRestoresByName: a state packed by one configuration of a
+// pipeline, read by another through the first one's shape, is the state
+// the other restores from the first one's KeyState (by name and op:
+// aggregates added start empty, removed ones are dropped, one whose op
+// changed starts afresh, a renamed one is a new one; ids beyond a shorter
+// dedup window are forgotten), also when the other no longer packs
+// positionally (a window added). Read by its own configuration, it is
+// UnpackState's state.
+func TestUnpackShapedRestoresByName(t *testing.T) {
+	base := packedSpecs()["aggregates"]
+	with := func(change func(s *fold.Spec)) fold.Spec {
+		s := base
+		s.Aggregates = maps.Clone(base.Aggregates)
+		change(&s)
+		return s
+	}
+	later := map[string]fold.Spec{
+		"same":    base,
+		"added":   with(func(s *fold.Spec) { s.Aggregates["most"] = fold.AggregateSpec{Op: "max", Field: "amount"} }),
+		"removed": with(func(s *fold.Spec) { delete(s.Aggregates, "biggest"); delete(s.Aggregates, "total") }),
+		"op":      with(func(s *fold.Spec) { s.Aggregates["amount"] = fold.AggregateSpec{Op: "max", Field: "amount"} }),
+		"renamed": with(func(s *fold.Spec) {
+			s.Aggregates["place"] = s.Aggregates["country"]
+			delete(s.Aggregates, "country")
+		}),
+		"where": with(func(s *fold.Spec) { s.Aggregates["failed"] = fold.AggregateSpec{Op: "count", Where: "amount > 1"} }),
+		"window": with(func(s *fold.Spec) {
+			s.Windows = map[string]fold.WindowSpec{"tumble": {Type: "tumbling", Size: 10 * time.Second}}
+		}),
+		"shorter": with(func(s *fold.Spec) { s.DedupWindow = 500 * time.Millisecond }),
+		"none":    with(func(s *fold.Spec) { s.Aggregates = map[string]fold.AggregateSpec{"other": {Op: "count"}} }),
+	}
+	p := mustCompile(t, base)
+	shape, id := p.Shape()
+	if shape == nil || id != fold.ShapeID(shape) {
+		t.Fatalf("Shape() = %x, %x", shape, id)
+	}
+	rng := rand.New(rand.NewPCG(7, 7))
+	var s fold.State
+	now := int64(1_700_000_000_000)
+	checked := 0
+	for i := range 200 {
+		now += rng.Int64N(1200) // a few ids in the window: inline
+		p.Apply(&s, prepare(t, p, fmt.Sprintf(`{"user_id":"k","event_id":"e%d","ts":%d,"type":%q,"amount":%d.25,"label":"l%d","geo":{"country":"c%d"}}`,
+			rng.IntN(i+1), now, [2]string{"login_ok", "login_failed"}[rng.IntN(2)], rng.IntN(50)-10, rng.IntN(5), rng.IntN(3))), now)
+		if i%20 != 19 || !s.OnePart() {
+			continue
+		}
+		packed, err := p.AppendPacked(nil, &s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ks, err := p.StateProto(&s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checked++
+		for name, spec := range later {
+			q, err := fold.Compile("fuzz", spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := q.UnpackShaped(shape, packed)
+			if err != nil {
+				t.Fatalf("event %d, %s: %v", i, name, err)
+			}
+			want, err := q.StateFromProto(ks)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !proto.Equal(stateProto(q, &got), stateProto(q, &want)) {
+				t.Fatalf("event %d, %s:\n got %v\nwant %v", i, name, stateProto(q, &got), stateProto(q, &want))
+			}
+			if name == "same" {
+				if own, _ := q.UnpackState(packed); !proto.Equal(stateProto(q, &got), stateProto(q, &own)) {
+					t.Fatalf("event %d: read by its own shape, not UnpackState's state", i)
+				}
+			}
+		}
+	}
+	if checked < 5 {
+		t.Fatalf("only %d states packed", checked)
+	}
+}
+
+// TestShapeNamesAggregates: configurations that name the same aggregates
+// (names and ops) have one shape whatever else differs; any change of a
+// name or an op is another shape; a pipeline that does not pack
+// positionally has none.
+func TestShapeNamesAggregates(t *testing.T) {
+	base := packedSpecs()["aggregates"]
+	_, id := mustCompile(t, base).Shape()
+	where := base
+	where.Aggregates = maps.Clone(base.Aggregates)
+	where.Aggregates["failed"] = fold.AggregateSpec{Op: "count", Where: "amount > 3"}
+	where.DedupWindow = time.Hour
+	if _, w := mustCompile(t, where).Shape(); w != id {
+		t.Errorf("a filter and a dedup window changed the shape")
+	}
+	op := base
+	op.Aggregates = maps.Clone(base.Aggregates)
+	op.Aggregates["amount"] = fold.AggregateSpec{Op: "min", Field: "amount"}
+	if _, o := mustCompile(t, op).Shape(); o == id {
+		t.Errorf("an op changed, the shape did not")
+	}
+	if shape, sid := mustCompile(t, fuzzSpec).Shape(); shape != nil || sid != 0 {
+		t.Errorf("a pipeline with windows and sketches has shape %x", shape)
+	}
+}
+
+// FuzzUnpackShaped: no shape or state bytes panic, or allocate beyond
+// their size.
+func FuzzUnpackShaped(f *testing.F) {
+	p := mustCompile(f, packedSpecs()["aggregates"])
+	q := mustCompile(f, packedSpecs()["bench"])
+	shape, _ := p.Shape()
+	var s fold.State
+	for i := range 3 {
+		p.Apply(&s, prepare(f, p, fmt.Sprintf(`{"user_id":"k","event_id":"e%d","amount":%d.5,"label":"x","geo":{"country":"c"}}`, i, i)), int64(1000+i))
+		b, err := p.AppendPacked(nil, &s)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(shape, b)
+	}
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0x0f}, []byte{1, 0, 0, 0})
+	f.Add([]byte{1, 1, 'a', 0}, []byte{1, 0, 0, 0, 1, 1, 0, 0})
+	f.Fuzz(func(t *testing.T, shape, data []byte) {
+		st, err := q.UnpackShaped(shape, data)
+		if err != nil {
+			return
+		}
+		if _, err := q.StateProto(&st); err != nil {
+			t.Fatalf("unpacked a state that does not encode: %v", err)
+		}
+	})
+}

@@ -1,0 +1,192 @@
+package actors_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/actors/fold"
+	"github.com/keyfold/keyfold/persistence"
+)
+
+// compileAggs compiles pipeline p with ids and the given aggregates.
+func compileAggs(t *testing.T, aggs map[string]fold.AggregateSpec) map[string]*fold.Pipeline {
+	t.Helper()
+	p, err := fold.Compile("p", fold.Spec{Key: "k", ID: "id", DedupWindow: time.Hour, Aggregates: aggs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string]*fold.Pipeline{"p": p}
+}
+
+// storedSnapshot returns key's stored snapshot in pipeline p (one group).
+func storedSnapshot(t *testing.T, s persistence.Store, key string) []byte {
+	t.Helper()
+	data, err := s.Get(context.Background(), 0, "p\x00"+key)
+	if err != nil {
+		t.Fatalf("snapshot of %s: %v", key, err)
+	}
+	return data
+}
+
+// A store that allows it holds a key of a pipeline with aggregates only in
+// the packed form, and its pipeline's shape beside it; a key remembering
+// more ids than a snapshot holds inline keeps the other form. After the
+// pipeline's aggregates change (one renamed, one added, one removed, one of
+// another op) a restarted host reads both by name: what kept its name and
+// op keeps its value, ids stay remembered. And back: states packed by the
+// new configuration read under the old one.
+func TestPackedSnapshotsFollowConfigChanges(t *testing.T) {
+	dir := t.TempDir()
+	v1 := compileAggs(t, map[string]fold.AggregateSpec{
+		"n": {Op: "count"}, "sum": {Op: "sum", Field: "v"}, "last": {Op: "last", Field: "v"}, "top": {Op: "max", Field: "v"},
+	})
+	v2 := compileAggs(t, map[string]fold.AggregateSpec{
+		"n": {Op: "count"}, "total": {Op: "sum", Field: "v"}, "last": {Op: "last", Field: "v"}, "top": {Op: "min", Field: "v"}, "low": {Op: "min", Field: "v"},
+	})
+	cfg := actors.Config{Groups: 1, CheckpointInterval: time.Hour}
+	store := openStore(t, dir)
+	cfg.Pipelines = v1
+	hs := start(t, store, cfg)
+	hs.ingest(event("a", "a1", 5), event("a", "a2", 7))
+	for i := range 12 { // more ids than a snapshot holds inline
+		hs.ingest(event("many", fmt.Sprintf("m%d", i), i))
+	}
+	if err := hs.shutdown(); err != nil { // a clean shutdown checkpoints
+		t.Fatal(err)
+	}
+	if !actors.IsPacked(storedSnapshot(t, store, "a")) {
+		t.Fatal("a's snapshot is not packed")
+	}
+	if actors.IsPacked(storedSnapshot(t, store, "many")) {
+		t.Fatal("the snapshot of a key with its ids in buckets is packed")
+	}
+	shape, err := store.Get(context.Background(), 0, actors.ShapeKey(v1["p"]))
+	if err != nil {
+		t.Fatalf("v1's shape: %v", err)
+	}
+	if want, _ := v1["p"].Shape(); string(shape) != string(want) {
+		t.Fatalf("stored shape %x, want %x", shape, want)
+	}
+
+	cfg.Pipelines = v2
+	hs = start(t, store, cfg)
+	v := hs.query("a")
+	if v.Seq != 2 || v.Aggregates["n"] != uint64(2) || string(v.Aggregates["last"].(json.RawMessage)) != "7" {
+		t.Fatalf("a under v2 = %+v", v)
+	}
+	// Renamed, of another op, new: empty; removed: not shown.
+	if v.Aggregates["total"] != float64(0) || v.Aggregates["top"] != nil || v.Aggregates["low"] != nil || v.Aggregates["sum"] != nil {
+		t.Errorf("a under v2 = %+v", v)
+	}
+	if r := hs.ingest(event("a", "a1", 100)); r.Duplicates != 1 {
+		t.Errorf("a's id a1 forgotten across the change: %+v", r)
+	}
+	hs.ingest(event("a", "a3", 1), event("b", "b1", 4))
+	if v := hs.query("many"); v.Seq != 12 || v.Aggregates["n"] != uint64(12) {
+		t.Errorf("many under v2 = %+v", v)
+	}
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Get(context.Background(), 0, actors.ShapeKey(v2["p"])); err != nil {
+		t.Fatalf("v2's shape: %v", err)
+	}
+
+	cfg.Pipelines = v1 // back: a and b were packed by v2
+	hs = start(t, store, cfg)
+	defer hs.shutdown()
+	if v := hs.query("a"); v.Seq != 3 || v.Aggregates["n"] != uint64(3) || string(v.Aggregates["last"].(json.RawMessage)) != "1" || v.Aggregates["sum"] != float64(0) || v.Aggregates["top"] != nil {
+		t.Errorf("a back under v1 = %+v", v)
+	}
+	if v := hs.query("b"); v.Seq != 1 || v.Aggregates["top"] != nil || string(v.Aggregates["last"].(json.RawMessage)) != "4" {
+		t.Errorf("b under v1 = %+v", v)
+	}
+	if r := hs.ingest(event("a", "a2", 1), event("a", "a3", 1)); r.Duplicates != 2 {
+		t.Errorf("a's ids forgotten: %+v", r)
+	}
+}
+
+// unpacked hides that a store allows packed snapshots, as a store of an
+// older keyfold would be.
+type unpacked struct{ persistence.Store }
+
+// Snapshots written in the other form, by a host whose store does not
+// allow packed ones (as before they existed), are read by one whose store
+// does, which writes them packed at their next change.
+func TestUnpackedSnapshotsStillRead(t *testing.T) {
+	store := openStore(t, t.TempDir())
+	cfg := actors.Config{Groups: 1, CheckpointInterval: time.Hour}
+	hs := start(t, unpacked{store}, cfg)
+	hs.ingest(event("a", "a1", 5), event("a", "a2", 7))
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	if actors.IsPacked(storedSnapshot(t, store, "a")) {
+		t.Fatal("packed in a store that does not allow it")
+	}
+	hs = start(t, store, cfg)
+	if v := hs.query("a"); v.Seq != 2 || v.Aggregates["sum"] != float64(12) {
+		t.Errorf("a = %+v", v)
+	}
+	if r := hs.ingest(event("a", "a2", 1), event("a", "a3", 1)); r.Duplicates != 1 {
+		t.Errorf("a's ids: %+v", r)
+	}
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	if !actors.IsPacked(storedSnapshot(t, store, "a")) {
+		t.Fatal("not packed once changed")
+	}
+}
+
+// A packed snapshot whose shape its group does not hold (the store lost
+// it) fails the key's activation with an error that says so, rather than
+// reading the state by the wrong names.
+func TestPackedSnapshotWithoutItsShape(t *testing.T) {
+	store := openStore(t, t.TempDir())
+	v1 := compileAggs(t, map[string]fold.AggregateSpec{"lost_n": {Op: "count"}, "lost_sum": {Op: "sum", Field: "v"}})
+	cfg := actors.Config{Groups: 1, CheckpointInterval: time.Hour, Pipelines: v1}
+	hs := start(t, store, cfg)
+	hs.ingest(event("a", "a1", 5))
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	gs, err := store.Claim(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Checkpoint(ctx, 0, gs.Epoch, persistence.CheckpointData{Snapshots: []persistence.Snapshot{{Key: actors.ShapeKey(v1["p"])}}}); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Pipelines = compileAggs(t, map[string]fold.AggregateSpec{"lost_n": {Op: "count"}})
+	hs = start(t, store, cfg)
+	defer hs.shutdown()
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err = hs.host.Query(qctx, "p", "a")
+	if !errors.Is(err, actors.ErrUnavailable) || !causedBy(err, "which its group does not hold") {
+		t.Fatalf("query of a key packed with a lost shape: %v", err)
+	}
+}
+
+// causedBy reports whether err or an error it wraps says what.
+func causedBy(err error, what string) bool {
+	switch e := err.(type) {
+	case nil:
+		return false
+	case interface{ Unwrap() []error }:
+		for _, w := range e.Unwrap() {
+			if causedBy(w, what) {
+				return true
+			}
+		}
+	}
+	return strings.Contains(err.Error(), what) || causedBy(errors.Unwrap(err), what)
+}
