@@ -20,9 +20,10 @@ import (
 // fold.State.OnePart) is stored packed, in a store that allows it
 // (persistence.PackedSnapshots), in a third of the bytes:
 //
-//	0x00 0x01  shape id (8 bytes, little-endian)  position (uvarint)  state
+//	0x00 version  shape id (8 bytes, little-endian)  position (uvarint)  state
 //
-// where state is fold.Pipeline.AppendPacked's form, the aggregates by
+// where state is fold.Pipeline.AppendPacked's form (version
+// fold.PackedVersion, 1), the aggregates by
 // position, and the shape id names the pipeline's aggregates (names and
 // ops) in that order: fold.Pipeline.Shape. Each checkpoint that writes
 // packed snapshots of a pipeline writes its shape beside them, under
@@ -37,7 +38,7 @@ import (
 // snapshots refuses to be opened by such a keyfold (its format version).
 const (
 	packedMarker  = 0x00
-	packedVersion = 0x01
+	packedVersion = fold.PackedVersion
 	// packedHeaderRoom is the most bytes the header before the state takes.
 	packedHeaderRoom = 2 + 8 + binary.MaxVarintLen64
 )

@@ -12,6 +12,8 @@ import (
 	"github.com/keyfold/keyfold/actors"
 	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/persistence"
+	"github.com/keyfold/keyfold/persistence/redisstore"
+	"github.com/keyfold/keyfold/persistence/redisstore/redistest"
 )
 
 // compileAggs compiles pipeline p with ids and the given aggregates.
@@ -189,4 +191,120 @@ func causedBy(err error, what string) bool {
 		}
 	}
 	return strings.Contains(err.Error(), what) || causedBy(errors.Unwrap(err), what)
+}
+
+// A checkpoint that writes keys from the spill (changed keys that left
+// memory packed) writes their pipeline's shape too: after a restart with
+// an aggregate added, they are read by name.
+func TestSpilledKeysStoredWithTheirShape(t *testing.T) {
+	store := openStore(t, t.TempDir())
+	v1 := compileAggs(t, map[string]fold.AggregateSpec{"sp_n": {Op: "count"}, "sp_sum": {Op: "sum", Field: "v"}})
+	cfg := spillConfig(96 << 10)
+	cfg.Groups = 1
+	cfg.Pipelines = v1
+	hs := start(t, store, cfg)
+	const keys = 300
+	for i := range keys {
+		hs.ingest(event(fmt.Sprintf("k%d", i), "x", i))
+	}
+	eventually(t, "keys to be spilled", func() bool { return hs.host.Stats().SpilledKeys >= keys/2 })
+	if err := actors.Checkpoint(hs.host, context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Get(context.Background(), 0, actors.ShapeKey(v1["p"])); err != nil {
+		t.Fatalf("shape after a checkpoint of spilled keys: %v", err)
+	}
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Pipelines = compileAggs(t, map[string]fold.AggregateSpec{"sp_n": {Op: "count"}, "sp_sum": {Op: "sum", Field: "v"}, "sp_new": {Op: "max", Field: "v"}})
+	hs = start(t, store, cfg)
+	defer hs.shutdown()
+	for i := range keys {
+		if v := hs.query(fmt.Sprintf("k%d", i)); v.Seq != 1 || v.Aggregates["sp_sum"] != float64(i) {
+			t.Fatalf("k%d = %+v", i, v)
+		}
+	}
+}
+
+// One batched read of a group holding a key packed under the pipeline's
+// shape, one packed under an older shape and one stored as a message (its
+// ids in buckets) decodes each as its own: ids and sums intact.
+func TestMixedSnapshotsInOneRead(t *testing.T) {
+	store := openStore(t, t.TempDir())
+	v1 := compileAggs(t, map[string]fold.AggregateSpec{"mx_n": {Op: "count"}, "mx_sum": {Op: "sum", Field: "v"}})
+	v2 := compileAggs(t, map[string]fold.AggregateSpec{"mx_n": {Op: "count"}, "mx_sum": {Op: "sum", Field: "v"}, "mx_max": {Op: "max", Field: "v"}})
+	cfg := actors.Config{Groups: 1, CheckpointInterval: time.Hour, Pipelines: v1}
+	hs := start(t, store, cfg)
+	hs.ingest(event("a", "a1", 1), event("x", "x1", 2))
+	for i := range 12 {
+		hs.ingest(event("many", fmt.Sprintf("m%d", i), 1))
+	}
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Pipelines = v2
+	hs = start(t, store, cfg)
+	hs.ingest(event("x", "x2", 3)) // x packed under v2's shape; a stays under v1's
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	hs = start(t, store, cfg)
+	defer hs.shutdown()
+	r := hs.ingest(event("a", "a1", 100), event("x", "x2", 100), event("many", "m3", 100), event("a", "a2", 10), event("x", "x3", 10), event("many", "m99", 10))
+	if r.Duplicates != 3 {
+		t.Errorf("duplicates %d, want 3: %+v", r.Duplicates, r)
+	}
+	for k, want := range map[string]float64{"a": 11, "x": 15, "many": 22} {
+		if v := hs.query(k); v.Aggregates["mx_sum"] != want {
+			t.Errorf("%s = %+v, want sum %v", k, v, want)
+		}
+	}
+}
+
+// Hosts on a real Redis: a store created before packed snapshots (format
+// 1) gets messages and no shape; a new one (format 2) packed snapshots and
+// their shape; both read after the pipeline's aggregates change.
+func TestPackedSnapshotsOnRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	rc := srv.Client()
+	ctx := context.Background()
+	rc.HSet(ctx, "old:meta", "format", "1", "groups", "1", "keylayout", "2")
+	for _, c := range []struct {
+		prefix string
+		packed bool
+	}{{"old", false}, {"new", true}} {
+		s, err := redisstore.New(rc, redisstore.Options{Prefix: c.prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v1 := compileAggs(t, map[string]fold.AggregateSpec{"rd_n_" + c.prefix: {Op: "count"}, "rd_sum": {Op: "sum", Field: "v"}})
+		cfg := actors.Config{Groups: 1, CheckpointInterval: time.Hour, Pipelines: v1}
+		hs := start(t, s, cfg)
+		hs.ingest(event("a", "a1", 5), event("a", "a2", 7))
+		if err := hs.shutdown(); err != nil {
+			t.Fatal(err)
+		}
+		if got := actors.IsPacked(storedSnapshot(t, s, "a")); got != c.packed {
+			t.Fatalf("%s: packed %v, want %v", c.prefix, got, c.packed)
+		}
+		if _, err := s.Get(ctx, 0, actors.ShapeKey(v1["p"])); (err == nil) != c.packed {
+			t.Fatalf("%s: shape: %v", c.prefix, err)
+		}
+		cfg.Pipelines = compileAggs(t, map[string]fold.AggregateSpec{"rd_sum": {Op: "sum", Field: "v"}})
+		s2, err := redisstore.New(rc, redisstore.Options{Prefix: c.prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs = start(t, s2, cfg)
+		if v := hs.query("a"); v.Seq != 2 || v.Aggregates["rd_sum"] != float64(12) {
+			t.Errorf("%s: a = %+v", c.prefix, v)
+		}
+		if r := hs.ingest(event("a", "a2", 1)); r.Duplicates != 1 {
+			t.Errorf("%s: a's ids: %+v", c.prefix, r)
+		}
+		if err := hs.shutdown(); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

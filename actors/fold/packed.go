@@ -11,15 +11,20 @@ import (
 )
 
 // The packed form of a key's state: what the host keeps in memory of a key
-// that left memory (actors/cache.go), a copy of what its snapshot holds. It
-// is not a stored format: positional (aggregates by their index in the
-// pipeline, not by name and op as snapshots store them), it decodes only
-// with the pipeline that encoded it, in the same process. For the state of
-// a pipeline with aggregates only (no windows, patterns, handler, join or
-// sketches), it takes a third of the snapshot's bytes
-// (55 B instead of 162 for examples/bench.yaml's five aggregates and two
-// ids) and decodes without allocating messages; any other state is packed
-// as its snapshot's KeyState.
+// that left memory (actors/cache.go), and what a store that allows it
+// holds as the key's snapshot (actors/packed.go). It is positional
+// (aggregates by their index in the pipeline, not by name and op as a
+// KeyState holds them): it decodes as it is only with a pipeline of the
+// same shape (shape.go), and by name through the shape otherwise
+// (UnpackShaped). For the state of a pipeline with aggregates only (no
+// windows, patterns, handler, join or sketches), it takes a third of the
+// KeyState's bytes (55 B instead of 162 for examples/bench.yaml's five
+// aggregates and two ids) and decodes without allocating messages; any
+// other state is packed as its KeyState.
+//
+// It is a stored format, version PackedVersion: stored states must read
+// the same in every later build. TestPackedFormatIsPinned holds the bytes;
+// a change to them is a new version, which the reader must tell apart.
 //
 //	packedCore  seq dups now, then per aggregate: count [number last], then
 //	            ids: n, then per id: len id now-at
@@ -33,6 +38,10 @@ const (
 	packedCore  = 1
 	packedProto = 2
 )
+
+// PackedVersion is the version of the packed form described above, which
+// stored packed snapshots carry.
+const PackedVersion = 1
 
 // maxPackedInt bounds the integers a number packs as: beyond it a float64
 // no longer represents every integer.
@@ -86,12 +95,16 @@ func (p *Pipeline) packsCore() bool {
 		return false
 	}
 	for i := range p.aggs {
-		if op := p.aggs[i].op; op == OpDistinct || op == OpQuantiles {
+		if !packsOp(p.aggs[i].op) {
 			return false
 		}
 	}
 	return true
 }
+
+// packsOp reports whether an aggregate of op packs positionally (count,
+// number, last value); the sketches do not.
+func packsOp(op Op) bool { return op >= OpCount && op <= OpLast }
 
 func appendPackedNumber(b []byte, f float64) []byte {
 	if n := int64(f); n > -maxPackedInt && n < maxPackedInt && math.Float64bits(float64(n)) == math.Float64bits(f) {

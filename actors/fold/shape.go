@@ -67,6 +67,11 @@ func parseShape(shape []byte) ([]shapeAgg, error) {
 	for range n {
 		name := string(r.bytes(r.uvarint()))
 		op := string(r.bytes(r.uvarint()))
+		if o := opNames[op]; r.err == nil && !packsOp(o) {
+			// Another op's state packs otherwise, or not at all: a
+			// later build's shape, not to be read as this one's.
+			return nil, fmt.Errorf("fold: shape: aggregate %q of op %q does not pack", name, op)
+		}
 		aggs = append(aggs, shapeAgg{name, op})
 	}
 	if r.err == nil && len(r.b) > 0 {

@@ -1,13 +1,16 @@
 package fold_test
 
 import (
+	"encoding/hex"
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/keyfold/keyfold/actors/fold"
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -121,8 +124,8 @@ func TestShapeNamesAggregates(t *testing.T) {
 	}
 }
 
-// FuzzUnpackShaped: no shape or state bytes panic, or allocate beyond
-// their size.
+// FuzzUnpackShaped: no shape or state bytes panic; what they decode to
+// encodes.
 func FuzzUnpackShaped(f *testing.F) {
 	p := mustCompile(f, packedSpecs()["aggregates"])
 	q := mustCompile(f, packedSpecs()["bench"])
@@ -147,4 +150,89 @@ func FuzzUnpackShaped(f *testing.F) {
 			t.Fatalf("unpacked a state that does not encode: %v", err)
 		}
 	})
+}
+
+// TestPackedFormatIsPinned: the packed form is stored (a key's snapshot,
+// actors/packed.go), so a state packs to the same bytes in every build, and
+// bytes a build stored read the same in every later one: these, of
+// examples/bench.yaml's aggregates after three events (one a duplicate),
+// and their shape. A change to either is a new fold.PackedVersion, which
+// readers of older snapshots must tell apart, not a change of this test.
+func TestPackedFormatIsPinned(t *testing.T) {
+	const (
+		packedHex = "010201f0f192c0f264020100000000000023400002010000000000002940000200042246522201000002000002026531f02e026532b817"
+		shapeHex  = "0506616d6f756e740373756d0762696767657374036d617807636f756e747279046c617374066661696c656405636f756e7405746f74616c05636f756e74"
+	)
+	spec := fold.Spec{Key: "user_id", ID: "event_id", Aggregates: map[string]fold.AggregateSpec{
+		"total":   {Op: "count"},
+		"failed":  {Op: "count", Where: "type == 'login_failed'"},
+		"amount":  {Op: "sum", Field: "amount"},
+		"biggest": {Op: "max", Field: "amount"},
+		"country": {Op: "last", Field: "geo.country"},
+	}}
+	p := mustCompile(t, spec)
+	var s fold.State
+	for i, ev := range []string{
+		`{"user_id":"u1","event_id":"e1","type":"login_failed","amount":12.5,"geo":{"country":"DE"}}`,
+		`{"user_id":"u1","event_id":"e2","type":"login_ok","amount":-3,"geo":{"country":"FR"}}`,
+		`{"user_id":"u1","event_id":"e2","type":"login_ok","amount":100,"geo":{"country":"US"}}`,
+	} {
+		p.Apply(&s, prepare(t, p, ev), int64(1733355000000+i*1500))
+	}
+	packed, err := p.AppendPacked(nil, &s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shape, _ := p.Shape()
+	if hex.EncodeToString(packed) != packedHex || hex.EncodeToString(shape) != shapeHex {
+		t.Fatalf("the packed form changed:\npacked %x\nshape  %x", packed, shape)
+	}
+	stored, _ := hex.DecodeString(packedHex)
+	storedShape, _ := hex.DecodeString(shapeHex)
+	got, err := p.UnpackShaped(storedShape, stored) // its own shape: positional
+	if err != nil {
+		t.Fatal(err)
+	}
+	ks := stateProto(p, &got)
+	want := &keyfoldv1.KeyState{Seq: 2, Duplicates: 1, NowMs: 1733355003000, Aggregates: []*keyfoldv1.AggregateState{
+		{Name: "amount", Op: "sum", Count: 2, Number: 9.5},
+		{Name: "biggest", Op: "max", Count: 2, Number: 12.5},
+		{Name: "country", Op: "last", Count: 2, LastJson: []byte(`"FR"`)},
+		{Name: "failed", Op: "count", Count: 1},
+		{Name: "total", Op: "count", Count: 2},
+	}, Seen: []*keyfoldv1.SeenID{{Id: "e1", AtMs: 1733355000000}, {Id: "e2", AtMs: 1733355001500}}}
+	if !proto.Equal(ks, want) {
+		t.Fatalf("stored bytes read as\n%v\nwant\n%v", ks, want)
+	}
+	// By name, under another configuration.
+	other := spec
+	other.Aggregates = map[string]fold.AggregateSpec{"total": {Op: "count"}, "country": {Op: "last", Field: "geo.country"}}
+	q := mustCompile(t, other)
+	got, err = q.UnpackShaped(storedShape, stored)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want.Aggregates = []*keyfoldv1.AggregateState{want.Aggregates[2], want.Aggregates[4]}
+	if ks := stateProto(q, &got); !proto.Equal(ks, want) {
+		t.Fatalf("stored bytes read by name as\n%v\nwant\n%v", ks, want)
+	}
+}
+
+// A shape naming an op whose state does not pack positionally (a sketch,
+// or one this build does not know) is refused, not read as count, number
+// and last value.
+func TestShapeOfUnpackableOpRefused(t *testing.T) {
+	p := mustCompile(t, packedSpecs()["aggregates"])
+	var s fold.State
+	p.Apply(&s, prepare(t, p, `{"user_id":"k","event_id":"e1","amount":3}`), 1000)
+	packed, err := p.AppendPacked(nil, &s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []string{"distinct", "quantiles", "median"} {
+		shape := append([]byte{1, 1, 'x', byte(len(op))}, op...)
+		if _, err := p.UnpackShaped(shape, packed); err == nil || !strings.Contains(err.Error(), "does not pack") {
+			t.Errorf("shape with op %s: %v", op, err)
+		}
+	}
 }
