@@ -13,7 +13,7 @@ import (
 // A pipeline's shape is what its packed states (AppendPacked) need to be
 // read by name rather than by position: its aggregates' names and ops, in
 // the order the packed form holds them. A store that keeps packed
-// snapshots (actors/grain.go) keeps each shape they were written with
+// snapshots (actors/packed.go) keeps each shape they were written with
 // beside them and the shape's id in each, so a later configuration of the
 // pipeline (aggregates added, removed, renamed or of another op) restores
 // them as it restores a KeyState: by name and op.
