@@ -73,6 +73,9 @@ func (h *Host) recover(ctx context.Context) error {
 			}
 			// (Known once the store's format is: CheckGroups.)
 			h.packed = persistence.AllowsPacked(h.store)
+			if !h.packed {
+				h.log.Info("the store's format does not allow packed snapshots: snapshots are stored as messages, about three times the bytes (a store created by this version allows them)")
+			}
 			break
 		}
 		if errors.Is(err, persistence.ErrGroupsMismatch) || errors.Is(err, persistence.ErrIncompatible) || ctx.Err() != nil {
