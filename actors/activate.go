@@ -61,7 +61,7 @@ func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string
 	out := make([]loaded, len(ids))
 	var (
 		bucketNames []string
-		foreign     []int // packed by another shape than their pipeline's
+		packed      []packedAt
 	)
 	for i, data := range datas {
 		if data == nil {
@@ -72,16 +72,7 @@ func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string
 			if err != nil {
 				return nil, fmt.Errorf("snapshot of %s/%s: %w", ids[i].pipeline, ids[i].key, err)
 			}
-			p := pipelines[ids[i].pipeline]
-			if _, own := p.Shape(); !p.PacksState() || own != ps.shape {
-				foreign = append(foreign, i)
-				continue
-			}
-			state, err := p.UnpackState(ps.state)
-			if err != nil {
-				return nil, fmt.Errorf("snapshot of %s/%s: %w", ids[i].pipeline, ids[i].key, err)
-			}
-			out[i] = loaded{found: true, state: &state, pos: ps.pos}
+			packed = append(packed, packedAt{i, ps})
 			continue
 		}
 		var snap keyfoldv1.Snapshot
@@ -108,7 +99,7 @@ func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string
 			}
 		}
 	}
-	if err := loadForeign(ctx, store, pipelines, g, ids, datas, foreign, out); err != nil {
+	if err := loadPacked(ctx, store, pipelines, g, ids, packed, out); err != nil {
 		return nil, err
 	}
 	for i, snap := range snaps {

@@ -423,8 +423,7 @@ func (g *grain) snapshot() snapshotReply {
 		parts fold.Parts
 		err   error
 	)
-	if g.host.packed && g.pipeline.PacksState() && g.state.OnePart() {
-		_, shapeID := g.pipeline.Shape()
+	if shape, shapeID := g.pipeline.Shape(); g.host.packed && shape != nil && g.state.OnePart() {
 		buf = appendPackedHeader(make([]byte, 0, packedHeaderRoom+int(g.pstats.coreSize.Load())+64), shapeID, g.pos)
 		room = len(buf)
 		parts, err = g.pipeline.SnapshotPartsPacked(&g.state, g.stored, buf)
@@ -443,13 +442,13 @@ func (g *grain) snapshot() snapshotReply {
 	var core persistence.Snapshot // nil Data deletes; its Key is the checkpoint's to name (appendSnapshot)
 	switch {
 	case g.state.Empty():
-	case parts.Packed:
-		g.pstats.coreSize.Store(int64(len(parts.CoreData) - room))
-		core.Data = parts.CoreData
-		r.packed = true
 	case parts.CoreData != nil:
 		g.pstats.coreSize.Store(int64(len(parts.CoreData) - room))
-		core.Data = prependSnapshotHeader(parts.CoreData, room, g.id, g.pos)
+		if r.packed = parts.Packed; r.packed {
+			core.Data = parts.CoreData // the header is in front already
+		} else {
+			core.Data = prependSnapshotHeader(parts.CoreData, room, g.id, g.pos)
+		}
 	default:
 		core.Data, r.err = proto.Marshal(&keyfoldv1.Snapshot{
 			Pipeline: g.id.pipeline,

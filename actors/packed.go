@@ -15,8 +15,8 @@ import (
 
 // A key's snapshot is stored in one of two forms. Any state can be stored
 // as a keyfold.v1.Snapshot (its pipeline, key, position and KeyState, the
-// aggregates by name). The state of a pipeline with aggregates only
-// (fold.Pipeline.PacksState) whose remembered ids are inline (at most 8:
+// aggregates by name). The state of a pipeline with aggregates only (one
+// with a fold.Pipeline.Shape) whose remembered ids are inline (at most 8:
 // fold.State.OnePart) is stored packed, in a store that allows it
 // (persistence.PackedSnapshots), in a third of the bytes:
 //
@@ -89,55 +89,68 @@ func shapeKey(pipeline string, id uint64) string {
 // fixed by its id (the hash of its bytes), whatever group held it.
 var shapes sync.Map // string → []byte
 
-// loadForeign decodes the packed snapshots datas[i], i in which, of keys
-// ids[i] of group g, whose pipelines' shapes changed since they were
-// written, into out[i]: by name, through the shapes they were packed with,
-// read from the group (one read for those not read before).
-func loadForeign(ctx context.Context, store persistence.Store, pipelines map[string]*fold.Pipeline, g uint32, ids []keyID, datas [][]byte, which []int, out []loaded) error {
-	if len(which) == 0 {
-		return nil
-	}
-	type want struct {
+// packedAt is the packed snapshot of the i-th key of a read.
+type packedAt struct {
+	i  int
+	ps packedSnapshot
+}
+
+// loadPacked decodes the packed snapshots of keys ids[at.i] of group g into
+// out[at.i]: positionally those packed with their pipeline's shape, by name
+// through the shape they were packed with the others (their pipelines'
+// aggregates changed since), reading those shapes from the group (one read
+// for the shapes not read before).
+func loadPacked(ctx context.Context, store persistence.Store, pipelines map[string]*fold.Pipeline, g uint32, ids []keyID, packed []packedAt, out []loaded) error {
+	type shapeRef struct {
 		name string
 		id   uint64
 	}
-	var missing []want
-	for _, i := range which {
-		ps, _ := parsePacked(datas[i]) // (parsed by the caller)
-		w := want{shapeKey(ids[i].pipeline, ps.shape), ps.shape}
-		if _, ok := shapes.Load(w.name); !ok && !slices.Contains(missing, w) {
-			missing = append(missing, w)
+	var missing []shapeRef // shapes to read
+	for _, at := range packed {
+		id := ids[at.i]
+		if _, own := pipelines[id.pipeline].Shape(); own == at.ps.shape {
+			continue
+		}
+		ref := shapeRef{shapeKey(id.pipeline, at.ps.shape), at.ps.shape}
+		if _, ok := shapes.Load(ref.name); !ok && !slices.Contains(missing, ref) {
+			missing = append(missing, ref)
 		}
 	}
 	if len(missing) > 0 {
 		names := make([]string, len(missing))
-		for j, w := range missing {
-			names[j] = w.name
+		for j, ref := range missing {
+			names[j] = ref.name
 		}
 		vals, err := store.GetMany(ctx, g, names)
 		if err != nil {
 			return err
 		}
-		for j, w := range missing {
+		for j, ref := range missing {
 			// One that does not hash to its id is not it (and is an
 			// error below).
-			if j < len(vals) && vals[j] != nil && fold.ShapeID(vals[j]) == w.id {
-				shapes.Store(w.name, slices.Clone(vals[j]))
+			if j < len(vals) && vals[j] != nil && fold.ShapeID(vals[j]) == ref.id {
+				shapes.Store(ref.name, slices.Clone(vals[j]))
 			}
 		}
 	}
-	for _, i := range which {
-		ps, _ := parsePacked(datas[i])
-		id := ids[i]
-		shape, ok := shapes.Load(shapeKey(id.pipeline, ps.shape))
-		if !ok {
-			return fmt.Errorf("snapshot of %s/%s: packed with shape %016x, which its group does not hold", id.pipeline, id.key, ps.shape)
+	for _, at := range packed {
+		id := ids[at.i]
+		p := pipelines[id.pipeline]
+		var (
+			state fold.State
+			err   error
+		)
+		if _, own := p.Shape(); own == at.ps.shape {
+			state, err = p.UnpackState(at.ps.state)
+		} else if shape, ok := shapes.Load(shapeKey(id.pipeline, at.ps.shape)); ok {
+			state, err = p.UnpackShaped(shape.([]byte), at.ps.state)
+		} else {
+			err = fmt.Errorf("packed with shape %016x, which its group does not hold", at.ps.shape)
 		}
-		state, err := pipelines[id.pipeline].UnpackShaped(shape.([]byte), ps.state)
 		if err != nil {
 			return fmt.Errorf("snapshot of %s/%s: %w", id.pipeline, id.key, err)
 		}
-		out[i] = loaded{found: true, state: &state, pos: ps.pos}
+		out[at.i] = loaded{found: true, state: &state, pos: at.ps.pos}
 	}
 	return nil
 }

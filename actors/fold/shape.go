@@ -22,22 +22,17 @@ import (
 //
 // (lengths and n are uvarints). Its id is the xxhash64 of those bytes.
 
-// Shape returns the pipeline's shape and its id; nil and 0 if its states
-// do not pack positionally (PacksState).
-func (p *Pipeline) Shape() ([]byte, uint64) {
-	if !p.packsCore() {
-		return nil, 0
-	}
-	return p.shape, p.shapeID
-}
+// Shape returns the pipeline's shape and its id; nil and 0 if AppendPacked
+// does not write its states positionally (only a pipeline with aggregates
+// only does: no windows, patterns, handler, join or sketches).
+func (p *Pipeline) Shape() ([]byte, uint64) { return p.shape, p.shapeID }
 
-// PacksState reports whether AppendPacked writes the pipeline's states
-// positionally (aggregates only: no windows, patterns, handler, join or
-// sketches), so that Shape names their parts.
-func (p *Pipeline) PacksState() bool { return p.packsCore() }
-
-// compileShape sets p.shape and p.shapeID from the compiled aggregates.
+// compileShape sets p.shape and p.shapeID from the compiled pipeline, if
+// its states pack positionally.
 func (p *Pipeline) compileShape() {
+	if !p.packsCore() {
+		return
+	}
 	b := binary.AppendUvarint(nil, uint64(len(p.aggs)))
 	for _, a := range p.aggs {
 		b = binary.AppendUvarint(b, uint64(len(a.name)))

@@ -258,10 +258,11 @@ func (p *Pipeline) SnapshotPartsAppend(s *State, since uint64, dst []byte) (Part
 }
 
 // SnapshotPartsPacked is SnapshotPartsAppend with the core in its packed
-// form (Parts.Packed) where the state packs positionally (PacksState, its
-// ids inline: OnePart); in the KeyState's otherwise.
+// form (Parts.Packed) where the state packs positionally (the pipeline has
+// a Shape, the state's ids are inline: OnePart); in the KeyState's
+// otherwise.
 func (p *Pipeline) SnapshotPartsPacked(s *State, since uint64, dst []byte) (Parts, error) {
-	return p.snapshotParts(s, since, dst, p.packsCore() && s.OnePart())
+	return p.snapshotParts(s, since, dst, p.shape != nil && s.OnePart())
 }
 
 func (p *Pipeline) snapshotParts(s *State, since uint64, dst []byte, packed bool) (Parts, error) {
