@@ -24,23 +24,31 @@ import (
 // again. A cache hit saves the store read, not the decode.
 //
 // Why an entry is current: it is written when a clean key leaves memory,
-// so it holds what the key's snapshot in the store holds; a key that is not
-// in memory does not change (resident.go: only an actor applies inputs, and
-// activation takes the key into memory first); and an entry is deleted
-// when its key comes back into memory (newGrainLocked), before anything can
-// change it. The store's snapshot of a key changes otherwise only in
-// another incarnation of its group (a take-over replaying it, another node
-// owning it): an entry carries the group's epoch and counts only in it.
+// so it holds what the key's snapshot in the store holds, and a key that is
+// not in memory does not change (resident.go: only an actor applies inputs,
+// and activation takes the key into memory first). An entry stays when its
+// key comes back into memory: nothing reads it while the key is there
+// (activation looks in memory first, and a commit's prefetch only for keys
+// in memory nowhere), and the key leaves memory again only through put,
+// which replaces the entry or deletes it if it does not keep the key, or
+// changed, into the spill, which activation reads before the cache and
+// whose checkpoint replaces the entry (spill.go). (The delete at each
+// activation was a cache miss in fastcache's index, about 1% of the CPU at a
+// million keys, BENCHMARKS.md session 32; the entry's bytes stay in its
+// chunk either way until the ring wraps.) The store's snapshot of a key
+// changes otherwise only in another incarnation of its group (a take-over
+// replaying it, another node owning it): an entry carries the group's
+// epoch and counts only in it.
 //
 // The cache is VictoriaMetrics' fastcache: it keeps entries in 64 KiB
 // chunks outside the Go heap (so the collector neither scans them nor
 // counts them towards the heap's growth: held as grains, the same keys
 // cost twice their size in heap, BENCHMARKS.md session 10), indexed by
 // maps without pointers, and evicts the oldest chunk of a bucket when the
-// budget is full. Written only at eviction and deleted at activation, an
-// entry's age is the time since its key was last used: oldest first is
-// least recently used first. A hash collision or a deleted entry is a
-// miss, which only costs the store read. Every call but lookup runs
+// budget is full. Written only as its key leaves memory, an entry's age is
+// the time since its key was last used: oldest first is least recently
+// used first. A hash collision or a deleted entry is a miss, which only
+// costs the store read. Every call but lookup runs
 // under h.mu, so the scratch buffers are the host's; lookup, which a
 // commit's read calls without it, takes its caller's.
 type snapshotCache struct {
@@ -76,19 +84,25 @@ func (c *snapshotCache) name(id keyID) []byte {
 }
 
 // put keeps a clean key's state as it leaves memory, if it is one part
-// (ids inline) and small enough. Not kept: an empty state (the store has no
-// snapshot of it, and from there it comes back as a new key), and one with
-// changes its snapshot lacks though the key is clean (a restore that asked
-// for a new bucket layout, fold.RestoreParts: a copy would forget to delete
-// the old buckets). h.mu must be held.
+// (ids inline) and small enough; otherwise it deletes the key's entry, which
+// may be from an earlier time the key left memory. Not kept: an empty state
+// (the store has no snapshot of it, and from there it comes back as a new
+// key), and one with changes its snapshot lacks though the key is clean (a
+// restore that asked for a new bucket layout, fold.RestoreParts: a copy
+// would forget to delete the old buckets). h.mu must be held.
 func (c *snapshotCache) put(g *grain) {
-	if c.c == nil || !g.state.OnePart() || g.state.Empty() || g.state.Version() > max(g.stored, g.savedAt.Load()) {
+	if c.c == nil {
+		return
+	}
+	if !g.state.OnePart() || g.state.Empty() || g.state.Version() > max(g.stored, g.savedAt.Load()) {
+		c.del(g.id)
 		return
 	}
 	defer func() {
 		// A Go handler's codec runs here, under h.mu: a panic in it must
 		// not leave the lock held (it fails the key's next snapshot too).
 		if r := recover(); r != nil {
+			c.del(g.id)
 			g.host.log.Error("snapshot cache: encoding panicked; not cached", "pipeline", g.id.pipeline, "key", g.id.key, "panic", r)
 		}
 	}()
@@ -99,10 +113,11 @@ func (c *snapshotCache) put(g *grain) {
 	if err != nil {
 		// Not cached: the store has it. (The checkpoint that stored
 		// this state encoded it, so this does not happen.)
+		c.del(g.id)
 		g.host.log.Warn("snapshot cache: encode failed", "pipeline", g.id.pipeline, "key", g.id.key, "err", err)
 		return
 	}
-	c.c.Set(c.name(g.id), v) // (not kept if beyond fastcache's 64 KiB per entry)
+	c.set(c.name(g.id), v)
 }
 
 // putValue keeps the state of a clean key that left memory from the
@@ -114,11 +129,26 @@ func (c *snapshotCache) putValue(name []byte, epoch persistence.Epoch, value []b
 	}
 	v := append(binary.AppendUvarint(c.val[:0], epoch), value...)
 	c.val = v[:0]
+	c.set(name, v)
+}
+
+// maxEntryBytes bounds what fastcache keeps: an entry of 64 KiB or more,
+// with its name and 4 bytes of lengths, it silently does not store, and
+// the key's older entry would stay.
+const maxEntryBytes = 1<<16 - 4
+
+// set writes the entry of a key, or deletes its older one if the entry is
+// too large to keep.
+func (c *snapshotCache) set(name, v []byte) {
+	if len(name)+len(v) >= maxEntryBytes {
+		c.c.Del(name)
+		return
+	}
 	c.c.Set(name, v)
 }
 
-// get returns the cached state of a key of a group in epoch, or nil; the
-// entry stays (newGrainLocked deletes it). h.mu must be held.
+// get returns the cached state of a key of a group in epoch, or nil. h.mu
+// must be held.
 func (c *snapshotCache) get(id keyID, epoch persistence.Epoch) *loaded {
 	state, _, key := c.lookup(c.key, nil, id, epoch)
 	c.key = key
@@ -150,7 +180,7 @@ func (c *snapshotCache) lookup(scratch, dst []byte, id keyID, epoch persistence.
 	return nil, v[:start], scratch
 }
 
-// del forgets a key (it is back in memory). h.mu must be held.
+// del forgets a key's entry. h.mu must be held.
 func (c *snapshotCache) del(id keyID) {
 	if c.c != nil {
 		c.c.Del(c.name(id))

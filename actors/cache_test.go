@@ -2,12 +2,16 @@ package actors_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/keyfold/keyfold/actors"
+	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/persistence/embedded"
 	"github.com/keyfold/keyfold/persistence/faultstore"
 )
@@ -193,6 +197,74 @@ func TestCachedKeysOfAGroupThatMovedAreNotUsed(t *testing.T) {
 				t.Fatalf("%s = sum %v, want %d", k, v.Aggregates["sum"], sums[k])
 			}
 		}
+	}
+}
+
+// A key back in memory from the snapshot cache keeps its entry there; as
+// it leaves memory again the entry is replaced, or deleted if the key is
+// not cached then. A key deleted since (an empty state is not cached) and
+// one whose state grew beyond what fastcache keeps (64 KiB an entry) come
+// back as they are, not as the entry had them.
+func TestCacheEntryOfAKeyThatLeavesUncached(t *testing.T) {
+	p, err := fold.Compile("p", fold.Spec{Key: "k", ID: "id", Aggregates: map[string]fold.AggregateSpec{
+		"n":    {Op: "count"},
+		"last": {Op: "last", Field: "s"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := cacheConfig(4)
+	cfg.Pipelines = map[string]*fold.Pipeline{"p": p}
+	hs := start(t, openStore(t, t.TempDir()), cfg)
+	defer hs.shutdown()
+	ev := func(k, id, s string) []byte {
+		b, _ := json.Marshal(map[string]any{"k": k, "id": id, "s": s})
+		return b
+	}
+	const keys = 300
+	for i := range keys {
+		hs.ingest(ev(fmt.Sprintf("k%d", i), "x", "small"))
+	}
+	through := func(what string) { // every key through memory: the others leave it
+		t.Helper()
+		eventually(t, "the keys to be checkpointed", func() bool { return hs.host.Stats().DirtyKeys == 0 })
+		for i := range keys {
+			if _, err := hs.host.Query(context.Background(), "p", fmt.Sprintf("k%d", i)); err != nil && !errors.Is(err, actors.ErrNotFound) {
+				t.Fatal(err)
+			}
+		}
+		eventually(t, what, func() bool {
+			st := hs.host.Stats()
+			return st.DirtyKeys == 0 && st.ActiveKeys <= 5 && st.CachedKeys >= keys/2
+		})
+	}
+	through("keys to leave memory into the cache")
+	var back []string // keys in the cache, brought back by what follows
+	for i := 0; i < keys && len(back) < 2; i++ {
+		if k := fmt.Sprintf("k%d", i); !actors.InMemory(hs.host, "p", k) && actors.CachedKeys(hs.host, "p", slices.Values([]string{k})) == 1 {
+			back = append(back, k)
+		}
+	}
+	if len(back) < 2 {
+		t.Fatal("fewer than two keys in the cache")
+	}
+	deleted, grown := back[0], back[1]
+	if err := hs.host.Delete(context.Background(), "p", deleted); err != nil {
+		t.Fatal(err)
+	}
+	huge := strings.Repeat("y", 70<<10)
+	hs.ingest(ev(grown, "z", huge))
+	through("the two keys to leave memory again")
+	for _, k := range back {
+		if actors.InMemory(hs.host, "p", k) {
+			t.Fatalf("%s is still in memory", k)
+		}
+	}
+	if v, err := hs.host.Query(context.Background(), "p", deleted); !errors.Is(err, actors.ErrNotFound) {
+		t.Errorf("deleted key %s = %+v, %v; want not found (the cache's entry of it before)", deleted, v, err)
+	}
+	if v := hs.query(grown); v.Seq != 2 || fmt.Sprintf("%s", v.Aggregates["last"]) != `"`+huge+`"` {
+		t.Errorf("%s = seq %d, last %.20s; want seq 2 and the 70 KiB value (the cache's entry of it before)", grown, v.Seq, v.Aggregates["last"])
 	}
 }
 

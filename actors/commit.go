@@ -348,11 +348,9 @@ func (h *Host) commit(reqs []*ingestReq) {
 				// this commit's own, each once: it still is not, and
 				// needs no second look-up (a cache miss in a map of
 				// the keys in memory; 2% of the CPU at ten million
-				// keys). Nor can the snapshot cache have an entry of
-				// it that the prefetch did not find there: an entry is
-				// written only as a key leaves memory.
+				// keys).
 				l := pf.take(kb.id)
-				h.markDirtyLocked(h.activateLocked(kb.id, gb.group, &kb.msg, l, l != nil && l.cached == nil), pos)
+				h.markDirtyLocked(h.activateLocked(kb.id, gb.group, &kb.msg, l), pos)
 				entered = h.entered
 				continue
 			}

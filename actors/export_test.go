@@ -9,15 +9,16 @@ import (
 )
 
 // CachedKeys returns how many of a pipeline's keys the snapshot cache
-// would return now (for benchmarks: the cache's own count, Stats.CachedKeys,
-// may count entries whose space it reused, see snapshotCache.stats).
+// would return now: of those in memory nowhere (for benchmarks: the
+// cache's own count, Stats.CachedKeys, may count entries whose space it
+// reused, see snapshotCache.stats, and keeps those of keys back in memory).
 func CachedKeys(h *Host, pipeline string, keys func(yield func(string) bool)) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	n := 0
 	for key := range keys {
-		id := keyID{pipeline, key}
-		if h.cache.get(id, h.groups[h.GroupOf(pipeline, key)].epoch) != nil {
+		id, g := keyID{pipeline, key}, h.GroupOf(pipeline, key)
+		if _, spilled := h.findSpilledLocked(id, g); h.lookupLocked(id, g) == nil && !spilled && h.cache.get(id, h.groups[g].epoch) != nil {
 			n++
 		}
 	}

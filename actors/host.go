@@ -619,10 +619,8 @@ func (h *Host) sendRead(pipeline, key string, msg any) error {
 // snapshot was read already, else from the spill if it is there (dirty, as
 // it left), else from the snapshot cache, else from the store (unless the
 // key is known to be new). (A key read already was not spilled then, and
-// cannot be since: activate.go.) uncached says that the snapshot cache
-// holds no entry of the key, so there is none to delete (a commit knows it
-// of a key its prefetch did not find there: commit.go). h.mu must be held.
-func (h *Host) newGrainLocked(id keyID, group uint32, l *loaded, uncached bool) *grain {
+// cannot be since: activate.go.) h.mu must be held.
+func (h *Host) newGrainLocked(id keyID, group uint32, l *loaded) *grain {
 	gs := &h.groups[group]
 	var (
 		dirtyAt persistence.Position
@@ -631,16 +629,10 @@ func (h *Host) newGrainLocked(id keyID, group uint32, l *loaded, uncached bool) 
 	if l == nil {
 		l, dirtyAt, lastNow = h.unspillLocked(id, group)
 	}
-	if !gs.complete && (l == nil || !l.spilled) && !uncached {
-		// (A spilled key has no cache entry: it was in memory since. At
-		// ten million keys the delete of an entry that is not there, a
-		// cache miss in fastcache's index, was 2% of the CPU.)
-		// Back in memory, the key may change: its cached state would be
-		// stale once it leaves again (cache.go).
-		if l == nil {
-			l = h.cache.get(id, gs.epoch)
-		}
-		h.cache.del(id)
+	if l == nil && !gs.complete {
+		// (Its entry stays: the key replaces or deletes it as it leaves
+		// memory again, cache.go.)
+		l = h.cache.get(id, gs.epoch)
 	}
 	if l == nil && (gs.complete || !gs.stored.mayHave(id)) {
 		l = newKey // nothing to read
@@ -668,17 +660,17 @@ func (h *Host) sendLocked(id keyID, group uint32, msg any) *grain {
 func (h *Host) sendLoadedLocked(id keyID, group uint32, msg any, l *loaded) *grain {
 	g := h.lookupLocked(id, group)
 	if g == nil { // (a grain of a dropped incarnation still stopping is replaced)
-		return h.activateLocked(id, group, msg, l, false)
+		return h.activateLocked(id, group, msg, l)
 	}
 	h.deliverLocked(g, msg)
 	return g
 }
 
 // activateLocked sends msg to a key that is not in memory (lookupLocked
-// finds no grain of it), in a new grain; l and uncached are
-// newGrainLocked's. h.mu must be held.
-func (h *Host) activateLocked(id keyID, group uint32, msg any, l *loaded, uncached bool) *grain {
-	g := h.newGrainLocked(id, group, l, uncached)
+// finds no grain of it), in a new grain from l (newGrainLocked). h.mu must
+// be held.
+func (h *Host) activateLocked(id keyID, group uint32, msg any, l *loaded) *grain {
+	g := h.newGrainLocked(id, group, l)
 	h.keys[id] = g
 	h.entered++
 	h.spawnLocked(g)

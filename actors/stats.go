@@ -75,7 +75,8 @@ type Stats struct {
 	ResidentKeys  int
 	ResidentBytes int64
 	// CachedKeys are the entries of the snapshot cache's index (cache.go:
-	// an upper bound of the keys whose state it keeps, up to twice them),
+	// an upper bound of the keys whose state it keeps, up to twice them;
+	// keys back in memory keep their entry until they leave again),
 	// CacheBytes the memory it holds; CacheHits counts the
 	// activations that decoded a cached state instead of reading the
 	// store, CacheMisses those that looked in the cache and read the store.

@@ -38,7 +38,7 @@ func RegisterHost(reg prometheus.Registerer, stats func() actors.Stats) error {
 		gauge("active_keys", "Key actors in memory.", func(s actors.Stats) float64 { return float64(s.ActiveKeys) }),
 		gauge("resident_keys", "Keys held in memory without an actor (passivated, within max_memory).", func(s actors.Stats) float64 { return float64(s.ResidentKeys) }),
 		gauge("resident_bytes", "Estimated memory of the keys held without an actor.", func(s actors.Stats) float64 { return float64(s.ResidentBytes) }),
-		gauge("cached_keys", "Entries of the snapshot cache's index: keys that left memory whose state it keeps packed, within cache_memory (it forgets entries whose space it reused lazily: up to twice the keys it can return).", func(s actors.Stats) float64 { return float64(s.CachedKeys) }),
+		gauge("cached_keys", "Entries of the snapshot cache's index: keys that left memory whose state it keeps packed, within cache_memory (it forgets entries whose space it reused lazily, and keys back in memory keep theirs until they leave again: up to twice the keys it can return).", func(s actors.Stats) float64 { return float64(s.CachedKeys) }),
 		gauge("cache_bytes", "Memory of the snapshot cache (outside the Go heap).", func(s actors.Stats) float64 { return float64(s.CacheBytes) }),
 		counter("activations_cached_total", "Key actors activated from the snapshot cache, without a store read.", func(s actors.Stats) float64 { return float64(s.CacheHits) }),
 		counter("activations_cache_misses_total", "Key actors activated from the store after the snapshot cache did not have them.", func(s actors.Stats) float64 { return float64(s.CacheMisses) }),
