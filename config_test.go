@@ -196,7 +196,6 @@ func TestWithDefaults(t *testing.T) {
 	d.Logger, d.Metrics = nil, nil
 	want := Config{
 		DataDir:            DefaultDataDir,
-		KeyGroups:          actors.DefaultGroups,
 		CheckpointInterval: actors.DefaultCheckpointInterval,
 		CheckpointBytes:    actors.DefaultCheckpointBytes,
 		IdleTimeout:        actors.DefaultIdleTimeout,

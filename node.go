@@ -23,6 +23,7 @@ import (
 	"github.com/keyfold/keyfold/actors"
 	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/cluster"
+	"github.com/keyfold/keyfold/persistence"
 	"github.com/keyfold/keyfold/persistence/embedded"
 	"github.com/keyfold/keyfold/persistence/redisstore"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
@@ -39,6 +40,7 @@ type Node struct {
 	budget    *services.Budget // ingest memory, shared by HTTP and gRPC
 
 	host      atomic.Pointer[actors.Host]  // set once recovered
+	groups    atomic.Uint32                // the number of key groups, once known (keyGroups)
 	clu       atomic.Pointer[cluster.Node] // set at start in a cluster: see router
 	startedAt time.Time
 	ready     chan struct{}
@@ -238,6 +240,16 @@ func (n *Node) run(ctx context.Context) (err error) {
 		stopGRPC()
 	}
 
+	groups, err := n.resolveKeyGroups(ctx, store)
+	if err != nil {
+		stopServers()
+		if ctx.Err() != nil {
+			log.Info("stopped before recovery")
+			return nil
+		}
+		return err
+	}
+	n.groups.Store(groups)
 	var owned []uint32 // nil: all
 	if n.cfg.Cluster != "" {
 		owned = []uint32{} // placement gives the groups
@@ -246,7 +258,7 @@ func (n *Node) run(ctx context.Context) (err error) {
 		Owned:              owned,
 		Store:              store,
 		Pipelines:          n.pipelines,
-		Groups:             n.cfg.KeyGroups,
+		Groups:             groups,
 		CheckpointInterval: n.cfg.CheckpointInterval,
 		CheckpointBytes:    n.cfg.CheckpointBytes,
 		IdleTimeout:        n.cfg.IdleTimeout,
@@ -582,3 +594,41 @@ func (n *Node) diskStats() metrics.DiskStats {
 	d := n.disk.Load().Disk()
 	return metrics.DiskStats{Full: d.Full, FreeBytes: d.FreeBytes, ReserveBytes: d.ReserveBytes}
 }
+
+// resolveKeyGroups returns the number of key groups the node runs with: the
+// configured one; unset, the one the store records, so that a deployment
+// keeps its number whatever the default is; for a new store, the default
+// (DefaultKeyGroups, or DefaultClusterKeyGroups in a cluster). It retries
+// while the store is unavailable, as recovery does, until ctx ends.
+func (n *Node) resolveKeyGroups(ctx context.Context, store persistence.Store) (uint32, error) {
+	if n.cfg.KeyGroups != 0 {
+		return n.cfg.KeyGroups, nil
+	}
+	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+		groups, err := persistence.RecordedGroups(ctx, store)
+		if err == nil {
+			from := "recorded in the store"
+			if groups == 0 {
+				groups, from = DefaultKeyGroups, "the default, for a new store"
+				if n.cfg.Cluster != "" {
+					groups, from = DefaultClusterKeyGroups, "the default, for a new cluster's store"
+				}
+			}
+			n.cfg.Logger.Info("key groups", "groups", groups, "from", from)
+			return groups, nil
+		}
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		n.cfg.Logger.Warn("store unavailable; retrying", "err", err, "in", backoff)
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// keyGroups returns the number of key groups the node runs with, 0 until
+// its store said (resolveKeyGroups).
+func (n *Node) keyGroups() uint32 { return n.groups.Load() }

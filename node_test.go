@@ -138,6 +138,45 @@ func TestKeyGroupsFixed(t *testing.T) {
 	}
 }
 
+// TestKeyGroupsFromTheStore: a node whose configuration leaves key_groups
+// unset runs with the number its store records (here 8, as a deployment
+// created under an older default keeps its own), with the keys it stored;
+// a new store gets the default.
+func TestKeyGroupsFromTheStore(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	n, errc := start(t, testConfig(t, dir)) // key_groups 8
+	if _, err := n.Ingest(ctx, "p", []json.RawMessage{[]byte(`{"k":"a","id":"1"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	n.Close()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	groups := func(n *keyfold.Node) uint32 {
+		t.Helper()
+		info, err := n.Cluster(ctx, "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.KeyGroups
+	}
+	cfg := testConfig(t, dir)
+	cfg.KeyGroups = 0
+	again := run(t, cfg)
+	if g := groups(again); g != 8 {
+		t.Errorf("key groups on a store of 8, unset in the configuration: %d", g)
+	}
+	if st, err := again.Query(ctx, "p", "a"); err != nil || st.Seq != 1 {
+		t.Errorf("a = %+v, %v; want seq 1", st, err)
+	}
+	fresh := testConfig(t, t.TempDir())
+	fresh.KeyGroups = 0
+	if g := groups(run(t, fresh)); g != keyfold.DefaultKeyGroups {
+		t.Errorf("key groups of a new store, unset in the configuration: %d, want %d", g, keyfold.DefaultKeyGroups)
+	}
+}
+
 // TestSecondNodeOnSameDirRefused: the embedded store locks its directory.
 func TestSecondNodeOnSameDirRefused(t *testing.T) {
 	dir := t.TempDir()

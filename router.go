@@ -72,7 +72,7 @@ func (n *Node) newCluster(store persistence.Store, h *actors.Host) (*cluster.Nod
 	return cluster.New(cluster.Config{
 		Name:            n.cfg.Cluster,
 		Self:            self,
-		Groups:          n.cfg.KeyGroups,
+		Groups:          n.keyGroups(),
 		Peers:           n.cfg.Peers,
 		Lease:           n.cfg.ClusterLease,
 		Store:           store,
@@ -131,16 +131,16 @@ func (localRouter) Joined() bool   { return true }
 
 // Stats: one member owning every group.
 func (l localRouter) Stats() cluster.Stats {
-	return cluster.Stats{Members: 1, GroupsOwned: int(l.n.cfg.KeyGroups)}
+	return cluster.Stats{Members: 1, GroupsOwned: int(l.n.keyGroups())}
 }
 
 // Info: a cluster of one, or ErrNotReady for a member not started yet.
 func (l localRouter) Info(_ context.Context, pipeline, key string) (cluster.Info, error) {
-	info := cluster.Info{Self: l.Self(), KeyGroups: l.n.cfg.KeyGroups, Membership: "single"}
+	info := cluster.Info{Self: l.Self(), KeyGroups: l.n.keyGroups(), Membership: "single"}
 	if l.n.cfg.Cluster != "" {
 		return info, ErrNotReady
 	}
-	info.Members = []cluster.MemberInfo{cluster.NewMemberInfo(l.n.status(), int(l.n.cfg.KeyGroups))}
+	info.Members = []cluster.MemberInfo{cluster.NewMemberInfo(l.n.status(), int(l.n.keyGroups()))}
 	if h := l.n.host.Load(); key != "" && h != nil { // the layout is known once the host recovered
 		info.Key = &cluster.KeyOwner{Pipeline: pipeline, Key: key, Group: h.GroupOf(pipeline, key), Owner: info.Self}
 	}

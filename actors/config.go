@@ -19,7 +19,8 @@ type Config struct {
 	Store persistence.Store
 	// Pipelines by name. Required.
 	Pipelines map[string]*fold.Pipeline
-	// Groups is the number of key groups, fixed for the deployment.
+	// Groups is the number of key groups, fixed for the deployment (0:
+	// DefaultGroups).
 	Groups uint32
 	// Owned lists the key groups Recover takes over; nil means all of them
 	// (one node). SetOwned changes them later.
@@ -76,7 +77,7 @@ type Config struct {
 
 // Defaults.
 const (
-	DefaultGroups             = 256
+	DefaultGroups             = 64
 	DefaultCheckpointInterval = 30 * time.Second
 	DefaultCheckpointBytes    = 64 << 20
 	DefaultCheckpointRecords  = 1000

@@ -188,6 +188,25 @@ type Store interface {
 	io.Closer
 }
 
+// GroupsRecorder is implemented by a store that tells the number of key
+// groups it records before CheckGroups is called, so that a node whose
+// configuration leaves it unset adopts the deployment's (keyfold's default
+// applies to a new store only).
+type GroupsRecorder interface {
+	// RecordedGroups returns the number of key groups the store records,
+	// 0 if it records none yet (a new store).
+	RecordedGroups(ctx context.Context) (uint32, error)
+}
+
+// RecordedGroups returns the number of key groups s records: 0 for a new
+// store, and for one that does not implement GroupsRecorder.
+func RecordedGroups(ctx context.Context, s Store) (uint32, error) {
+	if r, ok := s.(GroupsRecorder); ok {
+		return r.RecordedGroups(ctx)
+	}
+	return 0, nil
+}
+
 // PackedSnapshots is implemented by a store that allows snapshots in
 // keyfold's packed form (actors/packed.go): one whose every reader knows
 // it, because the store's recorded format keeps older keyfolds, which do

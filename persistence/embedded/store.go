@@ -68,6 +68,7 @@ type Store struct {
 var (
 	_ persistence.Store           = (*Store)(nil)
 	_ persistence.PackedSnapshots = (*Store)(nil)
+	_ persistence.GroupsRecorder  = (*Store)(nil)
 )
 
 // group is a key group's state, loaded on its first use.
@@ -842,6 +843,34 @@ func (s *Store) GetMany(ctx context.Context, id uint32, keys []string) ([][]byte
 
 // CheckGroups records the number of key groups and the layout in a new store
 // and checks the count in an existing one, returning its layout.
+// RecordedGroups returns the number of key groups the store records (0:
+// none yet) (persistence.GroupsRecorder).
+func (s *Store) RecordedGroups(ctx context.Context) (uint32, error) {
+	if err := s.begin(ctx); err != nil {
+		return 0, fmt.Errorf("embedded: recorded groups: %w", err)
+	}
+	defer s.end()
+	s.metaMu.Lock()
+	defer s.metaMu.Unlock()
+	var groups uint32
+	err := s.inPebble(func() error {
+		b, closer, err := s.db.Get(metaGroupsKey)
+		if errors.Is(err, pebble.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		defer closer.Close()
+		groups, err = decodeUint32(b)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("embedded: recorded groups: %w", err)
+	}
+	return groups, nil
+}
+
 func (s *Store) CheckGroups(ctx context.Context, groups, layout uint32) (uint32, error) {
 	if groups == 0 {
 		return 0, fmt.Errorf("embedded: check groups: the number of key groups must be positive")

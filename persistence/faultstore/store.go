@@ -23,6 +23,7 @@ type Store struct {
 var (
 	_ persistence.Store           = (*Store)(nil)
 	_ persistence.PackedSnapshots = (*Store)(nil)
+	_ persistence.GroupsRecorder  = (*Store)(nil)
 )
 
 // New returns a Store that passes calls to inner, with no faults arranged.
@@ -248,6 +249,12 @@ func (s *Store) Get(ctx context.Context, group uint32, key string) ([]byte, erro
 		return nil, err
 	}
 	return b, nil
+}
+
+// RecordedGroups forwards to the wrapped store (persistence.GroupsRecorder),
+// without faults.
+func (s *Store) RecordedGroups(ctx context.Context) (uint32, error) {
+	return persistence.RecordedGroups(ctx, s.inner)
 }
 
 // CheckGroups implements persistence.Store.

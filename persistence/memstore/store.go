@@ -28,6 +28,7 @@ type Store struct {
 var (
 	_ persistence.Store           = (*Store)(nil)
 	_ persistence.PackedSnapshots = (*Store)(nil)
+	_ persistence.GroupsRecorder  = (*Store)(nil)
 )
 
 // PackedSnapshots reports that the store allows packed snapshots
@@ -334,6 +335,16 @@ func (s *Store) GetMany(ctx context.Context, id uint32, keys []string) ([][]byte
 }
 
 // CheckGroups implements persistence.Store.
+// RecordedGroups returns the number of key groups the store records (0:
+// none yet) (persistence.GroupsRecorder).
+func (s *Store) RecordedGroups(ctx context.Context) (uint32, error) {
+	if err := s.lock(ctx); err != nil {
+		return 0, fmt.Errorf("memstore: recorded groups: %w", err)
+	}
+	defer s.d.mu.Unlock()
+	return s.d.groups, nil
+}
+
 func (s *Store) CheckGroups(ctx context.Context, groups, layout uint32) (uint32, error) {
 	if groups == 0 {
 		return 0, errors.New("memstore: check groups: the number of key groups must be positive")

@@ -11,6 +11,15 @@ import (
 // CheckGroups records the first count and layout, rejects another count
 // and returns the first layout whatever later calls pass.
 func testCheckGroups(e *env) {
+	recorded := func(want uint32, when string) {
+		e.t.Helper()
+		if r, ok := e.s.(persistence.GroupsRecorder); ok {
+			if n, err := r.RecordedGroups(e.ctx); err != nil || n != want {
+				e.t.Errorf("RecordedGroups %s = %d, %v; want %d", when, n, err, want)
+			}
+		}
+	}
+	recorded(0, "of a new store")
 	for i := range 2 {
 		layout, err := e.s.CheckGroups(e.ctx, 256, uint32(7+i))
 		if err != nil {
@@ -23,6 +32,7 @@ func testCheckGroups(e *env) {
 	if _, err := e.s.CheckGroups(e.ctx, 128, 7); !errors.Is(err, persistence.ErrGroupsMismatch) {
 		e.t.Errorf("CheckGroups(128) after 256 = %v, want an error wrapping ErrGroupsMismatch", err)
 	}
+	recorded(256, "after CheckGroups(256)")
 }
 
 // The recorded group count and layout survive a reopen.
@@ -31,6 +41,11 @@ func testCheckGroupsReopen(e *env) {
 		e.t.Fatalf("CheckGroups(256): %v", err)
 	}
 	e.reopen()
+	if r, ok := e.s.(persistence.GroupsRecorder); ok {
+		if n, err := r.RecordedGroups(e.ctx); err != nil || n != 256 {
+			e.t.Errorf("RecordedGroups after reopen = %d, %v; want 256", n, err)
+		}
+	}
 	if _, err := e.s.CheckGroups(e.ctx, 128, 2); !errors.Is(err, persistence.ErrGroupsMismatch) {
 		e.t.Errorf("CheckGroups(128) after reopen = %v, want an error wrapping ErrGroupsMismatch", err)
 	}

@@ -45,6 +45,7 @@ type Store struct {
 var (
 	_ persistence.Store           = (*Store)(nil)
 	_ persistence.PackedSnapshots = (*Store)(nil)
+	_ persistence.GroupsRecorder  = (*Store)(nil)
 )
 
 // New returns a store that uses c, which may be a single-node, Sentinel
@@ -557,6 +558,26 @@ func (s *Store) GetMany(ctx context.Context, group uint32, keys []string) ([][]b
 // (persistence.PackedSnapshots): whether CheckGroups found it at format 2
 // (every store it creates is; one created at format 1 stays so).
 func (s *Store) PackedSnapshots() bool { return s.packed.Load() }
+
+// RecordedGroups returns the number of key groups the store records (0:
+// none yet) (persistence.GroupsRecorder).
+func (s *Store) RecordedGroups(ctx context.Context) (uint32, error) {
+	if err := s.begin(ctx); err != nil {
+		return 0, s.wrap("recorded groups", err)
+	}
+	v, err := s.c.HGet(ctx, s.k.meta(), "groups").Result()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, s.wrap("recorded groups", err)
+	}
+	n, err := strconv.ParseUint(v, 10, 32)
+	if err != nil {
+		return 0, s.wrap("recorded groups", fmt.Errorf("%s has key groups %q", s.k.meta(), v))
+	}
+	return uint32(n), nil
+}
 
 // CheckGroups records the layout version, number of key groups and key-group
 // layout in a new store and checks the first two in an existing one,
