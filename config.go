@@ -75,7 +75,7 @@ type Config struct {
 	// KeyGroups is the number of key groups. It is fixed for a deployment:
 	// a store created with another number refuses to open. Unset, a node
 	// takes the number its store records; a new store gets
-	// DefaultKeyGroups (64), or DefaultClusterKeyGroups (256) in a cluster.
+	// DefaultKeyGroups (256).
 	KeyGroups uint32 `yaml:"key_groups"`
 	// CheckpointInterval bounds the time between checkpoints of a quiet
 	// node (default 30s).
@@ -197,14 +197,12 @@ const (
 	DefaultMaxIngestBytes       = services.DefaultMaxIngestBytes
 	DefaultMaxBatchEvents       = services.DefaultMaxBatchEvents
 	DefaultShutdownTimeout      = 10 * time.Second
-	// DefaultKeyGroups is the number of key groups of a new store of a
-	// node alone, DefaultClusterKeyGroups of a cluster's (when key_groups
-	// is unset; a node takes the number an existing store records). Fewer,
-	// larger log records cost a single node less per event (on Redis a
-	// third of its CPU); a cluster needs groups enough to spread evenly
-	// (docs/decisions/2026-12-05-key-groups.md).
-	DefaultKeyGroups        = actors.DefaultGroups
-	DefaultClusterKeyGroups = 256
+	// DefaultKeyGroups is the number of key groups of a new store when
+	// key_groups is unset (a node takes the number an existing store
+	// records). 64 cost a node alone on Redis a third less Redis CPU per
+	// event, and lengthened the ack tail at half load on the embedded
+	// store (docs/decisions/2026-12-05-key-groups.md).
+	DefaultKeyGroups = actors.DefaultGroups
 	// MaxKeyGroups bounds key_groups: each group costs a little memory and a
 	// claim at start whether or not it holds keys.
 	MaxKeyGroups = 1 << 16

@@ -597,8 +597,8 @@ func (n *Node) diskStats() metrics.DiskStats {
 
 // resolveKeyGroups returns the number of key groups the node runs with: the
 // configured one; unset, the one the store records, so that a deployment
-// keeps its number whatever the default is; for a new store, the default
-// (DefaultKeyGroups, or DefaultClusterKeyGroups in a cluster). It retries
+// keeps its number (a store created with key_groups set needs it set no
+// more); for a new store, DefaultKeyGroups. It retries
 // while the store is unavailable, as recovery does, until ctx ends.
 func (n *Node) resolveKeyGroups(ctx context.Context, store persistence.Store) (uint32, error) {
 	if n.cfg.KeyGroups != 0 {
@@ -610,9 +610,6 @@ func (n *Node) resolveKeyGroups(ctx context.Context, store persistence.Store) (u
 			from := "recorded in the store"
 			if groups == 0 {
 				groups, from = DefaultKeyGroups, "the default, for a new store"
-				if n.cfg.Cluster != "" {
-					groups, from = DefaultClusterKeyGroups, "the default, for a new cluster's store"
-				}
 			}
 			n.cfg.Logger.Info("key groups", "groups", groups, "from", from)
 			return groups, nil

@@ -139,9 +139,8 @@ func TestKeyGroupsFixed(t *testing.T) {
 }
 
 // TestKeyGroupsFromTheStore: a node whose configuration leaves key_groups
-// unset runs with the number its store records (here 8, as a deployment
-// created under an older default keeps its own), with the keys it stored;
-// a new store gets the default.
+// unset runs with the number its store records (here 8, set when the store
+// was created), with the keys it stored; a new store gets the default.
 func TestKeyGroupsFromTheStore(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()

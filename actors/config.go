@@ -77,7 +77,7 @@ type Config struct {
 
 // Defaults.
 const (
-	DefaultGroups             = 64
+	DefaultGroups             = 256
 	DefaultCheckpointInterval = 30 * time.Second
 	DefaultCheckpointBytes    = 64 << 20
 	DefaultCheckpointRecords  = 1000

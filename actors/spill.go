@@ -55,7 +55,7 @@ import (
 
 const (
 	// An arena's chunks grow from 1 KiB to 32 KiB: a group with a few
-	// spilled keys holds little (there are 64 groups by default).
+	// spilled keys holds little (there are 256 groups by default).
 	spillChunkShift = 15
 	spillChunkBytes = 1 << spillChunkShift
 	spillFirstChunk = 1 << 10

@@ -45,7 +45,7 @@ import (
 //
 // Keys are never taken out (an erased key stays, a harmless false
 // positive): the filter follows the keys a group ever stored. At 32 layers
-// (~490k keys a group, ~31M with the default 64 groups) it is dropped,
+// (~490k keys a group, ~125M with the default 256 groups) it is dropped,
 // in memory and in the store, and the group's keys are read as before.
 //
 // The filter grows in layers, so that a checkpoint writes only the layer

@@ -476,7 +476,7 @@ func TestClusterRescaling(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", m.name, err)
 		}
-		if v.Cluster != "e2e" || v.Membership != "redis" || v.KeyGroups != keyfold.DefaultClusterKeyGroups || v.FailureDetection != clusterLease.String() {
+		if v.Cluster != "e2e" || v.Membership != "redis" || v.KeyGroups != keyfold.DefaultKeyGroups || v.FailureDetection != clusterLease.String() {
 			t.Fatalf("%s: GET /v1/cluster: %+v; want cluster e2e, redis membership, 256 key groups, failure detection %v", m.name, v, clusterLease)
 		}
 	}
@@ -764,14 +764,14 @@ func TestClusterRescaling(t *testing.T) {
 	all := []*member{first3[0], first3[1], first3[2], d, e}
 	byGroup := map[uint32][]interval{}
 	for _, m := range all {
-		for g, ivs := range servingIntervals(t, m, keyfold.DefaultClusterKeyGroups, now) {
+		for g, ivs := range servingIntervals(t, m, keyfold.DefaultKeyGroups, now) {
 			byGroup[g] = append(byGroup[g], ivs...)
 		}
 	}
 	// A check of the parsing: at the end each group is served by exactly
 	// one live node.
 	var notOne []string
-	for g := range uint32(keyfold.DefaultClusterKeyGroups) {
+	for g := range uint32(keyfold.DefaultKeyGroups) {
 		var openOn []string
 		for _, iv := range byGroup[g] {
 			if iv.open {
