@@ -841,8 +841,17 @@ func (s *Store) GetMany(ctx context.Context, id uint32, keys []string) ([][]byte
 	return out, nil
 }
 
-// CheckGroups records the number of key groups and the layout in a new store
-// and checks the count in an existing one, returning its layout.
+// metaUint32 reads a number the store records under key
+// (pebble.ErrNotFound: none). Call it within inPebble.
+func (s *Store) metaUint32(key []byte) (uint32, error) {
+	b, closer, err := s.db.Get(key)
+	if err != nil {
+		return 0, err
+	}
+	defer closer.Close()
+	return decodeUint32(b)
+}
+
 // RecordedGroups returns the number of key groups the store records (0:
 // none yet) (persistence.GroupsRecorder).
 func (s *Store) RecordedGroups(ctx context.Context) (uint32, error) {
@@ -853,16 +862,10 @@ func (s *Store) RecordedGroups(ctx context.Context) (uint32, error) {
 	s.metaMu.Lock()
 	defer s.metaMu.Unlock()
 	var groups uint32
-	err := s.inPebble(func() error {
-		b, closer, err := s.db.Get(metaGroupsKey)
-		if errors.Is(err, pebble.ErrNotFound) {
+	err := s.inPebble(func() (err error) {
+		if groups, err = s.metaUint32(metaGroupsKey); errors.Is(err, pebble.ErrNotFound) {
 			return nil
 		}
-		if err != nil {
-			return err
-		}
-		defer closer.Close()
-		groups, err = decodeUint32(b)
 		return err
 	})
 	if err != nil {
@@ -871,6 +874,8 @@ func (s *Store) RecordedGroups(ctx context.Context) (uint32, error) {
 	return groups, nil
 }
 
+// CheckGroups records the number of key groups and the layout in a new store
+// and checks the count in an existing one, returning its layout.
 func (s *Store) CheckGroups(ctx context.Context, groups, layout uint32) (uint32, error) {
 	if groups == 0 {
 		return 0, fmt.Errorf("embedded: check groups: the number of key groups must be positive")
@@ -882,21 +887,11 @@ func (s *Store) CheckGroups(ctx context.Context, groups, layout uint32) (uint32,
 	s.metaMu.Lock()
 	defer s.metaMu.Unlock()
 	var stored, storedLayout uint32
-	err := s.inPebble(func() error {
-		b, closer, err := s.db.Get(metaGroupsKey)
-		if err != nil {
+	err := s.inPebble(func() (err error) {
+		if stored, err = s.metaUint32(metaGroupsKey); err != nil {
 			return err
 		}
-		stored, err = decodeUint32(b)
-		closer.Close()
-		if err != nil {
-			return err
-		}
-		if b, closer, err = s.db.Get(metaLayoutKey); err == nil {
-			storedLayout, err = decodeUint32(b)
-			closer.Close()
-		}
-		if err != nil && !errors.Is(err, pebble.ErrNotFound) {
+		if storedLayout, err = s.metaUint32(metaLayoutKey); err != nil && !errors.Is(err, pebble.ErrNotFound) {
 			return fmt.Errorf("layout: %w", err)
 		}
 		return nil // no layout: created before layouts were recorded (0)

@@ -334,7 +334,6 @@ func (s *Store) GetMany(ctx context.Context, id uint32, keys []string) ([][]byte
 	return out, nil
 }
 
-// CheckGroups implements persistence.Store.
 // RecordedGroups returns the number of key groups the store records (0:
 // none yet) (persistence.GroupsRecorder).
 func (s *Store) RecordedGroups(ctx context.Context) (uint32, error) {
@@ -345,6 +344,7 @@ func (s *Store) RecordedGroups(ctx context.Context) (uint32, error) {
 	return s.d.groups, nil
 }
 
+// CheckGroups implements persistence.Store.
 func (s *Store) CheckGroups(ctx context.Context, groups, layout uint32) (uint32, error) {
 	if groups == 0 {
 		return 0, errors.New("memstore: check groups: the number of key groups must be positive")
