@@ -439,7 +439,7 @@ func TestLogMigration(t *testing.T) {
 		t.Errorf("Pebble still holds log record %x", it.Key())
 	}
 	_ = it.Close()
-	if v, err := s.getUint64(metaFormatKey); err != nil || v != formatVersion {
+	if v, err := getDecoded(s, metaFormatKey, decodeUint64); err != nil || v != formatVersion {
 		t.Errorf("format = %d, %v; want %d", v, err, formatVersion)
 	}
 }
@@ -463,7 +463,7 @@ func TestFormatVersions(t *testing.T) {
 		t.Fatal(err)
 	}
 	s = openSmall(t, dir, 512)
-	if v, err := s.getUint64(metaFormatKey); err != nil || v != 3 {
+	if v, err := getDecoded(s, metaFormatKey, decodeUint64); err != nil || v != 3 {
 		t.Errorf("format = %d, %v; want 3", v, err)
 	}
 	if !persistence.AllowsPacked(s) {

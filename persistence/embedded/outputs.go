@@ -63,7 +63,7 @@ func (s *Store) pipeline(name string) (*pipeline, error) {
 // it is in flight: ranges are taken from loaded pipelines only. The caller
 // runs it in inPebble, holding p.mu.
 func (s *Store) loadPipeline(name string, p *pipeline) error {
-	trimmed, err := s.getUint64(outputTrimKey(name))
+	trimmed, err := getDecoded(s, outputTrimKey(name), decodeUint64)
 	if err != nil && !errors.Is(err, pebble.ErrNotFound) {
 		return err
 	}

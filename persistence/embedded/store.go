@@ -176,7 +176,7 @@ func (s *Store) Dir() string { return s.dir }
 func (s *Store) checkFormat() error {
 	var v uint64
 	err := s.inPebble(func() (err error) {
-		v, err = s.getUint64(metaFormatKey)
+		v, err = getDecoded(s, metaFormatKey, decodeUint64)
 		return err
 	})
 	switch {
@@ -418,25 +418,26 @@ func (s *Store) lockGroup(id uint32) (*group, error) {
 // returns or the store is stuck (then g is never read again).
 func (s *Store) load(id uint32, g *group) error {
 	var err error
-	if g.epoch, err = s.getUint64(epochKey(id)); err != nil && !errors.Is(err, pebble.ErrNotFound) {
+	if g.epoch, err = getDecoded(s, epochKey(id), decodeUint64); err != nil && !errors.Is(err, pebble.ErrNotFound) {
 		return fmt.Errorf("load epoch: %w", err)
 	}
-	if g.checkpoint, err = s.getUint64(checkpointKey(id)); err != nil && !errors.Is(err, pebble.ErrNotFound) {
+	if g.checkpoint, err = getDecoded(s, checkpointKey(id), decodeUint64); err != nil && !errors.Is(err, pebble.ErrNotFound) {
 		return fmt.Errorf("load checkpoint: %w", err)
 	}
 	g.last = max(g.checkpoint, s.journal.last(id))
 	return nil
 }
 
-// getUint64 reads an integer value; a missing key is pebble.ErrNotFound.
-// The caller runs it in inPebble.
-func (s *Store) getUint64(key []byte) (uint64, error) {
+// getDecoded reads key's value and decodes it; a missing key is
+// pebble.ErrNotFound. The caller runs it in inPebble.
+func getDecoded[T any](s *Store, key []byte, decode func([]byte) (T, error)) (T, error) {
 	b, closer, err := s.db.Get(key)
 	if err != nil {
-		return 0, err
+		var zero T
+		return zero, err
 	}
 	defer closer.Close()
-	return decodeUint64(b)
+	return decode(b)
 }
 
 // owns reports whether epoch is the group's current one. Nobody owns a
@@ -841,17 +842,6 @@ func (s *Store) GetMany(ctx context.Context, id uint32, keys []string) ([][]byte
 	return out, nil
 }
 
-// metaUint32 reads a number the store records under key
-// (pebble.ErrNotFound: none). Call it within inPebble.
-func (s *Store) metaUint32(key []byte) (uint32, error) {
-	b, closer, err := s.db.Get(key)
-	if err != nil {
-		return 0, err
-	}
-	defer closer.Close()
-	return decodeUint32(b)
-}
-
 // RecordedGroups returns the number of key groups the store records (0:
 // none yet) (persistence.GroupsRecorder).
 func (s *Store) RecordedGroups(ctx context.Context) (uint32, error) {
@@ -863,7 +853,7 @@ func (s *Store) RecordedGroups(ctx context.Context) (uint32, error) {
 	defer s.metaMu.Unlock()
 	var groups uint32
 	err := s.inPebble(func() (err error) {
-		if groups, err = s.metaUint32(metaGroupsKey); errors.Is(err, pebble.ErrNotFound) {
+		if groups, err = getDecoded(s, metaGroupsKey, decodeUint32); errors.Is(err, pebble.ErrNotFound) {
 			return nil
 		}
 		return err
@@ -888,10 +878,10 @@ func (s *Store) CheckGroups(ctx context.Context, groups, layout uint32) (uint32,
 	defer s.metaMu.Unlock()
 	var stored, storedLayout uint32
 	err := s.inPebble(func() (err error) {
-		if stored, err = s.metaUint32(metaGroupsKey); err != nil {
+		if stored, err = getDecoded(s, metaGroupsKey, decodeUint32); err != nil {
 			return err
 		}
-		if storedLayout, err = s.metaUint32(metaLayoutKey); err != nil && !errors.Is(err, pebble.ErrNotFound) {
+		if storedLayout, err = getDecoded(s, metaLayoutKey, decodeUint32); err != nil && !errors.Is(err, pebble.ErrNotFound) {
 			return fmt.Errorf("layout: %w", err)
 		}
 		return nil // no layout: created before layouts were recorded (0)
