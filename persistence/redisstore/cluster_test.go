@@ -157,7 +157,7 @@ func TestClusterSpread(t *testing.T) {
 
 	// Group 5's keys share one slot, held by one master, which has them all.
 	tag := fmt.Sprintf("{%s:%d}", prefix, g)
-	groupKeys := []string{tag + ":m", tag + ":log", tag + ":s:a", tag + ":s:b\x00"}
+	groupKeys := []string{tag + ":m", tag + ":log:1", tag + ":s:a", tag + ":s:b\x00"}
 	slot, err := rc.ClusterKeySlot(ctx, groupKeys[0]).Result()
 	if err != nil {
 		t.Fatal(err)

@@ -3,8 +3,10 @@
 // and for clusters of nodes.
 //
 // Each group operation is one Lua script call that checks the caller's epoch
-// and writes in the same atomic step: a claim bumps the epoch, an append adds
-// a group's records to its stream, a checkpoint writes snapshots and the
+// and writes in the same atomic step: a claim bumps the epoch and renames
+// the group's log (a stream named after the epoch), an append adds a group's
+// records to the log of its epoch (which is gone once another owner claimed
+// the group), a checkpoint writes snapshots and the
 // group's timer index (a sorted set), advances the checkpoint position and
 // trims the stream. Append sends the calls of all groups of a commit in one
 // pipelined round trip. All keys of a group share a hash tag, so the store

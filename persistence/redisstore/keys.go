@@ -6,16 +6,20 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/keyfold/keyfold/persistence"
 )
 
 // The key layout, for a prefix P (Options.Prefix, "keyfold" by default) and
-// a key group N (decimal):
+// a key group N (decimal), in a store of format 3 (below):
 //
-//	P:meta               hash   format (layout version: below), groups (number of key groups)
-//	{P:N}:m              hash   epoch, checkpoint, last: the group's fencing token,
-//	                            its checkpoint position and its last appended position
-//	{P:N}:log            stream the group's log; the record at position n has the
-//	                            ID n-0 and one field, d, holding the record
+//	P:meta               hash   format (layout version: below), groups (number of key groups),
+//	                            keylayout (how keys map to groups)
+//	{P:N}:m              hash   epoch, checkpoint: the group's fencing token and its
+//	                            checkpoint position
+//	{P:N}:log:E          stream the group's log, named after the group's epoch E; the
+//	                            record at position n has the ID n-0 and one field, d,
+//	                            holding the record
 //	{P:N}:s:KEY          string the snapshot stored under KEY (opaque, binary)
 //	{P:N}:due            zset   the group's timer index: member KEY, score the
 //	                            Unix ms its next timer is due
@@ -26,24 +30,39 @@ import (
 // Every key of group N carries the hash tag {P:N}, so they all live in one
 // Redis Cluster slot and one script updates them atomically; the prefix is
 // part of the tag so that deployments sharing a Redis spread over different
-// slots. Positions start at 1 and are never reused: last only grows, and a
-// stream remembers its last ID after its entries are trimmed. An output log
-// belongs to no group: each command on it touches that key only, and
-// checkpoints append to it with XADD before their script (see
-// Store.Checkpoint).
+// slots. Positions start at 1 and are never reused: a stream remembers its
+// last ID after its entries are trimmed, and a group's last position is its
+// log's last ID. An output log belongs to no group: each command on it
+// touches that key only, and checkpoints append to it with XADD before
+// their script (see Store.Checkpoint).
+//
+// A claim bumps the group's epoch and renames its log to the new epoch's
+// name in one script (a new group gets an empty log), so an append is one
+// XADD NOMKSTREAM per record to the log of the caller's epoch: after a
+// claim of another owner that log is gone and the append adds nothing
+// (fenced), and no append reads or writes the group's meta, which formats 1
+// and 2 did on every append (an HMGET of epoch and last and an HSET of
+// last: as much of Redis's CPU as the XADD, BenchmarkAppend).
 //
 // A group's fields in {P:N}:m are absent until its first claim; a store
 // without P:meta is new.
 //
-// The format (layout version) a new store records is 2: the layout of 1,
-// and snapshots that may be in keyfold's packed form (actors/packed.go),
-// which keyfolds that know only version 1 cannot read: they refuse the
-// store. A store that recorded 1 keeps it, and keyfold writes its
-// snapshots in the other form (persistence.PackedSnapshots), so that nodes
-// of an older build may still run on it.
+// Formats: a new store records 3. Format 2 (a store created between
+// packed snapshots and format 3) and format 1 (before packed snapshots)
+// keep their layout, which is the one above but for the log, named
+// {P:N}:log whatever the epoch, and the group meta's third field, last
+// (the last appended position), which every append checks and sets.
+// Formats 2 and 3 allow snapshots in keyfold's packed form
+// (actors/packed.go); on format 1 keyfold writes the other form
+// (persistence.PackedSnapshots), so that nodes of an older build may still
+// run on it. A keyfold that does not know a store's format refuses it.
 const (
-	formatVersion    = 2
-	oldFormatVersion = 1 // still served, without packed snapshots
+	formatVersion = 3
+	// minPackedFormat is the first format that allows packed snapshots.
+	minPackedFormat = 2
+	// minEpochLogFormat is the first format whose logs are named after
+	// their epoch.
+	minEpochLogFormat = 3
 )
 
 // keys builds the store's Redis keys.
@@ -58,6 +77,11 @@ func (k keys) tag(group uint32) string {
 
 func (k keys) groupMeta(group uint32) string { return k.tag(group) + ":m" }
 func (k keys) log(group uint32) string       { return k.tag(group) + ":log" }
+
+// epochLog is the name of a group's log under an epoch, in format 3.
+func (k keys) epochLog(group uint32, epoch persistence.Epoch) string {
+	return k.log(group) + ":" + strconv.FormatUint(epoch, 10)
+}
 func (k keys) due(group uint32) string       { return k.tag(group) + ":due" }
 func (k keys) output(pipeline string) string { return k.prefix + ":out:" + pipeline }
 

@@ -93,6 +93,11 @@ local v = redis.call('HMGET', KEYS[1], 'epoch', 'checkpoint', 'last')
 if v[1] ~= ARGV[1] then return -1 end
 local through = tonumber(ARGV[2])
 if through > tonumber(v[3] or '0') then return -2 end
+` + checkpointWrites)
+
+// checkpointWrites is the part of checkpointScript after its checks, with
+// v[2] the group's checkpoint position and through the new one.
+const checkpointWrites = `
 local nset = tonumber(ARGV[3])
 local i = 1
 while i <= nset do
@@ -119,17 +124,141 @@ if through > tonumber(v[2] or '0') then
   redis.call('XTRIM', KEYS[2], 'MINID', string.format('%d-0', through + 1))
 end
 return 0
-`)
+`
 
 // checkGroupsScript records the layout version, number of groups and
-// key-group layout in a new store and returns the stored {format, groups,
-// layout} (layout false in a store created before it was recorded).
+// key-group layout in a new store (one without a number of groups, whose
+// format a first group operation may have recorded already: see
+// adoptFormatScript) and returns the stored {format, groups, layout}
+// (layout false in a store created before it was recorded).
 //
 //	KEYS[1] store meta
 //	ARGV[1] format version, ARGV[2] groups, ARGV[3] key-group layout
 var checkGroupsScript = redis.NewScript(`
-if redis.call('HSETNX', KEYS[1], 'format', ARGV[1]) == 1 then
+if redis.call('HEXISTS', KEYS[1], 'groups') == 0 then
+  redis.call('HSETNX', KEYS[1], 'format', ARGV[1])
   redis.call('HSET', KEYS[1], 'groups', ARGV[2], 'keylayout', ARGV[3])
 end
 return redis.call('HMGET', KEYS[1], 'format', 'groups', 'keylayout')
 `)
+
+// adoptFormatScript records the layout version in a store that has none
+// yet and returns the stored one: a group operation that comes before
+// CheckGroups learns which layout the store's groups have, and fixes it in
+// a new store.
+//
+//	KEYS[1] store meta
+//	ARGV[1] format version
+var adoptFormatScript = redis.NewScript(`
+redis.call('HSETNX', KEYS[1], 'format', ARGV[1])
+return redis.call('HGET', KEYS[1], 'format')
+`)
+
+// The scripts of format 3 (keys.go), whose group log is named after the
+// group's epoch: a claim renames it, so an owner's append to its epoch's
+// log (XADD NOMKSTREAM) finds no stream once another claimed the group,
+// and no append reads or writes the group's meta.
+
+// lastPosition is a Lua function returning the last position a format 3
+// log was given (its last generated ID, kept after its entries are
+// trimmed).
+const lastPosition = `
+local function lastPosition(log)
+  local info = redis.call('XINFO', 'STREAM', log)
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' then
+      return tonumber((string.match(info[i + 1], '^(%d+)-')))
+    end
+  end
+  error('XINFO STREAM ' .. log .. ' has no last-generated-id')
+end
+`
+
+// claimScript3 bumps the group's epoch from the expected one, moves its
+// log to the new epoch's name (creating an empty log for a new group), and
+// returns {epoch, checkpoint, last}; or {-1} if the epoch is not the
+// expected one (another claim came first: read it and call again).
+//
+//	KEYS[1] group meta, KEYS[2] the log of the expected epoch, KEYS[3] the
+//	        log of the next one
+//	ARGV[1] the expected epoch
+var claimScript3 = redis.NewScript(lastPosition + `
+local v = redis.call('HMGET', KEYS[1], 'epoch', 'checkpoint')
+if (v[1] or '0') ~= ARGV[1] then return {-1} end
+local checkpoint = tonumber(v[2] or '0')
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('RENAME', KEYS[2], KEYS[3])
+elseif checkpoint > 0 or v[1] then
+  return redis.error_reply('the group log ' .. KEYS[2] .. ' is missing')
+else
+  redis.call('XADD', KEYS[3], '0-1', 'd', '')
+  redis.call('XDEL', KEYS[3], '0-1')
+end
+local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+return {epoch, checkpoint, lastPosition(KEYS[3])}
+`)
+
+// appendGroup3 is a Lua function appending a group's records to its
+// format 3 log: ARGV[first…last] after position expect ("" for the log's
+// last), returning the position of the last record, -1 if the log is not
+// there (its epoch is not current), -2 if its last position is not the
+// expected one.
+const appendGroup3 = lastPosition + `
+local function appendGroup(log, expect, first, last)
+  local pos
+  if expect == '' then
+    if redis.call('EXISTS', log) == 0 then return -1 end
+    pos = lastPosition(log)
+  else
+    pos = tonumber(expect)
+  end
+  local r = redis.pcall('XADD', log, 'NOMKSTREAM', string.format('%d-0', pos + 1), 'd', ARGV[first])
+  if not r then return -1 end
+  if type(r) == 'table' and r.err then
+    if string.find(r.err, 'equal or smaller', 1, true) then return -2 end
+    return r
+  end
+  pos = pos + 1
+  for i = first + 1, last do
+    pos = pos + 1
+    redis.call('XADD', log, string.format('%d-0', pos), 'd', ARGV[i])
+  end
+  return pos
+end
+`
+
+// appendScript3 is appendScript for format 3.
+//
+//	KEYS[1] the log of the caller's epoch
+//	ARGV[1] expected last position ("" for any), ARGV[2…] the records
+var appendScript3 = redis.NewScript(appendGroup3 + `
+return appendGroup(KEYS[1], ARGV[1], 2, #ARGV)
+`)
+
+// appendManyScript3 is appendManyScript for format 3.
+//
+//	KEYS[i] group i's log of the caller's epoch
+//	ARGV per group: expected last position ("" for any), the number of
+//	records n, then the n records
+var appendManyScript3 = redis.NewScript(appendGroup3 + `
+local out = {}
+local a = 1
+for g = 1, #KEYS do
+  local expect, n = ARGV[a], tonumber(ARGV[a + 1])
+  local first = a + 2
+  a = first + n
+  local r = appendGroup(KEYS[g], expect, first, a - 1)
+  if type(r) == 'table' then return r end
+  out[g] = r
+end
+return out
+`)
+
+// checkpointScript3 is checkpointScript for format 3: KEYS[2] is the log
+// of the caller's epoch.
+var checkpointScript3 = redis.NewScript(lastPosition + `
+local v = redis.call('HMGET', KEYS[1], 'epoch', 'checkpoint')
+if v[1] ~= ARGV[1] then return -1 end
+local through = tonumber(ARGV[2])
+if through > lastPosition(KEYS[2]) then return -2 end
+` + checkpointWrites)

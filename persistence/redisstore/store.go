@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -28,6 +29,9 @@ type Store struct {
 	// packed: the store's format allows packed snapshots (set by
 	// CheckGroups).
 	packed atomic.Bool
+	// format is the store's layout version (keys.go) once known: from
+	// CheckGroups, or from the first group operation (format); 0 before.
+	format atomic.Uint32
 
 	// last holds, per group this store claimed, the last position it knows
 	// the group's log to have. Appends are conditional on it (see
@@ -197,13 +201,51 @@ func run(ctx context.Context, c redis.Scripter, sc *redis.Script, keys []string,
 
 func isNoScript(err error) bool { return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") }
 
+// format returns the store's layout version, reading it (and recording
+// the newest in a new store) at the first call that needs it before
+// CheckGroups told it.
+func (s *Store) layout(ctx context.Context) (uint32, error) {
+	if f := s.format.Load(); f != 0 {
+		return f, nil
+	}
+	v, err := run(ctx, s.c, adoptFormatScript, []string{s.k.meta()}, formatVersion).Text()
+	if err != nil {
+		return 0, err
+	}
+	f, err := s.knownFormat(v)
+	if err != nil {
+		return 0, err
+	}
+	s.format.Store(f)
+	return f, nil
+}
+
+// knownFormat parses a recorded layout version, refusing one this build
+// does not know.
+func (s *Store) knownFormat(v any) (uint32, error) {
+	f, err := strconv.ParseUint(fmt.Sprint(v), 10, 32)
+	if err != nil || f < 1 || f > formatVersion {
+		return 0, fmt.Errorf("%s has layout version %v; this build knows 1 to %d: %w", s.k.meta(), v, formatVersion, persistence.ErrIncompatible)
+	}
+	return uint32(f), nil
+}
+
 // Claim bumps the group's epoch and returns its state.
 func (s *Store) Claim(ctx context.Context, group uint32) (persistence.GroupState, error) {
 	op := "claim group " + strconv.FormatUint(uint64(group), 10)
 	if err := s.begin(ctx); err != nil {
 		return persistence.GroupState{}, s.wrap(op, err)
 	}
-	v, err := run(ctx, s.c, claimScript, []string{s.k.groupMeta(group)}).Uint64Slice()
+	f, err := s.layout(ctx)
+	if err != nil {
+		return persistence.GroupState{}, s.wrap(op, err)
+	}
+	var v []uint64
+	if f >= minEpochLogFormat {
+		v, err = s.claimEpochLog(ctx, group)
+	} else {
+		v, err = run(ctx, s.c, claimScript, []string{s.k.groupMeta(group)}).Uint64Slice()
+	}
 	if err != nil {
 		return persistence.GroupState{}, s.wrap(op, err)
 	}
@@ -214,6 +256,53 @@ func (s *Store) Claim(ctx context.Context, group uint32) (persistence.GroupState
 	s.last[group] = v[2]
 	s.lastMu.Unlock()
 	return persistence.GroupState{Epoch: v[0], Checkpoint: v[1], Last: v[2]}, nil
+}
+
+// claimEpochLog claims a group of format 3: the script moves the log of
+// the epoch it expects, so it names that epoch, read first, and is called
+// again if another claim came in between.
+func (s *Store) claimEpochLog(ctx context.Context, group uint32) ([]uint64, error) {
+	meta := s.k.groupMeta(group)
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		e, err := s.epoch(ctx, group)
+		if err != nil {
+			return nil, err
+		}
+		v, err := run(ctx, s.c, claimScript3, []string{meta, s.k.epochLog(group, e), s.k.epochLog(group, e+1)}, epochArg(e)).Int64Slice()
+		if err != nil {
+			return nil, err
+		}
+		if len(v) == 1 && v[0] == -1 {
+			continue // claimed meanwhile
+		}
+		out := make([]uint64, len(v))
+		for i, x := range v {
+			if x < 0 {
+				return nil, fmt.Errorf("unexpected reply %v", v)
+			}
+			out[i] = uint64(x)
+		}
+		return out, nil
+	}
+}
+
+// epoch reads a group's current epoch (0 before its first claim).
+func (s *Store) epoch(ctx context.Context, group uint32) (persistence.Epoch, error) {
+	v, err := s.c.HGet(ctx, s.k.groupMeta(group), "epoch").Result()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	e, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s has epoch %q", s.k.groupMeta(group), v)
+	}
+	return e, nil
 }
 
 // Append appends the records of each group with one script call, and sends
@@ -230,6 +319,11 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 	if len(entries) == 0 {
 		return pos, nil
 	}
+	f, err := s.layout(ctx)
+	if err != nil {
+		return pos, s.wrap("append", err)
+	}
+	epochLog := f >= minEpochLogFormat
 	// One call per group, its records in slice order.
 	type call struct {
 		group   uint32
@@ -252,16 +346,21 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 	}
 	// Lock the groups in ascending order: calls on overlapping groups
 	// cannot deadlock.
-	order := make([]uint32, len(calls))
+	slices.SortFunc(calls, func(a, b *call) int { return cmp.Compare(a.group, b.group) })
+	locks := make([]*sync.Mutex, len(calls))
 	for i, c := range calls {
-		order[i] = c.group
+		mu, ok := s.appending.Load(c.group)
+		if !ok {
+			mu, _ = s.appending.LoadOrStore(c.group, new(sync.Mutex))
+		}
+		locks[i] = mu.(*sync.Mutex)
+		locks[i].Lock()
 	}
-	slices.Sort(order)
-	for _, g := range order {
-		mu, _ := s.appending.LoadOrStore(g, new(sync.Mutex))
-		mu.(*sync.Mutex).Lock()
-		defer mu.(*sync.Mutex).Unlock()
-	}
+	defer func() {
+		for _, mu := range locks {
+			mu.Unlock()
+		}
+	}()
 	s.lastMu.Lock()
 	expect := make(map[uint32]string, len(calls))
 	for _, c := range calls {
@@ -270,10 +369,21 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 		}
 	}
 	s.lastMu.Unlock()
-	// A group's arguments: its epoch, its expected last position, and,
-	// for appendManyScript, how many records follow; then its records.
+	// A group's keys and arguments: in format 3 the log of its epoch, and
+	// its expected last position; before, its meta and log, its epoch and
+	// expected last position. For the call of several groups, how many
+	// records follow; then its records.
+	groupKeys := func(k []string, c *call) []string {
+		if epochLog {
+			return append(k, s.k.epochLog(c.group, c.epoch))
+		}
+		return append(k, s.k.groupMeta(c.group), s.k.log(c.group))
+	}
 	args := func(a []any, c *call, counted bool) []any {
-		a = append(a, epochArg(c.epoch), expect[c.group])
+		if !epochLog {
+			a = append(a, epochArg(c.epoch))
+		}
+		a = append(a, expect[c.group])
 		if counted {
 			a = append(a, len(c.entries))
 		}
@@ -282,14 +392,17 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 		}
 		return a
 	}
-	groupKeys := func(c *call) []string { return []string{s.k.groupMeta(c.group), s.k.log(c.group)} }
+	one, many := appendScript, appendManyScript
+	if epochLog {
+		one, many = appendScript3, appendManyScript3
+	}
 
 	if s.cluster {
 		// A script may touch one slot only: one call per group, pipelined
 		// (go-redis sends each node its share).
 		_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, c := range calls {
-				c.cmd = appendScript.EvalSha(ctx, p, groupKeys(c), args(nil, c, false)...)
+				c.cmd = one.EvalSha(ctx, p, groupKeys(nil, c), args(nil, c, false)...)
 			}
 			return nil
 		})
@@ -299,7 +412,7 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 			_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 				for _, c := range calls {
 					if isNoScript(c.cmd.Err()) {
-						c.cmd = appendScript.Eval(ctx, p, groupKeys(c), args(nil, c, false)...)
+						c.cmd = one.Eval(ctx, p, groupKeys(nil, c), args(nil, c, false)...)
 					}
 				}
 				return nil
@@ -312,12 +425,12 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 		// One call for every group: twice the records/s of a call per
 		// group, at half the Redis CPU per record (BenchmarkAppend).
 		keys := make([]string, 0, 2*len(calls))
-		argv := make([]any, 0, 3*len(calls)+len(entries))
+		argv := make([]any, 0, 4*len(calls)+len(entries))
 		for _, c := range calls {
-			keys = append(keys, groupKeys(c)...)
+			keys = groupKeys(keys, c)
 			argv = args(argv, c, true)
 		}
-		res, err := run(ctx, s.c, appendManyScript, keys, argv...).Int64Slice()
+		res, err := run(ctx, s.c, many, keys, argv...).Int64Slice()
 		if err == nil && len(res) != len(calls) {
 			err = fmt.Errorf("unexpected reply %v", res)
 		}
@@ -398,7 +511,18 @@ func (s *Store) Read(ctx context.Context, group uint32, after persistence.Positi
 	if err := s.begin(ctx); err != nil {
 		return s.wrap(op, err)
 	}
+	f, err := s.layout(ctx)
+	if err != nil {
+		return s.wrap(op, err)
+	}
 	key := s.k.log(group)
+	var epoch persistence.Epoch
+	if f >= minEpochLogFormat {
+		if epoch, err = s.epoch(ctx, group); err != nil {
+			return s.wrap(op, err)
+		}
+		key = s.k.epochLog(group, epoch)
+	}
 	for after < 1<<63 {
 		msgs, err := s.c.XRangeN(ctx, key, streamID(after+1), "+", s.page).Result()
 		if err != nil {
@@ -418,9 +542,30 @@ func (s *Store) Read(ctx context.Context, group uint32, after persistence.Positi
 			}
 			after = p
 		}
-		if int64(len(msgs)) < s.page {
+		if int64(len(msgs)) == s.page {
+			continue
+		}
+		if f < minEpochLogFormat || epoch == 0 {
 			return nil
 		}
+		// The end of the log, or of its name: a claim renames it (into
+		// the same stream under the next epoch's name), and a read that
+		// met the rename goes on from where it was under the new name.
+		n, err := s.c.Exists(ctx, key).Result()
+		if err != nil {
+			return s.wrap(op, err)
+		}
+		if n == 1 {
+			return nil
+		}
+		e, err := s.epoch(ctx, group)
+		if err != nil {
+			return s.wrap(op, err)
+		}
+		if e == epoch {
+			return s.wrap(op, fmt.Errorf("the group's log %s is missing", key))
+		}
+		epoch, key = e, s.k.epochLog(group, e)
 	}
 	return nil
 }
@@ -443,8 +588,16 @@ func (s *Store) Checkpoint(ctx context.Context, group uint32, epoch persistence.
 	if err := s.appendOutputs(ctx, d.Outputs); err != nil {
 		return s.wrap(op, err)
 	}
+	f, err := s.layout(ctx)
+	if err != nil {
+		return s.wrap(op, err)
+	}
+	script, log := checkpointScript, s.k.log(group)
+	if f >= minEpochLogFormat {
+		script, log = checkpointScript3, s.k.epochLog(group, epoch)
+	}
 	keys := make([]string, 3, 3+len(d.Snapshots))
-	keys[0], keys[1], keys[2] = s.k.groupMeta(group), s.k.log(group), s.k.due(group)
+	keys[0], keys[1], keys[2] = s.k.groupMeta(group), log, s.k.due(group)
 	args := make([]any, 3, 3+len(d.Snapshots)+2*len(d.Timers))
 	args[0], args[1] = epochArg(epoch), strconv.FormatUint(d.Through, 10)
 	nset := 0
@@ -464,7 +617,7 @@ func (s *Store) Checkpoint(ctx context.Context, group uint32, epoch persistence.
 	for _, t := range d.Timers {
 		args = append(args, t.Key, strconv.FormatInt(t.Due, 10))
 	}
-	r, err := run(ctx, s.c, checkpointScript, keys, args...).Int64()
+	r, err := run(ctx, s.c, script, keys, args...).Int64()
 	switch {
 	case err != nil:
 		return s.wrap(op, err)
@@ -596,14 +749,12 @@ func (s *Store) CheckGroups(ctx context.Context, groups, layout uint32) (uint32,
 	if len(v) != 3 {
 		return 0, s.wrap("check groups", fmt.Errorf("unexpected reply %q", v))
 	}
-	switch v[0] {
-	case strconv.Itoa(formatVersion):
-		s.packed.Store(true)
-	case strconv.Itoa(oldFormatVersion):
-		s.packed.Store(false)
-	default:
-		return 0, s.wrap("check groups", fmt.Errorf("%s has layout version %v; this build knows %d and %d: %w", s.k.meta(), v[0], oldFormatVersion, formatVersion, persistence.ErrIncompatible))
+	f, err := s.knownFormat(v[0])
+	if err != nil {
+		return 0, s.wrap("check groups", err)
 	}
+	s.format.Store(f)
+	s.packed.Store(f >= minPackedFormat)
 	if v[1] != strconv.FormatUint(uint64(groups), 10) {
 		return 0, s.wrap("check groups", fmt.Errorf("%d, the store has %v: %w", groups, v[1], persistence.ErrGroupsMismatch))
 	}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -22,6 +23,15 @@ import (
 // SIGKILL and starts it again from its append-only file, so the durability
 // tests check what survives a crash of Redis itself.
 func TestConformance(t *testing.T) {
+	t.Run("format 3", func(t *testing.T) { testConformance(t, "") })
+	// A store created at format 2 keeps its layout (one log per group,
+	// whatever the epoch; the last position in the group's meta).
+	t.Run("format 2", func(t *testing.T) { testConformance(t, "2") })
+}
+
+// testConformance runs the suite on stores that are new, or recorded the
+// given format before their first call.
+func testConformance(t *testing.T, format string) {
 	srv := redistest.Start(t)
 	var n atomic.Int64
 	open := func(t *testing.T, prefix string) persistence.Store {
@@ -35,6 +45,11 @@ func TestConformance(t *testing.T) {
 	persistencetest.Run(t, persistencetest.Harness{
 		New: func(t *testing.T) persistence.Store {
 			p := fmt.Sprintf("conformance-%d", n.Add(1))
+			if format != "" {
+				if err := srv.Client().HSet(t.Context(), p+":meta", "format", format).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
 			s := open(t, p)
 			prefixes[s] = p
 			return s
@@ -54,81 +69,122 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// TestLayout checks the documented key layout: every key of a group carries
-// the group's hash tag (one Redis Cluster slot), and a checkpoint leaves
-// only the records above it in the stream.
+// TestLayout checks the documented key layout of each format: every key of
+// a group carries the group's hash tag (one Redis Cluster slot), and a
+// checkpoint leaves only the records above it in the stream.
 func TestLayout(t *testing.T) {
 	srv := redistest.Start(t)
 	rc := srv.Client()
 	ctx := t.Context()
-	s, err := redisstore.New(rc, redisstore.Options{Prefix: "lay"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if l, err := s.CheckGroups(ctx, 16, 2); err != nil || l != 2 {
-		t.Fatalf("CheckGroups of a new store: layout %d, %v; want 2", l, err)
-	}
-	// A store created before the key-group layout was recorded has none:
-	// it reads as 0, and is not given one.
-	if got := rc.HGet(ctx, "lay:meta", "keylayout").Val(); got != "2" {
-		t.Errorf("lay:meta keylayout = %q, want 2", got)
-	}
-	rc.HDel(ctx, "lay:meta", "keylayout")
-	for range 2 {
-		if l, err := s.CheckGroups(ctx, 16, 2); err != nil || l != 0 {
-			t.Fatalf("CheckGroups of an old store: layout %d, %v; want 0", l, err)
+	for _, c := range []struct {
+		format  string // recorded before the store's first call ("": new)
+		log     string // group 7's log after its first claim
+		meta    map[string]string
+		recheck bool // a second claim renames the log
+	}{
+		{format: "", log: "{lay3:7}:log:1", meta: map[string]string{"epoch": "1", "checkpoint": "1"}},
+		{format: "2", log: "{lay2:7}:log", meta: map[string]string{"epoch": "1", "checkpoint": "1", "last": "2"}},
+	} {
+		p := "lay" + cmp.Or(c.format, "3")
+		if c.format != "" {
+			rc.HSet(ctx, p+":meta", "format", c.format)
 		}
-	}
-	st, err := s.Claim(ctx, 7)
-	if err != nil {
-		t.Fatal(err)
-	}
-	entries := []persistence.Entry{{Group: 7, Epoch: st.Epoch, Data: []byte("a")}, {Group: 7, Epoch: st.Epoch, Data: []byte("b")}}
-	if _, err := s.Append(ctx, entries); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Checkpoint(ctx, 7, st.Epoch, persistence.CheckpointData{
-		Snapshots: []persistence.Snapshot{{Key: "k\x00x", Data: []byte("snap")}},
-		Timers:    []persistence.Timer{{Key: "k\x00x", Due: 1767225600000}, {Key: "t", Due: 5}},
-		Outputs:   []persistence.Output{{Pipeline: "pipe", Data: []byte("o1")}, {Pipeline: "pipe", Data: []byte("o2")}},
-		Through:   1,
-	}); err != nil {
-		t.Fatal(err)
-	}
-	keys, err := rc.Keys(ctx, "*").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	slices.Sort(keys)
-	want := []string{"lay:meta", "lay:out:pipe", "{lay:7}:due", "{lay:7}:log", "{lay:7}:m", "{lay:7}:s:k\x00x"}
-	if !slices.Equal(keys, want) {
-		t.Errorf("keys = %q, want %q", keys, want)
-	}
-	if got := rc.HGetAll(ctx, "{lay:7}:m").Val(); got["epoch"] != "1" || got["checkpoint"] != "1" || got["last"] != "2" {
-		t.Errorf("group meta = %v", got)
-	}
-	if got := rc.XRange(ctx, "{lay:7}:log", "-", "+").Val(); len(got) != 1 || got[0].ID != "2-0" || got[0].Values["d"] != "b" {
-		t.Errorf("log = %v, want the one record 2-0 above the checkpoint", got)
-	}
-	if got := rc.HGetAll(ctx, "lay:meta").Val(); got["groups"] != "16" || got["format"] != "2" {
-		t.Errorf("store meta = %v", got)
-	}
-	wantDue := []redis.Z{{Score: 5, Member: "t"}, {Score: 1767225600000, Member: "k\x00x"}}
-	if got := rc.ZRangeWithScores(ctx, "{lay:7}:due", 0, -1).Val(); !slices.Equal(got, wantDue) {
-		t.Errorf("timer index = %v, want %v", got, wantDue)
-	}
-	out := rc.XRange(ctx, "lay:out:pipe", "-", "+").Val()
-	if len(out) != 2 || out[0].Values["d"] != "o1" || out[1].Values["d"] != "o2" {
-		t.Errorf("output log = %v, want o1 and o2 in field d", out)
-	}
-	if got, err := s.ReadOutputs(ctx, "pipe", "", 10); err != nil || len(got) != 2 || got[0].Cursor != out[0].ID {
-		t.Errorf("ReadOutputs = %v, %v; want the stream IDs as cursors", got, err)
+		s, err := redisstore.New(rc, redisstore.Options{Prefix: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l, err := s.CheckGroups(ctx, 16, 2); err != nil || l != 2 {
+			t.Fatalf("%s: CheckGroups of a new store: layout %d, %v; want 2", p, l, err)
+		}
+		// A store created before the key-group layout was recorded has none:
+		// it reads as 0, and is not given one.
+		if got := rc.HGet(ctx, p+":meta", "keylayout").Val(); got != "2" {
+			t.Errorf("%s:meta keylayout = %q, want 2", p, got)
+		}
+		rc.HDel(ctx, p+":meta", "keylayout")
+		for range 2 {
+			if l, err := s.CheckGroups(ctx, 16, 2); err != nil || l != 0 {
+				t.Fatalf("%s: CheckGroups of an old store: layout %d, %v; want 0", p, l, err)
+			}
+		}
+		st, err := s.Claim(ctx, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries := []persistence.Entry{{Group: 7, Epoch: st.Epoch, Data: []byte("a")}, {Group: 7, Epoch: st.Epoch, Data: []byte("b")}}
+		if _, err := s.Append(ctx, entries); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Checkpoint(ctx, 7, st.Epoch, persistence.CheckpointData{
+			Snapshots: []persistence.Snapshot{{Key: "k\x00x", Data: []byte("snap")}},
+			Timers:    []persistence.Timer{{Key: "k\x00x", Due: 1767225600000}, {Key: "t", Due: 5}},
+			Outputs:   []persistence.Output{{Pipeline: "pipe", Data: []byte("o1")}, {Pipeline: "pipe", Data: []byte("o2")}},
+			Through:   1,
+		}); err != nil {
+			t.Fatal(err)
+		}
+		keys, err := rc.Keys(ctx, p+":*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tagged, err := rc.Keys(ctx, "{"+p+":*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, tagged...)
+		slices.Sort(keys)
+		tag := "{" + p + ":7}"
+		want := []string{p + ":meta", p + ":out:pipe", tag + ":due", c.log, tag + ":m", tag + ":s:k\x00x"}
+		slices.Sort(want)
+		if !slices.Equal(keys, want) {
+			t.Errorf("%s: keys = %q, want %q", p, keys, want)
+		}
+		if got := rc.HGetAll(ctx, tag+":m").Val(); !maps.Equal(got, c.meta) {
+			t.Errorf("%s: group meta = %v, want %v", p, got, c.meta)
+		}
+		if got := rc.XRange(ctx, c.log, "-", "+").Val(); len(got) != 1 || got[0].ID != "2-0" || got[0].Values["d"] != "b" {
+			t.Errorf("%s: log = %v, want the one record 2-0 above the checkpoint", p, got)
+		}
+		if got := rc.HGetAll(ctx, p+":meta").Val(); got["groups"] != "16" || got["format"] != cmp.Or(c.format, "3") {
+			t.Errorf("%s: store meta = %v", p, got)
+		}
+		wantDue := []redis.Z{{Score: 5, Member: "t"}, {Score: 1767225600000, Member: "k\x00x"}}
+		if got := rc.ZRangeWithScores(ctx, tag+":due", 0, -1).Val(); !slices.Equal(got, wantDue) {
+			t.Errorf("%s: timer index = %v, want %v", p, got, wantDue)
+		}
+		out := rc.XRange(ctx, p+":out:pipe", "-", "+").Val()
+		if len(out) != 2 || out[0].Values["d"] != "o1" || out[1].Values["d"] != "o2" {
+			t.Errorf("%s: output log = %v, want o1 and o2 in field d", p, out)
+		}
+		if got, err := s.ReadOutputs(ctx, "pipe", "", 10); err != nil || len(got) != 2 || got[0].Cursor != out[0].ID {
+			t.Errorf("%s: ReadOutputs = %v, %v; want the stream IDs as cursors", p, got, err)
+		}
+		if c.format != "" {
+			continue
+		}
+		// Format 3: the next claim moves the log to the next epoch's
+		// name, trimmed records and last position with it.
+		if st, err = s.Claim(ctx, 7); err != nil || st.Epoch != 2 || st.Last != 2 || st.Checkpoint != 1 {
+			t.Fatalf("%s: second Claim = %+v, %v; want epoch 2, checkpoint 1, last 2", p, st, err)
+		}
+		if n := rc.Exists(ctx, c.log).Val(); n != 0 {
+			t.Errorf("%s: %s still there after the second claim", p, c.log)
+		}
+		if got := rc.XRange(ctx, tag+":log:2", "-", "+").Val(); len(got) != 1 || got[0].ID != "2-0" {
+			t.Errorf("%s: log under epoch 2 = %v, want record 2-0", p, got)
+		}
+		// A group whose log went missing is not claimed over it.
+		rc.Del(ctx, tag+":log:2")
+		if _, err := s.Claim(ctx, 7); err == nil || !strings.Contains(err.Error(), "missing") {
+			t.Errorf("%s: Claim of a group without its log = %v, want an error saying it is missing", p, err)
+		}
 	}
 }
 
-// TestFormatVersions: a new store records format 2, which allows packed
-// snapshots; a store created at format 1 keeps it and does not allow them
-// (nodes of an older build may run on it); another format is refused.
+// TestFormatVersions: a new store records format 3, which allows packed
+// snapshots, as does 2; a store created at format 2 or 1 keeps it, and one
+// of format 1 does not allow them (nodes of an older build may run on it);
+// another format is refused.
 func TestFormatVersions(t *testing.T) {
 	srv := redistest.Start(t)
 	rc := srv.Client()
@@ -139,8 +195,9 @@ func TestFormatVersions(t *testing.T) {
 		refused        bool
 	}{
 		{prefix: "new", packed: true},
+		{prefix: "two", format: "2", packed: true},
 		{prefix: "old", format: "1"},
-		{prefix: "newer", format: "3", refused: true},
+		{prefix: "newer", format: "4", refused: true},
 	} {
 		if c.format != "" {
 			rc.HSet(ctx, c.prefix+":meta", "format", c.format, "groups", "16", "keylayout", "2")
@@ -151,6 +208,12 @@ func TestFormatVersions(t *testing.T) {
 		}
 		if s.PackedSnapshots() {
 			t.Errorf("%s: packed snapshots allowed before the format is known", c.prefix)
+		}
+		if c.refused {
+			// A group operation before CheckGroups reads the format too.
+			if _, err := s.Claim(ctx, 1); !errors.Is(err, persistence.ErrIncompatible) {
+				t.Errorf("%s: Claim = %v, want ErrIncompatible", c.prefix, err)
+			}
 		}
 		_, err = s.CheckGroups(ctx, 16, 2)
 		if c.refused {
@@ -165,7 +228,7 @@ func TestFormatVersions(t *testing.T) {
 		if s.PackedSnapshots() != c.packed || persistence.AllowsPacked(s) != c.packed {
 			t.Errorf("%s: packed snapshots allowed: %v, want %v", c.prefix, s.PackedSnapshots(), c.packed)
 		}
-		if got := rc.HGet(ctx, c.prefix+":meta", "format").Val(); got != cmp.Or(c.format, "2") {
+		if got := rc.HGet(ctx, c.prefix+":meta", "format").Val(); got != cmp.Or(c.format, "3") {
 			t.Errorf("%s: format %q recorded", c.prefix, got)
 		}
 	}
@@ -255,40 +318,104 @@ func TestScriptCacheFlushed(t *testing.T) {
 // this store last saw it. If an earlier append whose outcome the store did
 // not learn landed (simulated here by writing one behind its back), or
 // go-redis sends a script call twice, the append fails instead of adding a
-// record twice; claiming the group again makes appends work.
+// record twice; claiming the group again makes appends work. In each
+// format.
 func TestAppendIsConditional(t *testing.T) {
 	srv := redistest.Start(t)
 	rc := srv.Client()
 	ctx := t.Context()
-	s, err := redisstore.New(rc, redisstore.Options{Prefix: "c"})
+	for _, format := range []string{"3", "2"} {
+		p := "c" + format
+		rc.HSet(ctx, p+":meta", "format", format)
+		s, err := redisstore.New(rc, redisstore.Options{Prefix: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := s.Claim(ctx, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		app := func() ([]persistence.Position, error) {
+			return s.Append(ctx, []persistence.Entry{{Group: 3, Epoch: st.Epoch, Data: []byte("r")}})
+		}
+		if pos, err := app(); err != nil || pos[0] != 1 {
+			t.Fatalf("format %s: Append = %v, %v", format, pos, err)
+		}
+		// A record that landed without the store knowing.
+		log := "{" + p + ":3}:log"
+		if format == "3" {
+			log += ":1"
+		} else {
+			rc.HSet(ctx, "{"+p+":3}:m", "last", "2")
+		}
+		rc.XAdd(ctx, &redis.XAddArgs{Stream: log, ID: "2-0", Values: []string{"d", "ghost"}})
+		pos, err := app()
+		if err == nil || errors.Is(err, persistence.ErrFenced) || pos[0] != 0 {
+			t.Fatalf("format %s: Append after an unseen record = %v, %v; want a non-fencing error and no position", format, pos, err)
+		}
+		if format == "3" {
+			log = "{" + p + ":3}:log:2" // where the claim below moves it
+		}
+		if st, err = s.Claim(ctx, 3); err != nil || st.Last != 2 {
+			t.Fatalf("format %s: Claim = %+v, %v", format, st, err)
+		}
+		if n := rc.XLen(ctx, log).Val(); n != 2 {
+			t.Errorf("format %s: log has %d records, want 2", format, n)
+		}
+		if pos, err := app(); err != nil || pos[0] != 3 {
+			t.Fatalf("format %s: Append after the claim = %v, %v; want position 3", format, pos, err)
+		}
+	}
+}
+
+// TestReadAcrossAClaim: a claim renames a format 3 group's log; a Read
+// that meets the rename between two pages goes on from where it was under
+// the new name, and reads every record once, as it would in format 2,
+// where a claim moves nothing.
+func TestReadAcrossAClaim(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := t.Context()
+	s, err := redisstore.New(srv.Client(), redisstore.Options{Prefix: "rc", ReadPageSize: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := s.Claim(ctx, 3)
+	other, err := redisstore.New(srv.Client(), redisstore.Options{Prefix: "rc"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	app := func() ([]persistence.Position, error) {
-		return s.Append(ctx, []persistence.Entry{{Group: 3, Epoch: st.Epoch, Data: []byte("r")}})
+	st, err := s.Claim(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if pos, err := app(); err != nil || pos[0] != 1 {
-		t.Fatalf("Append = %v, %v", pos, err)
+	const records = 10
+	for i := range records {
+		if _, err := s.Append(ctx, []persistence.Entry{{Group: 2, Epoch: st.Epoch, Data: fmt.Appendf(nil, "r%d", i)}}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	// A record that landed without the store knowing.
-	rc.XAdd(ctx, &redis.XAddArgs{Stream: "{c:3}:log", ID: "2-0", Values: []string{"d", "ghost"}})
-	rc.HSet(ctx, "{c:3}:m", "last", "2")
-	pos, err := app()
-	if err == nil || errors.Is(err, persistence.ErrFenced) || pos[0] != 0 {
-		t.Fatalf("Append after an unseen record = %v, %v; want a non-fencing error and no position", pos, err)
+	var got []string
+	err = s.Read(ctx, 2, 0, func(p persistence.Position, d []byte) error {
+		got = append(got, fmt.Sprintf("%d:%s", p, d))
+		if len(got)%3 == 1 { // within each page: a claim before the next one
+			if _, err := other.Claim(ctx, 2); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("Read across claims: %v", err)
 	}
-	if n := rc.XLen(ctx, "{c:3}:log").Val(); n != 2 {
-		t.Errorf("log has %d records, want 2", n)
+	var want []string
+	for i := range records {
+		want = append(want, fmt.Sprintf("%d:r%d", i+1, i))
 	}
-	if st, err = s.Claim(ctx, 3); err != nil || st.Last != 2 {
-		t.Fatalf("Claim = %+v, %v", st, err)
+	if !slices.Equal(got, want) {
+		t.Errorf("Read across claims = %q, want %q", got, want)
 	}
-	if pos, err := app(); err != nil || pos[0] != 3 {
-		t.Fatalf("Append after the claim = %v, %v; want position 3", pos, err)
+	// The first owner is fenced: its append adds nothing.
+	if _, err := s.Append(ctx, []persistence.Entry{{Group: 2, Epoch: st.Epoch, Data: []byte("late")}}); !errors.Is(err, persistence.ErrFenced) {
+		t.Errorf("Append of the first owner after the claims = %v, want ErrFenced", err)
 	}
 }
 
