@@ -362,10 +362,14 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 		}
 	}()
 	s.lastMu.Lock()
+	// The last position of each group this store claimed, as the scripts
+	// take it ("" for a group it did not claim: any), and as a number.
 	expect := make(map[uint32]string, len(calls))
+	known := make(map[uint32]persistence.Position, len(calls))
 	for _, c := range calls {
 		if last, ok := s.last[c.group]; ok {
 			expect[c.group] = strconv.FormatUint(last, 10)
+			known[c.group] = last
 		}
 	}
 	s.lastMu.Unlock()
@@ -397,7 +401,33 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 		one, many = appendScript3, appendManyScript3
 	}
 
-	if s.cluster {
+	switch {
+	case epochLog && !slices.ContainsFunc(calls, func(c *call) bool { return len(c.entries) > 1 || expect[c.group] == "" }):
+		// Format 3, one record per group at a known position (every
+		// commit of the host): one XADD NOMKSTREAM per group, no script.
+		// Each XADD is conditional on its own (a missing log is fenced; a
+		// position taken already refuses the ID), and without Lua's copies
+		// of the records Redis spends a third less per event
+		// (BenchmarkAppend). On a single Redis in one MULTI/EXEC, so that
+		// Redis syncs them once (a plain pipeline's commands would be read
+		// and synced in several turns of its event loop); on a Redis
+		// Cluster, where a transaction holds one slot, a plain pipeline
+		// (go-redis sends each node its share).
+		pipelined := s.c.TxPipelined
+		if s.cluster {
+			pipelined = s.c.Pipelined
+		}
+		cmds := make([]*redis.Cmd, len(calls))
+		_, _ = pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, c := range calls {
+				cmds[i] = p.Do(ctx, "xadd", s.k.epochLog(c.group, c.epoch), "nomkstream", streamID(known[c.group]+1), "d", entries[c.entries[0]].Data)
+			}
+			return nil
+		})
+		for i, c := range calls {
+			c.last, c.err = xaddResult(cmds[i], known[c.group]+1)
+		}
+	case s.cluster:
 		// A script may touch one slot only: one call per group, pipelined
 		// (go-redis sends each node its share).
 		_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -421,7 +451,7 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 		for _, c := range calls {
 			c.last, c.err = c.cmd.Int64()
 		}
-	} else {
+	default:
 		// One call for every group: twice the records/s of a call per
 		// group, at half the Redis CPU per record (BenchmarkAppend).
 		keys := make([]string, 0, 2*len(calls))
@@ -483,6 +513,31 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 		errs = append(errs, s.wrap("append "+groupList(fenced), persistence.ErrFenced))
 	}
 	return pos, errors.Join(errs...)
+}
+
+// xaddResult turns the reply of a format 3 append's XADD NOMKSTREAM of
+// position pos into what its script would return: pos, -1 for no log (the
+// epoch is not current), -2 for a position taken already.
+func xaddResult(cmd *redis.Cmd, pos persistence.Position) (int64, error) {
+	id, err := cmd.Text()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return -1, nil
+	case err != nil && isRedisError(err) && strings.Contains(err.Error(), "equal or smaller"):
+		return -2, nil
+	case err != nil:
+		return 0, err
+	case id != streamID(pos):
+		return 0, fmt.Errorf("XADD of position %d added ID %s", pos, id)
+	}
+	return int64(pos), nil
+}
+
+// isRedisError reports whether err is an error reply of Redis (not one of
+// the network or the client).
+func isRedisError(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
 }
 
 // groupList names groups for an error message, eliding long lists.
