@@ -2,15 +2,17 @@
 // Redis (go-redis v9), for nodes that must survive the loss of any of them
 // and for clusters of nodes.
 //
-// Each group operation is one Lua script call that checks the caller's epoch
-// and writes in the same atomic step: a claim bumps the epoch and renames
-// the group's log (a stream named after the epoch), an append adds a group's
-// records to the log of its epoch (which is gone once another owner claimed
-// the group), a checkpoint writes snapshots and the
-// group's timer index (a sorted set), advances the checkpoint position and
-// trims the stream. Append sends the calls of all groups of a commit in one
-// pipelined round trip. All keys of a group share a hash tag, so the store
-// works unchanged on Redis Cluster; keys.go documents the layout.
+// Each group operation is one atomic step that checks the caller's epoch
+// and writes: a claim (a Lua script, after a read of the epoch it expects)
+// bumps the epoch and renames the group's log, a stream named after the
+// epoch; an append adds each group's record to the log of its epoch with
+// XADD NOMKSTREAM (once another owner claimed the group, that log is gone),
+// all groups of a commit in one MULTI/EXEC; a checkpoint (a script) writes
+// snapshots and the group's timer index (a sorted set), advances the
+// checkpoint position and trims the stream. Stores created before that
+// layout (format 3) keep theirs, whose appends are scripts that read and
+// write the group's meta. All keys of a group share a hash tag, so the
+// store works unchanged on Redis Cluster; keys.go documents the layout.
 //
 // Each pipeline's output log is a stream of its own, outside every group's
 // slot: a checkpoint appends its outputs there (XADD, pipelined) before its

@@ -37,15 +37,35 @@ import (
 // their script (see Store.Checkpoint).
 //
 // A claim bumps the group's epoch and renames its log to the new epoch's
-// name in one script (a new group gets an empty log), so an append is one
-// XADD NOMKSTREAM per record to the log of the caller's epoch: after a
-// claim of another owner that log is gone and the append adds nothing
-// (fenced), and no append reads or writes the group's meta, which formats 1
-// and 2 did on every append (an HMGET of epoch and last and an HSET of
-// last: as much of Redis's CPU as the XADD, BenchmarkAppend).
+// name in one script (a new group gets an empty log), so an append is an
+// XADD NOMKSTREAM of the group's record, with the ID of the position after
+// the last one the owner knows, to the log of the owner's epoch:
+//   - after a claim of another owner that log is gone and the append adds
+//     nothing (fenced);
+//   - a call sent twice, or after one whose outcome was unknown and which
+//     landed, meets a log whose last ID is not below the record's: XADD
+//     refuses it;
+//   - no append reads or writes the group's meta, which formats 1 and 2 do
+//     on every append (an HMGET of epoch and last and an HSET of last: as
+//     much of Redis's CPU as the XADD at 256 groups per commit).
+//
+// Format 3 does not notice a log that lost its last records under its owner
+// (Redis lost acknowledged writes: a failover to a replica that lagged, a
+// host crash with appendfsync everysec), which format 2's check of last
+// turned into a failed append and a new claim: the owner's next record
+// takes its position after the gap. The lost records are lost either way;
+// replay does not need positions without gaps, and the owner, which still
+// has the lost records' events in memory, writes their effect with its
+// next checkpoint unless it stops first.
+//
+// A claim names the log it creates, a key that does not exist yet: while
+// the group's Redis Cluster slot migrates, Redis refuses it (TRYAGAIN), as
+// it refuses a checkpoint that writes new snapshots, and the node claims
+// again, with its backoff, until the migration of the slot ends.
 //
 // A group's fields in {P:N}:m are absent until its first claim; a store
-// without P:meta is new.
+// whose P:meta has no groups is new (a group operation before CheckGroups
+// records the format alone).
 //
 // Formats: a new store records 3. Format 2 (a store created between
 // packed snapshots and format 3) and format 1 (before packed snapshots)

@@ -4,9 +4,12 @@ import "github.com/redis/go-redis/v9"
 
 // The scripts that make each group operation one atomic step. Every write
 // checks the caller's epoch against the group's first, in the same script,
-// so no write of a fenced-off owner can land after a claim. Redis runs
-// scripts one at a time; Lua numbers are doubles, exact for positions and
-// epochs below 2^53.
+// so no write of a fenced-off owner can land after a claim: in formats 1
+// and 2 by reading the epoch from the group's meta; a format 3 append by
+// writing to the log named after its epoch, which a claim renames (the
+// host's appends of one record per group need no script: Store.Append).
+// Redis runs scripts one at a time; Lua numbers are doubles, exact for
+// positions and epochs below 2^53.
 
 // claimScript bumps the group's epoch and returns {epoch, checkpoint, last}.
 //
@@ -201,8 +204,10 @@ return {epoch, checkpoint, lastPosition(KEYS[3])}
 // appendGroup3 is a Lua function appending a group's records to its
 // format 3 log: ARGV[first…last] after position expect ("" for the log's
 // last), returning the position of the last record, -1 if the log is not
-// there (its epoch is not current), -2 if its last position is not the
-// expected one.
+// there (its epoch is not current), -2 if its last position is above the
+// expected one (a call sent twice, or after one whose outcome was unknown
+// and which landed). A last position below the expected one (records Redis
+// lost) is not detected: the records go after the gap (keys.go).
 const appendGroup3 = lastPosition + `
 local function appendGroup(log, expect, first, last)
   local pos

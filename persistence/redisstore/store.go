@@ -30,15 +30,19 @@ type Store struct {
 	// CheckGroups).
 	packed atomic.Bool
 	// format is the store's layout version (keys.go) once known: from
-	// CheckGroups, or from the first group operation (format); 0 before.
+	// CheckGroups, or from the first group operation (layout); 0 before.
 	format atomic.Uint32
 
 	// last holds, per group this store claimed, the last position it knows
-	// the group's log to have. Appends are conditional on it (see
-	// appendScript): a script call that go-redis sends twice (it retries
-	// on timeouts and follows cluster redirections) appends once, and an
-	// append after one whose outcome is unknown fails rather than risk a
-	// position gap. A group's next claim refreshes it.
+	// the group's log to have. Appends are conditional on it: a call that
+	// go-redis sends twice (it retries on timeouts and follows cluster
+	// redirections) appends once, and an append after one whose outcome is
+	// unknown and which landed fails rather than add a record twice. In
+	// formats 1 and 2 (appendScript) the log must end exactly there; in
+	// format 3 the record's ID, the position after it, must be above the
+	// log's last one, so a log that lost its last records under its owner
+	// (Redis lost acknowledged writes) takes the next one after a gap
+	// (keys.go). A group's next claim refreshes it.
 	lastMu sync.Mutex
 	last   map[uint32]persistence.Position
 	// appending serialises the appends of each group in this process, so
@@ -201,7 +205,7 @@ func run(ctx context.Context, c redis.Scripter, sc *redis.Script, keys []string,
 
 func isNoScript(err error) bool { return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") }
 
-// format returns the store's layout version, reading it (and recording
+// layout returns the store's layout version, reading it (and recording
 // the newest in a new store) at the first call that needs it before
 // CheckGroups told it.
 func (s *Store) layout(ctx context.Context) (uint32, error) {
@@ -260,10 +264,20 @@ func (s *Store) Claim(ctx context.Context, group uint32) (persistence.GroupState
 
 // claimEpochLog claims a group of format 3: the script moves the log of
 // the epoch it expects, so it names that epoch, read first, and is called
-// again if another claim came in between.
+// again if another claim came in between (after a pause from the second
+// time on: a client that reads from replicas may read a lagging epoch).
 func (s *Store) claimEpochLog(ctx context.Context, group uint32) ([]uint64, error) {
 	meta := s.k.groupMeta(group)
-	for {
+	pause := time.Millisecond
+	for attempt := 0; ; attempt++ {
+		if attempt > 1 {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(pause):
+			}
+			pause = min(2*pause, 100*time.Millisecond)
+		}
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
@@ -764,7 +778,7 @@ func (s *Store) GetMany(ctx context.Context, group uint32, keys []string) ([][]b
 
 // PackedSnapshots reports whether the store allows packed snapshots
 // (persistence.PackedSnapshots): whether CheckGroups found it at format 2
-// (every store it creates is; one created at format 1 stays so).
+// or above (every store it creates is; one created at format 1 stays so).
 func (s *Store) PackedSnapshots() bool { return s.packed.Load() }
 
 // RecordedGroups returns the number of key groups the store records (0:

@@ -491,3 +491,69 @@ func TestOutputCursors(t *testing.T) {
 		}
 	}
 }
+
+// TestLostTail: when Redis loses a group's last acknowledged records under
+// its owner (simulated by restoring the log, and format 2's meta, from a
+// dump taken before them), format 2 fails the owner's next append (the log
+// does not end where it expects), and format 3 adds the record after the
+// gap, as keys.go documents; Read returns what is there.
+func TestLostTail(t *testing.T) {
+	srv := redistest.Start(t)
+	rc := srv.Client()
+	ctx := t.Context()
+	for _, format := range []string{"3", "2"} {
+		p := "lost" + format
+		rc.HSet(ctx, p+":meta", "format", format)
+		s, err := redisstore.New(rc, redisstore.Options{Prefix: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := s.Claim(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		app := func(d string) ([]persistence.Position, error) {
+			return s.Append(ctx, []persistence.Entry{{Group: 1, Epoch: st.Epoch, Data: []byte(d)}})
+		}
+		if _, err := app("r1"); err != nil {
+			t.Fatal(err)
+		}
+		keys := []string{"{" + p + ":1}:log:1", "{" + p + ":1}:m"}
+		if format == "2" {
+			keys[0] = "{" + p + ":1}:log"
+		}
+		dumps := make([]string, len(keys))
+		for i, k := range keys {
+			dumps[i] = rc.Dump(ctx, k).Val()
+		}
+		if _, err := app("r2"); err != nil {
+			t.Fatal(err)
+		}
+		for i, k := range keys {
+			if err := rc.RestoreReplace(ctx, k, 0, dumps[i]).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		pos, err := app("r3")
+		var got []persistence.Position
+		if err := s.Read(ctx, 1, 0, func(p persistence.Position, _ []byte) error { got = append(got, p); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		switch format {
+		case "2":
+			if err == nil || !strings.Contains(err.Error(), "not at position 2") {
+				t.Errorf("format 2: Append after a lost record = %v, %v; want an error saying the log is not at position 2", pos, err)
+			}
+			if !slices.Equal(got, []persistence.Position{1}) {
+				t.Errorf("format 2: log positions %v, want [1]", got)
+			}
+		case "3":
+			if err != nil || pos[0] != 3 {
+				t.Errorf("format 3: Append after a lost record = %v, %v; want position 3, after the gap", pos, err)
+			}
+			if !slices.Equal(got, []persistence.Position{1, 3}) {
+				t.Errorf("format 3: log positions %v, want [1 3]", got)
+			}
+		}
+	}
+}
