@@ -7,11 +7,12 @@
 // bumps the epoch and renames the group's log, a stream named after the
 // epoch; an append adds each group's record to the log of its epoch with
 // XADD NOMKSTREAM (once another owner claimed the group, that log is gone),
-// all groups of a commit in one MULTI/EXEC; a checkpoint (a script) writes
-// snapshots and the group's timer index (a sorted set), advances the
-// checkpoint position and trims the stream. Stores created before that
-// layout (format 3) keep theirs, whose appends are scripts that read and
-// write the group's meta. All keys of a group share a hash tag, so the
+// all groups of a commit in one MULTI/EXEC; a checkpoint writes snapshots
+// and the group's timer index (a sorted set), advances the checkpoint
+// position and trims the stream in one MULTI/EXEC under a WATCH of the
+// group's meta, which a claim changes. Stores created before that layout
+// (format 3) keep theirs, whose appends and checkpoints are scripts that
+// read (and appends write) the group's meta. All keys of a group share a hash tag, so the
 // store works unchanged on Redis Cluster; keys.go documents the layout.
 //
 // Each pipeline's output log is a stream of its own, outside every group's

@@ -6,8 +6,9 @@ import "github.com/redis/go-redis/v9"
 // checks the caller's epoch against the group's first, in the same script,
 // so no write of a fenced-off owner can land after a claim: in formats 1
 // and 2 by reading the epoch from the group's meta; a format 3 append by
-// writing to the log named after its epoch, which a claim renames (the
-// host's appends of one record per group need no script: Store.Append).
+// writing to the log named after its epoch, which a claim renames. In
+// format 3 the host's appends of one record per group and every checkpoint
+// need no script (Store.Append, Store.checkpointWatched).
 // Redis runs scripts one at a time; Lua numbers are doubles, exact for
 // positions and epochs below 2^53.
 
@@ -96,11 +97,6 @@ local v = redis.call('HMGET', KEYS[1], 'epoch', 'checkpoint', 'last')
 if v[1] ~= ARGV[1] then return -1 end
 local through = tonumber(ARGV[2])
 if through > tonumber(v[3] or '0') then return -2 end
-` + checkpointWrites)
-
-// checkpointWrites is the part of checkpointScript after its checks, with
-// v[2] the group's checkpoint position and through the new one.
-const checkpointWrites = `
 local nset = tonumber(ARGV[3])
 local i = 1
 while i <= nset do
@@ -127,7 +123,7 @@ if through > tonumber(v[2] or '0') then
   redis.call('XTRIM', KEYS[2], 'MINID', string.format('%d-0', through + 1))
 end
 return 0
-`
+`)
 
 // checkGroupsScript records the layout version, number of groups and
 // key-group layout in a new store (one without a number of groups, whose
@@ -259,11 +255,3 @@ end
 return out
 `)
 
-// checkpointScript3 is checkpointScript for format 3: KEYS[2] is the log
-// of the caller's epoch.
-var checkpointScript3 = redis.NewScript(lastPosition + `
-local v = redis.call('HMGET', KEYS[1], 'epoch', 'checkpoint')
-if v[1] ~= ARGV[1] then return -1 end
-local through = tonumber(ARGV[2])
-if through > lastPosition(KEYS[2]) then return -2 end
-` + checkpointWrites)

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -555,5 +556,76 @@ func TestLostTail(t *testing.T) {
 				t.Errorf("format 3: log positions %v, want [1 3]", got)
 			}
 		}
+	}
+}
+
+// claimAfterXInfo is a go-redis hook that, once, has another store claim a
+// group right after the checkpoint's XINFO STREAM, between its checks and
+// its MULTI/EXEC.
+type claimAfterXInfo struct {
+	claim func()
+	done  atomic.Bool
+}
+
+func (h *claimAfterXInfo) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *claimAfterXInfo) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *claimAfterXInfo) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if cmd.Name() == "xinfo" && !h.done.Swap(true) {
+			h.claim()
+		}
+		return err
+	}
+}
+
+// TestCheckpointRacingAClaim: a format 3 checkpoint checks the epoch and
+// the position, then writes in a MULTI/EXEC under a WATCH of the group's
+// meta; a claim that lands between the two makes Redis drop the write, and
+// the checkpoint is fenced and writes nothing.
+func TestCheckpointRacingAClaim(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := t.Context()
+	other, err := redisstore.New(srv.Client(), redisstore.Options{Prefix: "race"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := srv.Client()
+	hook := &claimAfterXInfo{claim: func() {
+		if _, err := other.Claim(ctx, 4); err != nil {
+			t.Errorf("the racing claim: %v", err)
+		}
+	}}
+	rc.AddHook(hook)
+	s, err := redisstore.New(rc, redisstore.Options{Prefix: "race"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Claim(ctx, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Append(ctx, []persistence.Entry{{Group: 4, Epoch: st.Epoch, Data: []byte("r")}}); err != nil {
+		t.Fatal(err)
+	}
+	err = s.Checkpoint(ctx, 4, st.Epoch, persistence.CheckpointData{
+		Snapshots: []persistence.Snapshot{{Key: "k", Data: []byte("stale")}},
+		Timers:    []persistence.Timer{{Key: "k", Due: 9}},
+		Through:   1,
+	})
+	if !hook.done.Load() {
+		t.Fatal("the checkpoint sent no XINFO STREAM")
+	}
+	if !errors.Is(err, persistence.ErrFenced) {
+		t.Fatalf("Checkpoint racing a claim = %v, want ErrFenced", err)
+	}
+	if _, err := other.Get(ctx, 4, "k"); !errors.Is(err, persistence.ErrNotFound) {
+		t.Errorf("Get after the fenced checkpoint = %v, want ErrNotFound", err)
+	}
+	st2, err := other.Claim(ctx, 4)
+	if err != nil || st2.Checkpoint != 0 || st2.Last != 1 {
+		t.Errorf("Claim after the fenced checkpoint = %+v, %v; want checkpoint 0, last 1", st2, err)
 	}
 }
