@@ -268,13 +268,18 @@ func TestRedisDownAtStartAndSlow(t *testing.T) {
 	srv.Restart()
 	n.waitReady(30 * time.Second)
 
-	w := redisWorkload(1, 1, 5, 20)
+	// Eight writers, one batch each: batches sent at once have no order
+	// among themselves, so they touch disjoint keys (the oracle orders a
+	// writer's batches as sent). Redis may still run the first commit's
+	// append when it answers again, before the node's new claims: then that
+	// batch is applied ahead of the resent ones.
+	w := redisWorkload(1, 8, 5, 20)
 	o := newOracle()
 	srv.Pause()
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i := range 8 {
-		b := w.next(0)
+		b := w.next(i)
 		b.name = fmt.Sprintf("slow-%d", i)
 		o.touch(b)
 		b.state = unknown // Redis may still run what was sent before it hung
