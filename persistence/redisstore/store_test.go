@@ -315,6 +315,24 @@ func TestScriptCacheFlushed(t *testing.T) {
 	}
 }
 
+// claimedIn returns a store of the given prefix whose format was recorded
+// before its first call, and its claim of a group.
+func claimedIn(t *testing.T, rc *redis.Client, prefix, format string, group uint32) (*redisstore.Store, persistence.GroupState) {
+	t.Helper()
+	if err := rc.HSet(t.Context(), prefix+":meta", "format", format).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := redisstore.New(rc, redisstore.Options{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Claim(t.Context(), group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, st
+}
+
 // TestAppendIsConditional: an append expects the group's log to end where
 // this store last saw it. If an earlier append whose outcome the store did
 // not learn landed (simulated here by writing one behind its back), or
@@ -327,15 +345,7 @@ func TestAppendIsConditional(t *testing.T) {
 	ctx := t.Context()
 	for _, format := range []string{"3", "2"} {
 		p := "c" + format
-		rc.HSet(ctx, p+":meta", "format", format)
-		s, err := redisstore.New(rc, redisstore.Options{Prefix: p})
-		if err != nil {
-			t.Fatal(err)
-		}
-		st, err := s.Claim(ctx, 3)
-		if err != nil {
-			t.Fatal(err)
-		}
+		s, st := claimedIn(t, rc, p, format, 3)
 		app := func() ([]persistence.Position, error) {
 			return s.Append(ctx, []persistence.Entry{{Group: 3, Epoch: st.Epoch, Data: []byte("r")}})
 		}
@@ -504,15 +514,7 @@ func TestLostTail(t *testing.T) {
 	ctx := t.Context()
 	for _, format := range []string{"3", "2"} {
 		p := "lost" + format
-		rc.HSet(ctx, p+":meta", "format", format)
-		s, err := redisstore.New(rc, redisstore.Options{Prefix: p})
-		if err != nil {
-			t.Fatal(err)
-		}
-		st, err := s.Claim(ctx, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
+		s, st := claimedIn(t, rc, p, format, 1)
 		app := func(d string) ([]persistence.Position, error) {
 			return s.Append(ctx, []persistence.Entry{{Group: 1, Epoch: st.Epoch, Data: []byte(d)}})
 		}
