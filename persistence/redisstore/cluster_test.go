@@ -292,3 +292,75 @@ func TestClusterScriptCacheFlushed(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestClusterCheckpointDuringMigration: while a group's slot migrates (all
+// its keys moved to the importing master, the slot not yet handed over), a
+// checkpoint either writes what it was given or fails; it never reports
+// success without writing, as a format 3 checkpoint did when go-redis's
+// cluster Watch ran out of redirections and returned nil without running
+// the transaction. After the migration the next checkpoint writes.
+func TestClusterCheckpointDuringMigration(t *testing.T) {
+	cl := redistest.StartCluster(t, 2)
+	rc := cl.Client(t)
+	ctx := t.Context()
+	nodes := map[string]*redis.Client{}
+	ids := map[string]string{}
+	for _, a := range cl.Addrs() {
+		c := redis.NewClient(&redis.Options{Addr: a})
+		t.Cleanup(func() { c.Close() })
+		nodes[a] = c
+		ids[a] = c.ClusterMyID(ctx).Val()
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, format := range []string{"3", "2"} {
+		prefix := "mig" + format
+		must(rc.HSet(ctx, prefix+":meta", "format", format).Err())
+		s, err := redisstore.New(rc, redisstore.Options{Prefix: prefix})
+		must(err)
+		st, err := s.Claim(ctx, 1)
+		must(err)
+		_, err = s.Append(ctx, []persistence.Entry{{Group: 1, Epoch: st.Epoch, Data: []byte("r")}})
+		must(err)
+		cp := persistence.CheckpointData{Snapshots: []persistence.Snapshot{{Key: "k", Data: []byte("v1")}}, Through: 1}
+		must(s.Checkpoint(ctx, 1, st.Epoch, cp))
+
+		tag := "{" + prefix + ":1}"
+		slot := int(rc.ClusterKeySlot(ctx, tag+":m").Val())
+		var src, dst string
+		for a, c := range nodes {
+			if c.ClusterCountKeysInSlot(ctx, slot).Val() > 0 {
+				src = a
+			} else {
+				dst = a
+			}
+		}
+		must(nodes[dst].Do(ctx, "cluster", "setslot", slot, "importing", ids[src]).Err())
+		must(nodes[src].Do(ctx, "cluster", "setslot", slot, "migrating", ids[dst]).Err())
+		host, port, _ := strings.Cut(dst, ":")
+		for _, k := range nodes[src].ClusterGetKeysInSlot(ctx, slot, 100).Val() {
+			must(nodes[src].Migrate(ctx, host, port, k, 0, 5e9).Err())
+		}
+		cp.Snapshots[0].Data = []byte("v2")
+		err = s.Checkpoint(ctx, 1, st.Epoch, cp)
+		if got := rc.Get(ctx, tag+":s:k").Val(); err == nil && got != "v2" {
+			t.Errorf("format %s: Checkpoint during the migration returned nil, and the snapshot is %q, not v2", format, got)
+		}
+		t.Logf("format %s: Checkpoint during the migration: %v", format, err)
+
+		for _, c := range nodes {
+			must(c.Do(ctx, "cluster", "setslot", slot, "node", ids[dst]).Err())
+		}
+		cp.Snapshots[0].Data = []byte("v3")
+		if err := s.Checkpoint(ctx, 1, st.Epoch, cp); err != nil {
+			t.Errorf("format %s: Checkpoint after the migration: %v", format, err)
+		}
+		if got := rc.Get(ctx, tag+":s:k").Val(); got != "v3" {
+			t.Errorf("format %s: snapshot after the migration %q, want v3", format, got)
+		}
+	}
+}

@@ -17,7 +17,7 @@
 //
 // Each pipeline's output log is a stream of its own, outside every group's
 // slot: a checkpoint appends its outputs there (XADD, pipelined) before its
-// script runs, so outputs are appended at least once (see
+// atomic step, so outputs are appended at least once (see
 // [Store.Checkpoint]).
 //
 // An acknowledged write is as durable as Redis makes it: with appendonly yes

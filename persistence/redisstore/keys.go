@@ -28,13 +28,13 @@ import (
 //	                            field, d, holding the output
 //
 // Every key of group N carries the hash tag {P:N}, so they all live in one
-// Redis Cluster slot and one script updates them atomically; the prefix is
+// Redis Cluster slot and one script or transaction updates them atomically; the prefix is
 // part of the tag so that deployments sharing a Redis spread over different
 // slots. Positions start at 1 and are never reused: a stream remembers its
 // last ID after its entries are trimmed, and a group's last position is its
 // log's last ID. An output log belongs to no group: each command on it
 // touches that key only, and checkpoints append to it with XADD before
-// their script (see Store.Checkpoint).
+// their atomic step (see Store.Checkpoint).
 //
 // A claim bumps the group's epoch and renames its log to the new epoch's
 // name in one script (a new group gets an empty log), so an append is an
@@ -63,10 +63,14 @@ import (
 // has the lost records' events in memory, writes their effect with its
 // next checkpoint unless it stops first.
 //
-// A claim names the log it creates, a key that does not exist yet: while
-// the group's Redis Cluster slot migrates, Redis refuses it (TRYAGAIN), as
-// it refuses a checkpoint that writes new snapshots, and the node claims
-// again, with its backoff, until the migration of the slot ends.
+// While the group's Redis Cluster slot migrates, a claim (which names the
+// log it creates, a key that does not exist yet) gets TRYAGAIN, and a
+// checkpoint fails too once keys of the group have moved (its WATCH and
+// transaction follow no redirection; go-redis's cluster Watch may even
+// return without running it, which checkpointWatched reports as an
+// error), as a format 2 checkpoint fails with TRYAGAIN when its keys are
+// split; the node retries both, with its backoff, until the slot has
+// moved.
 //
 // A group's fields in {P:N}:m are absent until its first claim; a store
 // whose P:meta has no groups is new (a group operation before CheckGroups

@@ -319,9 +319,11 @@ func (s *Store) epoch(ctx context.Context, group uint32) (persistence.Epoch, err
 	return e, nil
 }
 
-// Append appends the records of each group with one script call, and sends
-// the calls of all groups in one pipelined round trip (with a Redis Cluster
-// client, one per node involved).
+// Append appends the records of each group, all groups in one round trip
+// (with a Redis Cluster client, one per node involved): in format 3 an
+// XADD per group in one MULTI/EXEC (a pipeline on a cluster), or a script
+// when a group has several records or no known position; in formats 1 and
+// 2 one script call for all groups (one per group on a cluster).
 //
 // Whether a call that failed on the network reached Redis is not known; its
 // entries get position 0 and the error says so.
@@ -648,7 +650,7 @@ func (s *Store) Read(ctx context.Context, group uint32, after persistence.Positi
 // so no script can append to it and check the group's epoch at once: the
 // outputs are appended first, with one XADD each, all pipelined in one
 // round trip (one per node involved on a cluster). If an append fails the
-// checkpoint fails without running its script; a checkpoint that fails or is
+// checkpoint fails without writing anything else; a checkpoint that fails or is
 // fenced may still have appended its outputs, and its retry appends them
 // again.
 func (s *Store) Checkpoint(ctx context.Context, group uint32, epoch persistence.Epoch, d persistence.CheckpointData) error {
@@ -721,6 +723,11 @@ const maxCheckpointRaces = 10
 // commandstats at a million keys, BENCHMARKS.md, session 33).
 func (s *Store) checkpointWatched(ctx context.Context, group uint32, epoch persistence.Epoch, d persistence.CheckpointData) error {
 	meta, log, due := s.k.groupMeta(group), s.k.epochLog(group, epoch), s.k.due(group)
+	// wrote is set once the transaction ran: a Redis Cluster client's
+	// Watch (go-redis v9.23) returns nil without calling write when it runs
+	// out of redirections for the WATCH itself (MOVED and ASK while the
+	// group's slot migrates), which must not pass for a checkpoint written.
+	var wrote bool
 	write := func(tx *redis.Tx) error {
 		v, err := tx.HMGet(ctx, meta, "epoch", "checkpoint").Result()
 		if err != nil {
@@ -779,10 +786,15 @@ func (s *Store) checkpointWatched(ctx context.Context, group uint32, epoch persi
 			}
 			return nil
 		})
+		wrote = err == nil
 		return err
 	}
 	for range maxCheckpointRaces {
+		wrote = false
 		err := s.c.Watch(ctx, write, meta)
+		if err == nil && !wrote {
+			return errors.New("the checkpoint's transaction did not run: the client gave up on the redirections of its WATCH (the group's Redis Cluster slot is migrating?)")
+		}
 		if !errors.Is(err, redis.TxFailedErr) {
 			return err
 		}
