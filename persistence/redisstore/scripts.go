@@ -254,4 +254,3 @@ for g = 1, #KEYS do
 end
 return out
 `)
-
