@@ -378,17 +378,21 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 		}
 	}()
 	s.lastMu.Lock()
-	// The last position of each group this store claimed, as the scripts
-	// take it ("" for a group it did not claim: any), and as a number.
-	expect := make(map[uint32]string, len(calls))
+	// The last position of each group this store claimed; expect gives it
+	// as the scripts take it ("" for a group it did not claim: any).
 	known := make(map[uint32]persistence.Position, len(calls))
 	for _, c := range calls {
 		if last, ok := s.last[c.group]; ok {
-			expect[c.group] = strconv.FormatUint(last, 10)
 			known[c.group] = last
 		}
 	}
 	s.lastMu.Unlock()
+	expect := func(group uint32) string {
+		if last, ok := known[group]; ok {
+			return strconv.FormatUint(last, 10)
+		}
+		return ""
+	}
 	// A group's keys and arguments: in format 3 the log of its epoch, and
 	// its expected last position; before, its meta and log, its epoch and
 	// expected last position. For the call of several groups, how many
@@ -403,7 +407,7 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 		if !epochLog {
 			a = append(a, epochArg(c.epoch))
 		}
-		a = append(a, expect[c.group])
+		a = append(a, expect(c.group))
 		if counted {
 			a = append(a, len(c.entries))
 		}
@@ -418,7 +422,7 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 	}
 
 	switch {
-	case epochLog && !slices.ContainsFunc(calls, func(c *call) bool { return len(c.entries) > 1 || expect[c.group] == "" }):
+	case epochLog && !slices.ContainsFunc(calls, func(c *call) bool { _, ok := known[c.group]; return len(c.entries) > 1 || !ok }):
 		// Format 3, one record per group at a known position (every
 		// commit of the host): one XADD NOMKSTREAM per group, no script.
 		// Each XADD is conditional on its own (a missing log is fenced; a
@@ -497,7 +501,7 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 		last, err := c.last, c.err
 		switch {
 		case err == nil && last == -2:
-			err = fmt.Errorf("the log is not at position %s: an earlier append whose outcome was unknown landed, or this call was sent twice; claim the group again", expect[c.group])
+			err = fmt.Errorf("the log is not at position %s: an earlier append whose outcome was unknown landed, or this call was sent twice; claim the group again", expect(c.group))
 		case err == nil && last != -1 && last < int64(len(c.entries)):
 			err = fmt.Errorf("unexpected reply %d", last)
 		}

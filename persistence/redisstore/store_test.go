@@ -601,14 +601,7 @@ func TestCheckpointRacingAClaim(t *testing.T) {
 		}
 	}}
 	rc.AddHook(hook)
-	s, err := redisstore.New(rc, redisstore.Options{Prefix: "race"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := s.Claim(ctx, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, st := claimedIn(t, rc, "race", "3", 4)
 	if _, err := s.Append(ctx, []persistence.Entry{{Group: 4, Epoch: st.Epoch, Data: []byte("r")}}); err != nil {
 		t.Fatal(err)
 	}
