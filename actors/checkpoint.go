@@ -461,16 +461,33 @@ func (h *Host) passivateLoop(ctx context.Context) {
 // resident tier (dirty ones too: a checkpoint snapshots them there). It
 // walks the grains from the least recently used, so its cost follows what
 // it passivates, not the number of active keys.
+//
+// The order of use is kept lazily: a key sent to while active is marked
+// used (deliverLocked), not moved, and the walk moves a used key it meets
+// to the front instead of passivating it (second chance, as CLOCK
+// does). Moving every key at every event read both of its neighbours, two
+// cache misses of the commit loop's per event at a hundred thousand keys
+// (BENCHMARKS.md, session 34). So the keys behind a used one are not
+// newer than it, only the unmarked ones are in the order of their last
+// use: the walk stops at the first unmarked key neither idle nor in
+// excess, and a key moved up long after its last use is found idle once
+// the keys before it were (at most IdleTimeout late).
 func (h *Host) passivate() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	idleBefore := time.Now().Add(-h.cfg.IdleTimeout).UnixNano()
 	excess := h.lru.n - h.cfg.MaxActive
 	for g := h.lru.tail; g != nil; {
-		if g.lastUsed >= idleBefore && excess <= 0 {
-			return // the rest are newer
-		}
 		prev := g.order.prev
+		if g.used {
+			g.used = false
+			h.lru.touch(g)
+			g = prev
+			continue
+		}
+		if g.lastUsed >= idleBefore && excess <= 0 {
+			return // the rest are newer, or used since they took their place
+		}
 		h.stopLocked(g)
 		excess--
 		g = prev

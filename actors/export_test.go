@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"runtime"
+	"weak"
 
 	"github.com/keyfold/keyfold/actors/fold"
 )
@@ -148,3 +150,19 @@ func ShapeKey(p *fold.Pipeline) string {
 
 // IsPacked reports whether a stored snapshot is in the packed form.
 func IsPacked(data []byte) bool { return isPacked(data) }
+
+// WatchGrain returns a function that reports, after a collection, whether
+// the grain the key has in memory now was collected (nil if it has none).
+func WatchGrain(h *Host, pipeline, key string) func() bool {
+	h.mu.Lock()
+	g := h.keys[keyID{pipeline, key}]
+	h.mu.Unlock()
+	if g == nil {
+		return nil
+	}
+	w := weak.Make(g)
+	return func() bool {
+		runtime.GC()
+		return w.Value() == nil
+	}
+}

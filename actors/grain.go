@@ -93,11 +93,51 @@ type KeyView struct {
 // key's actor (its shell, shell.go) touches it while the key is active,
 // but for a checkpoint's snapshot while that actor is idle, taken under
 // h.mu, by which anything would reach the actor (snapshotKeys).
+//
+// Its fields are laid out by who uses them (a grain is 448 bytes, a size
+// class whose objects start at a cache line): the first line holds what
+// never changes and the commit loop and the actor both read (the key,
+// its bytes when it is short, the epoch); the second what the commit loop
+// and passivation write under h.mu for every event sent to the key
+// (registry.go); the rest is the actor's. Spread over the struct, with the
+// key's bytes in an allocation of their own, the commit loop's reads and
+// writes of a key were four or five cache misses per event at a hundred
+// thousand keys and more, where the grains do not fit the CPU's caches
+// (BENCHMARKS.md, session 34); and a line both sides write moves between
+// their cores at each event.
 type grain struct {
-	host     *Host
-	id       keyID
-	group    uint32
+	id       keyID             // its key is in keyBytes if it fits (newGrainLocked)
 	epoch    persistence.Epoch // the group incarnation it belongs to
+	keyBytes [grainKeyBytes]byte
+
+	// In the host's registry of keys in memory (registry.go), under h.mu:
+	// where the key is (active, stopping, parked), its actor while active
+	// and when it was last sent to (used: since it took its place in the
+	// order of use, which passivation then moves it up from); its place in
+	// the order of use (of the active keys) or of parking (of the parked
+	// ones), and in its group's parked keys; whether and since which
+	// position it is dirty, and its place among its group's dirty keys. In
+	// the resident tier (resident.go): which of its lists it is in, and
+	// while its actor stops, what waits for it; spilled is set once the
+	// key left memory into the spill (spill.go).
+	group    uint32
+	tier     tier
+	rlist    rlist
+	spilled  bool
+	used     bool
+	sh       *shell
+	lastUsed int64 // unix nanos
+	order    links[*grain]
+	parkIdx  int32 // index+1 in groupState.parked; 0: not parked
+	dirtyIdx int32 // index+1 in groupState.dirty; 0: clean
+	dirtyAt  persistence.Position
+	stop     *stoppingGrain
+
+	// current is set once the state in memory is the key's: loaded, or
+	// kept while the key was parked (resident.go), so a new actor around
+	// the grain does not read the store.
+	current  bool
+	host     *Host
 	pipeline *fold.Pipeline
 	pstats   *pipelineStats // its pipeline's counters
 	state    fold.State
@@ -114,31 +154,12 @@ type grain struct {
 	// preloaded is the key's snapshot if the commit that activated it read
 	// it already (activate.go); nil: the grain reads it.
 	preloaded *loaded
-	// current is set once the state in memory is the key's: loaded, or
-	// kept while the key was parked (resident.go), so a new actor around
-	// the grain does not read the store.
-	current bool
-	// In the host's registry of keys in memory (registry.go), under h.mu:
-	// where the key is (active, stopping, parked), its actor while active
-	// and when it was last sent to; its place in the order of use (of the
-	// active keys) or of parking (of the parked ones), and in its group's
-	// parked keys; whether and since which position it is dirty, and its
-	// place among its group's dirty keys.
-	tier     tier
-	sh       *shell
-	lastUsed int64 // unix nanos
-	order    links[*grain]
-	parkIdx  int32 // index+1 in groupState.parked; 0: not parked
-	dirtyIdx int32 // index+1 in groupState.dirty; 0: clean
-	dirtyAt  persistence.Position
-	// In the resident tier (resident.go), under h.mu: which of its lists
-	// it is in, its estimated size; while its actor stops, what waits for
-	// it. spilled is set once the key left memory into the spill (spill.go).
-	rlist   rlist
-	spilled bool
-	rsize   int64
-	stop    *stoppingGrain
+	rsize     int64 // its estimated size while parked (resident.go)
 }
+
+// grainKeyBytes is the longest key a grain keeps in its own bytes (longer
+// ones are their own allocation): it fills the grain to its size class.
+const grainKeyBytes = 24
 
 // handle processes one of the grain's own messages.
 func (g *grain) handle(m any) {

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/keyfold/keyfold/actors/fold"
@@ -89,9 +90,8 @@ type Host struct {
 	dispatcher *workerDispatcher // runs the grains' mailboxes
 	// props spawn every shell, the actors that run the grains (one Props
 	// for all: protoactor keeps a reference in each actor); spawning hands
-	// it the shell to produce, and spawnedMailbox (under mu) hands the
-	// shell the mailbox protoactor made for it. shells are the idle ones,
-	// under mu (shell.go).
+	// it the shell to produce, and spawnedMailbox (under mu) the mailbox
+	// in that shell. shells are the idle ones, under mu (shell.go).
 	props          *actor.Props
 	spawning       atomic.Pointer[shell]
 	spawnedMailbox *grainMailbox
@@ -572,7 +572,7 @@ func (h *Host) Query(ctx context.Context, pipeline, key string) (KeyView, error)
 // held.
 func (h *Host) spawnLocked(g *grain) {
 	s := h.shellLocked(g)
-	g.tier, g.sh, g.lastUsed = tierActive, s, time.Now().UnixNano()
+	g.tier, g.sh, g.lastUsed, g.used = tierActive, s, time.Now().UnixNano(), false
 	h.lru.pushFront(g)
 	h.stats.activations.Add(1)
 	// (The message the caller sends next loads the key's state: shell.go.)
@@ -642,6 +642,16 @@ func (h *Host) newGrainLocked(id keyID, group uint32, l *loaded) *grain {
 	}
 	g := &grain{host: h, id: id, group: group, epoch: gs.epoch, pipeline: h.cfg.Pipelines[id.pipeline],
 		pstats: h.stats.pipelines[id.pipeline], preloaded: l, lastNow: lastNow}
+	if n := len(id.key); n > 0 && n <= grainKeyBytes && !g.pipeline.HasHandler() {
+		// The key's bytes beside the fields read with them (grain), not
+		// in the allocation of the event that activated it. What keeps
+		// the key after the grain left memory copies it (the timer
+		// index, the spill, the snapshot cache); a Go handler is handed
+		// the key and may keep it, and would keep the grain with it, so
+		// its keys stay as they came.
+		copy(g.keyBytes[:], id.key)
+		g.id.key = unsafe.String(&g.keyBytes[0], n)
+	}
 	if l != nil && l.spilled {
 		h.markDirtyLocked(g, dirtyAt) // it left memory changed
 	}
@@ -671,7 +681,7 @@ func (h *Host) sendLoadedLocked(id keyID, group uint32, msg any, l *loaded) *gra
 // be held.
 func (h *Host) activateLocked(id keyID, group uint32, msg any, l *loaded) *grain {
 	g := h.newGrainLocked(id, group, l)
-	h.keys[id] = g
+	h.keys[g.id] = g // (g.id: its key's bytes are the grain's)
 	h.entered++
 	h.spawnLocked(g)
 	g.sh.send(msg)
@@ -683,7 +693,11 @@ func (h *Host) activateLocked(id keyID, group uint32, msg any, l *loaded) *grain
 func (h *Host) deliverLocked(g *grain, msg any) {
 	switch g.tier {
 	case tierActive:
-		h.lru.touch(g)
+		// Not moved to the front of the order of use here: that reads
+		// both neighbours, two cache misses per event once the grains do
+		// not fit the CPU's caches. Passivation moves it when it meets it
+		// (passivate).
+		g.used = true
 		g.lastUsed = time.Now().UnixNano()
 	case tierStopping:
 		// Its actor is passivating it: the message waits, and goes to a

@@ -3,6 +3,8 @@ package actors
 // lru orders elements by last use, most recent first, so that passivation
 // (of the active grains) and eviction (of the resident ones, resident.go)
 // take the least recently used in time proportional to what they take.
+// (The active grains' order is kept lazily: a use marks the grain, and
+// passivation moves a marked grain it meets to the front; see passivate.)
 // (Passivation scanned and sorted every active key at each checkpoint, and
 // ran at every commit once the node held more than MaxActive keys: 14% of
 // the CPU at a million keys, BENCHMARKS.md.) The list is intrusive: the

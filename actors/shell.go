@@ -38,17 +38,19 @@ import (
 type shell struct {
 	h   *Host
 	pid *actor.PID
+	// g is the grain it runs: set by the host under h.mu while the shell is
+	// idle in the pool (or being spawned), read by the shell's actor; nil
+	// while in the pool.
+	g *grain
 	// mb is its mailbox. The host posts a key's messages there directly
 	// (send): what protoactor's Send does for a local actor without
 	// middleware, without the three objects it goes through to find the
 	// mailbox (the PID, its cached process, the process), a cache miss
 	// each when the keys outnumber the caches (PID.ref was 6% of the node's
-	// CPU at a million keys, BENCHMARKS.md session 16).
-	mb *grainMailbox
-	// g is the grain it runs: set by the host under h.mu while the shell is
-	// idle in the pool (or being spawned), read by the shell's actor; nil
-	// while in the pool.
-	g *grain
+	// CPU at a million keys, BENCHMARKS.md session 16). It is part of the
+	// shell, not an object of its own: a send reads the shell, then the
+	// mailbox, one cache miss less at each (BENCHMARKS.md, session 34).
+	mb grainMailbox
 }
 
 // passivateMsg parks a shell's grain (parkLocked) once the messages sent
@@ -111,8 +113,9 @@ func (h *Host) shellLocked(g *grain) *shell {
 	}
 	s := &shell{h: h, g: g}
 	h.spawning.Store(s)
+	h.spawnedMailbox = &s.mb
 	s.pid = h.system.Root.Spawn(h.props)
-	s.mb, h.spawnedMailbox = h.spawnedMailbox, nil
+	h.spawnedMailbox = nil
 	h.stats.spawned.Add(1)
 	return s
 }
@@ -121,11 +124,15 @@ func (h *Host) shellLocked(g *grain) *shell {
 func (s *shell) send(msg any) { s.mb.PostUserMessage(msg) }
 
 // newMailbox is the shells' actor.MailboxProducer; protoactor calls it
-// while spawning a shell (shellLocked, under h.mu), after produce.
+// while spawning a shell (shellLocked, under h.mu), after produce: it
+// returns the mailbox in the shell being spawned.
 func (h *Host) newMailbox() actor.Mailbox {
-	m := &grainMailbox{}
-	h.spawnedMailbox = m
-	return m
+	if m := h.spawnedMailbox; m != nil {
+		return m
+	}
+	// Only shellLocked spawns with the shells' Props: a mailbox made
+	// here would not be the one the host posts to.
+	panic("actors: a shell's mailbox asked for outside shellLocked")
 }
 
 // releaseShellLocked returns a shell whose grain was passivated to the

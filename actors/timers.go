@@ -73,6 +73,9 @@ func (x *timerIndex) set(key string, due int64) {
 	if x.due[key] == due {
 		return
 	}
+	// Its own copy: a grain's key may be in the grain's bytes (grain),
+	// which the index would keep in memory after the key left it.
+	key = strings.Clone(key)
 	x.due[key] = due
 	heap.Push(&x.heap, timerEntry{due, key})
 	if len(x.heap) > 2*len(x.due)+1024 { // mostly stale: rebuild
