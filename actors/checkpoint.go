@@ -301,7 +301,7 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 				direct++
 			case k.tier == tierActive:
 				// Not a use of the key: its place in the order of use
-				// stays (deliverLocked would make it the most recent).
+				// stays (deliverLocked would mark it used).
 				k.sh.send(&snapshotMsg{reply: replies})
 				asked++
 			default: // stopping: it waits for the next actor, or the park
@@ -457,27 +457,55 @@ func (h *Host) passivateLoop(ctx context.Context) {
 }
 
 // passivate stops grains idle past IdleTimeout and, while more than
-// MaxActive grains are active, the least recently used ones, into the
+// MaxActive grains are active, those least recently used, into the
 // resident tier (dirty ones too: a checkpoint snapshots them there). It
-// walks the grains from the least recently used, so its cost follows what
-// it passivates, not the number of active keys.
+// walks the grains from the least recently used end of the order of use.
 //
-// The order of use is kept lazily: a key sent to while active is marked
-// used (deliverLocked), not moved, and the walk moves a used key it meets
-// to the front instead of passivating it (second chance, as CLOCK
-// does). Moving every key at every event read both of its neighbours, two
-// cache misses of the commit loop's per event at a hundred thousand keys
-// (BENCHMARKS.md, session 34). So the keys behind a used one are not
-// newer than it, only the unmarked ones are in the order of their last
-// use: the walk stops at the first unmarked key neither idle nor in
-// excess, and a key moved up long after its last use is found idle once
-// the keys before it were (at most IdleTimeout late).
+// That order is kept lazily: a key sent to while active is marked used
+// (deliverLocked), not moved, and the walk moves a marked key it meets to
+// the front, unmarked, instead of passivating it (a second chance, as the
+// CLOCK algorithm gives). Moving every key at every event read both of its
+// neighbours, two cache misses of the commit loop's per event once the
+// grains outnumber the CPU's caches (BENCHMARKS.md, session 34). So the
+// walk passivates, of the keys used since they took their place and those
+// not, the second first: a key activated and not used since goes before
+// one used again, even one used earlier. And a key moved up long after
+// its last use is found idle only once the unmarked keys behind it were:
+// up to IdleTimeout late.
+//
+// A walk visits each active key at most twice (once to move it up, once
+// more), and holds h.mu, which commits wait for, for passivateBatch keys
+// at a time: after an idle hour every key a busy node used since the last
+// tick is marked, and one hold for all of them would stall the commits.
 func (h *Host) passivate() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	idleBefore := time.Now().Add(-h.cfg.IdleTimeout).UnixNano()
+	h.mu.Lock()
+	visits := 2 * h.lru.n
+	h.mu.Unlock()
+	for visits > 0 {
+		h.mu.Lock()
+		done := h.passivateSomeLocked(idleBefore, min(visits, passivateBatch))
+		h.mu.Unlock()
+		if done {
+			return
+		}
+		visits -= passivateBatch
+	}
+}
+
+// passivateBatch bounds the keys passivate visits in one hold of h.mu.
+const passivateBatch = 256
+
+// passivateSomeLocked goes on with passivate's walk, from the least
+// recently used end, for at most n keys, and reports whether it is done:
+// it met a key neither marked, idle nor in excess, or the end. h.mu must
+// be held.
+func (h *Host) passivateSomeLocked(idleBefore int64, n int) (done bool) {
 	excess := h.lru.n - h.cfg.MaxActive
-	for g := h.lru.tail; g != nil; {
+	for g := h.lru.tail; g != nil; n-- {
+		if n == 0 {
+			return false
+		}
 		prev := g.order.prev
 		if g.used {
 			g.used = false
@@ -486,12 +514,13 @@ func (h *Host) passivate() {
 			continue
 		}
 		if g.lastUsed >= idleBefore && excess <= 0 {
-			return // the rest are newer, or used since they took their place
+			return true
 		}
 		h.stopLocked(g)
 		excess--
 		g = prev
 	}
+	return true
 }
 
 // stopLocked passivates a grain into the resident tier. passivateMsg is

@@ -40,11 +40,13 @@ type Config struct {
 	// small record to most groups: a fixed count would decide before a
 	// larger CheckpointBytes does).
 	CheckpointRecords int
-	// IdleTimeout passivates keys that received nothing for this long.
+	// IdleTimeout passivates keys that received nothing for this long
+	// (or up to twice as long: see Host.passivate).
 	IdleTimeout time.Duration
 	// MaxActive bounds the number of active keys (keys with an actor);
 	// beyond it the least recently used ones are passivated into the
-	// resident tier. 0: as many as a quarter of MaxMemory holds at
+	// resident tier (about: a key used again since it became active is
+	// kept over one that was not, see Host.passivate). 0: as many as a quarter of MaxMemory holds at
 	// ActiveKeyBytes each (DefaultMaxActive without a MaxMemory).
 	MaxActive int
 	// MaxMemory bounds, in bytes, the memory of the keys held in memory: the

@@ -38,3 +38,52 @@ func TestGrainThatLeftMemoryIsNotKept(t *testing.T) {
 		t.Fatalf("key a after it left memory: %+v, %v", v.Aggregates, err)
 	}
 }
+
+// The order of use is kept lazily (Host.passivate): a key used while
+// active is marked, and passivation moves a marked key up instead of
+// taking it, a batch of keys per hold of the host's lock. With every
+// active key used again, a new key beyond MaxActive is still passivated
+// down to MaxActive (the walk ends, over several batches too), and the
+// key used last stays.
+func TestPassivationWhenEveryKeyWasUsed(t *testing.T) {
+	for _, n := range []int{3, 600} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			hs := start(t, openStore(t, t.TempDir()), actors.Config{Groups: 1, MaxActive: n, IdleTimeout: time.Hour, CheckpointInterval: time.Hour})
+			defer hs.shutdown()
+			for range 2 {
+				for i := range n {
+					hs.ingest(event(fmt.Sprint("k", i), "", 1))
+				}
+			}
+			hs.ingest(event("new", "", 1))
+			eventually(t, "MaxActive active keys", func() bool { return hs.host.Stats().ActiveKeys == n })
+			if last := fmt.Sprint("k", n-1); !actors.Active(hs.host, "p", last) {
+				t.Errorf("key %s, used last before the new one, was passivated", last)
+			}
+			if st := hs.host.Stats(); st.ActiveKeys+st.ResidentKeys != n+1 {
+				t.Errorf("%d keys active and %d resident, want %d in memory", st.ActiveKeys, st.ResidentKeys, n+1)
+			}
+		})
+	}
+}
+
+// A key used again and again stays active; one not used since it became
+// active is passivated once idle, though it was used after the first
+// (which the walk moves up when it meets it marked).
+func TestIdleKeyBehindAUsedOne(t *testing.T) {
+	hs := start(t, openStore(t, t.TempDir()), actors.Config{Groups: 1, MaxActive: 10, IdleTimeout: 200 * time.Millisecond, CheckpointInterval: 20 * time.Millisecond})
+	defer hs.shutdown()
+	hs.ingest(event("busy", "", 1))
+	hs.ingest(event("idle", "", 1))
+	deadline := time.Now().Add(10 * time.Second)
+	for actors.Active(hs.host, "p", "idle") {
+		if time.Now().After(deadline) {
+			t.Fatal("the idle key is still active after 10 s")
+		}
+		hs.ingest(event("busy", "", 1))
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !actors.Active(hs.host, "p", "busy") {
+		t.Error("the busy key was passivated")
+	}
+}

@@ -10,8 +10,8 @@ import (
 // A protoactor actor costs about 460 B of its own (context, mailbox, process
 // registry entry; more than 2 KiB with protoactor's default mailbox and a
 // Props per actor), half the state of a key with a few aggregates. So a
-// key keeps an actor only while it is in use (the MaxActive most recently
-// used keys, for at most IdleTimeout); passivation takes the key's actor
+// key keeps an actor only while it is in use (about the MaxActive most
+// recently used keys, for about IdleTimeout: passivate); passivation takes the key's actor
 // back (into the pool of idle actors, shell.go) and parks the key's grain
 // here, state and all, within a budget of bytes. The key's next message
 // gives it an actor again around the same grain: no store read, no
@@ -72,9 +72,19 @@ func (h *Host) holdLocked(g *grain) {
 // its actor stopped: the take-over replays the group's log.
 var errDropped = errors.New("actors: the key's group was dropped")
 
-// grainBytes is what a parked key costs beyond its state: the grain, its
-// entries in the registry's map and its group's slice, and the key's name.
+// grainBytes is what a parked key costs beyond its state and its key's
+// bytes outside the grain (keyHeapBytes): the grain, and its entries in
+// the registry's map and its group's slice.
 var grainBytes = int(unsafe.Sizeof(grain{})) + 64
+
+// keyHeapBytes is what the key's bytes take outside the grain: nothing if
+// they are in it (newGrainLocked).
+func (g *grain) keyHeapBytes() int {
+	if len(g.id.key) > 0 && unsafe.StringData(g.id.key) == &g.keyBytes[0] {
+		return 0
+	}
+	return len(g.id.key)
+}
 
 type resident struct {
 	// The parked keys by parking, most recent first: those whose snapshot
@@ -165,7 +175,7 @@ func (h *Host) parkLocked(g *grain) {
 		h.forgetLocked(g)
 		return
 	}
-	g.rsize = int64(grainBytes + len(g.id.pipeline) + len(g.id.key) + g.state.MemSize())
+	g.rsize = int64(grainBytes + g.keyHeapBytes() + g.state.MemSize())
 	g.tier = tierParked
 	gs.parked = append(gs.parked, g)
 	g.parkIdx = int32(len(gs.parked))
