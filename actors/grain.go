@@ -94,17 +94,17 @@ type KeyView struct {
 // but for a checkpoint's snapshot while that actor is idle, taken under
 // h.mu, by which anything would reach the actor (snapshotKeys).
 //
-// Its fields are laid out by who uses them (a grain is 448 bytes, a size
-// class whose objects start at a cache line): the first line holds what
-// never changes and the commit loop and the actor both read (the key,
-// its bytes when it is short, the epoch); the second what the commit loop
-// and passivation write under h.mu for every event sent to the key
-// (registry.go); the rest is the actor's. Spread over the struct, with the
-// key's bytes in an allocation of their own, the commit loop's reads and
-// writes of a key were four or five cache misses per event at a hundred
-// thousand keys and more, where the grains do not fit the CPU's caches
-// (BENCHMARKS.md, session 34); and a line both sides write moves between
-// their cores at each event.
+// Its fields are laid out by who uses them (a grain takes 448 bytes, a
+// size class whose objects start at a cache line; TestGrainLayout): the
+// first line holds what never changes and the commit loop and the actor
+// both read (the key, its bytes when it is short, the epoch); the second
+// what the commit loop and passivation write under h.mu for every event
+// sent to the key (registry.go); the rest is the actor's. Spread over the
+// struct, with the key's bytes in an allocation of their own, the commit
+// loop's reads and writes of a key were four or five cache misses per
+// event at a hundred thousand keys and more, where the grains do not fit
+// the CPU's caches (BENCHMARKS.md, session 34); and a line both sides
+// write moves between their cores at each event.
 type grain struct {
 	id       keyID             // its key is in keyBytes if it fits (newGrainLocked)
 	epoch    persistence.Epoch // the group incarnation it belongs to
