@@ -11,9 +11,9 @@ import (
 // registry entry; more than 2 KiB with protoactor's default mailbox and a
 // Props per actor), half the state of a key with a few aggregates. So a
 // key keeps an actor only while it is in use (about the MaxActive most
-// recently used keys, for about IdleTimeout: passivate); passivation takes the key's actor
-// back (into the pool of idle actors, shell.go) and parks the key's grain
-// here, state and all, within a budget of bytes. The key's next message
+// recently used keys, for about IdleTimeout: passivate); passivation
+// takes the key's actor back (into the pool of idle actors, shell.go) and
+// parks the key's grain here, state and all, within a budget of bytes. The key's next message
 // gives it an actor again around the same grain: no store read, no
 // decoding. Beyond the budget the least recently parked clean keys leave memory;
 // their state is in their snapshots, so they come back from the store on
