@@ -125,6 +125,14 @@ type Config struct {
 	// else Go's 100. Negative: off, collections only near the memory limit,
 	// which must then apply.
 	GoGCPercent int `yaml:"go_gc_percent"`
+	// HugePages says whether keyfold serve collapses its process's
+	// resident memory into huge pages (CollapseHugePages, Linux 6.1 and
+	// later; never memory the Go runtime gave back, so it adds none).
+	// "" (the default): where the kernel can; "on": the same, and a warning
+	// where it cannot; "off": never (the kernel's transparent huge page
+	// policy alone decides). Like GoGCPercent, for keyfold serve: New
+	// never changes the process.
+	HugePages string `yaml:"huge_pages"`
 	// MaxBodyBytes bounds an HTTP request body (default 8 MiB); larger
 	// bodies get 413.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
@@ -310,6 +318,11 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 	}
 	if c.GoGCPercent < 0 && c.GoMemoryLimit < 0 {
 		errs = append(errs, errors.New("keyfold: config: go_gc_percent is negative (off) and go_memory_limit too: nothing would start a collection"))
+	}
+	switch c.HugePages {
+	case "", "on", "off":
+	default:
+		errs = append(errs, fmt.Errorf("keyfold: config: huge_pages %q: want on or off", c.HugePages))
 	}
 	if c.KeyGroups > MaxKeyGroups {
 		errs = append(errs, fmt.Errorf("keyfold: config: key_groups %d is more than %d", c.KeyGroups, MaxKeyGroups))

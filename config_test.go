@@ -116,6 +116,8 @@ func TestValidate(t *testing.T) {
 		{"cache beyond the default max_memory", Config{Pipelines: good, CacheMemory: 2 << 30}, []string{
 			"cache_memory 2147483648 is more than max_memory 1073741824, of which it is a part",
 		}},
+		{"huge pages on and off", Config{Pipelines: good, HugePages: "off"}, nil},
+		{"huge pages misspelt", Config{Pipelines: good, HugePages: "true"}, []string{`huge_pages "true": want on or off`}},
 		{"cluster without grpc", Config{Pipelines: good, Redis: "redis://127.0.0.1:6379", Cluster: "c", Advertise: "h:1"},
 			[]string{"a cluster member needs a gRPC address"}},
 		{"everything wrong", Config{

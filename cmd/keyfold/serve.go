@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -107,6 +108,9 @@ it does not exit.`,
 			}
 			cfg.Logger = logger
 			logGoRuntime(logger, cfg.ApplyGoRuntime())
+			if cfg.HugePages != "off" {
+				go collapseHugePages(cmd.Context(), logger, cfg.HugePages == "on")
+			}
 			// go-redis logs every failed dial on its own global logger;
 			// the store's failures already reach ours as warnings.
 			redis.SetLogger(redisLogger{logger})
@@ -199,6 +203,20 @@ func newLoggerTo(w io.Writer, level, format string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format: want text or json, got %q", format)
+}
+
+// collapseHugePages runs keyfold.CollapseHugePages for the process until
+// ctx ends. Where the kernel cannot, it says so: at info level, or as a
+// warning if the configuration asked for huge pages (huge_pages: on).
+func collapseHugePages(ctx context.Context, logger *slog.Logger, asked bool) {
+	err := keyfold.CollapseHugePages(ctx, keyfold.HugePageInterval, logger)
+	switch {
+	case err == nil:
+	case errors.Is(err, keyfold.ErrHugePagesUnsupported) && !asked:
+		logger.Info("huge pages: not collapsing", "reason", err)
+	default:
+		logger.Warn("huge pages: not collapsing", "err", err)
+	}
 }
 
 // logGoRuntime logs the Go runtime's memory limit and GOGC in effect, where
