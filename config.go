@@ -127,11 +127,15 @@ type Config struct {
 	GoGCPercent int `yaml:"go_gc_percent"`
 	// HugePages says whether keyfold serve collapses its process's
 	// resident memory into huge pages (CollapseHugePages, Linux 6.1 and
-	// later; never memory the Go runtime gave back, so it adds none).
-	// "" (the default): where the kernel can; "on": the same, and a warning
-	// where it cannot; "off": never (the kernel's transparent huge page
-	// policy alone decides). Like GoGCPercent, for keyfold serve: New
-	// never changes the process.
+	// later): windows of 2 MiB wholly resident, never one with a page the
+	// Go runtime gave back or one only read, so it takes back no memory
+	// (but for a page given back during a collapse). A page given back
+	// from a collapsed window later stays charged to the process's cgroup
+	// until the kernel splits the huge page, which it does when it needs
+	// the memory. "" (the default): where the kernel can and its policy is
+	// not "never"; "on": the same, and a warning where it cannot; "off":
+	// never (the kernel's transparent huge page policy alone decides).
+	// Like GoGCPercent, for keyfold serve: New never changes the process.
 	HugePages string `yaml:"huge_pages"`
 	// MaxBodyBytes bounds an HTTP request body (default 8 MiB); larger
 	// bodies get 413.

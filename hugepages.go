@@ -22,34 +22,40 @@ import (
 // So keyfold serve asks the kernel, every HugePageInterval, to collapse
 // into one 2 MiB page each aligned 2 MiB window of the process's private
 // anonymous memory (the Go heap, fastcache's chunks, C allocations) whose
-// 512 pages are all resident already (MADV_COLLAPSE, Linux 6.1). A window
-// with a page the runtime returned to the kernel is left as it is: a
-// collapse fills such holes, and the process would hold memory the
-// runtime gave back (the bloat of golang/go#64332). So it adds no resident
-// memory; what it costs is the copy of each window collapsed (a 2 MiB
-// memcpy in the kernel) and a pass over the process's page map. At a
-// million keys it took 9–14% off the CPU an event costs (BENCHMARKS.md,
-// session 35).
+// 512 pages are all resident and its own already (MADV_COLLAPSE, Linux
+// 6.1). A collapse fills a window's missing pages, and turns pages only
+// read (the kernel's shared zero page) into memory: so a window with a
+// page the runtime returned to the kernel, or one not yet written, is left
+// as it is, and the process does not take back memory the runtime gave
+// back (the bloat of golang/go#64332). The one exception is a race: a page
+// returned between the check and the collapse is filled, at most a window
+// at a time, until the runtime uses it again. What it costs is the copy
+// of each window collapsed (2 MiB in the kernel, with its mmap lock held,
+// and the compaction it may take to find a free huge page) and a pass
+// over the process's page map. At a million keys it took 11–17% off the
+// node's CPU per event over gRPC, 12% in process (BENCHMARKS.md, session
+// 35). A kernel whose policy is "never" is left alone.
 
 // HugePageInterval is how often keyfold serve collapses its memory into
 // huge pages (Config.HugePages).
 const HugePageInterval = 10 * time.Second
 
-// HugePageStats is what one pass of CollapseHugePages found and did.
-type HugePageStats struct {
-	// Windows are the 2 MiB windows whose pages were all resident, and
-	// Collapsed those the kernel collapsed (or found collapsed already).
-	Windows, Collapsed int
-	// Failed are the windows the kernel could not collapse this time (no
+// hugePageStats is what one pass of CollapseHugePages found and did.
+type hugePageStats struct {
+	// windows are the 2 MiB windows whose pages were all resident, and
+	// collapsed those the kernel collapsed, or found collapsed already.
+	windows, collapsed int
+	// failed are the windows the kernel could not collapse this time (no
 	// free huge page, a page in use by I/O): the next pass tries again.
-	Failed int
-	// Took is how long the pass took.
-	Took time.Duration
+	failed int
+	took   time.Duration
 }
 
 // ErrHugePagesUnsupported is returned by CollapseHugePages where the
-// kernel cannot collapse memory on request (not Linux, Linux before 6.1,
-// or a process with huge pages disabled).
+// kernel cannot or is not to collapse memory on request: not Linux, Linux
+// before 6.1 or without transparent huge pages, a process with huge pages
+// disabled, or a kernel whose policy is "never" (MADV_COLLAPSE would
+// collapse still; the operator's choice holds).
 var ErrHugePagesUnsupported = errors.New("keyfold: huge pages: the kernel does not collapse memory on request (MADV_COLLAPSE, Linux 6.1)")
 
 // CollapseHugePages collapses the process's fully resident 2 MiB windows
@@ -74,11 +80,12 @@ func CollapseHugePages(ctx context.Context, interval time.Duration, logger *slog
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		s, err := c.pass()
-		if err != nil {
-			return err
+		// (A pass fails only reading /proc: it is tried again.)
+		if s, err := c.pass(ctx); err != nil {
+			logger.Warn("huge pages: pass failed", "err", err)
+		} else {
+			logger.Debug("huge pages", "windows", s.windows, "collapsed", s.collapsed, "failed", s.failed, "took", s.took)
 		}
-		logger.Debug("huge pages", "windows", s.Windows, "collapsed", s.Collapsed, "failed", s.Failed, "took", s.Took)
 		select {
 		case <-ctx.Done():
 			return nil

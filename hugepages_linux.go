@@ -3,11 +3,14 @@ package keyfold
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -18,9 +21,12 @@ const (
 	// pagesPerHuge is the small pages of one huge page: the page map
 	// entries of one window.
 	pagesPerHuge = hugePage / smallPage
-	// pagePresent is the page map's bit of a resident page
-	// (Documentation/admin-guide/mm/pagemap.rst).
-	pagePresent = 1 << 63
+	// A page map entry's bits (Documentation/admin-guide/mm/pagemap.rst):
+	// the page is resident; it is mapped by this process alone. A page
+	// only read so far maps the kernel's shared zero page, present but
+	// not exclusive: a collapse would turn it into memory of its own.
+	pagePresent   = 1 << 63
+	pageExclusive = 1 << 56
 )
 
 // collapser collapses the process's memory into huge pages
@@ -28,19 +34,24 @@ const (
 type collapser struct {
 	pagemap *os.File
 	entries []byte // read buffer of page map entries, reused
-	// collapsed says a collapse has succeeded before: from then on an
-	// EINVAL is one window's, not the kernel's refusal of the advice.
-	collapsed bool
 }
 
+// newCollapser returns a collapser if the kernel collapses memory on
+// request for this process: it collapses a window of its own to find out.
+// That answers for the kernel's version, its configuration, a process
+// with huge pages disabled (prctl PR_SET_THP_DISABLE) and a cgroup
+// without a huge page to spare alike.
 func newCollapser() (*collapser, error) {
-	if os.Getpagesize() != smallPage {
-		return nil, fmt.Errorf("%w: pages of %d bytes", ErrHugePagesUnsupported, os.Getpagesize())
+	if strconv.IntSize != 64 || os.Getpagesize() != smallPage || pmdSize() != hugePage {
+		return nil, fmt.Errorf("%w: %d-bit, pages of %d bytes, huge pages of %d", ErrHugePagesUnsupported, strconv.IntSize, os.Getpagesize(), pmdSize())
 	}
-	// A process with huge pages disabled (prctl PR_SET_THP_DISABLE, which
-	// a parent may set for its children) is refused every collapse.
-	if v, err := unix.PrctlRetInt(unix.PR_GET_THP_DISABLE, 0, 0, 0, 0); err == nil && v != 0 {
-		return nil, fmt.Errorf("%w: disabled for this process (PR_SET_THP_DISABLE)", ErrHugePagesUnsupported)
+	if policy := thpPolicy(); strings.Contains(policy, "[never]") {
+		// MADV_COLLAPSE would still collapse: the operator's word is
+		// what holds.
+		return nil, fmt.Errorf("%w: the kernel's policy is %q", ErrHugePagesUnsupported, policy)
+	}
+	if err := probeCollapse(); err != nil {
+		return nil, err
 	}
 	f, err := os.Open("/proc/self/pagemap")
 	if err != nil {
@@ -51,49 +62,70 @@ func newCollapser() (*collapser, error) {
 
 func (c *collapser) close() { c.pagemap.Close() }
 
+// probeCollapse collapses one written window of a mapping of its own.
+func probeCollapse() error {
+	m, err := unix.Mmap(-1, 0, 2*hugePage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return fmt.Errorf("keyfold: huge pages: probe: %w", err)
+	}
+	defer unix.Munmap(m)
+	// The aligned window inside the mapping.
+	w := (uintptr(unsafe.Pointer(&m[0])) + hugePage - 1) &^ (hugePage - 1)
+	off := int(w - uintptr(unsafe.Pointer(&m[0])))
+	for i := off; i < off+hugePage; i += smallPage {
+		m[i] = 1
+	}
+	if _, _, errno := unix.Syscall(unix.SYS_MADVISE, w, hugePage, unix.MADV_COLLAPSE); errno != 0 {
+		return fmt.Errorf("%w: %w (the kernel's policy: %s)", ErrHugePagesUnsupported, errno, thpPolicy())
+	}
+	return nil
+}
+
 // pass collapses every window of the process's private anonymous memory
-// whose pages are all resident. It fails only if the kernel does not
-// collapse memory at all.
-func (c *collapser) pass() (HugePageStats, error) {
+// whose pages are all resident and the process's own, until ctx ends. A
+// pass stops at the first window the kernel had no huge page for (ENOMEM,
+// or EBUSY: the cgroup's limit): it would reclaim for every window after
+// it; the next pass tries again.
+func (c *collapser) pass(ctx context.Context) (hugePageStats, error) {
 	begin := time.Now()
-	var s HugePageStats
+	var s hugePageStats
 	areas, err := c.areas()
 	if err != nil {
 		return s, err
 	}
 	for _, a := range areas {
+		if ctx.Err() != nil {
+			break
+		}
 		for w := a.start; w+hugePage <= a.end; w += hugePage {
-			resident, err := c.resident(w)
+			whole, err := c.whole(w)
 			if err != nil {
 				return s, err
 			}
-			if !resident {
+			if !whole {
 				continue
 			}
-			s.Windows++
+			s.windows++
+			// (A page the runtime gives back between the check and the
+			// collapse is filled by it: the one window's bound on
+			// memory added, until the runtime uses the page again.)
 			_, _, errno := unix.Syscall(unix.SYS_MADVISE, w, hugePage, unix.MADV_COLLAPSE)
 			switch errno {
 			case 0:
-				s.Collapsed++
-				c.collapsed = true
-			case unix.EINVAL:
-				// Before Linux 6.1 the advice is unknown, as it is to a
-				// kernel without transparent huge pages; later, a window
-				// of an area that refuses huge pages (MADV_NOHUGEPAGE,
-				// which areas() skips, set since it read them) is
-				// refused so.
-				if !c.collapsed {
-					return s, fmt.Errorf("%w: %w (the kernel's policy: %s)", ErrHugePagesUnsupported, errno, thpPolicy())
-				}
-				s.Failed++
+				s.collapsed++
+			case unix.ENOMEM, unix.EBUSY:
+				s.failed++
+				s.took = time.Since(begin)
+				return s, nil
 			default:
-				// EAGAIN (a page busy, a transient), ENOMEM (no huge
-				// page free now): the next pass tries again.
-				s.Failed++
+				// EAGAIN (a page busy now), EINVAL (a window the kernel
+				// will not collapse: the probe showed it collapses
+				// others): the next pass tries again.
+				s.failed++
 			}
 		}
 	}
-	s.Took = time.Since(begin)
+	s.took = time.Since(begin)
 	return s, nil
 }
 
@@ -139,6 +171,9 @@ func (c *collapser) areas() ([]area, error) {
 				continue
 			}
 			se := bytes.SplitN(fs[0], []byte("-"), 2)
+			if len(se) != 2 {
+				continue
+			}
 			start, err1 := strconv.ParseUint(string(se[0]), 16, 64)
 			end, err2 := strconv.ParseUint(string(se[1]), 16, 64)
 			if err1 != nil || err2 != nil {
@@ -171,8 +206,9 @@ func (c *collapser) areas() ([]area, error) {
 	return out, nil
 }
 
-// resident reports whether every page of the window at w is resident.
-func (c *collapser) resident(w uintptr) (bool, error) {
+// whole reports whether every page of the window at w is resident and
+// the process's own (not the shared zero page of memory only read).
+func (c *collapser) whole(w uintptr) (bool, error) {
 	if cap(c.entries) < 8*pagesPerHuge {
 		c.entries = make([]byte, 8*pagesPerHuge)
 	}
@@ -182,7 +218,7 @@ func (c *collapser) resident(w uintptr) (bool, error) {
 		return false, fmt.Errorf("keyfold: huge pages: read /proc/self/pagemap: %w", err)
 	}
 	for i := 0; i < len(b); i += 8 {
-		if binary.LittleEndian.Uint64(b[i:])&pagePresent == 0 {
+		if e := binary.LittleEndian.Uint64(b[i:]); e&pagePresent == 0 || e&pageExclusive == 0 {
 			return false, nil
 		}
 	}
@@ -197,6 +233,17 @@ func thpPolicy() string {
 		return "unknown"
 	}
 	return string(bytes.TrimSpace(b))
+}
+
+// pmdSize returns the size of the kernel's transparent huge pages (0 if
+// it has none).
+func pmdSize() int {
+	b, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(string(bytes.TrimSpace(b)))
+	return n
 }
 
 // kiB parses the "NAME:   N kB" lines of smaps, in bytes.

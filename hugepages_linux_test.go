@@ -2,6 +2,7 @@ package keyfold
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -71,7 +72,7 @@ func areaStats(t *testing.T, a []byte) (rss, huge uint64) {
 func collapseOnce(t *testing.T, c *collapser, a []byte, want uint64) (rss, huge uint64) {
 	t.Helper()
 	for range 3 {
-		s, err := c.pass()
+		s, err := c.pass(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -131,5 +132,34 @@ func TestCollapseHugePagesLeavesHoles(t *testing.T) {
 	}
 	if huge != 2*hugePage {
 		t.Errorf("after a pass %d bytes of the area are in huge pages, want %d (the two whole windows)", huge, 2*hugePage)
+	}
+}
+
+// A window the process has only read maps the kernel's zero page, which
+// takes no memory: a collapse would give it 2 MiB of its own.
+func TestCollapseHugePagesLeavesPagesOnlyRead(t *testing.T) {
+	c := newTestCollapser(t)
+	a := hugeArea(t, 3)
+	// The middle window given back and read again: the zero page.
+	if err := unix.Madvise(a[hugePage:2*hugePage], unix.MADV_DONTNEED); err != nil {
+		t.Fatal(err)
+	}
+	var sum byte
+	for i := hugePage; i < 2*hugePage; i += smallPage {
+		sum += a[i]
+	}
+	if sum != 0 {
+		t.Fatalf("pages given back read %d", sum)
+	}
+	written := uint64(2 * hugePage)
+	if rss, huge := areaStats(t, a); rss != written || huge != 0 {
+		t.Skipf("the area starts with %d resident bytes, %d in huge pages: want %d, 0", rss, huge, written)
+	}
+	rss, huge := collapseOnce(t, c, a, written)
+	if rss != written {
+		t.Errorf("after a pass the area has %d resident bytes, want %d: the window only read took memory", rss, written)
+	}
+	if huge != written {
+		t.Errorf("after a pass %d bytes of the area are in huge pages, want %d (the two windows written)", huge, written)
 	}
 }

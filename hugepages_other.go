@@ -3,6 +3,7 @@
 package keyfold
 
 import (
+	"context"
 	"fmt"
 	"runtime"
 )
@@ -15,4 +16,4 @@ func newCollapser() (*collapser, error) {
 
 func (c *collapser) close() {}
 
-func (c *collapser) pass() (HugePageStats, error) { return HugePageStats{}, nil }
+func (c *collapser) pass(context.Context) (hugePageStats, error) { return hugePageStats{}, nil }
