@@ -38,9 +38,8 @@ type collapser struct {
 
 // newCollapser returns a collapser if the kernel collapses memory on
 // request for this process: it collapses a window of its own to find out.
-// That answers for the kernel's version, its configuration, a process
-// with huge pages disabled (prctl PR_SET_THP_DISABLE) and a cgroup
-// without a huge page to spare alike.
+// That answers for the kernel's version, its configuration and a process
+// with huge pages disabled (prctl PR_SET_THP_DISABLE) alike.
 func newCollapser() (*collapser, error) {
 	if strconv.IntSize != 64 || os.Getpagesize() != smallPage || pmdSize() != hugePage {
 		return nil, fmt.Errorf("%w: %d-bit, pages of %d bytes, huge pages of %d", ErrHugePagesUnsupported, strconv.IntSize, os.Getpagesize(), pmdSize())
@@ -75,10 +74,14 @@ func probeCollapse() error {
 	for i := off; i < off+hugePage; i += smallPage {
 		m[i] = 1
 	}
-	if _, _, errno := unix.Syscall(unix.SYS_MADVISE, w, hugePage, unix.MADV_COLLAPSE); errno != 0 {
+	switch _, _, errno := unix.Syscall(unix.SYS_MADVISE, w, hugePage, unix.MADV_COLLAPSE); errno {
+	case 0, unix.EAGAIN, unix.ENOMEM, unix.EBUSY:
+		// (No huge page free now, or a page busy: the kernel knows the
+		// advice, and the passes try again.)
+		return nil
+	default:
 		return fmt.Errorf("%w: %w (the kernel's policy: %s)", ErrHugePagesUnsupported, errno, thpPolicy())
 	}
-	return nil
 }
 
 // pass collapses every window of the process's private anonymous memory
