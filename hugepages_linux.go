@@ -37,9 +37,7 @@ type collapser struct {
 }
 
 // newCollapser returns a collapser if the kernel collapses memory on
-// request for this process: it collapses a window of its own to find out.
-// That answers for the kernel's version, its configuration and a process
-// with huge pages disabled (prctl PR_SET_THP_DISABLE) alike.
+// request for this process and its policy is not "never".
 func newCollapser() (*collapser, error) {
 	if strconv.IntSize != 64 || os.Getpagesize() != smallPage || pmdSize() != hugePage {
 		return nil, fmt.Errorf("%w: %d-bit, pages of %d bytes, huge pages of %d", ErrHugePagesUnsupported, strconv.IntSize, os.Getpagesize(), pmdSize())
@@ -49,6 +47,15 @@ func newCollapser() (*collapser, error) {
 		// what holds.
 		return nil, fmt.Errorf("%w: the kernel's policy is %q", ErrHugePagesUnsupported, policy)
 	}
+	return openCollapser()
+}
+
+// openCollapser returns a collapser if the kernel collapses memory on
+// request for this process, whatever its policy: it collapses a window of
+// its own to find out. That answers for the kernel's version, its
+// configuration and a process with huge pages disabled (prctl
+// PR_SET_THP_DISABLE) alike.
+func openCollapser() (*collapser, error) {
 	if err := probeCollapse(); err != nil {
 		return nil, err
 	}
@@ -63,18 +70,15 @@ func (c *collapser) close() { c.pagemap.Close() }
 
 // probeCollapse collapses one written window of a mapping of its own.
 func probeCollapse() error {
-	m, err := unix.Mmap(-1, 0, 2*hugePage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	w, unmap, err := mapWindows(1)
 	if err != nil {
 		return fmt.Errorf("keyfold: huge pages: probe: %w", err)
 	}
-	defer unix.Munmap(m)
-	// The aligned window inside the mapping.
-	w := (uintptr(unsafe.Pointer(&m[0])) + hugePage - 1) &^ (hugePage - 1)
-	off := int(w - uintptr(unsafe.Pointer(&m[0])))
-	for i := off; i < off+hugePage; i += smallPage {
-		m[i] = 1
+	defer unmap()
+	for i := 0; i < len(w); i += smallPage {
+		w[i] = 1
 	}
-	switch _, _, errno := unix.Syscall(unix.SYS_MADVISE, w, hugePage, unix.MADV_COLLAPSE); errno {
+	switch _, _, errno := unix.Syscall(unix.SYS_MADVISE, uintptr(unsafe.Pointer(&w[0])), hugePage, unix.MADV_COLLAPSE); errno {
 	case 0, unix.EAGAIN, unix.ENOMEM, unix.EBUSY:
 		// (No huge page free now, or a page busy: the kernel knows the
 		// advice, and the passes try again.)
@@ -82,6 +86,30 @@ func probeCollapse() error {
 	default:
 		return fmt.Errorf("%w: %w (the kernel's policy: %s)", ErrHugePagesUnsupported, errno, thpPolicy())
 	}
+}
+
+// mapWindows maps n aligned 2 MiB windows of private anonymous memory, an
+// area of their own: the rest of the mapping around them is PROT_NONE, so
+// the kernel merges them with no neighbour. unmap unmaps all of it.
+func mapWindows(n int) (w []byte, unmap func() error, err error) {
+	m, err := unix.Mmap(-1, 0, (n+1)*hugePage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, nil, err
+	}
+	unmap = func() error { return unix.Munmap(m) }
+	base := uintptr(unsafe.Pointer(&m[0]))
+	off := int((base+hugePage-1)&^(hugePage-1) - base)
+	end := off + n*hugePage
+	for _, r := range [][]byte{m[:off], m[end:]} {
+		if len(r) == 0 {
+			continue
+		}
+		if err := unix.Mprotect(r, unix.PROT_NONE); err != nil {
+			unmap()
+			return nil, nil, err
+		}
+	}
+	return m[off:end:end], unmap, nil
 }
 
 // pass collapses every window of the process's private anonymous memory
@@ -141,34 +169,51 @@ type area struct{ start, end uintptr }
 // or more. (The Go runtime reserves far more address space than it maps;
 // those reservations are not read-write, and are skipped with the rest.)
 func (c *collapser) areas() ([]area, error) {
+	all, err := readSmaps()
+	if err != nil {
+		return nil, err
+	}
+	var out []area
+	for _, a := range all {
+		if !a.anonymous || a.rss < a.huge+hugePage {
+			continue
+		}
+		start := (a.start + hugePage - 1) &^ (hugePage - 1)
+		if end := a.end &^ (hugePage - 1); start < end {
+			out = append(out, area{start, end})
+		}
+	}
+	return out, nil
+}
+
+// smapsArea is an area of the process's memory as /proc/self/smaps lists
+// it.
+type smapsArea struct {
+	start, end uintptr
+	// anonymous: private, read-write, not a file's and not a stack, and
+	// open to huge pages (not MADV_NOHUGEPAGE).
+	anonymous bool
+	rss, huge uint64 // resident bytes, and those in huge pages
+}
+
+// readSmaps returns the areas of /proc/self/smaps.
+func readSmaps() ([]smapsArea, error) {
 	f, err := os.Open("/proc/self/smaps")
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrHugePagesUnsupported, err)
 	}
 	defer f.Close()
 	var (
-		out       []area
-		cur       area
-		candidate bool
-		rss, huge uint64
+		out []smapsArea
+		cur *smapsArea // nil: a header this does not parse, and its fields
 	)
-	flush := func() {
-		if candidate && rss >= huge+hugePage {
-			start := (cur.start + hugePage - 1) &^ (hugePage - 1)
-			end := cur.end &^ (hugePage - 1)
-			if start < end {
-				out = append(out, area{start, end})
-			}
-		}
-		candidate, rss, huge = false, 0, 0
-	}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		line := sc.Bytes()
 		switch {
 		case len(line) > 0 && isHex(line[0]):
 			// "start-end perms offset dev inode [path]": an area's header.
-			flush()
+			cur = nil
 			fs := bytes.Fields(line)
 			if len(fs) < 5 {
 				continue
@@ -182,22 +227,24 @@ func (c *collapser) areas() ([]area, error) {
 			if err1 != nil || err2 != nil {
 				continue
 			}
-			cur = area{uintptr(start), uintptr(end)}
 			// Private, read-write, not a file's (inode 0): unnamed,
 			// the brk heap, or named by its owner ("[anon: Go: heap]",
 			// where the kernel keeps names); not "[stack]" or the
 			// kernel's own.
-			candidate = string(fs[1]) == "rw-p" && string(fs[4]) == "0" &&
-				(len(fs) == 5 || string(fs[5]) == "[heap]" || bytes.HasPrefix(fs[5], []byte("[anon:")))
+			out = append(out, smapsArea{start: uintptr(start), end: uintptr(end),
+				anonymous: string(fs[1]) == "rw-p" && string(fs[4]) == "0" &&
+					(len(fs) == 5 || string(fs[5]) == "[heap]" || bytes.HasPrefix(fs[5], []byte("[anon:")))})
+			cur = &out[len(out)-1]
+		case cur == nil:
 		case bytes.HasPrefix(line, []byte("Rss:")):
-			rss = kiB(line)
+			cur.rss = kiB(line)
 		case bytes.HasPrefix(line, []byte("AnonHugePages:")):
-			huge = kiB(line)
+			cur.huge = kiB(line)
 		case bytes.HasPrefix(line, []byte("VmFlags:")):
 			for _, fl := range bytes.Fields(line[len("VmFlags:"):]) {
 				// nh: MADV_NOHUGEPAGE; gd: grows down (a stack).
 				if string(fl) == "nh" || string(fl) == "gd" {
-					candidate = false
+					cur.anonymous = false
 				}
 			}
 		}
@@ -205,7 +252,6 @@ func (c *collapser) areas() ([]area, error) {
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("keyfold: huge pages: read /proc/self/smaps: %w", err)
 	}
-	flush()
 	return out, nil
 }
 
