@@ -4,21 +4,20 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 
 	"github.com/keyfold/keyfold/actors/fold"
 	"github.com/keyfold/keyfold/persistence"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
-	"golang.org/x/sync/errgroup"
 	"google.golang.org/protobuf/proto"
 )
 
 // Activation reads snapshots in batches. A key the commit loop is about to
-// activate is read together with the other keys of its group the same
-// commit activates, while the commit's append is syncing: two batched reads
-// per group (the snapshots, then the id buckets they name), where one read
-// per key inside each grain's mailbox cost a fifth of the CPU at a million
-// keys (BENCHMARKS.md), and a round trip per key on Redis.
+// activate is read together with the other keys the same commit activates,
+// of every group, while the commit's append is syncing: two batched reads
+// (the snapshots, then the id buckets they name), where one read per key
+// inside each grain's mailbox cost a fifth of the CPU at a million keys
+// (BENCHMARKS.md), a round trip per key on Redis, and later one read per
+// group a sixth of it again (session 36).
 //
 // Why such a read is current when the grain starts from it: only keys that
 // are not in memory are read (not active, parked or stopping); a key that
@@ -46,67 +45,81 @@ type loaded struct {
 	spilled bool
 }
 
-// loadKeys reads the snapshots of keys of group g, and the id buckets they
-// name: a key without a snapshot (never seen, or erased) loads as empty.
-func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string]*fold.Pipeline, g uint32, ids []keyID) ([]loaded, error) {
-	names := make([]string, len(ids))
-	for i, id := range ids {
-		names[i] = id.snapshotKey()
+// keyAt is a key and its group.
+type keyAt struct {
+	id    keyID
+	group uint32
+}
+
+// loadKeys reads the snapshots of keys, and then the id buckets they name:
+// one read each for all the keys' groups (persistence.Snapshots.GetGroups,
+// one round trip on Redis). A key without a snapshot (never seen, or
+// erased) loads as empty. out[i] is keys[i]'s.
+func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string]*fold.Pipeline, keys []keyAt) ([]loaded, error) {
+	groups := make([]uint32, len(keys))
+	names := make([]string, len(keys))
+	for i, k := range keys {
+		groups[i], names[i] = k.group, k.id.snapshotKey()
 	}
-	datas, err := store.GetMany(ctx, g, names)
+	datas, err := readGroups(ctx, store, groups, names)
 	if err != nil {
 		return nil, err
 	}
-	snaps := make([]*keyfoldv1.Snapshot, len(ids))
-	out := make([]loaded, len(ids))
+	snaps := make([]*keyfoldv1.Snapshot, len(keys))
+	out := make([]loaded, len(keys))
 	var (
-		bucketNames []string
-		packed      []packedAt
+		bucketGroups []uint32
+		bucketNames  []string
+		packed       []packedAt
 	)
 	for i, data := range datas {
 		if data == nil {
 			continue
 		}
+		id := keys[i].id
 		if isPacked(data) {
 			ps, err := parsePacked(data)
 			if err != nil {
-				return nil, fmt.Errorf("snapshot of %s/%s: %w", ids[i].pipeline, ids[i].key, err)
+				return nil, fmt.Errorf("snapshot of %s/%s: %w", id.pipeline, id.key, err)
 			}
 			packed = append(packed, packedAt{i, ps})
 			continue
 		}
 		var snap keyfoldv1.Snapshot
 		if err := proto.Unmarshal(data, &snap); err != nil {
-			return nil, fmt.Errorf("snapshot of %s/%s: %w", ids[i].pipeline, ids[i].key, err)
+			return nil, fmt.Errorf("snapshot of %s/%s: %w", id.pipeline, id.key, err)
 		}
 		snaps[i] = &snap
 		st := snap.GetState()
 		for bi, b := range st.GetSeenBuckets() {
 			for part := range fold.StoredParts(st, bi) {
-				bucketNames = append(bucketNames, ids[i].bucketKey(b, part))
+				bucketGroups = append(bucketGroups, keys[i].group)
+				bucketNames = append(bucketNames, id.bucketKey(b, part))
 			}
 		}
 	}
+	// (A bucket's name holds its key's, and a key has one group: the
+	// names are distinct across the groups.)
 	buckets := map[string][]byte{}
 	if len(bucketNames) > 0 {
-		vals, err := store.GetMany(ctx, g, bucketNames)
+		vals, err := readGroups(ctx, store, bucketGroups, bucketNames)
 		if err != nil {
 			return nil, err
 		}
 		for i, name := range bucketNames {
-			if i < len(vals) && vals[i] != nil {
+			if vals[i] != nil {
 				buckets[name] = vals[i]
 			}
 		}
 	}
-	if err := loadPacked(ctx, store, pipelines, g, ids, packed, out); err != nil {
+	if err := loadPacked(ctx, store, pipelines, keys, packed, out); err != nil {
 		return nil, err
 	}
 	for i, snap := range snaps {
 		if snap == nil {
 			continue
 		}
-		id := ids[i]
+		id := keys[i].id
 		state, err := pipelines[id.pipeline].RestoreParts(snap.State, func(b int64, part int) ([]byte, error) {
 			return buckets[id.bucketKey(b, part)], nil // nil: not stored
 		})
@@ -114,6 +127,41 @@ func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string
 			return nil, fmt.Errorf("snapshot of %s/%s: %w", id.pipeline, id.key, err)
 		}
 		out[i] = loaded{found: true, state: &state, pos: snap.Position}
+	}
+	return out, nil
+}
+
+// readGroups reads the snapshots names[i] of groups groups[i], all in one
+// persistence.Snapshots.GetGroups; out[i] is names[i]'s (nil: none).
+func readGroups(ctx context.Context, store persistence.Snapshots, groups []uint32, names []string) ([][]byte, error) {
+	type at struct{ read, i int }
+	var (
+		reads []persistence.GroupKeys
+		index = map[uint32]int{} // a group's read
+		where = make([]at, len(names))
+	)
+	for i, g := range groups {
+		r, ok := index[g]
+		if !ok {
+			r = len(reads)
+			index[g] = r
+			reads = append(reads, persistence.GroupKeys{Group: g})
+		}
+		where[i] = at{r, len(reads[r].Keys)}
+		reads[r].Keys = append(reads[r].Keys, names[i])
+	}
+	datas, err := store.GetGroups(ctx, reads)
+	if err != nil {
+		return nil, err
+	}
+	if len(datas) != len(reads) {
+		return nil, fmt.Errorf("store returned %d groups' snapshots for %d groups", len(datas), len(reads))
+	}
+	out := make([][]byte, len(names))
+	for i, w := range where {
+		if d := datas[w.read]; w.i < len(d) {
+			out[i] = d[w.i]
+		}
 	}
 	return out, nil
 }
@@ -137,9 +185,6 @@ func (h *Host) mayBeStoredLocked(id keyID, group uint32) (*grain, bool) {
 	_, spilled := h.findSpilledLocked(id, group)
 	return nil, !spilled
 }
-
-// prefetchParallelism bounds the groups read at once for one commit.
-const prefetchParallelism = 32
 
 // prefetch is the batched read of the keys one commit activates.
 type prefetch struct {
@@ -199,7 +244,7 @@ func (h *Host) prefetchLocked(groups []*groupBatch) *prefetch {
 // p.done.
 func (p *prefetch) read(h *Host, keys []prefetchKey) {
 	defer close(p.done)
-	want := map[uint32][]keyID{}
+	var want []keyAt // the keys to read from the store
 	// The hits share two allocations, their loaded and their entries' bytes:
 	// at a million keys most of a commit's keys are cache hits, and one
 	// object each (of ~240 B, with the state's room) was a twentieth of
@@ -231,7 +276,7 @@ func (p *prefetch) read(h *Host, keys []prefetchKey) {
 		case known:
 			p.cached[k.id] = newKey
 		default:
-			want[k.group] = append(want[k.group], k.id)
+			want = append(want, keyAt{k.id, k.group})
 		}
 	}
 	if len(want) == 0 {
@@ -239,33 +284,18 @@ func (p *prefetch) read(h *Host, keys []prefetchKey) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
-	// The groups are read at once: a commit of first-time keys touches
-	// most groups, and one after the other their round trips added up
-	// to more than the append they hide behind.
-	var (
-		mu    sync.Mutex
-		byKey = map[keyID]*loaded{}
-		reads errgroup.Group
-	)
-	reads.SetLimit(prefetchParallelism)
-	for g, ids := range want {
-		reads.Go(func() error {
-			ls, err := loadKeys(ctx, h.store, h.cfg.Pipelines, g, ids)
-			if err != nil {
-				return err
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			for i := range ls {
-				byKey[ids[i]] = &ls[i]
-			}
-			return nil
-		})
-	}
-	if reads.Wait() != nil {
+	// Every group's keys in one read: a commit of keys not in memory
+	// touches most groups, and a read per group (32 at a time, each a
+	// goroutine and a Redis round trip) cost a fifth of the node's CPU at
+	// a million keys (BENCHMARKS.md, session 36).
+	ls, err := loadKeys(ctx, h.store, h.cfg.Pipelines, want)
+	if err != nil {
 		return // the grains read for themselves (and fail as they would)
 	}
-	p.byKey = byKey
+	p.byKey = make(map[keyID]*loaded, len(want))
+	for i := range ls {
+		p.byKey[want[i].id] = &ls[i]
+	}
 }
 
 // take returns the read of a key, once the read is done (nil if it failed,

@@ -225,7 +225,7 @@ func (g *grain) load() error {
 	if l == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 		defer cancel()
-		ls, err := loadKeys(ctx, g.host.store, g.host.cfg.Pipelines, g.group, []keyID{g.id})
+		ls, err := loadKeys(ctx, g.host.store, g.host.cfg.Pipelines, []keyAt{{g.id, g.group}})
 		if err != nil {
 			return err
 		}

@@ -95,25 +95,29 @@ type packedAt struct {
 	ps packedSnapshot
 }
 
-// loadPacked decodes the packed snapshots of keys ids[at.i] of group g into
-// out[at.i]: positionally those packed with their pipeline's shape, by name
-// through the shape they were packed with the others (their pipelines'
-// aggregates changed since), reading those shapes from the group (one read
-// for the shapes not read before).
-func loadPacked(ctx context.Context, store persistence.Store, pipelines map[string]*fold.Pipeline, g uint32, ids []keyID, packed []packedAt, out []loaded) error {
+// loadPacked decodes the packed snapshots of keys keys[at.i] into
+// out[at.i]: positionally those packed with their pipeline's shape, by
+// name through the shape they were packed with the others (their
+// pipelines' aggregates changed since), reading those shapes from the
+// keys' groups (one read for the shapes not read before).
+func loadPacked(ctx context.Context, store persistence.Store, pipelines map[string]*fold.Pipeline, keys []keyAt, packed []packedAt, out []loaded) error {
 	type shapeRef struct {
 		name string
 		id   uint64
 	}
-	var missing []shapeRef // shapes to read
+	var (
+		missing []shapeRef // shapes to read
+		groups  []uint32   // the group each is read from (any holds it)
+	)
 	for _, at := range packed {
-		id := ids[at.i]
+		id := keys[at.i].id
 		if _, own := pipelines[id.pipeline].Shape(); own == at.ps.shape {
 			continue
 		}
 		ref := shapeRef{shapeKey(id.pipeline, at.ps.shape), at.ps.shape}
 		if _, ok := shapes.Load(ref.name); !ok && !slices.Contains(missing, ref) {
 			missing = append(missing, ref)
+			groups = append(groups, keys[at.i].group)
 		}
 	}
 	if len(missing) > 0 {
@@ -121,20 +125,20 @@ func loadPacked(ctx context.Context, store persistence.Store, pipelines map[stri
 		for j, ref := range missing {
 			names[j] = ref.name
 		}
-		vals, err := store.GetMany(ctx, g, names)
+		vals, err := readGroups(ctx, store, groups, names)
 		if err != nil {
 			return err
 		}
 		for j, ref := range missing {
 			// One that does not hash to its id is not it (and is an
 			// error below).
-			if j < len(vals) && vals[j] != nil && fold.ShapeID(vals[j]) == ref.id {
+			if vals[j] != nil && fold.ShapeID(vals[j]) == ref.id {
 				shapes.Store(ref.name, slices.Clone(vals[j]))
 			}
 		}
 	}
 	for _, at := range packed {
-		id := ids[at.i]
+		id := keys[at.i].id
 		p := pipelines[id.pipeline]
 		var (
 			state fold.State

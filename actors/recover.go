@@ -534,7 +534,7 @@ func (h *Host) replayBatch(ctx context.Context, g uint32, batch []replayRecord) 
 	for i, r := range batch {
 		msgs[i] = h.replayMessages(g, r.pos, r.rec)
 	}
-	var ids []keyID
+	var ids []keyAt
 	h.mu.Lock()
 	epoch := h.groups[g].epoch
 	seen := map[keyID]bool{}
@@ -543,7 +543,7 @@ func (h *Host) replayBatch(ctx context.Context, g uint32, batch []replayRecord) 
 			if !seen[m.id] {
 				seen[m.id] = true
 				if _, stored := h.mayBeStoredLocked(m.id, g); stored && h.groups[g].stored.mayHave(m.id) {
-					ids = append(ids, m.id)
+					ids = append(ids, keyAt{m.id, g})
 				}
 			}
 		}
@@ -554,14 +554,14 @@ func (h *Host) replayBatch(ctx context.Context, g uint32, batch []replayRecord) 
 		// A failed read is not the replay's failure: each key then reads
 		// for itself as it activates (and fails as it would).
 		rctx, cancel := context.WithTimeout(ctx, storeTimeout)
-		ls, err := loadKeys(rctx, h.store, h.cfg.Pipelines, g, ids)
+		ls, err := loadKeys(rctx, h.store, h.cfg.Pipelines, ids)
 		cancel()
 		if err != nil {
 			h.log.Warn("replay: batched snapshot read failed; the keys read for themselves", "group", g, "keys", len(ids), "err", err)
 		} else {
 			read = make(map[keyID]*loaded, len(ids))
 			for i := range ls {
-				read[ids[i]] = &ls[i]
+				read[ids[i].id] = &ls[i]
 			}
 		}
 	}

@@ -71,6 +71,19 @@ type Snapshots interface {
 	// round trip where the store has round trips: data[i] is keys[i]'s
 	// snapshot, nil if it has none.
 	GetMany(ctx context.Context, group uint32, keys []string) (data [][]byte, err error)
+
+	// GetGroups is GetMany for the keys of several groups at once, in one
+	// round trip where the store has round trips: data[i][j] is
+	// reads[i].Keys[j]'s snapshot, nil if it has none. A node activating
+	// the keys of one commit reads them this way: they are spread over
+	// most groups, and a round trip per group cost more than the reads.
+	GetGroups(ctx context.Context, reads []GroupKeys) (data [][][]byte, err error)
+}
+
+// GroupKeys names keys of one group to read (Snapshots.GetGroups).
+type GroupKeys struct {
+	Group uint32
+	Keys  []string
 }
 
 // Timer indexes one key of a group under the time of its next timer, so a

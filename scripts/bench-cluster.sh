@@ -34,7 +34,10 @@ for n in "${counts[@]}"; do
 			--dir "$work/redis-$n-$run" --daemonize no >"$work/redis.log" 2>&1 &
 		rpid=$!
 		pids+=("$rpid")
-		until redis-cli -p "$rport" ping >/dev/null 2>&1; do sleep 0.05; done
+		until redis-cli -p "$rport" ping >/dev/null 2>&1; do
+			kill -0 "$rpid" 2>/dev/null || { echo "redis-server did not start (is it installed?):" >&2; cat "$work/redis.log" >&2; exit 1; }
+			sleep 0.05
+		done
 		addrs=()
 		npids=()
 		for i in $(seq 1 "$n"); do

@@ -67,7 +67,10 @@ read -ra redis_args <<<"${REDIS_ARGS:-}"
 redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly yes --appendfsync always \
 	--dir "$work/redis" --daemonize no "${redis_args[@]}" >"$work/redis.log" 2>&1 &
 pids+=($!)
-until redis-cli -p "$rport" ping >/dev/null 2>&1; do sleep 0.05; done
+until redis-cli -p "$rport" ping >/dev/null 2>&1; do
+	kill -0 "${pids[-1]}" 2>/dev/null || { echo "redis-server did not start (is it installed?):" >&2; cat "$work/redis.log" >&2; exit 1; }
+	sleep 0.05
+done
 redis=redis://127.0.0.1:$rport
 
 # node STORE_ARGS...: start a node, wait until it is ready; sets npid, grpc,

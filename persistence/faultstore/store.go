@@ -238,6 +238,19 @@ func (s *Store) GetMany(ctx context.Context, group uint32, keys []string) ([][]b
 	return data, nil
 }
 
+// GetGroups implements persistence.Snapshots; it counts as an OpGet.
+func (s *Store) GetGroups(ctx context.Context, reads []persistence.GroupKeys) ([][][]byte, error) {
+	f := s.call(OpGet)
+	if err := before(ctx, OpGet, f); err != nil {
+		return nil, err
+	}
+	data, err := s.inner.GetGroups(ctx, reads)
+	if err = after(f, err); err != nil {
+		return nil, err
+	}
+	return data, nil
+}
+
 // Get implements persistence.Snapshots.
 func (s *Store) Get(ctx context.Context, group uint32, key string) ([]byte, error) {
 	f := s.call(OpGet)

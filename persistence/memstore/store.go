@@ -324,12 +324,31 @@ func (s *Store) GetMany(ctx context.Context, id uint32, keys []string) ([][]byte
 		return nil, fmt.Errorf("memstore: get group %d: %w", id, err)
 	}
 	defer s.d.mu.Unlock()
+	return s.getLocked(id, keys), nil
+}
+
+// getLocked returns copies of the group's snapshots of keys (nil for a
+// missing one); s.d.mu must be held.
+func (s *Store) getLocked(id uint32, keys []string) [][]byte {
 	g := s.d.group(id)
 	out := make([][]byte, len(keys))
 	for i, k := range keys {
 		if d, ok := g.snaps[k]; ok {
 			out[i] = append([]byte{}, d...)
 		}
+	}
+	return out
+}
+
+// GetGroups implements persistence.Snapshots.
+func (s *Store) GetGroups(ctx context.Context, reads []persistence.GroupKeys) ([][][]byte, error) {
+	if err := s.lock(ctx); err != nil {
+		return nil, fmt.Errorf("memstore: get groups: %w", err)
+	}
+	defer s.d.mu.Unlock()
+	out := make([][][]byte, len(reads))
+	for i, r := range reads {
+		out[i] = s.getLocked(r.Group, r.Keys)
 	}
 	return out, nil
 }

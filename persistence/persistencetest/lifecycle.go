@@ -168,6 +168,10 @@ func storeCalls(ctx context.Context, s persistence.Store, ep persistence.Epoch) 
 		}},
 		{"Get", func() error { _, err := s.Get(ctx, 1, "k"); return err }},
 		{"GetMany", func() error { _, err := s.GetMany(ctx, 1, []string{"k"}); return err }},
+		{"GetGroups", func() error {
+			_, err := s.GetGroups(ctx, []persistence.GroupKeys{{Group: 1, Keys: []string{"k"}}})
+			return err
+		}},
 		{"CheckGroups", func() error { _, err := s.CheckGroups(ctx, 256, 2); return err }},
 		{"Timers", func() error {
 			return s.Timers(ctx, 1, func(string, int64) error { return nil })

@@ -123,6 +123,48 @@ func testGetMany(e *env) {
 	}
 }
 
+// GetGroups returns the snapshots of keys of several groups at once: each
+// group's own (a key of the same name in another group is not it), nil
+// for a missing one, and nothing for a group asked no keys.
+func testGetGroups(e *env) {
+	e.put(1, e.claim(1).Epoch, snap("a", "1a"), snap("k\x00\xff", "binary"))
+	e.put(2, e.claim(2).Epoch, snap("a", "2a"), snap("b", "2b"))
+	e.put(3, e.claim(3).Epoch, persistence.Snapshot{Key: "empty", Data: []byte{}})
+	reads := []persistence.GroupKeys{
+		{Group: 2, Keys: []string{"b", "a", "missing"}},
+		{Group: 4, Keys: nil},
+		{Group: 1, Keys: []string{"a", "b", "k\x00\xff"}},
+		{Group: 3, Keys: []string{"empty"}},
+		{Group: 5, Keys: []string{"a"}}, // a group never claimed
+	}
+	got, err := e.s.GetGroups(e.ctx, reads)
+	if err != nil {
+		e.t.Fatalf("GetGroups: %v", err)
+	}
+	want := [][]string{{"2b", "2a", "<nil>"}, {}, {"1a", "<nil>", "binary"}, {""}, {"<nil>"}}
+	if len(got) != len(want) {
+		e.t.Fatalf("GetGroups returned %d groups' values for %d groups", len(got), len(want))
+	}
+	for i, w := range want {
+		if len(got[i]) != len(w) {
+			e.t.Errorf("GetGroups group %d: %d values for %d keys", reads[i].Group, len(got[i]), len(w))
+			continue
+		}
+		for j := range w {
+			g := "<nil>"
+			if got[i][j] != nil {
+				g = string(got[i][j])
+			}
+			if g != w[j] {
+				e.t.Errorf("GetGroups group %d value %d = %q, want %q", reads[i].Group, j, g, w[j])
+			}
+		}
+	}
+	if got, err := e.s.GetGroups(e.ctx, nil); err != nil || len(got) != 0 {
+		e.t.Errorf("GetGroups of no groups = %v, %v", got, err)
+	}
+}
+
 // A checkpoint of thousands of snapshots (as at a million keys) writes
 // every one, deletes those given nil Data, and of a key given twice keeps
 // the later.

@@ -46,6 +46,7 @@ var tests = []test{
 	{name: "SnapshotsCopyData", run: testSnapshotsCopyData},
 	{name: "ManySnapshotsInOneCheckpoint", run: testManySnapshots},
 	{name: "GetMany", run: testGetMany},
+	{name: "GetGroups", run: testGetGroups},
 	{name: "SnapshotsIsolatedByGroup", run: testSnapshotsIsolatedByGroup},
 	{name: "PutFenced", run: testPutFenced},
 	{name: "TimersIndex", run: testTimersIndex},

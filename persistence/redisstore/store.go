@@ -903,6 +903,55 @@ func (s *Store) GetMany(ctx context.Context, group uint32, keys []string) ([][]b
 	return out, nil
 }
 
+// GetGroups returns the snapshots of keys of several groups with one MGET
+// per group, pipelined: one round trip (per Redis Cluster node).
+func (s *Store) GetGroups(ctx context.Context, reads []persistence.GroupKeys) ([][][]byte, error) {
+	const op = "get groups"
+	if err := s.begin(ctx); err != nil {
+		return nil, s.wrap(op, err)
+	}
+	out := make([][][]byte, len(reads))
+	n := 0
+	for _, r := range reads {
+		n += len(r.Keys)
+	}
+	all := make([][]byte, n) // every group's values, in one allocation
+	cmds := make([]*redis.SliceCmd, len(reads))
+	pipe := s.c.Pipeline()
+	for i, r := range reads {
+		out[i], all = all[:len(r.Keys):len(r.Keys)], all[len(r.Keys):]
+		if len(r.Keys) == 0 {
+			continue
+		}
+		rkeys := make([]string, len(r.Keys))
+		for j, k := range r.Keys {
+			rkeys[j] = s.k.snapshot(r.Group, k)
+		}
+		cmds[i] = pipe.MGet(ctx, rkeys...)
+	}
+	if pipe.Len() == 0 {
+		return out, nil
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, s.wrap(op, err)
+	}
+	for i, cmd := range cmds {
+		if cmd == nil {
+			continue
+		}
+		for j, v := range cmd.Val() {
+			switch v := v.(type) {
+			case nil:
+			case string:
+				out[i][j] = []byte(v)
+			default:
+				return nil, s.wrap(op, fmt.Errorf("group %d: unexpected reply %T for key %q", reads[i].Group, v, reads[i].Keys[j]))
+			}
+		}
+	}
+	return out, nil
+}
+
 // PackedSnapshots reports whether the store allows packed snapshots
 // (persistence.PackedSnapshots): whether CheckGroups found it at format 2
 // or above (every store it creates is; one created at format 1 stays so).
