@@ -56,7 +56,7 @@ func TestPackedSnapshotsFollowConfigChanges(t *testing.T) {
 	cfg.Pipelines = v1
 	hs := start(t, store, cfg)
 	hs.ingest(event("a", "a1", 5), event("a", "a2", 7))
-	for i := range 12 { // more ids than a snapshot holds inline
+	for i := range fold.InlineIDs + 4 { // more ids than a snapshot holds inline
 		hs.ingest(event("many", fmt.Sprintf("m%d", i), i))
 	}
 	if err := hs.shutdown(); err != nil { // a clean shutdown checkpoints
@@ -90,7 +90,7 @@ func TestPackedSnapshotsFollowConfigChanges(t *testing.T) {
 		t.Errorf("a's id a1 forgotten across the change: %+v", r)
 	}
 	hs.ingest(event("a", "a3", 1), event("b", "b1", 4))
-	if v := hs.query("many"); v.Seq != 12 || v.Aggregates["n"] != uint64(12) {
+	if v, n := hs.query("many"), fold.InlineIDs+4; v.Seq != uint64(n) || v.Aggregates["n"] != uint64(n) {
 		t.Errorf("many under v2 = %+v", v)
 	}
 	if err := hs.shutdown(); err != nil {

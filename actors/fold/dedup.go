@@ -69,12 +69,25 @@ type idSet struct {
 const smallIDs = 8
 
 // inlineIDs is the most ids a key's snapshot holds inline, in its core
-// record: most keys remember a few ids, and one record instead of a core
-// and a bucket halves the reads of a key coming back into memory and the
-// writes of its checkpoints (BENCHMARKS.md). Beyond it a checkpoint
-// rewriting every id would cost what the key's window holds, so the ids go
-// to buckets, of which it rewrites only those that changed.
-const inlineIDs = 8
+// record: most keys remember a few dozen ids at most, and one record
+// instead of a core and a bucket halves the reads of a key coming back
+// into memory and the writes of its checkpoints, and is packed (the
+// snapshot cache keeps only packed states; BENCHMARKS.md). Beyond it a
+// checkpoint rewriting every id would cost what the key's window holds, so
+// the ids go to buckets, of which it rewrites only the parts that changed:
+// the current bucket's last part at least, up to partIDs ids. Inline, a
+// snapshot rewrites at most inlineIDs ids (about a kilobyte), no more
+// than a bucket's part holds of the ids of its last 1/16 of the window.
+// (8 until session 36: keys with 9 to 32 ids, most keys after a minute of
+// load at a million keys, then cost a core and a part to write and read,
+// decoded from protobuf, and never stayed in the snapshot cache; at 32, a
+// million keys after 90 s of load ran at 1.45x the events/s.)
+const inlineIDs = 32
+
+// InlineIDs is the most remembered ids a key's snapshot holds inline (in
+// one record, packed where the store allows it); beyond it they are stored
+// in time buckets.
+const InlineIDs = inlineIDs
 
 // seenID is an id and when it was applied, as snapshots store them.
 type seenID struct {

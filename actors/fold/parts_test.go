@@ -440,7 +440,7 @@ func mustCore(t testing.TB, parts fold.Parts) *keyfoldv1.KeyState {
 
 // TestFewIDsStayInline: a key remembering a few ids stores them in its core
 // record (one read and one write per snapshot, no buckets); once it holds
-// more than eight, its snapshot moves them all to buckets; when every id
+// more than fold's inlineIDs, its snapshot moves them all to buckets; when every id
 // expired, its buckets are deleted and its ids go inline again. A store
 // laid out in buckets for a few ids (as before the inline layout) moves
 // to the inline one at the key's next snapshot. Every step restores
@@ -466,9 +466,12 @@ func TestFewIDsStayInline(t *testing.T) {
 		}
 		return parts
 	}
+	width := (time.Hour / 16).Milliseconds() // a bucket's span
+	buckets := map[int64]bool{}               // those the ids fall in
 	apply := func(id string) {
-		now += 5 * time.Minute.Milliseconds() // each id in a bucket of its own
+		now += time.Minute.Milliseconds() // a few ids per bucket
 		p.Apply(&s, prepare(t, p, fmt.Sprintf(`{"k":"a","id":%q}`, id)), now)
+		buckets[now/width] = true
 	}
 	for i := range 5 {
 		apply(fmt.Sprint("e", i))
@@ -476,12 +479,16 @@ func TestFewIDsStayInline(t *testing.T) {
 			t.Fatalf("%d ids: %d buckets written, core holds %d ids and lists %d buckets", i+1, len(parts.Buckets), len(ps.core.Seen), len(ps.core.SeenBuckets))
 		}
 	}
-	for i := 5; i < 9; i++ { // in one checkpoint: the ninth spills
+	for i := 5; i < fold.InlineIDs; i++ { // as many as the core holds: inline still
 		apply(fmt.Sprint("e", i))
 	}
+	if parts := step("inline, full"); len(parts.Buckets) != 0 || len(ps.core.Seen) != fold.InlineIDs || len(ps.core.SeenBuckets) != 0 {
+		t.Fatalf("%d ids: %d buckets written, core holds %d ids and lists %d buckets", fold.InlineIDs, len(parts.Buckets), len(ps.core.Seen), len(ps.core.SeenBuckets))
+	}
+	apply("one more") // spills
 	parts := step("spilled")
-	if len(ps.core.Seen) != 0 || len(ps.core.SeenBuckets) != 9 || countData(parts) != 9 || len(ps.buckets) != 9 {
-		t.Fatalf("9 ids within an hour: core holds %d ids, lists %v; %d buckets written, %d stored", len(ps.core.Seen), ps.core.SeenBuckets, countData(parts), len(ps.buckets))
+	if n := len(buckets); len(ps.core.Seen) != 0 || len(ps.core.SeenBuckets) != n || countData(parts) != n || len(ps.buckets) != n {
+		t.Fatalf("%d ids within an hour, in %d buckets: core holds %d ids, lists %v; %d buckets written, %d stored", fold.InlineIDs+1, n, len(ps.core.Seen), ps.core.SeenBuckets, countData(parts), len(ps.buckets))
 	}
 	// Two hours later every id has expired: the buckets go.
 	now += 2 * time.Hour.Milliseconds()
@@ -497,7 +504,6 @@ func TestFewIDsStayInline(t *testing.T) {
 
 	// The former layout: two ids in buckets.
 	old := &partsStore{core: &keyfoldv1.KeyState{Seq: 2, NowMs: now}, buckets: map[bucketPart][]byte{}}
-	width := (time.Hour / 16).Milliseconds()
 	for _, e := range []*keyfoldv1.SeenID{{Id: "x", AtMs: now - 5*time.Minute.Milliseconds()}, {Id: "y", AtMs: now - 1000}} {
 		data, err := proto.Marshal(&keyfoldv1.SeenBucket{Ids: []*keyfoldv1.SeenID{e}})
 		if err != nil {
