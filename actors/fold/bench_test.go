@@ -377,3 +377,41 @@ func BenchmarkWindowMemory(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRestoreParts: a key whose ids are stored in buckets coming back
+// into memory: its core and the parts of its ids (1 s apart, so in one
+// bucket) decoded, as activation reads them from the store.
+func BenchmarkRestoreParts(b *testing.B) {
+	for _, n := range []int{64, 1024} {
+		b.Run(fmt.Sprintf("ids=%d", n), func(b *testing.B) {
+			p := quickstart(b)
+			events, err := p.PrepareBatch(benchEvents(n, false))
+			if err != nil {
+				b.Fatal(err)
+			}
+			var s fold.State
+			now := int64(1_700_000_000_000)
+			for _, ev := range events {
+				now += int64(time.Second / time.Millisecond)
+				p.Apply(&s, ev, now)
+			}
+			parts, err := p.SnapshotParts(&s, 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ps := &partsStore{buckets: map[bucketPart][]byte{}}
+			ps.store(parts)
+			load := loadFrom(ps)
+			b.ReportAllocs()
+			for b.Loop() {
+				r, err := p.RestoreParts(ps.core, load)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if r.Seq() != uint64(n) {
+					b.Fatalf("restored seq %d, want %d", r.Seq(), n)
+				}
+			}
+		})
+	}
+}

@@ -367,7 +367,6 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 	// The stored layout is usable as it is only if it is the one this
 	// state would write (inline for a few ids, else buckets; never both)
 	// and every id sits in the bucket this pipeline's width puts it in.
-	w := p.bucketWidth()
 	rewrite := len(core.Seen) > 0 && len(core.SeenBuckets) > 0
 	stored := make([]int, len(core.SeenBuckets)) // each bucket's parts
 	added := make(map[int64]int, len(core.SeenBuckets))
@@ -384,17 +383,12 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 				}
 				continue // its ids had all expired when the ones after it were written
 			}
-			var sb keyfoldv1.SeenBucket
-			if err := proto.Unmarshal(data, &sb); err != nil {
+			n, misplaced, err := p.loadPart(&s, data, b)
+			if err != nil {
 				return State{}, fmt.Errorf("fold: decode id bucket %d part %d: %w", b, part, err)
 			}
-			for _, e := range sb.Ids {
-				if e.AtMs/w != b {
-					rewrite = true
-				}
-			}
-			p.loadIDs(&s, sb.Ids)
-			added[b] = max(added[b], part*partIDs+len(sb.Ids))
+			rewrite = rewrite || misplaced
+			added[b] = max(added[b], part*partIDs+n)
 		}
 	}
 	// (Loading spilled the ids if there are more than inlineIDs: idSet.add.)

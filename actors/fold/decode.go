@@ -1,0 +1,108 @@
+package fold
+
+import (
+	"errors"
+	"unicode/utf8"
+	"unsafe"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// Direct decoding of a stored id part (a keyfold.v1.SeenBucket), the
+// counterpart of appendSeenID: read field by field from its wire form
+// into the state's ids, as proto.Unmarshal and loadIDs would, without a
+// message per id. A key whose ids are in buckets reads every part of them
+// each time it comes back into memory; as messages (one allocation per
+// id, and the id's string) their decoding was half of restoring such a key
+// (BENCHMARKS.md, session 36). It accepts and refuses what proto.Unmarshal
+// does (FuzzLoadPart holds them equal): unknown fields and fields of an
+// unexpected wire type are skipped, a repeated scalar's last value counts,
+// and an id that is not UTF-8 (a proto3 string) is an error.
+
+var errPartUTF8 = errors.New("fold: id bucket part: an id is not valid UTF-8")
+
+// loadPart adds the ids of a stored part of bucket b to s (those not
+// expired nor already there, as loadIDs does) and returns how many the
+// part holds, and whether one of them is not in bucket b.
+func (p *Pipeline) loadPart(s *State, data []byte, b int64) (n int, misplaced bool, err error) {
+	horizon := s.now - p.dedupWindow.Milliseconds()
+	w := p.bucketWidth()
+	for len(data) > 0 {
+		num, typ, tn := consumeTag(data)
+		if tn < 0 {
+			return 0, false, protowire.ParseError(tn)
+		}
+		data = data[tn:]
+		if num != sbIDs || typ != protowire.BytesType {
+			vn := protowire.ConsumeFieldValue(num, typ, data)
+			if vn < 0 {
+				return 0, false, protowire.ParseError(vn)
+			}
+			data = data[vn:]
+			continue
+		}
+		msg, mn := protowire.ConsumeBytes(data)
+		if mn < 0 {
+			return 0, false, protowire.ParseError(mn)
+		}
+		data = data[mn:]
+		id, at, err := decodeSeenID(msg)
+		if err != nil {
+			return 0, false, err
+		}
+		n++
+		if at/w != b {
+			misplaced = true
+		}
+		// (The string is only looked up: has keeps nothing of it.)
+		if at > horizon && !s.ids.has(unsafe.String(unsafe.SliceData(id), len(id))) {
+			s.ids.addBytes(id, at, w)
+		}
+	}
+	return n, misplaced, nil
+}
+
+// decodeSeenID decodes a keyfold.v1.SeenID's id and at_ms.
+func decodeSeenID(b []byte) (id []byte, at int64, err error) {
+	for len(b) > 0 {
+		num, typ, tn := consumeTag(b)
+		if tn < 0 {
+			return nil, 0, protowire.ParseError(tn)
+		}
+		b = b[tn:]
+		switch {
+		case num == siID && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return nil, 0, protowire.ParseError(n)
+			}
+			if !utf8.Valid(v) { // (each one, as proto.Unmarshal checks them)
+				return nil, 0, errPartUTF8
+			}
+			id, b = v, b[n:]
+		case num == siAt && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return nil, 0, protowire.ParseError(n)
+			}
+			at, b = int64(v), b[n:]
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return nil, 0, protowire.ParseError(n)
+			}
+			b = b[n:]
+		}
+	}
+	return id, at, nil
+}
+
+// consumeTag is protowire.ConsumeTag refusing, as proto.Unmarshal does,
+// field numbers beyond protowire.MaxValidNumber.
+func consumeTag(b []byte) (protowire.Number, protowire.Type, int) {
+	num, typ, n := protowire.ConsumeTag(b)
+	if n >= 0 && num > protowire.MaxValidNumber {
+		return 0, 0, -1 // (ParseError reports a generic parse error)
+	}
+	return num, typ, n
+}

@@ -1,0 +1,93 @@
+package fold
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+)
+
+// FuzzLoadPart holds loadPart to proto.Unmarshal and loadIDs, the decoding
+// it replaces: it refuses exactly the parts proto.Unmarshal refuses, and of
+// the others it counts the same ids, finds the same misplaced, and leaves
+// the same ids in the state.
+func FuzzLoadPart(f *testing.F) {
+	p, err := Compile("p", Spec{Key: "k", ID: "id", DedupWindow: time.Hour,
+		Aggregates: map[string]AggregateSpec{"n": {Op: "count"}}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	w := p.bucketWidth()
+	seenID := func(fields ...[]byte) []byte { // a SeenID in a SeenBucket
+		var m []byte
+		for _, x := range fields {
+			m = append(m, x...)
+		}
+		return protowire.AppendBytes(protowire.AppendTag(nil, sbIDs, protowire.BytesType), m)
+	}
+	idf := func(id string) []byte {
+		return protowire.AppendString(protowire.AppendTag(nil, siID, protowire.BytesType), id)
+	}
+	atf := func(at int64) []byte {
+		return protowire.AppendVarint(protowire.AppendTag(nil, siAt, protowire.VarintType), uint64(at))
+	}
+	now := 10 * time.Hour.Milliseconds()
+	var good []byte
+	for i, id := range []string{"a", "bb", "a", "ccc", ""} {
+		good = append(good, seenID(idf(id), atf(now-int64(i)*w/2))...)
+	}
+	for _, seed := range [][]byte{
+		nil,
+		good,
+		append(slices.Clone(good), protowire.AppendVarint(protowire.AppendTag(nil, 7, protowire.VarintType), 3)...), // unknown field
+		seenID(idf("x"), idf("y"), atf(now), atf(now-1)),                                                            // repeated scalars: the last
+		seenID(atf(now)), // no id
+		seenID(idf("old"), atf(now-2*time.Hour.Milliseconds())),                                           // expired
+		seenID(idf("\xff"), atf(now)),                                                                     // not UTF-8
+		seenID(protowire.AppendVarint(protowire.AppendTag(nil, siID, protowire.VarintType), 5), atf(now)), // id of the wrong type
+		protowire.AppendVarint(protowire.AppendTag(nil, sbIDs, protowire.VarintType), 1),                  // ids of the wrong type
+		good[:len(good)-1], // truncated
+		{0x0a, 0x80},       // a bad length
+		{0x00},             // field 0
+		seenID(idf("n"), atf(-5)),
+	} {
+		f.Add(seed, now, int64(now/w))
+	}
+	f.Fuzz(func(t *testing.T, data []byte, now, b int64) {
+		var sb keyfoldv1.SeenBucket
+		wantErr := proto.Unmarshal(data, &sb)
+		got := State{now: now}
+		n, misplaced, err := p.loadPart(&got, data, b)
+		if (err != nil) != (wantErr != nil) {
+			t.Fatalf("loadPart(%x): error %v, proto.Unmarshal's %v", data, err, wantErr)
+		}
+		if err != nil {
+			return
+		}
+		want := State{now: now}
+		p.loadIDs(&want, sb.Ids)
+		wantMisplaced := false
+		for _, e := range sb.Ids {
+			wantMisplaced = wantMisplaced || e.AtMs/w != b
+		}
+		if n != len(sb.Ids) || misplaced != wantMisplaced {
+			t.Fatalf("loadPart(%x) = %d ids, misplaced %v; want %d, %v", data, n, misplaced, len(sb.Ids), wantMisplaced)
+		}
+		if g, w := idsOf(&got), idsOf(&want); !slices.Equal(g, w) {
+			t.Fatalf("loadPart(%x) left ids %v; want %v", data, g, w)
+		}
+	})
+}
+
+// idsOf lists a state's ids and their times, oldest first.
+func idsOf(s *State) []seenID {
+	var out []seenID
+	for c := s.ids.cursor(); c.more(); {
+		id, at := c.next()
+		out = append(out, seenID{string(id), at})
+	}
+	return out
+}
