@@ -467,7 +467,7 @@ func TestFewIDsStayInline(t *testing.T) {
 		return parts
 	}
 	width := (time.Hour / 16).Milliseconds() // a bucket's span
-	buckets := map[int64]bool{}               // those the ids fall in
+	buckets := map[int64]bool{}              // those the ids fall in
 	apply := func(id string) {
 		now += time.Minute.Milliseconds() // a few ids per bucket
 		p.Apply(&s, prepare(t, p, fmt.Sprintf(`{"k":"a","id":%q}`, id)), now)
