@@ -53,6 +53,10 @@ func FuzzLoadPart(f *testing.F) {
 		{0x0a, 0x80},       // a bad length
 		{0x00},             // field 0
 		seenID(idf("n"), atf(-5)),
+		// Found by the fuzzer: a field number beyond the largest; an id
+		// not UTF-8, then a valid one (each occurrence is checked).
+		[]byte("\x9d\x9d\x9d\x9d00000"),
+		[]byte("\n22\x010000\x95000100000000002\x0100\x98\xc4\x870\n\n000000\xa4000\n\a0000000"),
 	} {
 		f.Add(seed, now, int64(now/w))
 	}
