@@ -42,8 +42,8 @@ type idSet struct {
 	// cache miss per event (4% of the node's CPU at 10k keys, BENCHMARKS.md
 	// session 29).
 	headAt int64
-	// index finds an id among more than smallIDs (a set of a few is
-	// searched in the log): an open-addressing table, by the id's hash,
+	// index finds an id among more than scanIDs (a set of a few is
+	// searched in the log; built by the first search, has): an open-addressing table, by the id's hash,
 	// of its offset + 1 (0: empty) and, while offsets stay below
 	// narrowLimit, in the top 8 bits the hash's (so that a probe looks at
 	// the log only for a likely match); wide is set when the slots hold
@@ -65,8 +65,16 @@ type idSet struct {
 	spilled bool
 }
 
-// smallIDs is the most ids an idSet searches without an index.
-const smallIDs = 8
+// scanIDs is the most ids an idSet searches in its log, without an index.
+// The index is built by the first search among more (has), not as ids are
+// added: most keys at a million come back into memory for an event or two
+// and leave again, and building each one's index as its ids were restored
+// (grown twice or three times on the way) was a tenth of the node's CPU
+// once keys remembered a few dozen ids (BENCHMARKS.md, session 36). A scan
+// of up to 32 ids reads a kilobyte of log in order, about what one probe's
+// cache misses cost.
+// (A variable for tests.)
+var scanIDs int32 = 32
 
 // inlineIDs is the most ids a key's snapshot holds inline, in its core
 // record: most keys remember a few dozen ids at most, and one record
@@ -166,6 +174,9 @@ type goneBucket struct {
 func (d *idSet) len() int { return int(d.n) }
 
 func (d *idSet) has(id string) bool {
+	if d.index == nil && d.n > scanIDs {
+		d.reindex() // (sized for the ids there are: no growth on the way)
+	}
 	if x := d.index; x != nil {
 		h := maphash.String(idSeed, id)
 		mask := uint64(len(x.slots) - 1)
@@ -281,15 +292,12 @@ func addID[T string | []byte](d *idSet, id T, at int64, width int64) {
 	d.log = append(d.log, id...)
 	d.lastAt = at
 	d.n++
-	switch {
-	case d.index != nil:
-		if x := d.index; 4*(x.used+1) > 3*int32(len(x.slots)) || int(x.dropped)+len(d.log) >= x.limit() {
+	if x := d.index; x != nil {
+		if 4*(x.used+1) > 3*int32(len(x.slots)) || int(x.dropped)+len(d.log) >= x.limit() {
 			d.reindex() // (which indexes the new id too)
 		} else {
 			d.insert(off)
 		}
-	case d.n > smallIDs:
-		d.reindex()
 	}
 	switch {
 	case d.spilled:
@@ -431,7 +439,7 @@ func (d *idSet) expire(horizon, width int64, version uint64) {
 	case 2*int(d.head) > len(d.log):
 		d.compact()
 	}
-	if d.n <= smallIDs/2 {
+	if d.n <= scanIDs/2 {
 		d.index = nil // small again: searched in the log
 	} else if x := d.index; x != nil && len(x.slots) > 8*max(16, 2*int(d.n)) {
 		// Most of its ids expired: a table the size of those left. (A new

@@ -92,7 +92,7 @@ func checkIDs(t *testing.T, what string, d *idSet, m []seenID, model bool, width
 	if len(m) == 0 && (len(d.log) > 0 || d.index != nil || d.buckets != nil || d.spilled) {
 		t.Fatalf("%s: empty, but log %d bytes, index %v, %d buckets, spilled %v", what, len(d.log), d.index != nil, len(d.buckets), d.spilled)
 	}
-	if len(m) > smallIDs && d.index == nil {
+	if len(m) > int(scanIDs) && d.index == nil {
 		t.Fatalf("%s: %d ids and no index", what, len(m))
 	}
 	if len(m) > inlineIDs && !d.spilled {
@@ -253,6 +253,9 @@ func tagTwins(n int) []string {
 // the set holds (checkIDSet).
 func TestIDSetEdges(t *testing.T) {
 	defer func(l int) { narrowLimit = l }(narrowLimit)
+	// Sets of a few dozen ids, most of them indexed: the index's edges.
+	defer func(n int32) { scanIDs = n }(scanIDs)
+	scanIDs = 8
 	twins := tagTwins(40)
 	long := strings.Repeat("L", 64<<10)
 	seeds := uint64(12)
@@ -343,7 +346,7 @@ func TestIDSetEdges(t *testing.T) {
 				for _, e := range m.ids {
 					expired = append(expired, e.id)
 				}
-				if len(m.ids) > smallIDs {
+				if len(m.ids) > int(scanIDs) {
 					reached["all expired"] = true
 				}
 				m.ids = nil
@@ -431,9 +434,10 @@ func TestIDSetNarrowLimitExact(t *testing.T) {
 				d.add(id, at, 1000)
 				m.ids = append(m.ids, seenID{id, at})
 			}
-			for i := range 9 { // indexed, narrow
+			for i := range scanIDs + 1 {
 				add(fmt.Sprint("s", i), 1)
 			}
+			d.has("s0") // indexed, narrow
 			// A big id that ends the log at end - 3, then one of 1 byte
 			// (3 bytes: delta, length, byte) that ends it at end.
 			entry := func(n int) int { return 1 + binary.PutUvarint(make([]byte, 10), uint64(n)) + n }
@@ -462,9 +466,10 @@ func TestIDSetNarrowLimitExact(t *testing.T) {
 			d.expire(1, 1000, 1)
 			m.expire(1)
 			checkIDSet(t, "compacted", &d, m.ids, 1000, true)
-			for i := range 20 {
+			for i := range scanIDs + 1 {
 				add(fmt.Sprint("t", i), 3)
 			}
+			d.has("t0")
 			if d.index == nil || d.index.wide {
 				t.Fatalf("a small log again: index %+v", d.index)
 			}
@@ -743,7 +748,7 @@ func TestIDSetIDsAtTheBodyLimit(t *testing.T) {
 	p := edgePipeline(t, window*time.Millisecond)
 	big := func(c byte) string { return strings.Repeat(string(c), 8<<20-32) }
 	ids := []string{big('a')}
-	for i := range 30 {
+	for i := range int(scanIDs) + 8 { // indexed by the last ones' searches
 		ids = append(ids, fmt.Sprint("s", i))
 	}
 	ids = append(ids, big('b'), "last")
@@ -796,4 +801,48 @@ func TestIDSetIDsAtTheBodyLimit(t *testing.T) {
 	if !sameIDs(&r.ids, &s.ids) {
 		t.Fatalf("restored %v, original %v", abbrev(r.ids.list()), abbrev(s.ids.list()))
 	}
+}
+
+// TestIDSetIndexBuiltBySearch: ids are added without an index; the first
+// search of a set of more than scanIDs builds it (sized for them all, so
+// that the adds after it go on filling it), and a set of scanIDs or
+// fewer is searched in its log and never indexed.
+func TestIDSetIndexBuiltBySearch(t *testing.T) {
+	var d idSet
+	var m []seenID
+	for i := range int(scanIDs) {
+		id := fmt.Sprint("id-", i)
+		d.add(id, int64(i), 1000)
+		m = append(m, seenID{id, int64(i)})
+		if d.has("absent") || !d.has(id) {
+			t.Fatalf("%d ids: searched wrong", i+1)
+		}
+	}
+	if d.index != nil {
+		t.Fatalf("%d ids, searched: indexed", scanIDs)
+	}
+	for i := scanIDs; i < 100; i++ {
+		id := fmt.Sprint("id-", i)
+		d.add(id, int64(i), 1000)
+		m = append(m, seenID{id, int64(i)})
+	}
+	if d.index != nil {
+		t.Fatal("100 ids added, none searched: indexed")
+	}
+	if d.has("absent") {
+		t.Fatal("has an id never added")
+	}
+	x := d.index
+	if x == nil || x.used != 100 || len(x.slots) != 256 {
+		t.Fatalf("100 ids searched once: index %+v", x)
+	}
+	checkIDSet(t, "searched", &d, m, 1000, true)
+	for i := 100; i < 120; i++ {
+		d.add(fmt.Sprint("id-", i), int64(i), 1000)
+		m = append(m, seenID{fmt.Sprint("id-", i), int64(i)})
+	}
+	if len(d.index.slots) != 256 || d.index.used != 120 {
+		t.Fatalf("20 more ids: index of %d slots, %d used", len(d.index.slots), d.index.used)
+	}
+	checkIDSet(t, "added to", &d, m, 1000, true)
 }

@@ -98,7 +98,7 @@ func TestIDSetAgainstModel(t *testing.T) {
 						t.Fatalf("seed %d step %d: lost %q", seed, step, e.id)
 					}
 				}
-				if len(model) > smallIDs && d.index == nil {
+				if len(model) > int(scanIDs) && d.index == nil {
 					t.Fatalf("seed %d step %d: %d ids and no index", seed, step, len(model))
 				}
 			}
