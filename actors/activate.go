@@ -157,11 +157,16 @@ func readGroups(ctx context.Context, store persistence.Snapshots, groups []uint3
 	if len(datas) != len(reads) {
 		return nil, fmt.Errorf("store returned %d groups' snapshots for %d groups", len(datas), len(reads))
 	}
+	for r, d := range datas {
+		if len(d) != len(reads[r].Keys) {
+			// (Read as missing, its keys would start empty and
+			// overwrite their snapshots at the next checkpoint.)
+			return nil, fmt.Errorf("store returned %d snapshots for %d keys of group %d", len(d), len(reads[r].Keys), reads[r].Group)
+		}
+	}
 	out := make([][]byte, len(names))
 	for i, w := range where {
-		if d := datas[w.read]; w.i < len(d) {
-			out[i] = d[w.i]
-		}
+		out[i] = datas[w.read][w.i]
 	}
 	return out, nil
 }

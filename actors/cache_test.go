@@ -108,7 +108,7 @@ func TestCachedKeysNeedNoStoreRead(t *testing.T) {
 	// not used either.
 	const spilled = 20
 	for i := range spilled {
-		for j := range 10 {
+		for j := range fold.InlineIDs + 2 {
 			hs.ingest(event(fmt.Sprintf("k%d", i), fmt.Sprintf("z%d", j), 1))
 		}
 	}
@@ -126,7 +126,7 @@ func TestCachedKeysNeedNoStoreRead(t *testing.T) {
 			k := fmt.Sprintf("k%d", i)
 			seq, sum := 2, i+1
 			if i < spilled {
-				seq, sum = 12, i+11
+				seq, sum = 2+fold.InlineIDs+2, i+1+fold.InlineIDs+2
 			}
 			if v := hs.query(k); v.Seq != uint64(seq) || v.Aggregates["sum"] != float64(sum) {
 				t.Fatalf("%s %s = %+v, want seq %d, sum %d", when, k, v, seq, sum)

@@ -227,38 +227,48 @@ func TestSpilledKeysStoredWithTheirShape(t *testing.T) {
 	}
 }
 
-// One batched read of a group holding a key packed under the pipeline's
-// shape, one packed under an older shape and one stored as a message (its
-// ids in buckets) decodes each as its own: ids and sums intact.
+// One batched read holding a key packed under the pipeline's shape, one
+// packed under an older shape and one stored as a message (its ids in
+// buckets) decodes each as its own: ids and sums intact. In one group, and
+// in several (the read asks each group for its keys, and the older shape
+// of the group of the first key that names it).
 func TestMixedSnapshotsInOneRead(t *testing.T) {
-	store := openStore(t, t.TempDir())
-	v1 := compileAggs(t, map[string]fold.AggregateSpec{"mx_n": {Op: "count"}, "mx_sum": {Op: "sum", Field: "v"}})
-	v2 := compileAggs(t, map[string]fold.AggregateSpec{"mx_n": {Op: "count"}, "mx_sum": {Op: "sum", Field: "v"}, "mx_max": {Op: "max", Field: "v"}})
-	cfg := actors.Config{Groups: 1, CheckpointInterval: time.Hour, Pipelines: v1}
-	hs := start(t, store, cfg)
-	hs.ingest(event("a", "a1", 1), event("x", "x1", 2))
-	for i := range 12 {
-		hs.ingest(event("many", fmt.Sprintf("m%d", i), 1))
-	}
-	if err := hs.shutdown(); err != nil {
-		t.Fatal(err)
-	}
-	cfg.Pipelines = v2
-	hs = start(t, store, cfg)
-	hs.ingest(event("x", "x2", 3)) // x packed under v2's shape; a stays under v1's
-	if err := hs.shutdown(); err != nil {
-		t.Fatal(err)
-	}
-	hs = start(t, store, cfg)
-	defer hs.shutdown()
-	r := hs.ingest(event("a", "a1", 100), event("x", "x2", 100), event("many", "m3", 100), event("a", "a2", 10), event("x", "x3", 10), event("many", "m99", 10))
-	if r.Duplicates != 3 {
-		t.Errorf("duplicates %d, want 3: %+v", r.Duplicates, r)
-	}
-	for k, want := range map[string]float64{"a": 11, "x": 15, "many": 22} {
-		if v := hs.query(k); v.Aggregates["mx_sum"] != want {
-			t.Errorf("%s = %+v, want sum %v", k, v, want)
-		}
+	for _, groups := range []uint32{1, 8} {
+		t.Run(fmt.Sprint("groups=", groups), func(t *testing.T) {
+			// (Aggregates named per run: shapes read once are kept for
+			// the process, and each run must read its own.)
+			n := fmt.Sprint("mx_n", groups)
+			store := openStore(t, t.TempDir())
+			v1 := compileAggs(t, map[string]fold.AggregateSpec{n: {Op: "count"}, "mx_sum": {Op: "sum", Field: "v"}})
+			v2 := compileAggs(t, map[string]fold.AggregateSpec{n: {Op: "count"}, "mx_sum": {Op: "sum", Field: "v"}, "mx_max": {Op: "max", Field: "v"}})
+			cfg := actors.Config{Groups: groups, CheckpointInterval: time.Hour, Pipelines: v1}
+			hs := start(t, store, cfg)
+			hs.ingest(event("a", "a1", 1), event("b", "b1", 1), event("x", "x1", 2))
+			for i := range fold.InlineIDs + 4 {
+				hs.ingest(event("many", fmt.Sprintf("m%d", i), 1))
+			}
+			if err := hs.shutdown(); err != nil {
+				t.Fatal(err)
+			}
+			cfg.Pipelines = v2
+			hs = start(t, store, cfg)
+			hs.ingest(event("x", "x2", 3)) // x packed under v2's shape; a and b stay under v1's
+			if err := hs.shutdown(); err != nil {
+				t.Fatal(err)
+			}
+			hs = start(t, store, cfg)
+			defer hs.shutdown()
+			r := hs.ingest(event("a", "a1", 100), event("b", "b1", 100), event("x", "x2", 100), event("many", "m3", 100),
+				event("a", "a2", 10), event("b", "b2", 20), event("x", "x3", 10), event("many", "m99", 10))
+			if r.Duplicates != 4 {
+				t.Errorf("duplicates %d, want 4: %+v", r.Duplicates, r)
+			}
+			for k, want := range map[string]float64{"a": 11, "b": 21, "x": 15, "many": float64(fold.InlineIDs + 14)} {
+				if v := hs.query(k); v.Aggregates["mx_sum"] != want {
+					t.Errorf("%s = %+v, want sum %v", k, v, want)
+				}
+			}
+		})
 	}
 }
 

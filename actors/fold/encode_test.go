@@ -35,7 +35,7 @@ func TestDirectEncoding(t *testing.T) {
 		var s State
 		events := rng.IntN(300)
 		if round%2 == 0 {
-			events = rng.IntN(12) // few ids: inline, or just spilled
+			events = rng.IntN(inlineIDs + 4) // few ids: inline, or just spilled
 		}
 		for i := range events {
 			raw := fmt.Sprintf(`{"k":"a","id":"e%d","v":%d,"s":"%s"}`, rng.IntN(400), rng.IntN(2000)-1000, [3]string{"x", "", "a longer value"}[rng.IntN(3)])
