@@ -22,9 +22,10 @@ import (
 var errPartUTF8 = errors.New("fold: id bucket part: an id is not valid UTF-8")
 
 // loadPart adds the ids of a stored part of bucket b to s (those not
-// expired nor already there, as loadIDs does) and returns how many the
-// part holds, and whether one of them is not in bucket b.
-func (p *Pipeline) loadPart(s *State, data []byte, b int64) (n int, misplaced bool, err error) {
+// expired nor already there, as loadIDs does, advancing newest likewise)
+// and returns how many the part holds, and whether one of them is not in
+// bucket b.
+func (p *Pipeline) loadPart(s *State, data []byte, b int64, newest *int64) (n int, misplaced bool, err error) {
 	horizon := s.now - p.dedupWindow.Milliseconds()
 	w := p.bucketWidth()
 	for len(data) > 0 {
@@ -55,8 +56,9 @@ func (p *Pipeline) loadPart(s *State, data []byte, b int64) (n int, misplaced bo
 			misplaced = true
 		}
 		// (The string is only looked up: has keeps nothing of it.)
-		if at > horizon && !s.ids.has(unsafe.String(unsafe.SliceData(id), len(id))) {
+		if at > horizon && (at > *newest || !s.ids.has(unsafe.String(unsafe.SliceData(id), len(id)))) {
 			s.ids.addBytes(id, at, w)
+			*newest = max(*newest, at)
 		}
 	}
 	return n, misplaced, nil

@@ -1,6 +1,7 @@
 package fold
 
 import (
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -21,7 +22,7 @@ func FuzzLoadPart(f *testing.F) {
 		f.Fatal(err)
 	}
 	w := p.bucketWidth()
-	seenID := func(fields ...[]byte) []byte { // a SeenID in a SeenBucket
+	entry := func(fields ...[]byte) []byte { // a SeenID in a SeenBucket
 		var m []byte
 		for _, x := range fields {
 			m = append(m, x...)
@@ -37,22 +38,24 @@ func FuzzLoadPart(f *testing.F) {
 	now := 10 * time.Hour.Milliseconds()
 	var good []byte
 	for i, id := range []string{"a", "bb", "a", "ccc", ""} {
-		good = append(good, seenID(idf(id), atf(now-int64(i)*w/2))...)
+		good = append(good, entry(idf(id), atf(now-int64(i)*w/2))...)
 	}
 	for _, seed := range [][]byte{
 		nil,
 		good,
 		append(slices.Clone(good), protowire.AppendVarint(protowire.AppendTag(nil, 7, protowire.VarintType), 3)...), // unknown field
-		seenID(idf("x"), idf("y"), atf(now), atf(now-1)),                                                            // repeated scalars: the last
-		seenID(atf(now)), // no id
-		seenID(idf("old"), atf(now-2*time.Hour.Milliseconds())),                                           // expired
-		seenID(idf("\xff"), atf(now)),                                                                     // not UTF-8
-		seenID(protowire.AppendVarint(protowire.AppendTag(nil, siID, protowire.VarintType), 5), atf(now)), // id of the wrong type
-		protowire.AppendVarint(protowire.AppendTag(nil, sbIDs, protowire.VarintType), 1),                  // ids of the wrong type
+		entry(idf("x"), idf("y"), atf(now), atf(now-1)),                                                             // repeated scalars: the last
+		entry(atf(now)), // no id
+		entry(idf("old"), atf(now-2*time.Hour.Milliseconds())),                                           // expired
+		entry(idf("\xff"), atf(now)),                                                                     // not UTF-8
+		entry(protowire.AppendVarint(protowire.AppendTag(nil, siID, protowire.VarintType), 5), atf(now)), // id of the wrong type
+		protowire.AppendVarint(protowire.AppendTag(nil, sbIDs, protowire.VarintType), 1),                 // ids of the wrong type
 		good[:len(good)-1], // truncated
 		{0x0a, 0x80},       // a bad length
 		{0x00},             // field 0
-		seenID(idf("n"), atf(-5)),
+		entry(idf("n"), atf(-5)),
+		append(entry(idf("d"), atf(now)), entry(idf("d"), atf(now))...), // the same id twice
+		append(append(entry(idf("d"), atf(now-1)), entry(idf("e"), atf(now))...), entry(idf("d"), atf(now-1))...),
 		// Found by the fuzzer: a field number beyond the largest; an id
 		// not UTF-8, then a valid one (each occurrence is checked).
 		[]byte("\x9d\x9d\x9d\x9d00000"),
@@ -64,7 +67,8 @@ func FuzzLoadPart(f *testing.F) {
 		var sb keyfoldv1.SeenBucket
 		wantErr := proto.Unmarshal(data, &sb)
 		got := State{now: now}
-		n, misplaced, err := p.loadPart(&got, data, b)
+		newest := int64(math.MinInt64)
+		n, misplaced, err := p.loadPart(&got, data, b, &newest)
 		if (err != nil) != (wantErr != nil) {
 			t.Fatalf("loadPart(%x): error %v, proto.Unmarshal's %v", data, err, wantErr)
 		}
@@ -72,7 +76,8 @@ func FuzzLoadPart(f *testing.F) {
 			return
 		}
 		want := State{now: now}
-		p.loadIDs(&want, sb.Ids)
+		wantNewest := int64(math.MinInt64)
+		p.loadIDs(&want, sb.Ids, &wantNewest)
 		wantMisplaced := false
 		for _, e := range sb.Ids {
 			wantMisplaced = wantMisplaced || e.AtMs/w != b
@@ -80,8 +85,21 @@ func FuzzLoadPart(f *testing.F) {
 		if n != len(sb.Ids) || misplaced != wantMisplaced {
 			t.Fatalf("loadPart(%x) = %d ids, misplaced %v; want %d, %v", data, n, misplaced, len(sb.Ids), wantMisplaced)
 		}
-		if g, w := idsOf(&got), idsOf(&want); !slices.Equal(g, w) {
+		if newest != wantNewest {
+			t.Fatalf("loadPart(%x) newest %d; want %d", data, newest, wantNewest)
+		}
+		g := idsOf(&got)
+		if w := idsOf(&want); !slices.Equal(g, w) {
 			t.Fatalf("loadPart(%x) left ids %v; want %v", data, g, w)
+		}
+		// An id stored twice with its one time (as parts written before
+		// and after a layout change hold it) is kept once.
+		seen := map[seenID]bool{}
+		for _, e := range g {
+			if seen[e] {
+				t.Fatalf("loadPart(%x) kept %q at %d twice", data, e.id, e.at)
+			}
+			seen[e] = true
 		}
 	})
 }

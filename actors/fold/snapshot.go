@@ -3,6 +3,7 @@ package fold
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
@@ -141,7 +142,8 @@ func (p *Pipeline) StateFromProto(ks *keyfoldv1.KeyState) (State, error) {
 	if err != nil {
 		return State{}, err
 	}
-	p.loadIDs(&s, ks.Seen)
+	newest := int64(math.MinInt64)
+	p.loadIDs(&s, ks.Seen, &newest)
 	return s, nil
 }
 
@@ -186,11 +188,19 @@ const RestoredVersion = 1
 // that have expired by the state's clock and those it holds already (a
 // bucket stored whole before buckets had parts shares ids with the part
 // written after it).
-func (p *Pipeline) loadIDs(s *State, ids []*keyfoldv1.SeenID) {
+//
+// newest is the latest time of the ids loaded so far (math.MinInt64 for
+// none), which loadIDs advances. An id newer than all of them cannot be
+// one of them (an id has one time: when it was applied), so only the
+// others are searched for: a restore, whose ids come in time order, then
+// neither scans the ids loaded before (up to scanIDs of them, each time)
+// nor indexes them as it goes.
+func (p *Pipeline) loadIDs(s *State, ids []*keyfoldv1.SeenID, newest *int64) {
 	horizon := s.now - p.dedupWindow.Milliseconds()
 	for _, e := range ids {
-		if e.AtMs > horizon && !s.ids.has(e.Id) {
+		if e.AtMs > horizon && (e.AtMs > *newest || !s.ids.has(e.Id)) {
 			s.ids.add(e.Id, e.AtMs, p.bucketWidth())
+			*newest = max(*newest, e.AtMs)
 		}
 	}
 }
@@ -363,7 +373,8 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 	if err != nil {
 		return State{}, err
 	}
-	p.loadIDs(&s, core.Seen) // ids stored inline
+	newest := int64(math.MinInt64)    // (loadIDs)
+	p.loadIDs(&s, core.Seen, &newest) // ids stored inline
 	// The stored layout is usable as it is only if it is the one this
 	// state would write (inline for a few ids, else buckets; never both)
 	// and every id sits in the bucket this pipeline's width puts it in.
@@ -383,7 +394,7 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 				}
 				continue // its ids had all expired when the ones after it were written
 			}
-			n, misplaced, err := p.loadPart(&s, data, b)
+			n, misplaced, err := p.loadPart(&s, data, b, &newest)
 			if err != nil {
 				return State{}, fmt.Errorf("fold: decode id bucket %d part %d: %w", b, part, err)
 			}
