@@ -17,8 +17,8 @@ import (
 // as a keyfold.v1.Snapshot (its pipeline, key, position and KeyState, the
 // aggregates by name). The state of a pipeline with aggregates only (one
 // with a fold.Pipeline.Shape) whose remembered ids are inline (at most
-// fold.InlineIDs, 32: fold.State.OnePart) is stored packed, in a store that allows it
-// (persistence.PackedSnapshots), in a third of the bytes:
+// fold.InlineIDs, 32: fold.State.OnePart) is stored packed, in a store
+// that allows it (persistence.PackedSnapshots), in a third of the bytes:
 //
 //	0x00 version  shape id (8 bytes, little-endian)  position (uvarint)  state
 //

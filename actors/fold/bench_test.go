@@ -178,11 +178,11 @@ func BenchmarkPrepareApply(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 }
 
-// BenchmarkSnapshot is the cost of checkpointing a key that remembers ~1024
-// ids (one op is one MarshalState and one UnmarshalState).
-func BenchmarkSnapshot(b *testing.B) {
-	p := quickstart(b)
-	events, err := p.PrepareBatch(benchEvents(1024, false))
+// appliedState is the state of a key that applied n of benchEvents, one
+// a second.
+func appliedState(b *testing.B, p *fold.Pipeline, n int) fold.State {
+	b.Helper()
+	events, err := p.PrepareBatch(benchEvents(n, false))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -192,6 +192,14 @@ func BenchmarkSnapshot(b *testing.B) {
 		now += int64(time.Second / time.Millisecond)
 		p.Apply(&s, ev, now)
 	}
+	return s
+}
+
+// BenchmarkSnapshot is the cost of checkpointing a key that remembers ~1024
+// ids (one op is one MarshalState and one UnmarshalState).
+func BenchmarkSnapshot(b *testing.B) {
+	p := quickstart(b)
+	s := appliedState(b, p, 1024)
 	buf, err := p.MarshalState(&s)
 	if err != nil {
 		b.Fatal(err)
@@ -385,16 +393,7 @@ func BenchmarkRestoreParts(b *testing.B) {
 	for _, n := range []int{64, 1024} {
 		b.Run(fmt.Sprintf("ids=%d", n), func(b *testing.B) {
 			p := quickstart(b)
-			events, err := p.PrepareBatch(benchEvents(n, false))
-			if err != nil {
-				b.Fatal(err)
-			}
-			var s fold.State
-			now := int64(1_700_000_000_000)
-			for _, ev := range events {
-				now += int64(time.Second / time.Millisecond)
-				p.Apply(&s, ev, now)
-			}
+			s := appliedState(b, p, n)
 			parts, err := p.SnapshotParts(&s, 0)
 			if err != nil {
 				b.Fatal(err)

@@ -26,7 +26,6 @@ var errPartUTF8 = errors.New("fold: id bucket part: an id is not valid UTF-8")
 // and returns how many the part holds, and whether one of them is not in
 // bucket b.
 func (p *Pipeline) loadPart(s *State, data []byte, b int64, newest *int64) (n int, misplaced bool, err error) {
-	horizon := s.now - p.dedupWindow.Milliseconds()
 	w := p.bucketWidth()
 	for len(data) > 0 {
 		num, typ, tn := consumeTag(data)
@@ -55,11 +54,8 @@ func (p *Pipeline) loadPart(s *State, data []byte, b int64, newest *int64) (n in
 		if at/w != b {
 			misplaced = true
 		}
-		// (The string is only looked up: has keeps nothing of it.)
-		if at > horizon && (at > *newest || !s.ids.has(unsafe.String(unsafe.SliceData(id), len(id)))) {
-			s.ids.addBytes(id, at, w)
-			*newest = max(*newest, at)
-		}
+		// (The string is only looked up and copied: nothing keeps it.)
+		p.restoreID(s, unsafe.String(unsafe.SliceData(id), len(id)), at, newest)
 	}
 	return n, misplaced, nil
 }

@@ -43,8 +43,8 @@ type idSet struct {
 	// session 29).
 	headAt int64
 	// index finds an id among more than scanIDs (a set of a few is
-	// searched in the log; built by the first search, has): an open-addressing table, by the id's hash,
-	// of its offset + 1 (0: empty) and, while offsets stay below
+	// searched in the log), built by the first search (has): an
+	// open-addressing table, by the id's hash, of its offset + 1 (0: empty) and, while offsets stay below
 	// narrowLimit, in the top 8 bits the hash's (so that a probe looks at
 	// the log only for a likely match); wide is set when the slots hold
 	// offsets alone. The offsets are the log's plus dropped, the bytes
@@ -72,8 +72,7 @@ type idSet struct {
 // (grown twice or three times on the way) was a tenth of the node's CPU
 // once keys remembered a few dozen ids (BENCHMARKS.md, session 36). A scan
 // of up to 32 ids reads a kilobyte of log in order, about what one probe's
-// cache misses cost.
-// (A variable for tests.)
+// cache misses cost. (A variable for tests.)
 var scanIDs int32 = 32
 
 // inlineIDs is the most ids a key's snapshot holds inline, in its core

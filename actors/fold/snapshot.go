@@ -196,12 +196,17 @@ const RestoredVersion = 1
 // neither scans the ids loaded before (up to scanIDs of them, each time)
 // nor indexes them as it goes.
 func (p *Pipeline) loadIDs(s *State, ids []*keyfoldv1.SeenID, newest *int64) {
-	horizon := s.now - p.dedupWindow.Milliseconds()
 	for _, e := range ids {
-		if e.AtMs > horizon && (e.AtMs > *newest || !s.ids.has(e.Id)) {
-			s.ids.add(e.Id, e.AtMs, p.bucketWidth())
-			*newest = max(*newest, e.AtMs)
-		}
+		p.restoreID(s, e.Id, e.AtMs, newest)
+	}
+}
+
+// restoreID adds a stored id to a restored state unless it expired or the
+// state holds it already (loadIDs).
+func (p *Pipeline) restoreID(s *State, id string, at int64, newest *int64) {
+	if at > s.now-p.dedupWindow.Milliseconds() && (at > *newest || !s.ids.has(id)) {
+		s.ids.add(id, at, p.bucketWidth())
+		*newest = max(*newest, at)
 	}
 }
 

@@ -883,24 +883,38 @@ func (s *Store) GetMany(ctx context.Context, group uint32, keys []string) ([][]b
 	if len(keys) == 0 {
 		return out, nil
 	}
+	vals, err := s.c.MGet(ctx, s.snapshotNames(group, keys)...).Result()
+	if err != nil {
+		return nil, s.wrap(op, err)
+	}
+	if err := snapshotValues(out, vals, keys); err != nil {
+		return nil, s.wrap(op, err)
+	}
+	return out, nil
+}
+
+// snapshotNames returns the Redis keys of a group's snapshots.
+func (s *Store) snapshotNames(group uint32, keys []string) []string {
 	rkeys := make([]string, len(keys))
 	for i, k := range keys {
 		rkeys[i] = s.k.snapshot(group, k)
 	}
-	vals, err := s.c.MGet(ctx, rkeys...).Result()
-	if err != nil {
-		return nil, s.wrap(op, err)
-	}
+	return rkeys
+}
+
+// snapshotValues sets out[i] to the snapshot in vals[i], an MGET's reply
+// for keys[i] (nil for none).
+func snapshotValues(out [][]byte, vals []any, keys []string) error {
 	for i, v := range vals {
 		switch v := v.(type) {
 		case nil:
 		case string:
 			out[i] = []byte(v)
 		default:
-			return nil, s.wrap(op, fmt.Errorf("unexpected reply %T for key %q", v, keys[i]))
+			return fmt.Errorf("unexpected reply %T for key %q", v, keys[i])
 		}
 	}
-	return out, nil
+	return nil
 }
 
 // GetGroups returns the snapshots of keys of several groups with one MGET
@@ -923,11 +937,7 @@ func (s *Store) GetGroups(ctx context.Context, reads []persistence.GroupKeys) ([
 		if len(r.Keys) == 0 {
 			continue
 		}
-		rkeys := make([]string, len(r.Keys))
-		for j, k := range r.Keys {
-			rkeys[j] = s.k.snapshot(r.Group, k)
-		}
-		cmds[i] = pipe.MGet(ctx, rkeys...)
+		cmds[i] = pipe.MGet(ctx, s.snapshotNames(r.Group, r.Keys)...)
 	}
 	if pipe.Len() == 0 {
 		return out, nil
@@ -939,14 +949,8 @@ func (s *Store) GetGroups(ctx context.Context, reads []persistence.GroupKeys) ([
 		if cmd == nil {
 			continue
 		}
-		for j, v := range cmd.Val() {
-			switch v := v.(type) {
-			case nil:
-			case string:
-				out[i][j] = []byte(v)
-			default:
-				return nil, s.wrap(op, fmt.Errorf("group %d: unexpected reply %T for key %q", reads[i].Group, v, reads[i].Keys[j]))
-			}
+		if err := snapshotValues(out[i], cmd.Val(), reads[i].Keys); err != nil {
+			return nil, s.wrap(op, fmt.Errorf("group %d: %w", reads[i].Group, err))
 		}
 	}
 	return out, nil
