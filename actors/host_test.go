@@ -121,7 +121,7 @@ func (hs *harness) query(key string) actors.KeyView {
 }
 
 // eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	eventuallyWithin(t, 20*time.Second, what, cond)
 }
@@ -397,6 +397,18 @@ func TestRefusedAppendKeepsGroup(t *testing.T) {
 	}
 }
 
+// awaitGone waits until key of pipeline p leaves memory altogether, so
+// that its next event reads its snapshot: not active, parked nor stopping
+// (a stopping key is in neither count of Stats, and takes an event without
+// a read), and neither spilled nor in the snapshot cache.
+func (hs *harness) awaitGone(key string) {
+	hs.t.Helper()
+	eventually(hs.t, key+" to leave memory", func() bool {
+		st := hs.host.Stats()
+		return !actors.InMemory(hs.host, "p", key) && st.SpilledKeys == 0 && st.CachedKeys == 0
+	})
+}
+
 // TestFailedActivationRetakesGroup: a key whose snapshot cannot be read
 // loses its group instead of the inputs sent to it; the ingest that
 // activated it is answered (its inputs are in the log) and the take-over
@@ -407,10 +419,7 @@ func TestFailedActivationRetakesGroup(t *testing.T) {
 	// reads its snapshot.
 	hs := start(t, fs, actors.Config{Groups: 2, CheckpointInterval: time.Millisecond, IdleTimeout: time.Millisecond, MaxMemory: -1})
 	hs.ingest(event("a", "1", 1))
-	eventually(t, "a to leave memory", func() bool {
-		st := hs.host.Stats()
-		return st.ActiveKeys == 0 && st.ResidentKeys == 0
-	})
+	hs.awaitGone("a")
 	// Both reads fail: the commit's batched read of the keys it activates,
 	// then the grain's own read, which it falls back to.
 	fs.FailNext(faultstore.OpGet, errors.New("injected"))
@@ -833,10 +842,7 @@ func TestStaleAppendFailureDoesNotStickStoreDown(t *testing.T) {
 	hs := start(t, fs, actors.Config{Groups: 1, CheckpointInterval: time.Millisecond, IdleTimeout: time.Millisecond, MaxMemory: -1})
 	defer hs.shutdown()
 	hs.ingest(event("a", "1", 1))
-	eventually(t, "a to leave memory", func() bool {
-		st := hs.host.Stats()
-		return st.ActiveKeys == 0 && st.ResidentKeys == 0
-	})
+	hs.awaitGone("a")
 
 	fs.Inject(faultstore.OpAppend, 1, faultstore.Fault{Delay: 300 * time.Millisecond, Err: errors.New("timeout")})
 	appends := fs.Calls(faultstore.OpAppend)
