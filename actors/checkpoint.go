@@ -64,7 +64,7 @@ const (
 	snapshotParallelism = 4
 	// directPerLock bounds the active keys a checkpoint snapshots itself
 	// (snapshotKeys) in one hold of h.mu: at ten thousand keys each
-	// encodes a part of up to 256 remembered ids.
+	// encodes a part of up to 32 remembered ids (fold.PartIDs).
 	directPerLock = 16
 )
 

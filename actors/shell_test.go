@@ -119,7 +119,7 @@ func TestActorsAreReusedAcrossActivations(t *testing.T) {
 }
 
 // A key remembering more ids than one part of an id bucket holds (fold's
-// partIDs, 256) is checkpointed part by part, and its ids all come back
+// PartIDs) is checkpointed part by part, and its ids all come back
 // from the store after a restart: every one is a duplicate there.
 func TestIDBucketPartsSurviveRestart(t *testing.T) {
 	dir := t.TempDir()

@@ -116,8 +116,22 @@ var narrowLimit = 1<<24 - 1
 // chosen by a client cannot be made to collide.
 var idSeed = maphash.MakeSeed()
 
-// partIDs is the most ids one stored part of a bucket holds.
-const partIDs = 256
+// partIDs is the most ids one stored part of a bucket holds. A checkpoint
+// rewrites the part a key's new ids are numbered into, the ids already in
+// it too, so what it writes is up to a part per changed bucket: at 256
+// (until session 37) keys of a hundred thousand, taking a few events
+// between checkpoints and remembering a few dozen ids, rewrote every id at
+// each one (a fifth of the node's CPU, BENCHMARKS.md session 37); at 32 a
+// checkpoint rewrites 16 ids on average, and a key coming back into memory
+// reads a part per 32 ids, in the same batched read as its core.
+const partIDs = 32
+
+// PartIDs is the most remembered ids a stored part of a bucket holds.
+const PartIDs = partIDs
+
+// legacyPartIDs is the part size of snapshots that do not record theirs
+// (KeyState.seen_part_ids), written before it was 32.
+const legacyPartIDs = 256
 
 // partsOf is the number of parts of a bucket whose ids were numbered up to
 // added.

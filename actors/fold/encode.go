@@ -21,7 +21,7 @@ import (
 // SeenID (proto/keyfold/v1/log.proto).
 const (
 	ksSeq, ksNow, ksAggregates, ksSeen, ksSeenBuckets, ksDuplicates, ksWatermark, ksLate = 1, 2, 3, 4, 5, 6, 7, 8
-	ksSeenBucketParts                                                                    = 15
+	ksSeenBucketParts, ksSeenPartIDs                                                     = 15, 16
 	asName, asCount, asNumber, asLast, asOp, asSketch                                    = 1, 2, 3, 4, 5, 6
 	sbIDs                                                                                = 1
 	siID, siAt                                                                           = 1, 2
@@ -83,6 +83,9 @@ func (p *Pipeline) appendCore(b []byte, s *State) ([]byte, error) {
 			b = protowire.AppendVarint(b, uint64(partsOf(bi.added)))
 		}
 		b = endMessage(b, mark)
+	}
+	if s.ids.spilled && len(s.ids.buckets) > 0 {
+		b = appendVarintField(b, ksSeenPartIDs, partIDs)
 	}
 	return b, nil
 }

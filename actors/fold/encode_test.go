@@ -31,11 +31,16 @@ func TestDirectEncoding(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	marshal := proto.MarshalOptions{Deterministic: true}
+	multipart := 0 // rounds with a bucket in more than one part
 	for round := range 200 {
 		var s State
 		events := rng.IntN(300)
-		if round%2 == 0 {
+		spread := 60_000 // ms: ids over many buckets
+		switch round % 4 {
+		case 0, 2:
 			events = rng.IntN(inlineIDs + 4) // few ids: inline, or just spilled
+		case 1:
+			spread = 50 // buckets of several parts
 		}
 		for i := range events {
 			raw := fmt.Sprintf(`{"k":"a","id":"e%d","v":%d,"s":"%s"}`, rng.IntN(400), rng.IntN(2000)-1000, [3]string{"x", "", "a longer value"}[rng.IntN(3)])
@@ -46,7 +51,7 @@ func TestDirectEncoding(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			p.Apply(&s, ev, int64(1000+i*rng.IntN(60_000)))
+			p.Apply(&s, ev, int64(1000+i*rng.IntN(spread)))
 		}
 		parts, err := p.SnapshotParts(&s, 0)
 		if err != nil {
@@ -59,6 +64,15 @@ func TestDirectEncoding(t *testing.T) {
 		if s.ids.spilled {
 			for _, bi := range s.ids.buckets {
 				want.SeenBuckets = append(want.SeenBuckets, bi.bucket)
+				want.SeenBucketParts = append(want.SeenBucketParts, uint32(partsOf(bi.added)))
+			}
+			if !s.ids.multipart() {
+				want.SeenBucketParts = nil
+			} else {
+				multipart++
+			}
+			if len(want.SeenBuckets) > 0 {
+				want.SeenPartIds = partIDs
 			}
 		} else {
 			want.Seen = seenProto(&s.ids)
@@ -72,16 +86,26 @@ func TestDirectEncoding(t *testing.T) {
 		}
 		w := p.bucketWidth()
 		for _, b := range parts.Buckets {
+			// The bucket's ids numbered into the part (all of a new
+			// state's ids are numbered from 0 as added).
 			var sb keyfoldv1.SeenBucket
+			num := 0
 			for _, e := range s.ids.list() {
-				if e.at/w == b.Bucket {
+				if e.at/w != b.Bucket {
+					continue
+				}
+				if num/partIDs == b.Part {
 					sb.Ids = append(sb.Ids, &keyfoldv1.SeenID{Id: e.id, AtMs: e.at})
 				}
+				num++
 			}
 			if wantB, _ := marshal.Marshal(&sb); !bytes.Equal(b.Data, wantB) {
-				t.Fatalf("round %d bucket %d encoded as\n%x\nwant\n%x", round, b.Bucket, b.Data, wantB)
+				t.Fatalf("round %d bucket %d part %d encoded as\n%x\nwant\n%x", round, b.Bucket, b.Part, b.Data, wantB)
 			}
 		}
+	}
+	if multipart == 0 {
+		t.Error("no round stored a bucket in more than one part")
 	}
 }
 

@@ -122,9 +122,9 @@ func TestSnapshotPartsRestoreExactly(t *testing.T) {
 					if written := countData(parts); written != len(listed) {
 						t.Fatalf("ids spilled into %d buckets, %d written", len(listed), written)
 					}
-				} else if len(parts.Buckets) > 1 {
+				} else if n := changedBuckets(parts); n > 1 {
 					// They changed the newest bucket only.
-					t.Fatalf("after restore %d buckets changed, want at most 1", len(parts.Buckets))
+					t.Fatalf("after restore %d buckets changed, want at most 1", n)
 				}
 				ps.store(parts)
 				s.Persisted(parts.Version)
@@ -193,14 +193,25 @@ func TestSnapshotPartsWriteOnlyWhatChanged(t *testing.T) {
 }
 
 // countData counts the buckets parts write (not delete).
+// countData is the number of buckets of which parts has data to write.
 func countData(parts fold.Parts) int {
-	n := 0
+	written := map[int64]bool{}
 	for _, b := range parts.Buckets {
 		if b.Data != nil {
-			n++
+			written[b.Bucket] = true
 		}
 	}
-	return n
+	return len(written)
+}
+
+// changedBuckets is the number of buckets of which parts writes or deletes
+// something.
+func changedBuckets(parts fold.Parts) int {
+	changed := map[int64]bool{}
+	for _, b := range parts.Buckets {
+		changed[b.Bucket] = true
+	}
+	return len(changed)
 }
 
 func TestRestorePartsMissingBucket(t *testing.T) {
@@ -528,9 +539,10 @@ func TestFewIDsStayInline(t *testing.T) {
 }
 
 // TestRestoreWholeBucketThenParts: a bucket stored whole before buckets had
-// parts (600 ids under the bucket's own name) is restored, the key gets
-// more ids, and the checkpoint that follows writes only the part the new
-// ids are numbered into (which repeats some of the old ones): the next
+// parts (600 ids under the bucket's own name, no part size recorded: 256)
+// is restored and the key gets more ids; the checkpoint that follows
+// writes the bucket anew in parts of PartIDs, and records their size, and
+// the next writes only the part its new ids are numbered into. Each
 // restore holds every id once.
 func TestRestoreWholeBucketThenParts(t *testing.T) {
 	p := dedupPipeline(t, 24*time.Hour)
@@ -547,33 +559,127 @@ func TestRestoreWholeBucketThenParts(t *testing.T) {
 	}
 	ps := &partsStore{core: &keyfoldv1.KeyState{Seq: 600, NowMs: now, SeenBuckets: []int64{b}}, buckets: map[bucketPart][]byte{{b, 0}: data}}
 	s := ps.restore(t, p)
-	for i := range 10 {
-		p.Apply(&s, prepare(t, p, fmt.Sprintf(`{"user_id":"a","event_id":"new%d"}`, i)), now)
+	stored := uint64(fold.RestoredVersion)
+	// partsFrom is the parts numbered from the one id from is in to the one
+	// id to-1 is in.
+	partsFrom := func(from, to int) []int {
+		var parts []int
+		for part := from / fold.PartIDs; part <= (to-1)/fold.PartIDs; part++ {
+			parts = append(parts, part)
+		}
+		return parts
+	}
+	// Every part of the 605 ids, then the part(s) ids 605..609 are in.
+	for round, want := range [][]int{partsFrom(0, 605), partsFrom(605, 610)} {
+		for i := range 5 {
+			p.Apply(&s, prepare(t, p, fmt.Sprintf(`{"user_id":"a","event_id":"new%d-%d"}`, round, i)), now)
+		}
+		parts, err := p.SnapshotParts(&s, stored)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wrote []int
+		for _, bp := range parts.Buckets {
+			if bp.Data == nil {
+				t.Fatalf("round %d deletes part %d", round, bp.Part)
+			}
+			wrote = append(wrote, bp.Part)
+		}
+		if !slices.Equal(wrote, want) {
+			t.Fatalf("round %d wrote parts %v, want %v", round, wrote, want)
+		}
+		ps.store(parts)
+		s.Persisted(parts.Version)
+		stored = parts.Version
+		if got := ps.core.GetSeenPartIds(); got != fold.PartIDs {
+			t.Fatalf("core records parts of %d ids, want %d", got, fold.PartIDs)
+		}
+		r := ps.restore(t, p)
+		if !reflect.DeepEqual(stateProto(p, &r), stateProto(p, &s)) {
+			t.Fatalf("round %d: restored state differs", round)
+		}
+		if n, want := len(stateProto(p, &r).Seen), 605+5*round; n != want {
+			t.Fatalf("round %d: %d ids restored, want %d", round, n, want)
+		}
+		for _, id := range []string{"old0", "old599", fmt.Sprintf("new%d-4", round)} {
+			if !p.Apply(&r, prepare(t, p, fmt.Sprintf(`{"user_id":"a","event_id":%q}`, id)), now) {
+				t.Errorf("round %d: %s not remembered", round, id)
+			}
+		}
+	}
+}
+
+// TestRestoreLegacyPartSize: a key stored in parts of 256 ids (its core
+// lists the parts but not their size, as before seen_part_ids) restores
+// every live id; its next snapshot writes its buckets anew in parts of
+// PartIDs and deletes the old parts the new layout does not overwrite; the
+// store then holds exactly the new layout, which restores the same state.
+func TestRestoreLegacyPartSize(t *testing.T) {
+	p := dedupPipeline(t, 24*time.Hour)
+	width := (24 * time.Hour / 16).Milliseconds()
+	b0 := int64(100) // the older bucket: most of its ids expire
+	now := (b0+16)*width + 500
+	ps := &partsStore{core: &keyfoldv1.KeyState{NowMs: now}, buckets: map[bucketPart][]byte{}}
+	n := 0
+	for _, b := range []int64{b0, b0 + 16} {
+		const ids = 600 // parts 0, 1 and 2 of 256
+		for part := range 3 {
+			var sb keyfoldv1.SeenBucket
+			for i := part * 256; i < min((part+1)*256, ids); i++ {
+				sb.Ids = append(sb.Ids, &keyfoldv1.SeenID{Id: fmt.Sprintf("b%d-%d", b, i), AtMs: b*width + int64(i)})
+			}
+			data, err := proto.Marshal(&sb)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ps.buckets[bucketPart{b, part}] = data
+		}
+		ps.core.SeenBuckets = append(ps.core.SeenBuckets, b)
+		ps.core.SeenBucketParts = append(ps.core.SeenBucketParts, 3)
+		n += ids
+	}
+	ps.core.Seq = uint64(n)
+	// b0's ids expire by the key's clock up to b0*width+559: 40 are left,
+	// all in its old part 2.
+	ps.core.NowMs = b0*width + 559 + (24 * time.Hour).Milliseconds()
+	s := ps.restore(t, p)
+	if got := len(stateProto(p, &s).Seen); got != 640 {
+		t.Fatalf("%d ids restored, want 640", got)
 	}
 	parts, err := p.SnapshotParts(&s, fold.RestoredVersion)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wrote []int
-	for _, bp := range parts.Buckets {
-		wrote = append(wrote, bp.Part)
-	}
-	if !slices.Equal(wrote, []int{2}) { // ids numbered 512..609
-		t.Fatalf("wrote parts %v, want [2]", wrote)
-	}
 	ps.store(parts)
 	s.Persisted(parts.Version)
+	if got := ps.core.GetSeenPartIds(); got != fold.PartIDs {
+		t.Fatalf("core records parts of %d ids, want %d", got, fold.PartIDs)
+	}
+	want := map[bucketPart]bool{}
+	for i, b := range ps.core.SeenBuckets {
+		for part := range fold.StoredParts(ps.core, i) {
+			want[bucketPart{b, part}] = true
+		}
+	}
+	for bp := range ps.buckets {
+		if !want[bp] {
+			t.Errorf("bucket %d part %d is stored but not listed (an old part left behind)", bp.bucket, bp.part)
+		}
+	}
+	if len(want) != len(ps.buckets) || len(want) != (40+fold.PartIDs-1)/fold.PartIDs+(600+fold.PartIDs-1)/fold.PartIDs {
+		t.Errorf("%d parts listed, %d stored", len(want), len(ps.buckets))
+	}
 	r := ps.restore(t, p)
 	if !reflect.DeepEqual(stateProto(p, &r), stateProto(p, &s)) {
 		t.Fatal("restored state differs")
 	}
-	if n := len(stateProto(p, &r).Seen); n != 610 {
-		t.Fatalf("%d ids restored, want 610", n)
-	}
-	for _, id := range []string{"old0", "old599", "new9"} {
-		if !p.Apply(&r, prepare(t, p, fmt.Sprintf(`{"user_id":"a","event_id":%q}`, id)), now) {
+	for _, id := range []string{fmt.Sprintf("b%d-560", b0), fmt.Sprintf("b%d-599", b0), fmt.Sprintf("b%d-0", b0+16)} {
+		if !p.Apply(&r, idEv(t, p, id), ps.core.NowMs) {
 			t.Errorf("%s not remembered", id)
 		}
+	}
+	if p.Apply(&r, idEv(t, p, fmt.Sprintf("b%d-559", b0)), ps.core.NowMs) {
+		t.Errorf("an expired id is remembered")
 	}
 }
 

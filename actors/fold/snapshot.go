@@ -293,6 +293,9 @@ func (p *Pipeline) snapshotParts(s *State, since uint64, dst []byte, packed bool
 			return Parts{}, err
 		}
 		if s.ids.spilled {
+			if len(s.ids.buckets) > 0 {
+				parts.Core.SeenPartIds = partIDs
+			}
 			multi := s.ids.multipart()
 			for _, bi := range s.ids.buckets { // in bucket order
 				parts.Core.SeenBuckets = append(parts.Core.SeenBuckets, bi.bucket)
@@ -328,6 +331,9 @@ func (p *Pipeline) snapshotParts(s *State, since uint64, dst []byte, packed bool
 	// parts lack, the parts from the one its stored ids end in are
 	// written: the cost is that of what changed, not of the whole window,
 	// nor of the bucket's fill.
+	// A part's bytes: about an id's in the log and 4 of its SeenID's
+	// framing each, allocated once.
+	perID := (len(s.ids.log)-int(s.ids.head))/max(int(s.ids.n), 1) + 4
 	for i := range s.ids.buckets {
 		bi := &s.ids.buckets[i]
 		if !bi.changed() {
@@ -342,6 +348,9 @@ func (p *Pipeline) snapshotParts(s *State, since uint64, dst []byte, packed bool
 			lo, hi := max(part*partIDs, first)-first, min((part+1)*partIDs, bi.added)-first
 			c.skip(lo - j)
 			var data []byte // nil (deleted) if all its ids expired
+			if hi > lo {
+				data = make([]byte, 0, (hi-lo)*perID)
+			}
 			for j = lo; j < hi; j++ {
 				data = appendSeenID(data, sbIDs, &c)
 			}
@@ -384,6 +393,13 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 	// state would write (inline for a few ids, else buckets; never both)
 	// and every id sits in the bucket this pipeline's width puts it in.
 	rewrite := len(core.Seen) > 0 && len(core.SeenBuckets) > 0
+	// Parts of another size number the ids differently: the next snapshot
+	// writes the buckets anew in parts of partIDs.
+	size := int(core.GetSeenPartIds())
+	if size == 0 {
+		size = legacyPartIDs
+	}
+	rewrite = rewrite || (len(core.SeenBuckets) > 0 && size != partIDs)
 	stored := make([]int, len(core.SeenBuckets)) // each bucket's parts
 	added := make(map[int64]int, len(core.SeenBuckets))
 	for bi, b := range core.SeenBuckets {
@@ -404,7 +420,7 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 				return State{}, fmt.Errorf("fold: decode id bucket %d part %d: %w", b, part, err)
 			}
 			rewrite = rewrite || misplaced
-			added[b] = max(added[b], part*partIDs+n)
+			added[b] = max(added[b], part*size+n)
 		}
 	}
 	// (Loading spilled the ids if there are more than inlineIDs: idSet.add.)
@@ -416,7 +432,7 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 		// after RestoredVersion, and the old ones deleted.
 		s.version = RestoredVersion + 1
 		for bi, b := range core.SeenBuckets {
-			s.ids.gone = append(s.ids.gone, goneBucket{bucket: b, version: s.version, parts: max(stored[bi], partsOf(added[b]))})
+			s.ids.gone = append(s.ids.gone, goneBucket{bucket: b, version: s.version, parts: max(stored[bi], (added[b]+size-1)/size)})
 		}
 		return s, nil
 	}
@@ -430,7 +446,7 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 	for bi, b := range core.SeenBuckets {
 		if _, ok := s.ids.find(b); !ok { // every id of it expired: it goes
 			s.version = max(s.version, RestoredVersion+1)
-			s.ids.gone = append(s.ids.gone, goneBucket{bucket: b, version: s.version, parts: max(stored[bi], partsOf(added[b]))})
+			s.ids.gone = append(s.ids.gone, goneBucket{bucket: b, version: s.version, parts: max(stored[bi], (added[b]+size-1)/size)})
 		}
 	}
 	return s, nil

@@ -462,12 +462,16 @@ type KeyState struct {
 	SeenBuckets []int64 `protobuf:"varint,5,rep,packed,name=seen_buckets,json=seenBuckets,proto3" json:"seen_buckets,omitempty"`
 	// How many parts each bucket of seen_buckets is stored in (in its
 	// order; absent, or 0 or 1: one). A bucket's ids are numbered as they
-	// are added, and part k holds those numbered from k*256 (part 0 is
+	// are added, and part k holds those numbered from k*seen_part_ids (part 0 is
 	// stored under the bucket's own name): a checkpoint rewrites only the
 	// parts that changed, not a bucket's whole fill. A part may be missing
 	// (its ids all expired before it was written), and an id may be in two
 	// parts (a bucket stored whole before parts existed, as part 0).
 	SeenBucketParts []uint32 `protobuf:"varint,15,rep,packed,name=seen_bucket_parts,json=seenBucketParts,proto3" json:"seen_bucket_parts,omitempty"`
+	// How many ids each part of a bucket holds (absent or 0: 256, the size
+	// before it was recorded). A state read in parts of another size than
+	// the reader's writes its buckets anew at its next snapshot.
+	SeenPartIds uint32 `protobuf:"varint,16,opt,name=seen_part_ids,json=seenPartIds,proto3" json:"seen_part_ids,omitempty"`
 	// Events skipped because their id was already applied.
 	Duplicates uint64 `protobuf:"varint,6,opt,name=duplicates,proto3" json:"duplicates,omitempty"`
 	// The key's watermark: the largest pipeline watermark it advanced to.
@@ -567,6 +571,13 @@ func (x *KeyState) GetSeenBucketParts() []uint32 {
 		return x.SeenBucketParts
 	}
 	return nil
+}
+
+func (x *KeyState) GetSeenPartIds() uint32 {
+	if x != nil {
+		return x.SeenPartIds
+	}
+	return 0
 }
 
 func (x *KeyState) GetDuplicates() uint64 {
@@ -1797,7 +1808,7 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
 	"\bposition\x18\x03 \x01(\x04R\bposition\x12*\n" +
-	"\x05state\x18\x04 \x01(\v2\x14.keyfold.v1.KeyStateR\x05state\"\xf4\x04\n" +
+	"\x05state\x18\x04 \x01(\v2\x14.keyfold.v1.KeyStateR\x05state\"\x98\x05\n" +
 	"\bKeyState\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06now_ms\x18\x02 \x01(\x03R\x05nowMs\x12:\n" +
@@ -1806,7 +1817,8 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"aggregates\x12&\n" +
 	"\x04seen\x18\x04 \x03(\v2\x12.keyfold.v1.SeenIDR\x04seen\x12!\n" +
 	"\fseen_buckets\x18\x05 \x03(\x03R\vseenBuckets\x12*\n" +
-	"\x11seen_bucket_parts\x18\x0f \x03(\rR\x0fseenBucketParts\x12\x1e\n" +
+	"\x11seen_bucket_parts\x18\x0f \x03(\rR\x0fseenBucketParts\x12\"\n" +
+	"\rseen_part_ids\x18\x10 \x01(\rR\vseenPartIds\x12\x1e\n" +
 	"\n" +
 	"duplicates\x18\x06 \x01(\x04R\n" +
 	"duplicates\x12!\n" +
