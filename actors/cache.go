@@ -21,7 +21,11 @@ import (
 // leaves its state here, packed, and the next
 // activation decodes it instead of reading the store; beyond the cache's
 // budget the oldest entries go, and those keys are read from the store
-// again. A cache hit saves the store read, not the decode.
+// again. A cache hit saves the store read, not the decode. A key whose ids
+// are in buckets (more than fold.InlineIDs) is kept with its buckets'
+// numbering, so that it comes back knowing which parts of them the store
+// holds (fold.AppendCached; until session 37 such keys were not kept, and
+// after minutes of load most keys at a million were such).
 //
 // Why an entry is current: it is written when a clean key leaves memory,
 // so it holds what the key's snapshot in the store holds, and a key that is
@@ -83,18 +87,21 @@ func (c *snapshotCache) name(id keyID) []byte {
 	return c.key
 }
 
-// put keeps a clean key's state as it leaves memory, if it is one part
-// (ids inline) and small enough; otherwise it deletes the key's entry, which
-// may be from an earlier time the key left memory. Not kept: an empty state
-// (the store has no snapshot of it, and from there it comes back as a new
-// key), and one with changes its snapshot lacks though the key is clean (a
-// restore that asked for a new bucket layout, fold.RestoreParts: a copy
-// would forget to delete the old buckets). h.mu must be held.
+// put keeps a clean key's state as it leaves memory, if it is small
+// enough (fold.AppendCached: a key whose ids are in buckets with their
+// buckets' numbering, which its snapshot stores); otherwise it deletes the
+// key's entry, which may be from an earlier time the key left memory. Not
+// kept: an empty state (the store has no snapshot of it, and from there it
+// comes back as a new key), and one with changes its snapshot lacks though
+// the key is clean (a restore that asked for a new bucket layout,
+// fold.RestoreParts: a copy would forget to delete the old buckets). The
+// grain must be parked (put is the host's, under h.mu, which it must hold).
 func (c *snapshotCache) put(g *grain) {
 	if c.c == nil {
 		return
 	}
-	if !g.state.OnePart() || g.state.Empty() || g.state.Version() > max(g.stored, g.savedAt.Load()) {
+	g.catchUpSaved() // (the key's id buckets then know what is stored)
+	if g.state.Empty() || g.state.Version() > g.stored {
 		c.del(g.id)
 		return
 	}
@@ -108,7 +115,7 @@ func (c *snapshotCache) put(g *grain) {
 	}()
 	v := binary.AppendUvarint(c.val[:0], g.epoch)
 	v = binary.AppendUvarint(v, g.pos)
-	v, err := g.pipeline.AppendPacked(v, &g.state)
+	v, err := g.pipeline.AppendCached(v, &g.state)
 	c.val = v[:0]
 	if err != nil {
 		// Not cached: the store has it. (The checkpoint that stored
@@ -216,6 +223,6 @@ func decodeCached(p *fold.Pipeline, data []byte) (fold.State, persistence.Positi
 	if n <= 0 {
 		return fold.State{}, 0, fmt.Errorf("cached snapshot: bad position")
 	}
-	s, err := p.UnpackState(data[n:])
+	s, err := p.UnpackCached(data[n:])
 	return s, pos, err
 }

@@ -103,22 +103,41 @@ func TestCachedKeysNeedNoStoreRead(t *testing.T) {
 	if st.CacheBytes <= 0 || st.CacheBytes > 48<<20 {
 		t.Errorf("the cache holds %d bytes: want some, within its 48 MiB", st.CacheBytes)
 	}
-	// Keys whose ids no longer fit their snapshot's core are not cached
-	// when they leave memory again: what the cache held of them before is
-	// not used either.
+	// Keys whose ids no longer fit their snapshot's core (in id buckets)
+	// are cached too when they leave memory again, with their buckets'
+	// numbering: they come back without a store read, remember every id,
+	// and what they store next restores after a restart.
 	const spilled = 20
 	for i := range spilled {
 		for j := range fold.InlineIDs + 2 {
 			hs.ingest(event(fmt.Sprintf("k%d", i), fmt.Sprintf("z%d", j), 1))
 		}
 	}
-	for round := range 2 { // every key through memory: the spilled ones leave it
+	for range 2 { // every key through memory: the spilled ones leave it
+		eventually(t, "the keys to be checkpointed", func() bool { return hs.host.Stats().DirtyKeys == 0 })
 		for i := range keys {
 			hs.query(fmt.Sprintf("k%d", i))
 		}
-		if round == 0 {
-			eventually(t, "the keys to be checkpointed", func() bool { return hs.host.Stats().DirtyKeys == 0 })
+	}
+	eventually(t, "the keys to be checkpointed", func() bool { return hs.host.Stats().DirtyKeys == 0 })
+	var back []string // spilled keys in the cache
+	for i := range spilled {
+		if k := fmt.Sprintf("k%d", i); !actors.InMemory(hs.host, "p", k) && actors.CachedKeys(hs.host, "p", slices.Values([]string{k})) == 1 {
+			back = append(back, k)
 		}
+	}
+	if len(back) < spilled/4 {
+		t.Fatalf("%d of %d keys with ids in buckets left memory into the cache", len(back), spilled)
+	}
+	reads = fs.Calls(faultstore.OpGet)
+	for _, k := range back {
+		// An id of the first part, one of the last, and a new one.
+		if r := hs.ingest(event(k, "z0", 1000), event(k, fmt.Sprintf("z%d", fold.InlineIDs+1), 1000), event(k, "new", 1)); r.Duplicates != 2 {
+			t.Fatalf("%s back from the cache: %+v, want 2 duplicates", k, r)
+		}
+	}
+	if n := fs.Calls(faultstore.OpGet) - reads; n != 0 {
+		t.Errorf("%d store reads for %d keys with ids in buckets back from the cache, want 0", n, len(back))
 	}
 	check := func(hs *harness, when string) {
 		t.Helper()
@@ -127,6 +146,9 @@ func TestCachedKeysNeedNoStoreRead(t *testing.T) {
 			seq, sum := 2, i+1
 			if i < spilled {
 				seq, sum = 2+fold.InlineIDs+2, i+1+fold.InlineIDs+2
+			}
+			if slices.Contains(back, k) {
+				seq, sum = seq+1, sum+1
 			}
 			if v := hs.query(k); v.Seq != uint64(seq) || v.Aggregates["sum"] != float64(sum) {
 				t.Fatalf("%s %s = %+v, want seq %d, sum %d", when, k, v, seq, sum)
@@ -140,6 +162,11 @@ func TestCachedKeysNeedNoStoreRead(t *testing.T) {
 	again := start(t, store, actors.Config{Groups: 4, CacheMemory: -1})
 	defer again.shutdown()
 	check(again, "after a restart:")
+	for _, k := range back {
+		if r := again.ingest(event(k, "z1", 1000), event(k, "new", 1000)); r.Duplicates != 2 {
+			t.Errorf("%s after a restart: %+v, want 2 duplicates", k, r)
+		}
+	}
 }
 
 // A host's cached keys of a group count only while it owns the group in

@@ -425,16 +425,24 @@ func (g *grain) handleHeld(m any) {
 	g.handle(m)
 }
 
+// catchUpSaved tells the key's state what the last checkpoint stored of it
+// (markSaved), if it was not told yet: which parts of its id buckets are
+// stored. Only whoever holds the grain may (its actor, or the host under
+// h.mu for a key without one).
+func (g *grain) catchUpSaved() {
+	if v := g.savedAt.Load(); v > g.stored { // the last checkpoint's
+		g.state.Persisted(v)
+		g.stored = v
+	}
+}
+
 func (g *grain) snapshot() snapshotReply {
 	r := snapshotReply{g: g, pos: g.pos}
 	if g.broken != nil {
 		r.err = g.broken
 		return r
 	}
-	if v := g.savedAt.Load(); v > g.stored { // the last checkpoint's
-		g.state.Persisted(v)
-		g.stored = v
-	}
+	g.catchUpSaved()
 	// The core is encoded after room for the Snapshot's header (or after
 	// the packed form's), sized by the pipeline's last one: one allocation
 	// for the stored bytes.

@@ -23,7 +23,10 @@ cleanup() {
 	rm -rf "$work"
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { free_ports 1; }
+# free_ports N: N distinct free loopback ports (asked one at a time, a port
+# freed by the first ask can come back from the next).
+free_ports() { python3 -c 'import socket, sys; ss = [socket.socket() for _ in range(int(sys.argv[1]))]; [s.bind(("127.0.0.1", 0)) for s in ss]; print(*[s.getsockname()[1] for s in ss])' "$1"; }
 
 go build -o "$work/keyfold" "$root/cmd/keyfold"
 for n in "${counts[@]}"; do
@@ -41,8 +44,7 @@ for n in "${counts[@]}"; do
 		addrs=()
 		npids=()
 		for i in $(seq 1 "$n"); do
-			hport=$(free_port)
-			gport=$(free_port)
+			read -r hport gport < <(free_ports 2)
 			"$work/keyfold" serve --config "$root/examples/quickstart.yaml" --redis "redis://127.0.0.1:$rport" \
 				--cluster bench --http "127.0.0.1:$hport" --grpc "127.0.0.1:$gport" >"$work/node-$i.log" 2>&1 &
 			npids+=($!)

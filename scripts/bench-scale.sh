@@ -56,7 +56,10 @@ cleanup() {
 	rm -rf "$work/redis" "$work/data"
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { free_ports 1; }
+# free_ports N: N distinct free loopback ports (asked one at a time, a port
+# freed by the first ask can come back from the next).
+free_ports() { python3 -c 'import socket, sys; ss = [socket.socket() for _ in range(int(sys.argv[1]))]; [s.bind(("127.0.0.1", 0)) for s in ss]; print(*[s.getsockname()[1] for s in ss])' "$1"; }
 
 go build -o "$work/keyfold" "$root/cmd/keyfold"
 kf=$work/keyfold
@@ -77,16 +80,19 @@ redis=redis://127.0.0.1:$rport
 # http and prof (the bench arguments for its CPU profile, with PROFILES).
 node() {
 	local hport gport
-	hport=$(free_port)
-	gport=$(free_port)
+	local pport
+	read -r hport gport pport < <(free_ports 3)
 	prof=()
-	[ -n "${PROFILES:-}" ] && prof=(--pprof "127.0.0.1:$(free_port)")
+	[ -n "${PROFILES:-}" ] && prof=(--pprof "127.0.0.1:$pport")
 	"$nodebin" serve --config "$config" --http "127.0.0.1:$hport" --grpc "127.0.0.1:$gport" "$@" "${prof[@]}" >>"$work/node.log" 2>&1 &
 	npid=$!
 	pids+=("$npid")
 	http=http://127.0.0.1:$hport
 	grpc=127.0.0.1:$gport
-	until "$kf" health --addr "$grpc" >/dev/null 2>&1; do sleep 0.1; done
+	until "$kf" health --addr "$grpc" >/dev/null 2>&1; do
+		kill -0 "$npid" 2>/dev/null || { echo "the node exited at start:" >&2; tail -5 "$work/node.log" >&2; exit 1; }
+		sleep 0.1
+	done
 }
 stop_node() {
 	kill "$npid"

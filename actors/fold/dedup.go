@@ -318,12 +318,18 @@ func addID[T string | []byte](d *idSet, id T, at int64, width int64) {
 	case d.n > inlineIDs:
 		// Out of the core: none of the buckets is stored yet, so the next
 		// snapshot writes them all.
-		d.spilled = true
-		for c := d.cursor(); c.more(); {
-			off, prevAt := c.off, c.at
-			_, at := c.next()
-			d.count(at/width, int32(off), prevAt)
-		}
+		d.toBuckets(width)
+	}
+}
+
+// toBuckets moves ids held inline into time buckets of width, numbered
+// from 0 (none of them stored).
+func (d *idSet) toBuckets(width int64) {
+	d.spilled = true
+	for c := d.cursor(); c.more(); {
+		off, prevAt := c.off, c.at
+		_, at := c.next()
+		d.count(at/width, int32(off), prevAt)
 	}
 }
 

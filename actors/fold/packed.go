@@ -54,6 +54,11 @@ func (p *Pipeline) AppendPacked(dst []byte, s *State) ([]byte, error) {
 	if !s.OnePart() {
 		return nil, errors.New("fold: pack state: its ids are in buckets")
 	}
+	return p.appendPacked(dst, s)
+}
+
+// appendPacked is AppendPacked of any state, its ids inline.
+func (p *Pipeline) appendPacked(dst []byte, s *State) ([]byte, error) {
 	if !p.packsCore() {
 		return p.AppendState(append(dst, packedProto), s)
 	}

@@ -781,8 +781,8 @@ func TestPartsRandomWalk(t *testing.T) {
 			stored := uint64(0)
 			now := int64(0)
 			next := 0
-			multiSeen, rewrites := 0, 0
-			defer func() { t.Logf("multi %d rewrites %d", multiSeen, rewrites) }()
+			multiSeen, rewrites, cached := 0, 0, 0
+			defer func() { t.Logf("multi %d rewrites %d cached in buckets %d", multiSeen, rewrites, cached) }()
 			for i := range 30000 {
 				now += rng.Int64N(2)
 				if rng.IntN(300) == 0 {
@@ -841,12 +841,26 @@ func TestPartsRandomWalk(t *testing.T) {
 					t.Fatalf("event %d: restored differs:\n%v\n%v", i, stateProto(p, &r), stateProto(p, &s))
 				}
 				if rng.IntN(3) == 0 { // passivation, maybe under a new window
-					if rng.IntN(3) == 0 {
+					switch rng.IntN(3) {
+					case 0:
 						p = pipes[rng.IntN(len(pipes))]
 						rewrites++
 						r, err = p.RestoreParts(ps.core, loadFrom(ps))
 						if err != nil {
 							t.Fatalf("event %d: restore under new window: %v", i, err)
+						}
+					case 1:
+						// Back from the snapshot cache instead: the walk goes
+						// on from it, every later snapshot checked as above.
+						data, err := p.AppendCached(nil, &s)
+						if err != nil {
+							t.Fatalf("event %d: cache a clean state: %v", i, err)
+						}
+						if r, err = p.UnpackCached(data); err != nil {
+							t.Fatalf("event %d: decode a cached state: %v", i, err)
+						}
+						if !s.OnePart() {
+							cached++
 						}
 					}
 					s, stored = r, min(r.Version(), fold.RestoredVersion)
