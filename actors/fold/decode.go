@@ -25,7 +25,7 @@ var errPartUTF8 = errors.New("fold: id bucket part: an id is not valid UTF-8")
 // expired nor already there, as loadIDs does, advancing newest likewise)
 // and returns how many the part holds, and whether one of them is not in
 // bucket b.
-func (p *Pipeline) loadPart(s *State, data []byte, b int64, newest *int64) (n int, misplaced bool, err error) {
+func (p *Pipeline) loadPart(s *State, data []byte, b int64, newest *newestRun) (n int, misplaced bool, err error) {
 	w := p.bucketWidth()
 	for len(data) > 0 {
 		num, typ, tn := consumeTag(data)

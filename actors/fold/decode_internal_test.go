@@ -67,7 +67,7 @@ func FuzzLoadPart(f *testing.F) {
 		var sb keyfoldv1.SeenBucket
 		wantErr := proto.Unmarshal(data, &sb)
 		got := State{now: now}
-		newest := int64(math.MinInt64)
+		newest := newestRun{at: math.MinInt64}
 		n, misplaced, err := p.loadPart(&got, data, b, &newest)
 		if (err != nil) != (wantErr != nil) {
 			t.Fatalf("loadPart(%x): error %v, proto.Unmarshal's %v", data, err, wantErr)
@@ -76,7 +76,7 @@ func FuzzLoadPart(f *testing.F) {
 			return
 		}
 		want := State{now: now}
-		wantNewest := int64(math.MinInt64)
+		wantNewest := newestRun{at: math.MinInt64}
 		p.loadIDs(&want, sb.Ids, &wantNewest)
 		wantMisplaced := false
 		for _, e := range sb.Ids {
@@ -86,7 +86,7 @@ func FuzzLoadPart(f *testing.F) {
 			t.Fatalf("loadPart(%x) = %d ids, misplaced %v; want %d, %v", data, n, misplaced, len(sb.Ids), wantMisplaced)
 		}
 		if newest != wantNewest {
-			t.Fatalf("loadPart(%x) newest %d; want %d", data, newest, wantNewest)
+			t.Fatalf("loadPart(%x) newest %+v; want %+v", data, newest, wantNewest)
 		}
 		g := idsOf(&got)
 		if w := idsOf(&want); !slices.Equal(g, w) {
@@ -100,6 +100,20 @@ func FuzzLoadPart(f *testing.F) {
 				t.Fatalf("loadPart(%x) kept %q at %d twice", data, e.id, e.at)
 			}
 			seen[e] = true
+		}
+		// Of ids that have one time each (as stored ids do), every one not
+		// expired is kept, whatever their order.
+		times := map[string]int64{}
+		for _, e := range sb.Ids {
+			if at, ok := times[e.Id]; ok && at != e.AtMs {
+				return
+			}
+			times[e.Id] = e.AtMs
+		}
+		for id, at := range times {
+			if at > now-p.dedupWindow.Milliseconds() && !seen[seenID{id, at}] {
+				t.Fatalf("loadPart(%x) lost %q at %d", data, id, at)
+			}
 		}
 	})
 }

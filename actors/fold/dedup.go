@@ -63,6 +63,9 @@ type idSet struct {
 	// its snapshots keep the ids in buckets, before inline in the core
 	// (see SnapshotParts). It is cleared when no id is left.
 	spilled bool
+	// scans counts the searches of more than scanIDs ids without an index,
+	// up to indexAfterScans.
+	scans uint8
 }
 
 // scanIDs is the most ids an idSet searches in its log, without an index.
@@ -74,6 +77,19 @@ type idSet struct {
 // of up to 32 ids reads a kilobyte of log in order, about what one probe's
 // cache misses cost. (A variable for tests.)
 var scanIDs int32 = 32
+
+// indexAfterScans is how many searches of more than scanIDs ids (up to
+// maxScanIDs) scan the log before the next builds the index. A key that
+// comes back into memory for an event or two (most keys, past a hundred
+// thousand) is searched once or twice: building its index for that, a
+// hash of every id it remembers, was 7% of the node's CPU once keys
+// remembered a few dozen ids (BENCHMARKS.md, session 37); a key searched
+// more often gets it after these few scans. (A variable for tests.)
+var indexAfterScans uint8 = 4
+
+// maxScanIDs is the most ids a search scans: a set of more is indexed at
+// its first search.
+const maxScanIDs = 256
 
 // inlineIDs is the most ids a key's snapshot holds inline, in its core
 // record: most keys remember a few dozen ids at most, and one record
@@ -188,7 +204,11 @@ func (d *idSet) len() int { return int(d.n) }
 
 func (d *idSet) has(id string) bool {
 	if d.index == nil && d.n > scanIDs {
-		d.reindex() // (sized for the ids there are: no growth on the way)
+		if d.n > maxScanIDs || d.scans >= indexAfterScans {
+			d.reindex() // (sized for the ids there are: no growth on the way)
+		} else {
+			d.scans++
+		}
 	}
 	if x := d.index; x != nil {
 		h := maphash.String(idSeed, id)
@@ -210,6 +230,17 @@ func (d *idSet) has(id string) bool {
 		}
 	}
 	for c := d.cursor(); c.more(); {
+		if e, _ := c.next(); string(e) == id {
+			return true
+		}
+	}
+	return false
+}
+
+// hasFrom reports whether id is among the ids from the one whose entry
+// starts at off (at or after head) to the newest.
+func (d *idSet) hasFrom(off int, id string) bool {
+	for c := (idCursor{d, off, 0}); c.more(); {
 		if e, _ := c.next(); string(e) == id {
 			return true
 		}

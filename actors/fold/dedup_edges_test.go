@@ -252,6 +252,7 @@ func tagTwins(n int) []string {
 // compactions with the index in place. After every step every invariant of
 // the set holds (checkIDSet).
 func TestIDSetEdges(t *testing.T) {
+	indexAtFirstSearch(t)
 	defer func(l int) { narrowLimit = l }(narrowLimit)
 	// Sets of a few dozen ids, most of them indexed: the index's edges.
 	defer func(n int32) { scanIDs = n }(scanIDs)
@@ -421,6 +422,7 @@ func TestIDSetTagTwins(t *testing.T) {
 // longer fit beside the tag, and back once compaction and a rebuild bring
 // the log under it.
 func TestIDSetNarrowLimitExact(t *testing.T) {
+	indexAtFirstSearch(t)
 	const bits = 1<<24 - 1 // the most offset + 1 beside an 8-bit tag
 	ends := []int{bits - 4, bits - 3, bits - 2, bits - 1, bits, bits + 1, bits + 2}
 	if raceBuild {
@@ -808,6 +810,7 @@ func TestIDSetIDsAtTheBodyLimit(t *testing.T) {
 // that the adds after it go on filling it), and a set of scanIDs or
 // fewer is searched in its log and never indexed.
 func TestIDSetIndexBuiltBySearch(t *testing.T) {
+	indexAtFirstSearch(t)
 	var d idSet
 	var m []seenID
 	for i := range int(scanIDs) {
@@ -845,4 +848,36 @@ func TestIDSetIndexBuiltBySearch(t *testing.T) {
 		t.Fatalf("20 more ids: index of %d slots, %d used", len(d.index.slots), d.index.used)
 	}
 	checkIDSet(t, "added to", &d, m, 1000, true)
+}
+
+// indexAtFirstSearch makes the first search of more than scanIDs ids build
+// the index, for the test (tests of the index's edges).
+func indexAtFirstSearch(t *testing.T) {
+	was := indexAfterScans
+	indexAfterScans = 0
+	t.Cleanup(func() { indexAfterScans = was })
+}
+
+// TestIDSetIndexAfterScans: a set of more than scanIDs ids is scanned by
+// its first indexAfterScans searches and indexed by the next; one of more
+// than maxScanIDs at its first; every search answers right either way.
+func TestIDSetIndexAfterScans(t *testing.T) {
+	for _, n := range []int{int(scanIDs) + 1, maxScanIDs, maxScanIDs + 1} {
+		var d idSet
+		for i := range n {
+			d.add(fmt.Sprint("id-", i), int64(i), 1000)
+		}
+		for search := 0; search <= int(indexAfterScans); search++ {
+			wantIndex := n > maxScanIDs || search == int(indexAfterScans)
+			if !d.has(fmt.Sprint("id-", search)) {
+				t.Fatalf("%d ids, search %d: id not found", n, search)
+			}
+			if (d.index != nil) != wantIndex {
+				t.Fatalf("%d ids, after search %d: index %v, want %v", n, search, d.index != nil, wantIndex)
+			}
+		}
+		if d.has("absent") {
+			t.Fatalf("%d ids: has an id never added", n)
+		}
+	}
 }

@@ -142,7 +142,7 @@ func (p *Pipeline) StateFromProto(ks *keyfoldv1.KeyState) (State, error) {
 	if err != nil {
 		return State{}, err
 	}
-	newest := int64(math.MinInt64)
+	newest := newestRun{at: math.MinInt64}
 	p.loadIDs(&s, ks.Seen, &newest)
 	return s, nil
 }
@@ -189,24 +189,51 @@ const RestoredVersion = 1
 // bucket stored whole before buckets had parts shares ids with the part
 // written after it).
 //
-// newest is the latest time of the ids loaded so far (math.MinInt64 for
-// none), which loadIDs advances. An id newer than all of them cannot be
-// one of them (an id has one time: when it was applied), so only the
-// others are searched for: a restore, whose ids come in time order, then
-// neither scans the ids loaded before (up to scanIDs of them, each time)
-// nor indexes them as it goes.
-func (p *Pipeline) loadIDs(s *State, ids []*keyfoldv1.SeenID, newest *int64) {
+// newest is the latest time of the ids loaded so far and where the first of
+// them is in the log (newestRun{at: math.MinInt64} for none), which loadIDs
+// advances. An id has one time, the one it was applied at, so an id newer
+// than all of them cannot be one of them, and one of their time can only
+// be among those of that time, at the end of the log: a restore, whose ids
+// come in time order, neither searches the ids loaded before (up to
+// scanIDs of them, each time) nor indexes them as it goes. (A key's events
+// of one commit share its time: searching all of its ids for those built
+// each restored key's index, BENCHMARKS.md session 37.)
+func (p *Pipeline) loadIDs(s *State, ids []*keyfoldv1.SeenID, newest *newestRun) {
 	for _, e := range ids {
 		p.restoreID(s, e.Id, e.AtMs, newest)
 	}
 }
 
+// newestRun is the time of the newest ids a restore loaded, and the log
+// offset of the first of them (loadIDs).
+type newestRun struct {
+	at  int64
+	off int
+}
+
 // restoreID adds a stored id to a restored state unless it expired or the
 // state holds it already (loadIDs).
-func (p *Pipeline) restoreID(s *State, id string, at int64, newest *int64) {
-	if at > s.now-p.dedupWindow.Milliseconds() && (at > *newest || !s.ids.has(id)) {
-		s.ids.add(id, at, p.bucketWidth())
-		*newest = max(*newest, at)
+func (p *Pipeline) restoreID(s *State, id string, at int64, newest *newestRun) {
+	if at <= s.now-p.dedupWindow.Milliseconds() {
+		return // expired
+	}
+	d := &s.ids
+	switch {
+	case at > newest.at:
+	case at == newest.at:
+		if d.hasFrom(newest.off, id) {
+			return
+		}
+	case d.has(id):
+		return
+	}
+	off := len(d.log) // where add puts it
+	if d.n == 0 {
+		off = 0
+	}
+	d.add(id, at, p.bucketWidth())
+	if at > newest.at {
+		*newest = newestRun{at, off}
 	}
 }
 
@@ -387,8 +414,8 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 	if err != nil {
 		return State{}, err
 	}
-	newest := int64(math.MinInt64)    // (loadIDs)
-	p.loadIDs(&s, core.Seen, &newest) // ids stored inline
+	newest := newestRun{at: math.MinInt64} // (loadIDs)
+	p.loadIDs(&s, core.Seen, &newest)      // ids stored inline
 	// The stored layout is usable as it is only if it is the one this
 	// state would write (inline for a few ids, else buckets; never both)
 	// and every id sits in the bucket this pipeline's width puts it in.
