@@ -3,6 +3,7 @@ package fold_test
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -871,4 +872,73 @@ func TestPartsRandomWalk(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A clean key with ids in buckets of a pipeline with windows (its cached
+// form is its KeyState after the buckets' table, not the positional
+// packing) comes back from the cache's form as it was: the same state,
+// nothing of it to write, and the same answers to old and new ids.
+func TestCachedStateWithWindows(t *testing.T) {
+	p := mustCompile(t, fuzzSpec) // windows; dedup window 3 s
+	var s fold.State
+	now := int64(1_000_000)
+	for i := range 3 * fold.PartIDs {
+		now += 5
+		p.Apply(&s, prepare(t, p, fmt.Sprintf(`{"user_id":"a","event_id":"e%d","ts":%d,"amount":%d}`, i, now, i)), now)
+	}
+	ps := &partsStore{buckets: map[bucketPart][]byte{}}
+	parts, err := p.SnapshotParts(&s, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps.store(parts)
+	s.Persisted(parts.Version)
+	if len(ps.core.GetSeenBuckets()) == 0 {
+		t.Fatal("the ids are inline: the test needs buckets")
+	}
+	data, err := p.AppendCached(nil, &s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := p.UnpackCached(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(stateProto(p, &c), stateProto(p, &s)) {
+		t.Fatal("the cached state differs")
+	}
+	again, err := p.SnapshotParts(&c, fold.RestoredVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(again.Buckets) != 0 {
+		t.Fatalf("the cached state writes %d bucket parts, want none (all stored)", len(again.Buckets))
+	}
+	for _, id := range []string{"e0", fmt.Sprint("e", 3*fold.PartIDs-1), "new"} {
+		ev := prepare(t, p, fmt.Sprintf(`{"user_id":"a","event_id":%q,"ts":%d}`, id, now))
+		if d1, d2 := p.Apply(&s, ev, now), p.Apply(&c, ev, now); d1 != d2 {
+			t.Fatalf("%s: duplicate %v in memory, %v from the cache", id, d1, d2)
+		}
+	}
+	// What each stores next (over the same stored snapshot) restores as
+	// it is.
+	base := ps.clone()
+	for _, x := range []struct {
+		st    *fold.State
+		since uint64
+	}{{&s, parts.Version}, {&c, fold.RestoredVersion}} {
+		ps := base.clone()
+		next, err := p.SnapshotParts(x.st, x.since)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps.store(next)
+		if r := ps.restore(t, p); !reflect.DeepEqual(stateProto(p, &r), stateProto(p, x.st)) {
+			t.Fatal("a restore of what was stored next differs")
+		}
+	}
+}
+
+func (ps *partsStore) clone() *partsStore {
+	return &partsStore{core: proto.Clone(ps.core).(*keyfoldv1.KeyState), buckets: maps.Clone(ps.buckets)}
 }
