@@ -28,7 +28,6 @@ cleanup() {
 	rm -rf "$work"
 }
 trap cleanup EXIT
-free_port() { free_ports 1; }
 # free_ports N: N distinct free loopback ports (asked one at a time, a port
 # freed by the first ask can come back from the next).
 free_ports() { python3 -c 'import socket, sys; ss = [socket.socket() for _ in range(int(sys.argv[1]))]; [s.bind(("127.0.0.1", 0)) for s in ss]; print(*[s.getsockname()[1] for s in ss])' "$1"; }
@@ -37,7 +36,7 @@ kf=$work/keyfold
 nodebin=${NODE_BIN:-$kf}
 limit=$(awk '/^checkpoint_bytes:/{print $2}' "$config")
 limit=$(python3 -c "print(int(${limit:-67108864} * $fraction))")
-read -r hport gport < <(free_ports 2)
+read -r hport gport pport < <(free_ports 3) # (pport: the restarted node's profile)
 metrics() { curl -s "http://127.0.0.1:$hport/metrics" | awk '/^keyfold_log_bytes_unchecked /{printf "%d", $2}'; }
 
 "$nodebin" serve --config "$config" --data "$work/data" --http "127.0.0.1:$hport" --grpc "127.0.0.1:$gport" >"$work/node1.log" 2>&1 &
@@ -62,7 +61,6 @@ wait "$bench" 2>/dev/null || true
 
 prof=()
 if [ -n "${PROFILE:-}" ]; then
-	pport=$(free_port)
 	prof=(--pprof "127.0.0.1:$pport")
 fi
 t0=$(date +%s.%N)
