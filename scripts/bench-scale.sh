@@ -79,8 +79,7 @@ redis=redis://127.0.0.1:$rport
 # node STORE_ARGS...: start a node, wait until it is ready; sets npid, grpc,
 # http and prof (the bench arguments for its CPU profile, with PROFILES).
 node() {
-	local hport gport
-	local pport
+	local hport gport pport
 	read -r hport gport pport < <(free_ports 3)
 	prof=()
 	[ -n "${PROFILES:-}" ] && prof=(--pprof "127.0.0.1:$pport")

@@ -82,10 +82,7 @@ func (p *Pipeline) UnpackCached(data []byte) (State, error) {
 	if r.err != nil {
 		return State{}, fmt.Errorf("fold: cached state: %w", r.err)
 	}
-	if len(r.b) > 0 && r.b[0] == packedBuckets {
-		return State{}, errors.New("fold: cached state: nested")
-	}
-	s, err := p.UnpackState(r.b)
+	s, err := p.UnpackState(r.b) // (which refuses a nested table)
 	if err != nil {
 		return State{}, err
 	}
@@ -109,11 +106,7 @@ func (p *Pipeline) restoreBuckets(s *State, table []bucketInfo) error {
 	if d.n > 0 && !d.spilled {
 		d.toBuckets(p.bucketWidth()) // a few ids left: still in buckets, as in memory
 	}
-	for i := range d.buckets {
-		if _, ok := findBucket(table, d.buckets[i].bucket); !ok {
-			return fmt.Errorf("id bucket %d is not in the table", d.buckets[i].bucket)
-		}
-	}
+	found := 0 // of the state's buckets
 	for _, e := range table {
 		i, ok := d.find(e.bucket)
 		if !ok { // every id of it expired: it goes
@@ -121,6 +114,7 @@ func (p *Pipeline) restoreBuckets(s *State, table []bucketInfo) error {
 			d.gone = append(d.gone, goneBucket{bucket: e.bucket, version: s.version, parts: partsOf(e.added)})
 			continue
 		}
+		found++
 		bi := &d.buckets[i]
 		if e.added < bi.count {
 			return fmt.Errorf("id bucket %d numbered %d ids, holds %d", e.bucket, e.added, bi.count)
@@ -128,15 +122,8 @@ func (p *Pipeline) restoreBuckets(s *State, table []bucketInfo) error {
 		bi.added, bi.saved = e.added, e.added
 		d.renumbered(bi)
 	}
-	return nil
-}
-
-// findBucket finds bucket b in a table (of 17 buckets or so).
-func findBucket(table []bucketInfo, b int64) (int, bool) {
-	for i := range table {
-		if table[i].bucket == b {
-			return i, true
-		}
+	if found != len(d.buckets) { // (the table's buckets are distinct)
+		return fmt.Errorf("%d id buckets hold ids, the table lists %d of them", len(d.buckets), found)
 	}
-	return 0, false
+	return nil
 }

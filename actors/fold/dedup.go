@@ -151,7 +151,10 @@ const legacyPartIDs = 256
 
 // partsOf is the number of parts of a bucket whose ids were numbered up to
 // added.
-func partsOf(added int) int { return (added + partIDs - 1) / partIDs }
+func partsOf(added int) int { return partsOfSize(added, partIDs) }
+
+// partsOfSize is partsOf for parts of size ids (a stored layout's).
+func partsOfSize(added, size int) int { return (added + size - 1) / size }
 
 type bucketInfo struct {
 	bucket int64

@@ -459,7 +459,7 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 		// after RestoredVersion, and the old ones deleted.
 		s.version = RestoredVersion + 1
 		for bi, b := range core.SeenBuckets {
-			s.ids.gone = append(s.ids.gone, goneBucket{bucket: b, version: s.version, parts: max(stored[bi], (added[b]+size-1)/size)})
+			s.ids.gone = append(s.ids.gone, goneBucket{bucket: b, version: s.version, parts: max(stored[bi], partsOfSize(added[b], size))})
 		}
 		return s, nil
 	}
@@ -473,7 +473,7 @@ func (p *Pipeline) RestoreParts(core *keyfoldv1.KeyState, load func(bucket int64
 	for bi, b := range core.SeenBuckets {
 		if _, ok := s.ids.find(b); !ok { // every id of it expired: it goes
 			s.version = max(s.version, RestoredVersion+1)
-			s.ids.gone = append(s.ids.gone, goneBucket{bucket: b, version: s.version, parts: max(stored[bi], (added[b]+size-1)/size)})
+			s.ids.gone = append(s.ids.gone, goneBucket{bucket: b, version: s.version, parts: max(stored[bi], partsOfSize(added[b], size))})
 		}
 	}
 	return s, nil
