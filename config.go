@@ -81,9 +81,14 @@ type Config struct {
 	// node (default 30s).
 	CheckpointInterval time.Duration `yaml:"checkpoint_interval"`
 	// CheckpointBytes starts a checkpoint once this many bytes were logged
-	// since the last one began (default 64 MiB): it bounds the replay after
-	// a crash by the log's size.
-	CheckpointBytes int64 `yaml:"checkpoint_bytes"`
+	// since the last one began (default 64 MiB), if the keys changed since
+	// took two events each on average; CheckpointMaxBytes whatever they
+	// took (default 4 × CheckpointBytes). The latter bounds the replay
+	// after a crash by the log's size; the former spares a checkpoint that
+	// would write about a snapshot per event (many more keys than events
+	// between two checkpoints).
+	CheckpointBytes    int64 `yaml:"checkpoint_bytes"`
+	CheckpointMaxBytes int64 `yaml:"checkpoint_max_bytes"`
 	// IdleTimeout passivates keys idle this long (default 5m).
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
 	// MaxActiveKeys bounds the keys with an actor: the recently used ones.
@@ -232,6 +237,9 @@ func (c Config) withDefaults() Config {
 	if c.CheckpointBytes == 0 {
 		c.CheckpointBytes = actors.DefaultCheckpointBytes
 	}
+	if c.CheckpointMaxBytes == 0 {
+		c.CheckpointMaxBytes = actors.CheckpointMaxBytesFor(c.CheckpointBytes)
+	}
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = actors.DefaultIdleTimeout
 	}
@@ -317,6 +325,9 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 	if maxMemory := c.maxMemory(); maxMemory > 0 && c.CacheMemory > maxMemory {
 		errs = append(errs, fmt.Errorf("keyfold: config: cache_memory %d is more than max_memory %d, of which it is a part", c.CacheMemory, maxMemory))
 	}
+	if start := cmp.Or(c.CheckpointBytes, actors.DefaultCheckpointBytes); c.CheckpointMaxBytes > 0 && c.CheckpointMaxBytes < start {
+		errs = append(errs, fmt.Errorf("keyfold: config: checkpoint_max_bytes %d is less than checkpoint_bytes %d, the log at which a checkpoint may start", c.CheckpointMaxBytes, start))
+	}
 	if c.GoMemoryLimit > 0 && c.GoMemoryLimit < MinGoMemoryLimit {
 		errs = append(errs, fmt.Errorf("keyfold: config: go_memory_limit %d is below %d MiB, too little for a node's process (negative: no limit)", c.GoMemoryLimit, MinGoMemoryLimit>>20))
 	}
@@ -337,6 +348,7 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 	}{
 		{"checkpoint_interval", int64(c.CheckpointInterval)},
 		{"checkpoint_bytes", c.CheckpointBytes},
+		{"checkpoint_max_bytes", c.CheckpointMaxBytes},
 		{"idle_timeout", int64(c.IdleTimeout)},
 		{"max_active_keys", int64(c.MaxActiveKeys)},
 		{"max_memory", c.MaxMemory},

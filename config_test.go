@@ -116,6 +116,12 @@ func TestValidate(t *testing.T) {
 		{"cache beyond the default max_memory", Config{Pipelines: good, CacheMemory: 2 << 30}, []string{
 			"cache_memory 2147483648 is more than max_memory 1073741824, of which it is a part",
 		}},
+		// checkpoint_max_bytes is checked against the checkpoint_bytes in
+		// effect: the default when unset.
+		{"checkpoints wait up to a bound", Config{Pipelines: good, CheckpointBytes: 1 << 20, CheckpointMaxBytes: 1 << 20}, nil},
+		{"checkpoint bound below the start", Config{Pipelines: good, CheckpointMaxBytes: 32 << 20}, []string{
+			"checkpoint_max_bytes 33554432 is less than checkpoint_bytes 67108864",
+		}},
 		{"huge pages on and off", Config{Pipelines: good, HugePages: "off"}, nil},
 		{"huge pages misspelt", Config{Pipelines: good, HugePages: "true"}, []string{`huge_pages "true": want on or off`}},
 		{"cluster without grpc", Config{Pipelines: good, Redis: "redis://127.0.0.1:6379", Cluster: "c", Advertise: "h:1"},
@@ -200,6 +206,7 @@ func TestWithDefaults(t *testing.T) {
 		DataDir:            DefaultDataDir,
 		CheckpointInterval: actors.DefaultCheckpointInterval,
 		CheckpointBytes:    actors.DefaultCheckpointBytes,
+		CheckpointMaxBytes: actors.DefaultCheckpointWait * actors.DefaultCheckpointBytes,
 		IdleTimeout:        actors.DefaultIdleTimeout,
 		MaxMemory:          actors.DefaultMaxMemory,
 		MaxBodyBytes:       DefaultMaxBodyBytes,
@@ -214,7 +221,7 @@ func TestWithDefaults(t *testing.T) {
 	}
 
 	// Set fields are kept; HTTPAddr stays empty for embedders.
-	set := Config{DataDir: "d", KeyGroups: 8, CheckpointInterval: time.Second, CheckpointBytes: 1 << 20, IdleTimeout: time.Minute,
+	set := Config{DataDir: "d", KeyGroups: 8, CheckpointInterval: time.Second, CheckpointBytes: 1 << 20, CheckpointMaxBytes: 3 << 20, IdleTimeout: time.Minute,
 		MaxActiveKeys: 10, MaxMemory: 1 << 25, MaxBodyBytes: 1024, ShutdownTimeout: time.Millisecond, MaxConcurrentIngests: 3,
 		MaxIngestBytes: 1 << 20, MaxBatchEvents: 7}
 	got := set.withDefaults()

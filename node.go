@@ -261,6 +261,7 @@ func (n *Node) run(ctx context.Context) (err error) {
 		Groups:             groups,
 		CheckpointInterval: n.cfg.CheckpointInterval,
 		CheckpointBytes:    n.cfg.CheckpointBytes,
+		CheckpointMaxBytes: n.cfg.CheckpointMaxBytes,
 		IdleTimeout:        n.cfg.IdleTimeout,
 		MaxActive:          n.cfg.MaxActiveKeys,
 		MaxMemory:          n.cfg.MaxMemory,

@@ -23,8 +23,11 @@ const checkpointParallelism = 16
 // checkpoint writes, for every group with changed keys, the snapshots of
 // those keys and then advances the group's checkpoint position (trimming its
 // log), so replay after a crash starts there. The loop runs one every
-// CheckpointInterval, and earlier once CheckpointBytes were logged since the
-// last one began or a group has CheckpointRecords above its checkpoint.
+// CheckpointInterval, and earlier as checkpointDue says: once
+// CheckpointBytes were logged since the last one began or a group has
+// CheckpointRecords above its checkpoint, if the keys changed since took two
+// deliveries each, and at CheckpointMaxBytes (or records in that
+// proportion) whatever they took.
 //
 // (Checkpointing a few groups at a time as they come due, instead of all
 // at once, was tried and measured: the ack p99 at half load got worse, on
@@ -32,7 +35,8 @@ const checkpointParallelism = 16
 func (h *Host) checkpoint(ctx context.Context) error {
 	begin := time.Now()
 	h.sinceCheckpoint.Store(0) // what is logged from here on is the next one's
-	var groups errgroup.Group  // every group is tried; the first error is returned
+	h.deliveredSince.Store(0)
+	var groups errgroup.Group // every group is tried; the first error is returned
 	groups.SetLimit(checkpointParallelism)
 	n, logged := 0, int64(0)
 	for g := range h.cfg.Groups {

@@ -298,7 +298,9 @@ func (h *Host) commit(reqs []*ingestReq) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var lost map[uint32]persistence.Epoch
-	var bytes int64 // logged and handed to the grains, towards CheckpointBytes
+	// Logged and handed to the grains: bytes towards CheckpointBytes, and
+	// deliveries (checkpointDeliveriesPerKey).
+	var bytes, delivered int64
 	for i, gb := range groups {
 		pos := persistence.Position(0)
 		if i < len(positions) {
@@ -362,10 +364,12 @@ func (h *Host) commit(reqs []*ingestReq) {
 		gs.dispatched = pos
 		gs.appended += int64(len(entries[i].Data))
 		bytes += int64(len(entries[i].Data))
+		delivered += int64(len(gb.keys))
 		if gs.unchecked() >= uint64(h.cfg.CheckpointRecords) {
 			h.nudgeCheckpoint()
 		}
 	}
+	h.deliveredSince.Add(delivered)
 	if h.sinceCheckpoint.Add(bytes) >= h.cfg.CheckpointBytes {
 		h.nudgeCheckpoint()
 	}
@@ -530,14 +534,25 @@ func (h *Host) nudgePassivate() {
 	}
 }
 
-// checkpointDue reports whether a checkpoint is due ahead of the interval:
-// what nudges the loop still holds. A nudge made while a checkpoint ran
-// (a commit saw its group's records above a checkpoint position that
-// checkpoint was about to advance) is stale once it ends: acting on it
-// wrote a second checkpoint of the keys changed meanwhile, at a million
-// keys some 5-25% more snapshots (BENCHMARKS.md, session 15).
+// checkpointDue reports whether a checkpoint is due ahead of the interval.
+// The loop asks it when nudged, and a nudge can be stale: one made while a
+// checkpoint ran (a commit saw its group's records above a checkpoint
+// position that checkpoint was about to advance) is covered once it ends,
+// and acting on it wrote a second checkpoint of the keys changed
+// meanwhile, at a million keys some 5-25% more snapshots (BENCHMARKS.md,
+// session 15).
+//
+// Past CheckpointBytes (or a group's CheckpointRecords) a checkpoint is due
+// once the keys changed since the last one began took
+// checkpointDeliveriesPerKey deliveries each on average, and at
+// CheckpointMaxBytes (or checkpointMaxRecords) whatever they took: a
+// million keys under a uniform load take less than one event each in 64
+// MiB of log, and a checkpoint then wrote a snapshot per event logged
+// (BENCHMARKS.md, session 38). A memory budget full of changed keys
+// (resident.needsCheckpoint) does not wait.
 func (h *Host) checkpointDue() bool {
-	if h.sinceCheckpoint.Load() >= h.cfg.CheckpointBytes {
+	logged := h.sinceCheckpoint.Load()
+	if logged >= h.cfg.CheckpointMaxBytes {
 		return true
 	}
 	h.mu.Lock()
@@ -545,12 +560,20 @@ func (h *Host) checkpointDue() bool {
 	if h.resident.needsCheckpoint() { // as evictLocked nudges
 		return true
 	}
+	due, changed, most := logged >= h.cfg.CheckpointBytes, 0, h.cfg.checkpointMaxRecords()
 	for i := range h.groups { // as commit nudges
-		if gs := &h.groups[i]; gs.ready && gs.unchecked() >= uint64(h.cfg.CheckpointRecords) {
+		gs := &h.groups[i]
+		changed += len(gs.dirty) + gs.spilled
+		if !gs.ready {
+			continue
+		}
+		if u := gs.unchecked(); u >= most {
 			return true
+		} else if u >= uint64(h.cfg.CheckpointRecords) {
+			due = true
 		}
 	}
-	return false
+	return due && h.deliveredSince.Load() >= checkpointDeliveriesPerKey*int64(changed)
 }
 
 func (h *Host) nudgeCheckpoint() {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"time"
 
@@ -34,6 +35,16 @@ type Config struct {
 	// written once (a checkpoint's cost follows the keys that changed, not
 	// the events).
 	CheckpointBytes int64
+	// CheckpointMaxBytes bounds the log between checkpoints, and so the
+	// replay after a crash. Past CheckpointBytes (or CheckpointRecords) a
+	// checkpoint waits, up to this bound, while the keys changed since the
+	// last one took fewer than two deliveries each on average
+	// (checkpointDeliveriesPerKey): with many more keys than events between
+	// two checkpoints (a million keys, uniform) nearly every event would
+	// otherwise be followed by a snapshot of its key, which costs about as
+	// much as the event. 0: 4 × CheckpointBytes. Equal to CheckpointBytes:
+	// a checkpoint never waits.
+	CheckpointMaxBytes int64
 	// CheckpointRecords triggers a checkpoint early once any group's log has
 	// this many records above its checkpoint. 0: one per 64 KiB of
 	// CheckpointBytes, at least DefaultCheckpointRecords (a commit writes a
@@ -83,6 +94,7 @@ const (
 	DefaultCheckpointInterval = 30 * time.Second
 	DefaultCheckpointBytes    = 64 << 20
 	DefaultCheckpointRecords  = 1000
+	DefaultCheckpointWait     = 4 // CheckpointMaxBytes's default, in CheckpointBytes
 	DefaultIdleTimeout        = 5 * time.Minute
 	DefaultMaxActive          = 100_000
 	DefaultMaxMemory          = 1 << 30
@@ -95,8 +107,36 @@ const (
 	DefaultOutputInterval    = 100 * time.Millisecond
 )
 
+// CheckpointMaxBytesFor is CheckpointMaxBytes's default for a
+// CheckpointBytes: DefaultCheckpointWait times it.
+func CheckpointMaxBytesFor(checkpointBytes int64) int64 {
+	if checkpointBytes > math.MaxInt64/DefaultCheckpointWait {
+		return math.MaxInt64
+	}
+	return DefaultCheckpointWait * checkpointBytes
+}
+
 // checkpointBytesPerRecord derives CheckpointRecords from CheckpointBytes.
 const checkpointBytesPerRecord = 64 << 10
+
+// checkpointDeliveriesPerKey is what a checkpoint past CheckpointBytes waits
+// for (up to CheckpointMaxBytes): deliveries (a key's events of one commit)
+// since the last checkpoint began, per key changed since. At one each, a
+// checkpoint writes a snapshot per event; at two, half as many, for about
+// 1.6 events per key logged between checkpoints when keys are uniform.
+const checkpointDeliveriesPerKey = 2
+
+// checkpointMaxRecords is CheckpointRecords scaled as CheckpointMaxBytes
+// scales CheckpointBytes: the records in a group above its checkpoint at
+// which a checkpoint no longer waits.
+func (c *Config) checkpointMaxRecords() uint64 {
+	ratio := uint64(max(c.CheckpointMaxBytes/max(c.CheckpointBytes, 1), 1))
+	records := uint64(max(c.CheckpointRecords, 0))
+	if records > math.MaxUint64/ratio {
+		return math.MaxUint64
+	}
+	return records * ratio
+}
 
 // storeTimeout bounds one store call of the write path (an append, a
 // checkpoint, a snapshot read): a store that hangs fails the call, which
@@ -113,6 +153,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.CheckpointBytes == 0 {
 		c.CheckpointBytes = DefaultCheckpointBytes
+	}
+	if c.CheckpointMaxBytes == 0 {
+		c.CheckpointMaxBytes = CheckpointMaxBytesFor(c.CheckpointBytes)
 	}
 	if c.CheckpointRecords == 0 {
 		c.CheckpointRecords = int(max(c.CheckpointBytes/checkpointBytesPerRecord, DefaultCheckpointRecords))
@@ -203,12 +246,16 @@ func (c *Config) Validate() error {
 	if c.MaxMemory > 0 && c.CacheMemory > c.MaxMemory {
 		errs = append(errs, fmt.Errorf("actors: config: CacheMemory %d is more than MaxMemory %d, of which it is a part", c.CacheMemory, c.MaxMemory))
 	}
+	if c.CheckpointMaxBytes > 0 && c.CheckpointMaxBytes < c.CheckpointBytes {
+		errs = append(errs, fmt.Errorf("actors: config: CheckpointMaxBytes %d is less than CheckpointBytes %d, the log at which a checkpoint may start", c.CheckpointMaxBytes, c.CheckpointBytes))
+	}
 	for _, v := range []struct {
 		name string
 		bad  bool
 	}{
 		{"CheckpointInterval", c.CheckpointInterval < 0},
 		{"CheckpointBytes", c.CheckpointBytes < 0},
+		{"CheckpointMaxBytes", c.CheckpointMaxBytes < 0},
 		{"CheckpointRecords", c.CheckpointRecords < 0},
 		{"IdleTimeout", c.IdleTimeout < 0},
 		{"MaxActive", c.MaxActive < 0},

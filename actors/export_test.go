@@ -166,3 +166,7 @@ func WatchGrain(h *Host, pipeline, key string) func() bool {
 		return w.Value() == nil
 	}
 }
+
+// CheckpointDue reports whether the checkpoint loop, nudged now, would
+// start a checkpoint.
+func CheckpointDue(h *Host) bool { return h.checkpointDue() }

@@ -74,7 +74,10 @@ type Host struct {
 	// sinceCheckpoint counts the bytes logged since the last checkpoint
 	// began (see CheckpointBytes).
 	sinceCheckpoint atomic.Int64
-	lostNow         chan struct{} // wakes the take-over loop
+	// deliveredSince counts the deliveries (a key's events of one commit)
+	// handed to keys since then (see checkpointDeliveriesPerKey).
+	deliveredSince atomic.Int64
+	lostNow        chan struct{} // wakes the take-over loop
 
 	failed   atomic.Pointer[error]
 	failOnce sync.Once

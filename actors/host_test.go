@@ -636,6 +636,65 @@ func TestCheckpointFollowsLogBytes(t *testing.T) {
 	}
 }
 
+// TestCheckpointWaitsForRepeatedKeys: past CheckpointBytes a checkpoint
+// waits while the keys changed since the last one took fewer than two
+// deliveries each (it would write about a snapshot per event), and starts
+// once they took two, or at CheckpointMaxBytes whatever they took.
+func TestCheckpointWaitsForRepeatedKeys(t *testing.T) {
+	const begin, most = 4 << 10, 32 << 10
+	cfg := actors.Config{Groups: 4, CheckpointInterval: time.Hour, CheckpointRecords: 1 << 30,
+		CheckpointBytes: begin, CheckpointMaxBytes: most}
+	// newKeys sends an event to each of n keys never sent one, and
+	// returns their names.
+	next := 0
+	newKeys := func(hs *harness, n int) []string {
+		var keys []string
+		for range n {
+			keys = append(keys, fmt.Sprintf("k%d", next))
+			hs.ingest(event(keys[len(keys)-1], fmt.Sprint(next), 1))
+			next++
+		}
+		return keys
+	}
+	waiting := func(t *testing.T, hs *harness, when string) {
+		t.Helper()
+		if actors.CheckpointDue(hs.host) {
+			t.Fatalf("%s: a checkpoint is due", when)
+		}
+		if st := hs.host.Stats(); st.Checkpoints != 0 || st.LoggedBytes < begin || st.LoggedBytes >= most {
+			t.Fatalf("%s: %d group checkpoints, %d bytes logged; want none, between %d and %d", when, st.Checkpoints, st.LoggedBytes, begin, most)
+		}
+	}
+
+	t.Run("keys sent to again", func(t *testing.T) {
+		hs := start(t, openStore(t, t.TempDir()), cfg)
+		defer hs.shutdown()
+		var keys []string
+		for st := hs.host.Stats(); st.LoggedBytes < 2*begin && st.Checkpoints == 0; st = hs.host.Stats() {
+			keys = append(keys, newKeys(hs, 10)...)
+		}
+		waiting(t, hs, fmt.Sprintf("%d keys, one event each", len(keys)))
+		for i, k := range keys[:len(keys)-1] { // one short of two each
+			hs.ingest(event(k, fmt.Sprintf("again%d", i), 1))
+		}
+		waiting(t, hs, "every key but one sent to twice")
+		hs.ingest(event(keys[len(keys)-1], "again", 1))
+		eventually(t, "a checkpoint once the keys took two deliveries each", func() bool { return hs.host.Stats().Checkpoints > 0 })
+	})
+	t.Run("new keys up to the bound", func(t *testing.T) {
+		hs := start(t, openStore(t, t.TempDir()), cfg)
+		defer hs.shutdown()
+		for st := hs.host.Stats(); st.LoggedBytes < most-(1<<10) && st.Checkpoints == 0; st = hs.host.Stats() {
+			newKeys(hs, 1)
+		}
+		waiting(t, hs, "new keys, one event each, just below the bound")
+		for hs.host.Stats().Checkpoints == 0 && hs.host.Stats().LoggedBytes < most {
+			newKeys(hs, 1)
+		}
+		eventually(t, "a checkpoint at the bound", func() bool { return hs.host.Stats().Checkpoints > 0 })
+	})
+}
+
 // TestCheckpointWritesWhatChanged: a checkpoint writes the snapshots of the
 // keys changed since the last one, once each however many events they
 // took, and Stats.Snapshots counts them.

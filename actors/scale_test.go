@@ -77,8 +77,10 @@ func BenchmarkIngestKeysBeyondMemory(b *testing.B) {
 //
 //	go test -run '^$' -bench IngestKeysCheckpoints -benchtime 4000000x ./actors
 //
-// ckpt=256MiB raises CheckpointBytes to 256 MiB and CheckpointRecords to
-// 4000; cache=64MiB gives the snapshot cache 64 MiB of max_memory instead of
+// nowait checkpoints at CheckpointBytes whatever the keys took
+// (CheckpointMaxBytes equal to it: the rule before session 38);
+// ckpt=256MiB checkpoints at 256 MiB (CheckpointBytes and CheckpointMaxBytes)
+// and raises CheckpointRecords to 4000; cache=64MiB gives the snapshot cache 64 MiB of max_memory instead of
 // half, so that the resident tier holds most keys (and their changes:
 // changed keys stay in memory until a checkpoint, and the budget asks for
 // one when they fill it); mem=4GiB holds every key in memory; unpacked
@@ -91,10 +93,11 @@ func BenchmarkIngestKeysCheckpoints(b *testing.B) {
 		cfg  actors.Config
 	}{
 		{"default", actors.Config{}},
-		{"ckpt=256MiB", actors.Config{CheckpointBytes: fewer, CheckpointRecords: records}},
-		{"ckpt=256MiB/cache=64MiB", actors.Config{CheckpointBytes: fewer, CheckpointRecords: records, CacheMemory: 64 << 20}},
+		{"nowait", actors.Config{CheckpointMaxBytes: actors.DefaultCheckpointBytes}},
+		{"ckpt=256MiB", actors.Config{CheckpointBytes: fewer, CheckpointMaxBytes: fewer, CheckpointRecords: records}},
+		{"ckpt=256MiB/cache=64MiB", actors.Config{CheckpointBytes: fewer, CheckpointMaxBytes: fewer, CheckpointRecords: records, CacheMemory: 64 << 20}},
 		{"mem=4GiB", actors.Config{MaxMemory: 4 << 30}},
-		{"mem=4GiB/ckpt=256MiB", actors.Config{MaxMemory: 4 << 30, CheckpointBytes: fewer, CheckpointRecords: records}},
+		{"mem=4GiB/ckpt=256MiB", actors.Config{MaxMemory: 4 << 30, CheckpointBytes: fewer, CheckpointMaxBytes: fewer, CheckpointRecords: records}},
 	} {
 		b.Run(c.name, func(b *testing.B) { benchIngestKeys(b, 1_000_000, true, c.cfg) })
 	}

@@ -103,7 +103,7 @@ type Stats struct {
 	Snapshots   int64 // key snapshots written by checkpoints (keys changed since their last)
 	Replayed    int64 // log records replayed by take-overs (at start and after a loss)
 	// LoggedBytes is the size of the log records above the groups'
-	// checkpoints: what a restart would replay (about CheckpointBytes at
+	// checkpoints: what a restart would replay (about CheckpointMaxBytes at
 	// most).
 	LoggedBytes int64
 	Activations int64 // keys given an actor: from the resident tier or the store

@@ -2,8 +2,8 @@
 # Recovery after a crash, measured: one embedded node under the load of
 # scripts/bench-scale.sh (keyfold bench over gRPC IngestStream, uniform
 # keys, every key preloaded), killed with SIGKILL once the log above its
-# checkpoints (keyfold_log_bytes_unchecked) reaches FRACTION of
-# checkpoint_bytes, then restarted on the same data directory; prints the
+# checkpoints (keyfold_log_bytes_unchecked) reaches FRACTION of the replay
+# bound (checkpoint_max_bytes), then restarted on the same data directory; prints the
 # log it had to replay and how long until the restarted node was ready
 # (`keyfold health`), with the node's own "recovered" line (records
 # replayed, keys activated, time).
@@ -34,8 +34,10 @@ free_ports() { python3 -c 'import socket, sys; ss = [socket.socket() for _ in ra
 go build -o "$work/keyfold" "$root/cmd/keyfold"
 kf=$work/keyfold
 nodebin=${NODE_BIN:-$kf}
-limit=$(awk '/^checkpoint_bytes:/{print $2}' "$config")
-limit=$(python3 -c "print(int(${limit:-67108864} * $fraction))")
+# The replay bound: checkpoint_max_bytes, by default 4 × checkpoint_bytes.
+start_bytes=$(awk '/^checkpoint_bytes:/{print $2}' "$config")
+limit=$(awk '/^checkpoint_max_bytes:/{print $2}' "$config")
+limit=$(python3 -c "print(int((${limit:-0} or 4 * ${start_bytes:-67108864}) * $fraction))")
 read -r hport gport pport < <(free_ports 3) # (pport: the restarted node's profile)
 metrics() { curl -s "http://127.0.0.1:$hport/metrics" | awk '/^keyfold_log_bytes_unchecked /{printf "%d", $2}'; }
 

@@ -62,6 +62,8 @@ const (
 	// Checkpoints every few MiB of log: changed keys leave memory into the
 	// spill without one, so the budget alone no longer forces them, and the
 	// keys must reach the store (and the snapshot cache) during the test.
+	// checkpoint_max_bytes the same: with more keys than events a
+	// checkpoint would otherwise wait for four times as much.
 	scaleCheckpointBytes = 4 << 20
 	scaleStreams         = 8
 	scaleWindow          = 8 // batches in flight per stream
@@ -73,6 +75,7 @@ max_active_keys: %d
 max_memory: %d
 cache_memory: %d
 checkpoint_bytes: %d
+checkpoint_max_bytes: %d
 pipelines:
   scale:
     key: k
@@ -80,7 +83,7 @@ pipelines:
     aggregates:
       n:     { op: count }
       total: { op: sum, field: v }
-`, scaleGroups, scaleMaxActive, scaleMaxMemory, scaleCache, scaleCheckpointBytes)
+`, scaleGroups, scaleMaxActive, scaleMaxMemory, scaleCache, scaleCheckpointBytes, scaleCheckpointBytes)
 
 var grpcListeningRE = regexp.MustCompile(`msg=listening grpc=(\S+)`)
 

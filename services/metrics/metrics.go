@@ -43,7 +43,7 @@ func RegisterHost(reg prometheus.Registerer, stats func() actors.Stats) error {
 		counter("activations_cached_total", "Key actors activated from the snapshot cache, without a store read.", func(s actors.Stats) float64 { return float64(s.CacheHits) }),
 		counter("activations_cache_misses_total", "Key actors activated from the store after the snapshot cache did not have them.", func(s actors.Stats) float64 { return float64(s.CacheMisses) }),
 		counter("activations_resident_total", "Key actors activated from memory (the resident tier), without a store read.", func(s actors.Stats) float64 { return float64(s.Unparked) }),
-		gauge("log_bytes_unchecked", "Bytes of the key-group logs above their checkpoints: what a restart would replay (about checkpoint_bytes at most).", func(s actors.Stats) float64 { return float64(s.LoggedBytes) }),
+		gauge("log_bytes_unchecked", "Bytes of the key-group logs above their checkpoints: what a restart would replay (about checkpoint_max_bytes at most).", func(s actors.Stats) float64 { return float64(s.LoggedBytes) }),
 		gauge("dirty_keys", "Keys changed since their last snapshot (spilled ones included).", func(s actors.Stats) float64 { return float64(s.DirtyKeys) }),
 		gauge("spilled_keys", "Changed keys that left memory packed (the spill) until their key group's next checkpoint.", func(s actors.Stats) float64 { return float64(s.SpilledKeys) }),
 		gauge("spilled_bytes", "Memory of the spill (outside the Go heap's pointers; part of resident_bytes).", func(s actors.Stats) float64 { return float64(s.SpilledBytes) }),
