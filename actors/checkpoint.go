@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/keyfold/keyfold/persistence"
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -31,11 +33,22 @@ const checkpointParallelism = 16
 //
 // (Checkpointing a few groups at a time as they come due, instead of all
 // at once, was tried and measured: the ack p99 at half load got worse, on
-// Redis 38 -> 484 ms. BENCHMARKS.md, session 9; branch paced-checkpoints.)
-func (h *Host) checkpoint(ctx context.Context) error {
+// Redis 38 -> 484 ms. BENCHMARKS.md, session 9; branch paced-checkpoints.
+// What paces a round now is a rate of snapshots over all its groups.)
+//
+// A round of the loop (paced) spreads its snapshots over paceShare of the
+// time since the loop's last round began (roundPace); the final one at
+// shutdown runs as fast as it can.
+func (h *Host) checkpoint(ctx context.Context, paced bool) error {
 	begin := time.Now()
 	h.sinceCheckpoint.Store(0) // what is logged from here on is the next one's
 	h.deliveredSince.Store(0)
+	var pace *pacer
+	if paced {
+		pace = h.roundPace(begin)
+		h.pacing.Store(pace)
+		defer h.pacing.Store(nil)
+	}
 	var groups errgroup.Group // every group is tried; the first error is returned
 	groups.SetLimit(checkpointParallelism)
 	n, logged := 0, int64(0)
@@ -47,12 +60,86 @@ func (h *Host) checkpoint(ctx context.Context) error {
 		h.mu.Unlock()
 		if !skip {
 			n++
-			groups.Go(func() error { return h.checkpointGroup(ctx, g) })
+			groups.Go(func() error { return h.checkpointGroup(ctx, g, pace) })
 		}
 	}
 	err := groups.Wait()
-	h.log.Debug("checkpoint", "groups", n, "log_bytes", logged, "took", time.Since(begin), "err", err)
+	h.log.Debug("checkpoint", "groups", n, "log_bytes", logged, "paced", pace != nil, "took", time.Since(begin), "err", err)
 	return err
+}
+
+// A checkpoint round at a million keys snapshots a few hundred thousand
+// keys; as fast as it could, it took both cores for its seconds (with the
+// store's flush of what it wrote), and the acks of the commits meanwhile
+// waited for a CPU: at half load the ack tail was the rounds' (BENCHMARKS.md,
+// sessions 30 and 38). A round of the loop is paced instead: its snapshots
+// at a rate that spreads them over paceShare of the time since the last
+// round began, the time the next one is likely to come after. Rounds of
+// fewer than minPacedKeys changed keys are not paced.
+const (
+	paceShare    = 0.5
+	minPacedKeys = 4 * snapshotChunk
+)
+
+// pacer is a checkpoint round's pace: a rate of snapshots, until hurried.
+type pacer struct {
+	rate    *rate.Limiter
+	hurried chan struct{} // closed by hurry
+	once    sync.Once
+}
+
+// hurry lifts the pace: the round's waits end, and it waits no more.
+func (p *pacer) hurry() { p.once.Do(func() { close(p.hurried) }) }
+
+// wait waits until the pace allows n more snapshots (nil: at once).
+func (p *pacer) wait(ctx context.Context, n int) error {
+	for p != nil && n > 0 {
+		k := min(n, p.rate.Burst())
+		n -= k
+		r := p.rate.ReserveN(time.Now(), k)
+		d := r.Delay()
+		if d == 0 {
+			continue
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-p.hurried:
+			t.Stop()
+			return nil
+		case <-ctx.Done():
+			t.Stop()
+			r.Cancel()
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// hurryCheckpoint lifts the pace of the round under way, if any: the
+// memory budget is full of changed keys that only a checkpoint frees.
+func (h *Host) hurryCheckpoint() {
+	if p := h.pacing.Load(); p != nil {
+		p.hurry()
+	}
+}
+
+// roundPace returns the pace of a loop's checkpoint round beginning at
+// begin (nil: unpaced), and records its beginning.
+func (h *Host) roundPace(begin time.Time) *pacer {
+	last := h.lastRound
+	h.lastRound = begin
+	changed := 0
+	h.mu.Lock()
+	for i := range h.groups {
+		changed += len(h.groups[i].dirty) + h.groups[i].spilled
+	}
+	h.mu.Unlock()
+	if last.IsZero() || changed < minPacedKeys || h.resident.needsCheckpoint() {
+		return nil
+	}
+	spread := paceShare * begin.Sub(last).Seconds()
+	return &pacer{rate: rate.NewLimiter(rate.Limit(float64(changed)/spread), snapshotChunk), hurried: make(chan struct{})}
 }
 
 // Snapshots are asked for a chunk of keys at a time (snapshotChunk), by a
@@ -94,7 +181,7 @@ type written struct {
 // So a release waits for a checkpoint of its group already under way (its
 // snapshot replies, and its store calls within storeTimeout), whatever its
 // own ctx says.
-func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
+func (h *Host) checkpointGroup(ctx context.Context, g uint32, pace *pacer) error {
 	h.checkpointing[g].Lock()
 	defer h.checkpointing[g].Unlock()
 	h.mu.Lock()
@@ -143,7 +230,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 	if clock != nil {
 		d.Snapshots = append(d.Snapshots, persistence.Snapshot{Key: groupClockKey, Data: clock})
 	}
-	got, moved, fromSpill, err := h.snapshotKeys(ctx, g, epoch, dirty, spilled, &d)
+	got, moved, fromSpill, err := h.snapshotKeys(ctx, g, epoch, dirty, spilled, &d, pace)
 	if errors.Is(err, errDropped) {
 		return nil // lost meanwhile: its keys are gone, its next take-over replays its log
 	}
@@ -226,7 +313,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32) error {
 // here too, under h.mu (nothing can reach its actor meanwhile); the others
 // are asked through their actors. errDropped: the group was lost
 // meanwhile.
-func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epoch, keys []*grain, spilled []*spillArena, d *checkpointData) (_ []written, _ []spilledCopy, fromSpill int, _ error) {
+func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epoch, keys []*grain, spilled []*spillArena, d *checkpointData, pace *pacer) (_ []written, _ []spilledCopy, fromSpill int, _ error) {
 	select {
 	case h.snapshotting <- struct{}{}:
 	case <-ctx.Done():
@@ -236,6 +323,9 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 	fromSpill, err := h.snapshotSpilled(spilled, d)
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("%w: %w", errSpillBroken, err)
+	}
+	if err := pace.wait(ctx, fromSpill); err != nil {
+		return nil, nil, 0, err
 	}
 	got := make([]written, 0, len(keys))
 	add := func(r snapshotReply) error {
@@ -254,6 +344,9 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 	for len(keys) > 0 {
 		chunk := keys[:min(len(keys), snapshotChunk)]
 		keys = keys[len(chunk):]
+		if err := pace.wait(ctx, len(chunk)); err != nil {
+			return nil, nil, 0, err
+		}
 		parked = parked[:0]
 		movedNow := len(moved)
 		asked := 0

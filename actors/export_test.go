@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"runtime"
+	"time"
 	"weak"
 
 	"github.com/keyfold/keyfold/actors/fold"
@@ -47,8 +48,20 @@ func NudgeCheckpoint(h *Host) { h.nudgeCheckpoint() }
 // CheckpointNudged reports whether a nudge waits for the checkpoint loop.
 func CheckpointNudged(h *Host) bool { return len(h.checkpointNow) > 0 }
 
-// Checkpoint runs a checkpoint of every group now, as the loop does.
-func Checkpoint(h *Host, ctx context.Context) error { return h.checkpoint(ctx) }
+// Checkpoint runs a checkpoint of every group now, as the loop does, but
+// unpaced.
+func Checkpoint(h *Host, ctx context.Context) error { return h.checkpoint(ctx, false) }
+
+// SetLastRound sets when the checkpoint loop's last round began, which
+// paces its next (before New's host runs).
+func SetLastRound(h *Host, at time.Time) { h.lastRound = at }
+
+// Paced reports whether a paced checkpoint round is under way.
+func Paced(h *Host) bool { return h.pacing.Load() != nil }
+
+// HurryCheckpoint lifts the pace of the round under way, as a memory
+// budget full of changed keys does.
+func HurryCheckpoint(h *Host) { h.hurryCheckpoint() }
 
 // SetAfterFreeze sets a function each group's checkpoint runs once it
 // took its dirty keys and froze its spill (before New's host runs).

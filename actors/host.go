@@ -77,7 +77,11 @@ type Host struct {
 	// deliveredSince counts the deliveries (a key's events of one commit)
 	// handed to keys since then (see checkpointDeliveriesPerKey).
 	deliveredSince atomic.Int64
-	lostNow        chan struct{} // wakes the take-over loop
+	// lastRound is when the checkpoint loop's last round began (roundPace;
+	// the loop's own); pacing is the pace of the round under way, if paced.
+	lastRound time.Time
+	pacing    atomic.Pointer[pacer]
+	lostNow   chan struct{} // wakes the take-over loop
 
 	failed   atomic.Pointer[error]
 	failOnce sync.Once
@@ -308,7 +312,7 @@ loop:
 				continue // nudged during the last one, which covered it
 			}
 		}
-		if err := h.checkpoint(ctx); err != nil && ctx.Err() == nil {
+		if err := h.checkpoint(ctx, true); err != nil && ctx.Err() == nil {
 			// The changed keys stay dirty and are retried at the next
 			// checkpoint; only replay after a crash grows meanwhile. (A
 			// fenced group was lost and is being taken over again.) Clean
@@ -339,7 +343,7 @@ loop:
 	if err := h.flushOutputs(drainCtx); err != nil {
 		return fmt.Errorf("actors: final outputs: %w", err)
 	}
-	if err := h.checkpoint(drainCtx); err != nil {
+	if err := h.checkpoint(drainCtx, false); err != nil {
 		return fmt.Errorf("actors: final checkpoint: %w", err)
 	}
 	// Groups not served (lost to a failing store, being taken over) have

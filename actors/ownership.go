@@ -94,7 +94,7 @@ func (h *Host) release(ctx context.Context, groups []uint32) error {
 		errs = append(errs, err)
 	} else {
 		for _, g := range groups {
-			if err := h.checkpointGroup(ctx, g); err != nil {
+			if err := h.checkpointGroup(ctx, g, nil); err != nil {
 				errs = append(errs, err)
 			}
 		}

@@ -63,3 +63,56 @@ func TestLoggedBytesBoundAndReplayed(t *testing.T) {
 		t.Errorf("k7 after the restart: %+v, want seq 9", v)
 	}
 }
+
+// TestPacedCheckpointRound: a round of the checkpoint loop is paced by the
+// time since the last one began (here an hour: half an hour for its
+// thousand keys). A shutdown during it still checkpoints every key (the
+// final checkpoint is not paced) and a restart replays nothing; and a
+// round hurried (as a memory budget full of changed keys does) ends at
+// once.
+func TestPacedCheckpointRound(t *testing.T) {
+	const keys = 1200 // over minPacedKeys
+	cfg := actors.Config{Groups: 4, CheckpointInterval: time.Hour, CheckpointRecords: 1 << 30,
+		CheckpointBytes: 4 << 10, CheckpointMaxBytes: 4 << 10}
+	lastHourAgo := func(h *actors.Host) { actors.SetLastRound(h, time.Now().Add(-time.Hour)) }
+	load := func(hs *harness) {
+		batch := make([][]byte, 0, keys)
+		for i := range keys {
+			batch = append(batch, event(fmt.Sprintf("k%d", i), fmt.Sprint(i), 1))
+		}
+		hs.ingest(batch...) // a checkpoint due: past both bounds
+		eventually(t, "a paced round", func() bool { return actors.Paced(hs.host) })
+	}
+
+	t.Run("shutdown", func(t *testing.T) {
+		dir := t.TempDir()
+		store := openStore(t, dir)
+		hs := start(t, store, cfg, lastHourAgo)
+		load(hs)
+		begin := time.Now()
+		if err := hs.shutdown(); err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(begin); took > 20*time.Second {
+			t.Errorf("shutdown took %v: the final checkpoint waited for the round's pace", took)
+		}
+		hs2 := start(t, store, cfg)
+		defer hs2.shutdown()
+		if st := hs2.host.Stats(); st.Replayed != 0 {
+			t.Errorf("the restart replayed %d records: the final checkpoint missed keys", st.Replayed)
+		}
+		if v := hs2.query(fmt.Sprintf("k%d", keys-1)); v.Seq != 1 {
+			t.Errorf("the last key after the restart: %+v, want one event", v)
+		}
+	})
+	t.Run("hurried", func(t *testing.T) {
+		hs := start(t, openStore(t, t.TempDir()), cfg, lastHourAgo)
+		defer hs.shutdown()
+		load(hs)
+		if st := hs.host.Stats(); st.DirtyKeys < keys/2 {
+			t.Fatalf("%d changed keys left a moment into a round paced over half an hour", st.DirtyKeys)
+		}
+		actors.HurryCheckpoint(hs.host)
+		eventually(t, "the hurried round to end", func() bool { return !actors.Paced(hs.host) && hs.host.Stats().DirtyKeys == 0 })
+	})
+}

@@ -235,6 +235,7 @@ func (h *Host) evictLocked() {
 			continue
 		}
 		if r.needsCheckpoint() {
+			h.hurryCheckpoint()
 			h.nudgeCheckpoint()
 		}
 		return
