@@ -117,7 +117,9 @@ func (p *pacer) wait(ctx context.Context, n int) error {
 }
 
 // hurryCheckpoint lifts the pace of the round under way, if any: the
-// memory budget is full of changed keys that only a checkpoint frees.
+// memory budget is full of changed keys that only a checkpoint frees, or
+// CheckpointMaxBytes were logged since the round began (the replay bound
+// would not hold if it went on at its pace).
 func (h *Host) hurryCheckpoint() {
 	if p := h.pacing.Load(); p != nil {
 		p.hurry()
@@ -134,8 +136,9 @@ func (h *Host) roundPace(begin time.Time) *pacer {
 	for i := range h.groups {
 		changed += len(h.groups[i].dirty) + h.groups[i].spilled
 	}
+	full := h.resident.needsCheckpoint()
 	h.mu.Unlock()
-	if last.IsZero() || changed < minPacedKeys || h.resident.needsCheckpoint() {
+	if last.IsZero() || changed < minPacedKeys || full {
 		return nil
 	}
 	spread := paceShare * begin.Sub(last).Seconds()

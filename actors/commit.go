@@ -370,7 +370,10 @@ func (h *Host) commit(reqs []*ingestReq) {
 		}
 	}
 	h.deliveredSince.Add(delivered)
-	if h.sinceCheckpoint.Add(bytes) >= h.cfg.CheckpointBytes {
+	if since := h.sinceCheckpoint.Add(bytes); since >= h.cfg.CheckpointBytes {
+		if since >= h.cfg.CheckpointMaxBytes {
+			h.hurryCheckpoint() // a paced round under way is too slow for the load
+		}
 		h.nudgeCheckpoint()
 	}
 	if h.lru.n > h.cfg.MaxActive {

@@ -67,7 +67,8 @@ func TestLoggedBytesBoundAndReplayed(t *testing.T) {
 // TestPacedCheckpointRound: a round of the checkpoint loop is paced by the
 // time since the last one began (here an hour: half an hour for its
 // thousand keys). A shutdown during it still checkpoints every key (the
-// final checkpoint is not paced) and a restart replays nothing; and a
+// final checkpoint is not paced) and a restart replays nothing; a round
+// during which CheckpointMaxBytes were logged ends soon after; and a
 // round hurried (as a memory budget full of changed keys does) ends at
 // once.
 func TestPacedCheckpointRound(t *testing.T) {
@@ -103,6 +104,19 @@ func TestPacedCheckpointRound(t *testing.T) {
 		}
 		if v := hs2.query(fmt.Sprintf("k%d", keys-1)); v.Seq != 1 {
 			t.Errorf("the last key after the restart: %+v, want one event", v)
+		}
+	})
+	t.Run("logged past the bound", func(t *testing.T) {
+		// CheckpointMaxBytes logged during the round hurries it: the
+		// replay bound holds whatever the pace.
+		hs := start(t, openStore(t, t.TempDir()), cfg, lastHourAgo)
+		defer hs.shutdown()
+		load(hs)
+		for i := 0; actors.Paced(hs.host) || hs.host.Stats().Checkpoints == 0; i++ {
+			if i == 1000 { // ≈ 60 KiB of log, fifteen times the bound
+				t.Fatalf("the round is still paced after %d more events", i)
+			}
+			hs.ingest(event(fmt.Sprintf("k%d", i), fmt.Sprintf("more%d", i), 1))
 		}
 	})
 	t.Run("hurried", func(t *testing.T) {
