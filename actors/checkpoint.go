@@ -41,7 +41,9 @@ const checkpointParallelism = 16
 // shutdown runs as fast as it can.
 func (h *Host) checkpoint(ctx context.Context, paced bool) error {
 	begin := time.Now()
-	h.sinceCheckpoint.Store(0) // what is logged from here on is the next one's
+	// What is logged from here on is the next one's; what was, this one's
+	// (the log above the checkpoints until it ends: see hurryCheckpoint).
+	h.roundBytes.Store(h.sinceCheckpoint.Swap(0))
 	h.deliveredSince.Store(0)
 	var pace *pacer
 	if paced {
@@ -91,8 +93,9 @@ type pacer struct {
 // hurry lifts the pace: the round's waits end, and it waits no more.
 func (p *pacer) hurry() { p.once.Do(func() { close(p.hurried) }) }
 
-// wait waits until the pace allows n more snapshots (nil: at once).
-func (p *pacer) wait(ctx context.Context, n int) error {
+// paceWait waits until the pace p allows n more snapshots (nil: at once);
+// it ends early if the host fails.
+func (h *Host) paceWait(ctx context.Context, p *pacer, n int) error {
 	for p != nil && n > 0 {
 		k := min(n, p.rate.Burst())
 		n -= k
@@ -111,15 +114,19 @@ func (p *pacer) wait(ctx context.Context, n int) error {
 			t.Stop()
 			r.Cancel()
 			return ctx.Err()
+		case <-h.failCh:
+			t.Stop()
+			return h.Err()
 		}
 	}
 	return nil
 }
 
 // hurryCheckpoint lifts the pace of the round under way, if any: the
-// memory budget is full of changed keys that only a checkpoint frees, or
-// CheckpointMaxBytes were logged since the round began (the replay bound
-// would not hold if it went on at its pace).
+// memory budget is full of changed keys that only a checkpoint frees; the
+// log above the checkpoints (what the round covers and what was logged
+// since it began) reached CheckpointMaxBytes, the replay bound; or groups
+// are being released, whose checkpoints wait for the round's.
 func (h *Host) hurryCheckpoint() {
 	if p := h.pacing.Load(); p != nil {
 		p.hurry()
@@ -327,7 +334,7 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("%w: %w", errSpillBroken, err)
 	}
-	if err := pace.wait(ctx, fromSpill); err != nil {
+	if err := h.paceWait(ctx, pace, fromSpill); err != nil {
 		return nil, nil, 0, err
 	}
 	got := make([]written, 0, len(keys))
@@ -347,7 +354,7 @@ func (h *Host) snapshotKeys(ctx context.Context, g uint32, epoch persistence.Epo
 	for len(keys) > 0 {
 		chunk := keys[:min(len(keys), snapshotChunk)]
 		keys = keys[len(chunk):]
-		if err := pace.wait(ctx, len(chunk)); err != nil {
+		if err := h.paceWait(ctx, pace, len(chunk)); err != nil {
 			return nil, nil, 0, err
 		}
 		parked = parked[:0]

@@ -371,7 +371,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 	}
 	h.deliveredSince.Add(delivered)
 	if since := h.sinceCheckpoint.Add(bytes); since >= h.cfg.CheckpointBytes {
-		if since >= h.cfg.CheckpointMaxBytes {
+		if since+h.roundBytes.Load() >= h.cfg.CheckpointMaxBytes {
 			h.hurryCheckpoint() // a paced round under way is too slow for the load
 		}
 		h.nudgeCheckpoint()

@@ -77,6 +77,9 @@ type Host struct {
 	// deliveredSince counts the deliveries (a key's events of one commit)
 	// handed to keys since then (see checkpointDeliveriesPerKey).
 	deliveredSince atomic.Int64
+	// roundBytes is what was logged between the last two checkpoints'
+	// beginnings: the log the later covers.
+	roundBytes atomic.Int64
 	// lastRound is when the checkpoint loop's last round began (roundPace;
 	// the loop's own); pacing is the pace of the round under way, if paced.
 	lastRound time.Time

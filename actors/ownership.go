@@ -90,6 +90,10 @@ func (h *Host) SetOwned(ctx context.Context, groups []uint32) error {
 // fails is replayed a little longer by its next owner) and drops their keys.
 func (h *Host) release(ctx context.Context, groups []uint32) error {
 	var errs []error
+	// A paced round of the loop holds the groups it checkpoints (and the
+	// snapshot slots) for its pace; the groups released wait for it, and
+	// refuse inputs meanwhile.
+	h.hurryCheckpoint()
 	if err := h.flushOutputs(ctx); err != nil {
 		errs = append(errs, err)
 	} else {

@@ -1,6 +1,7 @@
 package actors_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -117,6 +118,23 @@ func TestPacedCheckpointRound(t *testing.T) {
 				t.Fatalf("the round is still paced after %d more events", i)
 			}
 			hs.ingest(event(fmt.Sprintf("k%d", i), fmt.Sprintf("more%d", i), 1))
+		}
+	})
+	t.Run("released", func(t *testing.T) {
+		// A release checkpoints its groups, which the round holds: it
+		// hurries the round rather than wait for its pace.
+		hs := start(t, openStore(t, t.TempDir()), cfg, lastHourAgo)
+		defer hs.shutdown()
+		load(hs)
+		done := make(chan error, 1)
+		go func() { done <- hs.host.SetOwned(context.Background(), []uint32{}) }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("releasing the groups waited for the round's pace")
 		}
 	})
 	t.Run("hurried", func(t *testing.T) {
