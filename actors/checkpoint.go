@@ -141,7 +141,7 @@ func (h *Host) roundPace(begin time.Time) *pacer {
 	changed := 0
 	h.mu.Lock()
 	for i := range h.groups {
-		changed += len(h.groups[i].dirty) + h.groups[i].spilled
+		changed += h.groups[i].changed()
 	}
 	full := h.resident.needsCheckpoint()
 	h.mu.Unlock()

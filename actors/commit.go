@@ -566,7 +566,7 @@ func (h *Host) checkpointDue() bool {
 	due, changed, most := logged >= h.cfg.CheckpointBytes, 0, h.cfg.checkpointMaxRecords()
 	for i := range h.groups { // as commit nudges
 		gs := &h.groups[i]
-		changed += len(gs.dirty) + gs.spilled
+		changed += gs.changed()
 		if !gs.ready {
 			continue
 		}

@@ -188,6 +188,10 @@ type groupState struct {
 	stored *storedKeys
 }
 
+// changed is the number of the group's keys changed since their snapshots:
+// in memory (dirty) or spilled.
+func (gs *groupState) changed() int { return len(gs.dirty) + gs.spilled }
+
 // unchecked is the number of records handed to the group's keys above its
 // checkpoint (CheckpointRecords bounds it).
 func (gs *groupState) unchecked() uint64 {

@@ -143,7 +143,7 @@ func (h *Host) Stats() Stats {
 	lost := h.stats.groupsLost.Load()
 	for i := range h.groups {
 		gs := &h.groups[i]
-		dirty += len(gs.dirty) + gs.spilled
+		dirty += gs.changed()
 		logged += gs.appended - gs.covered
 		filterBytes += gs.stored.bytes()
 		if gs.owned && !gs.ready {
