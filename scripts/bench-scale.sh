@@ -20,7 +20,10 @@
 #   NODE_BIN=path: run the nodes from another keyfold binary (an older build,
 #   for a before/after comparison under the same load generator)
 #   WARMUP=duration: load this long (not measured) before each measured
-#   phase, after the preload (the store's compactions catch up meanwhile)
+#   phase, after the preload (the store's compactions catch up meanwhile).
+#   Keys remember the ids they applied (dedup_window): 30s leaves a million
+#   keys a few ids each, 300s about 25, which costs keyfold more than half
+#   its rate there (BENCHMARKS.md, session 39); measure both.
 #   RATE=events/s: offer this rate instead of loading as fast as acks come
 #   (keyfold bench --rate), to read the ack latency at a given load
 #   TARGETS="naive redis embedded": the targets to run (a subset skips the
