@@ -2,6 +2,7 @@ package persistence
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"time"
 )
@@ -127,6 +128,43 @@ type CheckpointData struct {
 	// one, and the log records at or below it are deleted. The snapshots
 	// and timers must reflect every record through it.
 	Through Position
+	// IDs are stored in the group's id index (Store.LookupIDs), each
+	// under its time bucket: the ids keys applied (for deduplication),
+	// kept apart from the keys' snapshots so that a checkpoint writes an
+	// id once, not with every later snapshot of its key. An id stored
+	// again under the same bucket and key keeps the last At.
+	IDs []StoredID
+	// DropIDsBefore, if positive, deletes every id of the group's index
+	// in a bucket below it (the buckets past the dedup window), before
+	// IDs are stored. Set it when a bucket passes the window, not at every
+	// checkpoint: each costs a range deletion (embedded) or a read of the
+	// group's buckets (Redis).
+	//
+	// A store without an id index (Redis formats 1 and 2) refuses a
+	// checkpoint with IDs or DropIDsBefore, writing nothing.
+	DropIDsBefore int64
+}
+
+// StoredID is an id that a key applied, in the group's id index.
+type StoredID struct {
+	// Bucket is the id's time bucket, a number the caller gives its
+	// meaning (a store only orders by it); non-negative.
+	Bucket int64
+	Key    string // the key's name, as Snapshot.Key
+	ID     string
+	// At is when the key applied it (Unix ms), returned by LookupIDs;
+	// not 0.
+	At int64
+	// Expires is when the store may forget the id by itself (Unix ms): a
+	// store without range deletions (Redis) expires a bucket's ids after
+	// the latest Expires of those stored in it. 0: never by itself.
+	Expires int64
+}
+
+// IDLookup names an id to look up in a group's id index.
+type IDLookup struct {
+	Bucket  int64
+	Key, ID string
 }
 
 // OutputLog is the set of pipelines' output logs. Outputs are appended by
@@ -183,6 +221,12 @@ type Store interface {
 	// that readers can drop duplicates.
 	Checkpoint(ctx context.Context, group uint32, epoch Epoch, d CheckpointData) error
 
+	// LookupIDs returns, for each lookup, the At that a checkpoint of the
+	// group stored the id with under that bucket and key, or 0 if the
+	// group's index does not hold it (never stored, dropped, or expired).
+	// It needs no epoch: the index changes only by checkpoints.
+	LookupIDs(ctx context.Context, group uint32, lookups []IDLookup) ([]int64, error)
+
 	// Timers calls fn with each entry of the group's timer index, in no
 	// order callers may rely on (each store documents its own), until fn
 	// returns an error, which Timers returns. A new owner calls it after
@@ -235,4 +279,24 @@ type PackedSnapshots interface {
 func AllowsPacked(s Store) bool {
 	p, ok := s.(PackedSnapshots)
 	return ok && p.PackedSnapshots()
+}
+
+// CheckIDs returns an error if a stored id or a lookup is out of range (a
+// negative bucket, a stored id without its time): a store's Checkpoint
+// and LookupIDs refuse them, writing nothing.
+func CheckIDs(ids []StoredID, lookups []IDLookup, dropBefore int64) error {
+	for _, id := range ids {
+		if id.Bucket < 0 || id.At == 0 {
+			return fmt.Errorf("stored id %q of key %q: bucket %d, at %d: the bucket must not be negative, nor the time 0", id.ID, id.Key, id.Bucket, id.At)
+		}
+	}
+	for _, l := range lookups {
+		if l.Bucket < 0 {
+			return fmt.Errorf("id %q of key %q looked up in bucket %d: the bucket must not be negative", l.ID, l.Key, l.Bucket)
+		}
+	}
+	if dropBefore < 0 {
+		return fmt.Errorf("ids dropped before bucket %d: the bucket must not be negative", dropBefore)
+	}
+	return nil
 }

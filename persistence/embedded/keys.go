@@ -27,6 +27,13 @@ import (
 //	                       then its data
 //	'p' len:4 name         the sequence number of the last output record a
 //	                       trim of pipeline name deleted (uint64)
+//	'i' group:4 bucket:8 len:4 key id
+//	                       an id in the group's id index, under its time
+//	                       bucket; the value is when its key applied it
+//	                       (int64 Unix ms). A bucket's ids are contiguous, so
+//	                       that dropping the buckets below one is one range
+//	                       deletion; the key is length-prefixed, so that no
+//	                       key's ids are a prefix of another's.
 //
 // A group's last position is not stored: it is the larger of the position of
 // its last log record and its checkpoint. A checkpoint never goes beyond the
@@ -52,6 +59,7 @@ const (
 	kindTimer      = 't'
 	kindOutput     = 'o'
 	kindOutputTrim = 'p'
+	kindID         = 'i'
 )
 
 // formatVersion is the version of this key layout, recorded in a new store.
@@ -126,6 +134,20 @@ func groupBounds(kind byte, group uint32) (lower, upper []byte) {
 		return lower, []byte{kind + 1}
 	}
 	return lower, groupKey(kind, group+1, 0)
+}
+
+// idKey returns the key of an id in a group's id index.
+func idKey(group uint32, bucket int64, key, id string) []byte {
+	k := groupKey(kindID, group, 8+4+len(key)+len(id))
+	k = binary.BigEndian.AppendUint64(k, uint64(bucket))
+	k = binary.BigEndian.AppendUint32(k, uint32(len(key)))
+	k = append(k, key...)
+	return append(k, id...)
+}
+
+// idBucketKey returns the first key of a bucket of a group's id index.
+func idBucketKey(group uint32, bucket int64) []byte {
+	return binary.BigEndian.AppendUint64(groupKey(kindID, group, 8), uint64(bucket))
 }
 
 // pipelineKey returns kind+len+name, with room for more bytes.

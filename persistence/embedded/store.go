@@ -651,14 +651,27 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 		return fmt.Errorf("embedded: checkpoint group %d through %d: beyond the last position %d", id, d.Through, last)
 	}
 	advance := d.Through > checkpoint
-	if len(d.Snapshots) == 0 && len(d.Timers) == 0 && len(d.Outputs) == 0 && !advance {
+	if len(d.Snapshots) == 0 && len(d.Timers) == 0 && len(d.Outputs) == 0 && len(d.IDs) == 0 && d.DropIDsBefore <= 0 && !advance {
 		return nil
 	}
 	if err := s.checkFloor(); err != nil {
 		return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
 	}
+	if err := persistence.CheckIDs(d.IDs, nil, d.DropIDsBefore); err != nil {
+		return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
+	}
 	b := s.db.NewBatch()
 	defer closeBatch(&b)
+	if d.DropIDsBefore > 0 {
+		if err := b.DeleteRange(idBucketKey(id, 0), idBucketKey(id, d.DropIDsBefore), nil); err != nil {
+			return fmt.Errorf("embedded: checkpoint group %d: drop ids: %w", id, err)
+		}
+	}
+	for _, sid := range d.IDs {
+		if err := b.Set(idKey(id, sid.Bucket, sid.Key, sid.ID), encodeUint64(uint64(sid.At)), nil); err != nil {
+			return fmt.Errorf("embedded: checkpoint group %d id %q of key %q: %w", id, sid.ID, sid.Key, err)
+		}
+	}
 	for _, sn := range d.Snapshots {
 		if sn.Data == nil {
 			err = b.Delete(snapshotKey(id, sn.Key), nil)
@@ -704,6 +717,64 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 		s.journal.trim(id, d.Through)
 	}
 	return nil
+}
+
+// LookupIDs returns the times the ids were stored with in the group's id
+// index (0: not held), from one consistent view of it.
+func (s *Store) LookupIDs(ctx context.Context, id uint32, lookups []persistence.IDLookup) ([]int64, error) {
+	if err := persistence.CheckIDs(nil, lookups, 0); err != nil {
+		return nil, fmt.Errorf("embedded: look up ids of group %d: %w", id, err)
+	}
+	if err := s.begin(ctx); err != nil {
+		return nil, fmt.Errorf("embedded: look up ids of group %d: %w", id, err)
+	}
+	defer s.end()
+	at := make([]int64, len(lookups))
+	if len(lookups) == 0 {
+		return at, nil
+	}
+	// One iterator, so that the look-ups see one view, with the bottom
+	// level's Bloom filters too (DB.Get skips them): most ids looked up
+	// are absent, and without them each would read an index and a data
+	// block there.
+	lower, upper := groupBounds(kindID, id)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper, UseL6Filters: true})
+	if err != nil {
+		return nil, fmt.Errorf("embedded: look up ids of group %d: %w", id, err)
+	}
+	for i, l := range lookups {
+		if i%256 == 255 {
+			if err := ctx.Err(); err != nil {
+				_ = s.closeIter(it)
+				return nil, fmt.Errorf("embedded: look up ids of group %d: %w", id, err)
+			}
+		}
+		k := idKey(id, l.Bucket, l.Key, l.ID)
+		if !it.SeekPrefixGE(k) {
+			if err := it.Error(); err != nil {
+				_ = s.closeIter(it)
+				return nil, fmt.Errorf("embedded: look up id %q of key %q in group %d: %w", l.ID, l.Key, id, err)
+			}
+			continue
+		}
+		if !bytes.Equal(it.Key(), k) {
+			continue
+		}
+		v, err := it.ValueAndErr()
+		var u uint64
+		if err == nil {
+			u, err = decodeUint64(v)
+		}
+		if err != nil {
+			_ = s.closeIter(it)
+			return nil, fmt.Errorf("embedded: look up id %q of key %q in group %d: %w", l.ID, l.Key, id, err)
+		}
+		at[i] = int64(u)
+	}
+	if err := s.closeIter(it); err != nil {
+		return nil, fmt.Errorf("embedded: look up ids of group %d: %w", id, err)
+	}
+	return at, nil
 }
 
 // Timers calls fn with the group's timer index entries in key order (byte

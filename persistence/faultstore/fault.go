@@ -21,10 +21,11 @@ const (
 	OpReadOutputs
 	OpTrimOutputs
 	OpAppendOutputs
+	OpLookupIDs
 	numOps
 )
 
-var opNames = [numOps]string{"Claim", "Append", "Read", "Checkpoint", "Get", "CheckGroups", "Close", "Timers", "ReadOutputs", "TrimOutputs", "AppendOutputs"}
+var opNames = [numOps]string{"Claim", "Append", "Read", "Checkpoint", "Get", "CheckGroups", "Close", "Timers", "ReadOutputs", "TrimOutputs", "AppendOutputs", "LookupIDs"}
 
 func (o Op) String() string {
 	if o < 0 || o >= numOps {

@@ -179,6 +179,19 @@ func (s *Store) Checkpoint(ctx context.Context, group uint32, epoch persistence.
 	return after(f, s.inner.Checkpoint(ctx, group, epoch, d))
 }
 
+// LookupIDs implements persistence.Store.
+func (s *Store) LookupIDs(ctx context.Context, group uint32, lookups []persistence.IDLookup) ([]int64, error) {
+	f := s.call(OpLookupIDs)
+	if err := before(ctx, OpLookupIDs, f); err != nil {
+		return nil, err
+	}
+	at, err := s.inner.LookupIDs(ctx, group, lookups)
+	if err = after(f, err); err != nil {
+		return nil, err
+	}
+	return at, nil
+}
+
 // Timers implements persistence.Store. A fault After it comes once fn has
 // seen every entry.
 func (s *Store) Timers(ctx context.Context, group uint32, fn func(key string, due int64) error) error {

@@ -48,7 +48,11 @@ type group struct {
 	log                     map[persistence.Position][]byte
 	snaps                   map[string][]byte
 	timers                  map[string]int64
+	ids                     map[int64]map[idName]int64 // bucket → key and id → at
 }
+
+// idName is a stored id's key and id.
+type idName struct{ key, id string }
 
 // outputLog is a pipeline's output log. Its cursors are the decimal
 // sequence numbers of its entries, 1, 2, 3, … in append order, never
@@ -190,6 +194,9 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 			g.snaps[sn.Key] = append([]byte{}, sn.Data...)
 		}
 	}
+	if err := persistence.CheckIDs(d.IDs, nil, d.DropIDsBefore); err != nil {
+		return fmt.Errorf("memstore: checkpoint group %d: %w", id, err)
+	}
 	for _, t := range d.Timers {
 		if t.Due == 0 {
 			delete(g.timers, t.Key)
@@ -197,11 +204,42 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 			g.timers[t.Key] = t.Due
 		}
 	}
+	for b := range g.ids {
+		if b < d.DropIDsBefore {
+			delete(g.ids, b)
+		}
+	}
+	for _, sid := range d.IDs {
+		if g.ids == nil {
+			g.ids = map[int64]map[idName]int64{}
+		}
+		if g.ids[sid.Bucket] == nil {
+			g.ids[sid.Bucket] = map[idName]int64{}
+		}
+		g.ids[sid.Bucket][idName{sid.Key, sid.ID}] = sid.At
+	}
 	s.d.appendOutputs(d.Outputs)
 	for ; g.checkpoint < d.Through; g.checkpoint++ {
 		delete(g.log, g.checkpoint+1)
 	}
 	return nil
+}
+
+// LookupIDs implements persistence.Store.
+func (s *Store) LookupIDs(ctx context.Context, id uint32, lookups []persistence.IDLookup) ([]int64, error) {
+	if err := persistence.CheckIDs(nil, lookups, 0); err != nil {
+		return nil, fmt.Errorf("memstore: look up ids of group %d: %w", id, err)
+	}
+	if err := s.lock(ctx); err != nil {
+		return nil, fmt.Errorf("memstore: look up ids of group %d: %w", id, err)
+	}
+	defer s.d.mu.Unlock()
+	g := s.d.group(id)
+	at := make([]int64, len(lookups))
+	for i, l := range lookups {
+		at[i] = g.ids[l.Bucket][idName{l.Key, l.ID}]
+	}
+	return at, nil
 }
 
 // Timers implements persistence.Store: it calls fn in due order, keys of

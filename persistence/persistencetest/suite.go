@@ -18,12 +18,18 @@ type Harness struct {
 	// fenced script runs), as persistence.Store.Checkpoint allows. The
 	// suite then skips the tests that a failed checkpoint appends none.
 	OutputsAtLeastOnce bool
+	// NoIDIndex says that the store has no id index (a Redis store of a
+	// format before 3 refuses ids): the suite then checks that a
+	// checkpoint with ids fails and writes nothing, instead of the index.
+	NoIDIndex bool
 }
 
 // test is one conformance test.
 type test struct {
 	name string
 	run  func(e *env)
+	// ids: the test needs an id index; noIDs: it checks a store without.
+	ids, noIDs bool
 }
 
 // tests lists the whole suite, in the order Run runs it.
@@ -52,6 +58,10 @@ var tests = []test{
 	{name: "TimersIndex", run: testTimersIndex},
 	{name: "TimersFenced", run: testTimersFenced},
 	{name: "TimersFnError", run: testTimersFnError},
+	{name: "IDIndex", run: testIDIndex, ids: true},
+	{name: "IDsDropBefore", run: testIDsDropBefore, ids: true},
+	{name: "IDsAtomic", run: testIDsAtomic, ids: true},
+	{name: "NoIDIndex", run: testNoIDIndex, noIDs: true},
 	{name: "Outputs", run: testOutputs},
 	{name: "OutputsCopyData", run: testOutputsCopyData},
 	{name: "OutputsReopen", run: testOutputsReopen},
@@ -87,6 +97,9 @@ func Run(t *testing.T, h Harness) {
 		t.Fatal("persistencetest: Harness.Reopen is nil: every store must be able to reopen its data")
 	}
 	for _, tc := range tests {
+		if tc.ids && h.NoIDIndex || tc.noIDs && !h.NoIDIndex {
+			continue
+		}
 		t.Run(tc.name, func(t *testing.T) {
 			tc.run(newEnv(t, h))
 		})

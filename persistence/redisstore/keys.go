@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"strconv"
@@ -23,6 +24,13 @@ import (
 //	{P:N}:s:KEY          string the snapshot stored under KEY (opaque, binary)
 //	{P:N}:due            zset   the group's timer index: member KEY, score the
 //	                            Unix ms its next timer is due
+//	{P:N}:ids:B          hash   bucket B (decimal) of the group's id index: field
+//	                            len:4 KEY ID (the key's length big-endian), value
+//	                            the Unix ms the key applied the id; it expires
+//	                            (EXPIREAT) at the latest expiry of its ids
+//	{P:N}:idb            zset   the buckets the group's id index holds (member
+//	                            and score B), so that a checkpoint can drop those
+//	                            below one
 //	P:out:PIPELINE       stream the output log of PIPELINE (opaque); entries
 //	                            have automatic IDs ms-seq (the cursors) and one
 //	                            field, d, holding the output
@@ -113,6 +121,23 @@ func (k keys) epochLog(group uint32, epoch persistence.Epoch) string {
 }
 func (k keys) due(group uint32) string       { return k.tag(group) + ":due" }
 func (k keys) output(pipeline string) string { return k.prefix + ":out:" + pipeline }
+
+// idBucket is the hash of a bucket of a group's id index, idBuckets the
+// zset of its buckets.
+func (k keys) idBucket(group uint32, bucket int64) string {
+	return k.tag(group) + ":ids:" + strconv.FormatInt(bucket, 10)
+}
+func (k keys) idBuckets(group uint32) string { return k.tag(group) + ":idb" }
+
+// idField is an id's field in its bucket's hash.
+func idField(key, id string) string {
+	var b strings.Builder
+	b.Grow(4 + len(key) + len(id))
+	b.Write(binary.BigEndian.AppendUint32(nil, uint32(len(key))))
+	b.WriteString(key)
+	b.WriteString(id)
+	return b.String()
+}
 
 func (k keys) snapshot(group uint32, key string) string {
 	var b strings.Builder

@@ -665,9 +665,15 @@ func (s *Store) Checkpoint(ctx context.Context, group uint32, epoch persistence.
 	if err := s.appendOutputs(ctx, d.Outputs); err != nil {
 		return s.wrap(op, err)
 	}
+	if err := persistence.CheckIDs(d.IDs, nil, d.DropIDsBefore); err != nil {
+		return s.wrap(op, err)
+	}
 	f, err := s.layout(ctx)
 	if err != nil {
 		return s.wrap(op, err)
+	}
+	if f < minEpochLogFormat && (len(d.IDs) > 0 || d.DropIDsBefore > 0) {
+		return s.wrap(op, fmt.Errorf("the store's format %d has no id index (format %d has)", f, minEpochLogFormat))
 	}
 	if f >= minEpochLogFormat {
 		if err := s.checkpointWatched(ctx, group, epoch, d); err != nil {
@@ -758,7 +764,26 @@ func (s *Store) checkpointWatched(ctx context.Context, group uint32, epoch persi
 		if d.Through > last {
 			return fmt.Errorf("position %d is beyond the last one", d.Through)
 		}
+		var dropped []string
+		if d.DropIDsBefore > 0 {
+			bs, err := tx.ZRangeArgs(ctx, redis.ZRangeArgs{Key: s.k.idBuckets(group), ByScore: true, Start: "-inf", Stop: "(" + strconv.FormatInt(d.DropIDsBefore, 10)}).Result()
+			if err != nil {
+				return err
+			}
+			for _, b := range bs {
+				n, err := strconv.ParseInt(b, 10, 64)
+				if err != nil {
+					return fmt.Errorf("%s holds bucket %q", s.k.idBuckets(group), b)
+				}
+				dropped = append(dropped, s.k.idBucket(group, n))
+			}
+		}
 		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			if len(dropped) > 0 {
+				p.Del(ctx, dropped...)
+				p.ZRemRangeByScore(ctx, s.k.idBuckets(group), "-inf", "("+strconv.FormatInt(d.DropIDsBefore, 10))
+			}
+			s.storeIDs(ctx, p, group, d.IDs)
 			kv := make([]any, 0, 2*min(msetChunk, len(d.Snapshots)))
 			var dels []string
 			for _, sn := range d.Snapshots {
@@ -804,6 +829,88 @@ func (s *Store) checkpointWatched(ctx context.Context, group uint32, epoch persi
 		}
 	}
 	return fmt.Errorf("the group's meta changed under %d checkpoints in a row", maxCheckpointRaces)
+}
+
+// storeIDs queues the writes of ids to a group's id index: per bucket one
+// HSET, its member in the zset of buckets, and its expiry at the latest of
+// its ids' (PEXPIREAT NX sets it on a new hash, GT only raises it: GT alone
+// never sets one, a hash without an expiry counting as one that never
+// expires).
+func (s *Store) storeIDs(ctx context.Context, p redis.Pipeliner, group uint32, ids []persistence.StoredID) {
+	if len(ids) == 0 {
+		return
+	}
+	type bucket struct {
+		fields  []any
+		expires int64
+		forever bool
+	}
+	byBucket := map[int64]*bucket{}
+	var order []int64
+	for _, id := range ids {
+		b := byBucket[id.Bucket]
+		if b == nil {
+			b = &bucket{}
+			byBucket[id.Bucket] = b
+			order = append(order, id.Bucket)
+		}
+		b.fields = append(b.fields, idField(id.Key, id.ID), strconv.FormatInt(id.At, 10))
+		if id.Expires == 0 {
+			b.forever = true
+		}
+		b.expires = max(b.expires, id.Expires)
+	}
+	for _, n := range order {
+		b, key := byBucket[n], s.k.idBucket(group, n)
+		p.HSet(ctx, key, b.fields...)
+		p.ZAdd(ctx, s.k.idBuckets(group), redis.Z{Score: float64(n), Member: strconv.FormatInt(n, 10)})
+		if b.forever {
+			p.Persist(ctx, key)
+			continue
+		}
+		// (go-redis has no ExpireAt with a flag.)
+		p.Do(ctx, "PEXPIREAT", key, b.expires, "NX")
+		p.Do(ctx, "PEXPIREAT", key, b.expires, "GT")
+	}
+}
+
+// LookupIDs returns the times the ids were stored with in the group's id
+// index (0: not held), with one HGET each, pipelined in one round trip.
+func (s *Store) LookupIDs(ctx context.Context, group uint32, lookups []persistence.IDLookup) ([]int64, error) {
+	op := "look up ids of group " + strconv.FormatUint(uint64(group), 10)
+	if err := persistence.CheckIDs(nil, lookups, 0); err != nil {
+		return nil, s.wrap(op, err)
+	}
+	if err := s.begin(ctx); err != nil {
+		return nil, s.wrap(op, err)
+	}
+	at := make([]int64, len(lookups))
+	if len(lookups) == 0 {
+		return at, nil
+	}
+	cmds := make([]*redis.StringCmd, len(lookups))
+	_, err := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, l := range lookups {
+			cmds[i] = p.HGet(ctx, s.k.idBucket(group, l.Bucket), idField(l.Key, l.ID))
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, s.wrap(op, err)
+	}
+	for i, c := range cmds {
+		v, err := c.Result()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err == nil {
+			at[i], err = strconv.ParseInt(v, 10, 64)
+		}
+		if err != nil {
+			return nil, s.wrap(op, fmt.Errorf("id %q of key %q: %w", lookups[i].ID, lookups[i].Key, err))
+		}
+	}
+	return at, nil
 }
 
 // metaPosition parses a position field of a group's meta (nil: 0).

@@ -67,6 +67,7 @@ func testConformance(t *testing.T, format string) {
 		},
 		// Checkpoint appends outputs before its fenced script.
 		OutputsAtLeastOnce: true,
+		NoIDIndex:          format == "2",
 	})
 }
 
