@@ -156,8 +156,9 @@ type StoredID struct {
 	// not 0.
 	At int64
 	// Expires is when the store may forget the id by itself (Unix ms): a
-	// store without range deletions (Redis) expires a bucket's ids after
-	// the latest Expires of those stored in it. 0: never by itself.
+	// store without range deletions (Redis) expires a bucket's ids
+	// together, after the latest Expires of those stored in it (never, if
+	// one of them has 0). 0: never by itself.
 	Expires int64
 }
 
