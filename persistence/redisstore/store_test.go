@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -623,5 +625,78 @@ func TestCheckpointRacingAClaim(t *testing.T) {
 	st2, err := other.Claim(ctx, 4)
 	if err != nil || st2.Checkpoint != 0 || st2.Last != 1 {
 		t.Errorf("Claim after the fenced checkpoint = %+v, %v; want checkpoint 0, last 1", st2, err)
+	}
+}
+
+// TestIDBucketExpiry: a bucket of a group's id index expires at the latest
+// expiry of the ids stored in it, whichever checkpoint stored them (a
+// later, earlier expiry does not shorten it), and an id without one keeps
+// the bucket; a drop deletes the buckets below it, and their names leave
+// the group's list of buckets.
+func TestIDBucketExpiry(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := t.Context()
+	s, err := redisstore.New(srv.Client(), redisstore.Options{Prefix: "ids"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Claim(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	checkpoint := func(ids ...persistence.StoredID) {
+		t.Helper()
+		if err := s.Checkpoint(ctx, 1, st.Epoch, persistence.CheckpointData{IDs: ids}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := func(bucket int64, name string, expires time.Duration) persistence.StoredID {
+		e := int64(0)
+		if expires != 0 {
+			e = now.Add(expires).UnixMilli()
+		}
+		return persistence.StoredID{Bucket: bucket, Key: "k", ID: name, At: 1, Expires: e}
+	}
+	ttl := func(bucket int) time.Duration {
+		t.Helper()
+		d, err := srv.Client().PTTL(ctx, "{ids:1}:ids:"+strconv.Itoa(bucket)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	near := func(got, want time.Duration) bool { return got > want-time.Minute && got <= want }
+
+	checkpoint(id(0, "a", time.Hour), id(0, "b", 2*time.Hour), id(1, "c", time.Hour))
+	if got := ttl(0); !near(got, 2*time.Hour) {
+		t.Errorf("bucket 0 expires in %v, want about 2h (its latest id's)", got)
+	}
+	checkpoint(id(0, "d", 30*time.Minute), id(1, "e", 3*time.Hour))
+	if got := ttl(0); !near(got, 2*time.Hour) {
+		t.Errorf("bucket 0 after an id expiring sooner: expires in %v, want about 2h still", got)
+	}
+	if got := ttl(1); !near(got, 3*time.Hour) {
+		t.Errorf("bucket 1 after an id expiring later: expires in %v, want about 3h", got)
+	}
+	checkpoint(id(2, "f", time.Hour), id(2, "g", 0))
+	if got := ttl(2); got != -1 {
+		t.Errorf("bucket 2 with an id that never expires: PTTL %v, want -1 (no expiry)", got)
+	}
+
+	if err := s.Checkpoint(ctx, 1, st.Epoch, persistence.CheckpointData{DropIDsBefore: 2}); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []int{0, 1} {
+		if n, err := srv.Client().Exists(ctx, "{ids:1}:ids:"+strconv.Itoa(b)).Result(); err != nil || n != 0 {
+			t.Errorf("bucket %d after a drop below 2: exists %d, %v; want gone", b, n, err)
+		}
+	}
+	if got, err := srv.Client().ZRange(ctx, "{ids:1}:idb", 0, -1).Result(); err != nil || !slices.Equal(got, []string{"2"}) {
+		t.Errorf("the group's buckets after the drop = %v, %v; want [2]", got, err)
+	}
+	at, err := s.LookupIDs(ctx, 1, []persistence.IDLookup{{Bucket: 0, Key: "k", ID: "a"}, {Bucket: 2, Key: "k", ID: "g"}})
+	if err != nil || !slices.Equal(at, []int64{0, 1}) {
+		t.Errorf("LookupIDs after the drop = %v, %v; want [0 1]", at, err)
 	}
 }
