@@ -650,14 +650,14 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 	if d.Through > last {
 		return fmt.Errorf("embedded: checkpoint group %d through %d: beyond the last position %d", id, d.Through, last)
 	}
+	if err := persistence.CheckIDs(d.IDs, nil, d.DropIDsBefore); err != nil {
+		return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
+	}
 	advance := d.Through > checkpoint
 	if len(d.Snapshots) == 0 && len(d.Timers) == 0 && len(d.Outputs) == 0 && len(d.IDs) == 0 && d.DropIDsBefore <= 0 && !advance {
 		return nil
 	}
 	if err := s.checkFloor(); err != nil {
-		return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
-	}
-	if err := persistence.CheckIDs(d.IDs, nil, d.DropIDsBefore); err != nil {
 		return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
 	}
 	b := s.db.NewBatch()

@@ -127,6 +127,7 @@ func testIDsAtomic(e *env) {
 		{IDs: []persistence.StoredID{storedID(1, "k", "bad", t0), storedID(-1, "k", "negative", t0)}},
 		{IDs: []persistence.StoredID{storedID(1, "k", "bad", t0), {Bucket: 1, Key: "k", ID: "no time"}}},
 		{DropIDsBefore: -1, IDs: []persistence.StoredID{storedID(1, "k", "bad", t0)}},
+		{DropIDsBefore: -1},
 	} {
 		if err := e.s.Checkpoint(e.ctx, 1, cur, bad); err == nil {
 			e.t.Errorf("Checkpoint(%+v) = nil, want an error", bad)
