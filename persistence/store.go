@@ -282,22 +282,28 @@ func AllowsPacked(s Store) bool {
 	return ok && p.PackedSnapshots()
 }
 
-// CheckIDs returns an error if a stored id or a lookup is out of range (a
+// CheckIDs returns an error if a checkpoint's ids are out of range (a
 // negative bucket, a stored id without its time): a store's Checkpoint
-// and LookupIDs refuse them, writing nothing.
-func CheckIDs(ids []StoredID, lookups []IDLookup, dropBefore int64) error {
-	for _, id := range ids {
+// refuses them, writing nothing.
+func (d CheckpointData) CheckIDs() error {
+	for _, id := range d.IDs {
 		if id.Bucket < 0 || id.At == 0 {
 			return fmt.Errorf("stored id %q of key %q: bucket %d, at %d: the bucket must not be negative, nor the time 0", id.ID, id.Key, id.Bucket, id.At)
 		}
 	}
+	if d.DropIDsBefore < 0 {
+		return fmt.Errorf("ids dropped before bucket %d: the bucket must not be negative", d.DropIDsBefore)
+	}
+	return nil
+}
+
+// CheckIDLookups returns an error if a look-up names a negative bucket:
+// a store's LookupIDs refuses it.
+func CheckIDLookups(lookups []IDLookup) error {
 	for _, l := range lookups {
 		if l.Bucket < 0 {
 			return fmt.Errorf("id %q of key %q looked up in bucket %d: the bucket must not be negative", l.ID, l.Key, l.Bucket)
 		}
-	}
-	if dropBefore < 0 {
-		return fmt.Errorf("ids dropped before bucket %d: the bucket must not be negative", dropBefore)
 	}
 	return nil
 }

@@ -650,7 +650,7 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 	if d.Through > last {
 		return fmt.Errorf("embedded: checkpoint group %d through %d: beyond the last position %d", id, d.Through, last)
 	}
-	if err := persistence.CheckIDs(d.IDs, nil, d.DropIDsBefore); err != nil {
+	if err := d.CheckIDs(); err != nil {
 		return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
 	}
 	advance := d.Through > checkpoint
@@ -722,7 +722,7 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 // LookupIDs returns the times the ids were stored with in the group's id
 // index (0: not held), from one consistent view of it.
 func (s *Store) LookupIDs(ctx context.Context, id uint32, lookups []persistence.IDLookup) ([]int64, error) {
-	if err := persistence.CheckIDs(nil, lookups, 0); err != nil {
+	if err := persistence.CheckIDLookups(lookups); err != nil {
 		return nil, fmt.Errorf("embedded: look up ids of group %d: %w", id, err)
 	}
 	if err := s.begin(ctx); err != nil {
@@ -749,20 +749,9 @@ func (s *Store) LookupIDs(ctx context.Context, id uint32, lookups []persistence.
 				return nil, fmt.Errorf("embedded: look up ids of group %d: %w", id, err)
 			}
 		}
-		k := idKey(id, l.Bucket, l.Key, l.ID)
-		if !it.SeekPrefixGE(k) {
-			if err := it.Error(); err != nil {
-				_ = s.closeIter(it)
-				return nil, fmt.Errorf("embedded: look up id %q of key %q in group %d: %w", l.ID, l.Key, id, err)
-			}
-			continue
-		}
-		if !bytes.Equal(it.Key(), k) {
-			continue
-		}
-		v, err := it.ValueAndErr()
+		v, ok, err := seekValue(it, idKey(id, l.Bucket, l.Key, l.ID))
 		var u uint64
-		if err == nil {
+		if ok {
 			u, err = decodeUint64(v)
 		}
 		if err != nil {
@@ -901,29 +890,34 @@ func (s *Store) GetMany(ctx context.Context, id uint32, keys []string) ([][]byte
 			}
 		}
 		k = append(k[:len(lower)], keys[i]...)
-		if !it.SeekPrefixGE(k) {
-			// None, or an error: each seek clears the last one's, so it
-			// is checked here, or the key would read as never stored.
-			if err := it.Error(); err != nil {
-				_ = s.closeIter(it)
-				return nil, fmt.Errorf("embedded: get group %d key %q: %w", id, keys[i], err)
-			}
-			continue
-		}
-		if !bytes.Equal(it.Key(), k) {
-			continue
-		}
-		v, err := it.ValueAndErr()
+		v, ok, err := seekValue(it, k)
 		if err != nil {
 			_ = s.closeIter(it)
 			return nil, fmt.Errorf("embedded: get group %d key %q: %w", id, keys[i], err)
 		}
-		out[i] = append(make([]byte, 0, len(v)), v...)
+		if ok {
+			out[i] = append(make([]byte, 0, len(v)), v...)
+		}
 	}
 	if err := errors.Join(it.Error(), s.closeIter(it)); err != nil {
 		return nil, fmt.Errorf("embedded: get group %d: %w", id, err)
 	}
 	return out, nil
+}
+
+// seekValue returns the value of key k through it, valid until it moves,
+// and whether there is one (an empty value is one). The error of a seek that found nothing is
+// checked here: each seek clears the last one's, and unchecked the key
+// would read as never stored.
+func seekValue(it *pebble.Iterator, k []byte) (v []byte, ok bool, err error) {
+	if !it.SeekPrefixGE(k) {
+		return nil, false, it.Error()
+	}
+	if !bytes.Equal(it.Key(), k) {
+		return nil, false, nil
+	}
+	v, err = it.ValueAndErr()
+	return v, err == nil, err
 }
 
 // RecordedGroups returns the number of key groups the store records (0:

@@ -194,7 +194,7 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 			g.snaps[sn.Key] = append([]byte{}, sn.Data...)
 		}
 	}
-	if err := persistence.CheckIDs(d.IDs, nil, d.DropIDsBefore); err != nil {
+	if err := d.CheckIDs(); err != nil {
 		return fmt.Errorf("memstore: checkpoint group %d: %w", id, err)
 	}
 	for _, t := range d.Timers {
@@ -227,7 +227,7 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 
 // LookupIDs implements persistence.Store.
 func (s *Store) LookupIDs(ctx context.Context, id uint32, lookups []persistence.IDLookup) ([]int64, error) {
-	if err := persistence.CheckIDs(nil, lookups, 0); err != nil {
+	if err := persistence.CheckIDLookups(lookups); err != nil {
 		return nil, fmt.Errorf("memstore: look up ids of group %d: %w", id, err)
 	}
 	if err := s.lock(ctx); err != nil {

@@ -665,7 +665,7 @@ func (s *Store) Checkpoint(ctx context.Context, group uint32, epoch persistence.
 	if err := s.appendOutputs(ctx, d.Outputs); err != nil {
 		return s.wrap(op, err)
 	}
-	if err := persistence.CheckIDs(d.IDs, nil, d.DropIDsBefore); err != nil {
+	if err := d.CheckIDs(); err != nil {
 		return s.wrap(op, err)
 	}
 	f, err := s.layout(ctx)
@@ -878,7 +878,7 @@ func (s *Store) storeIDs(ctx context.Context, p redis.Pipeliner, group uint32, i
 // index (0: not held), with one HGET each, pipelined in one round trip.
 func (s *Store) LookupIDs(ctx context.Context, group uint32, lookups []persistence.IDLookup) ([]int64, error) {
 	op := "look up ids of group " + strconv.FormatUint(uint64(group), 10)
-	if err := persistence.CheckIDs(nil, lookups, 0); err != nil {
+	if err := persistence.CheckIDLookups(lookups); err != nil {
 		return nil, s.wrap(op, err)
 	}
 	if err := s.begin(ctx); err != nil {
