@@ -187,15 +187,15 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 	if d.Through > g.last {
 		return fmt.Errorf("memstore: checkpoint group %d through %d: beyond the last position %d", id, d.Through, g.last)
 	}
+	if err := d.CheckIDs(); err != nil {
+		return fmt.Errorf("memstore: checkpoint group %d: %w", id, err)
+	}
 	for _, sn := range d.Snapshots {
 		if sn.Data == nil {
 			delete(g.snaps, sn.Key)
 		} else {
 			g.snaps[sn.Key] = append([]byte{}, sn.Data...)
 		}
-	}
-	if err := d.CheckIDs(); err != nil {
-		return fmt.Errorf("memstore: checkpoint group %d: %w", id, err)
 	}
 	for _, t := range d.Timers {
 		if t.Due == 0 {

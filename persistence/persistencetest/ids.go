@@ -128,12 +128,18 @@ func testIDsAtomic(e *env) {
 		{IDs: []persistence.StoredID{storedID(1, "k", "bad", t0), {Bucket: 1, Key: "k", ID: "no time"}}},
 		{DropIDsBefore: -1, IDs: []persistence.StoredID{storedID(1, "k", "bad", t0)}},
 		{DropIDsBefore: -1},
+		{Snapshots: []persistence.Snapshot{snap("bad", "1")}, IDs: []persistence.StoredID{storedID(-1, "k", "negative", t0)}},
+		{Outputs: []persistence.Output{{Pipeline: "bad", Data: []byte("1")}}, IDs: []persistence.StoredID{storedID(-1, "k", "negative", t0)}},
 	} {
 		if err := e.s.Checkpoint(e.ctx, 1, cur, bad); err == nil {
 			e.t.Errorf("Checkpoint(%+v) = nil, want an error", bad)
 		}
 	}
 	e.wantIDs(1, ls, t0, 0, 0, 0)
+	e.wantNoSnap(1, "bad")
+	if got, err := e.s.ReadOutputs(e.ctx, "bad", "", 10); err != nil || len(got) != 0 {
+		e.t.Errorf("outputs of a refused checkpoint = %v, %v; want none", got, err)
+	}
 	if _, err := e.s.LookupIDs(e.ctx, 1, []persistence.IDLookup{idLookup(-1, "k", "kept")}); err == nil {
 		e.t.Errorf("LookupIDs of bucket -1 = nil error, want one")
 	}

@@ -662,9 +662,7 @@ func (s *Store) Checkpoint(ctx context.Context, group uint32, epoch persistence.
 	if err := s.begin(ctx); err != nil {
 		return s.wrap(op, err)
 	}
-	if err := s.appendOutputs(ctx, d.Outputs); err != nil {
-		return s.wrap(op, err)
-	}
+	// Refused input appends no output either.
 	if err := d.CheckIDs(); err != nil {
 		return s.wrap(op, err)
 	}
@@ -674,6 +672,9 @@ func (s *Store) Checkpoint(ctx context.Context, group uint32, epoch persistence.
 	}
 	if f < minEpochLogFormat && (len(d.IDs) > 0 || d.DropIDsBefore > 0) {
 		return s.wrap(op, fmt.Errorf("the store's format %d has no id index (format %d has)", f, minEpochLogFormat))
+	}
+	if err := s.appendOutputs(ctx, d.Outputs); err != nil {
+		return s.wrap(op, err)
 	}
 	if f >= minEpochLogFormat {
 		if err := s.checkpointWatched(ctx, group, epoch, d); err != nil {
