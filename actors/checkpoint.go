@@ -218,6 +218,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32, pace *pacer) error
 	}
 	dirty := slices.Clone(gs.dirty)
 	spilled := h.freezeSpillLocked(g)
+	dropIDs := h.idDropBucket(gs.nowMs, gs.idsDropped)
 	d := checkpointData{CheckpointData: persistence.CheckpointData{Snapshots: make([]persistence.Snapshot, 0, len(dirty)+gs.spilled+1), Through: through}}
 	h.mu.Unlock()
 	stored := false
@@ -258,6 +259,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32, pace *pacer) error
 	if err := h.flushOutputs(ctx); err != nil {
 		return fmt.Errorf("actors: checkpoint group %d: %w", g, err)
 	}
+	d.DropIDsBefore = dropIDs
 	// The keys written join the group's filter before they are (and its
 	// changed layers are written with them): storedkeys.go.
 	d.addShapes()
@@ -305,6 +307,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32, pace *pacer) error
 	if through > gs.checkpoint {
 		gs.checkpoint = through
 	}
+	gs.idsDropped = max(gs.idsDropped, dropIDs)
 	gs.covered = max(gs.covered, covers)
 	h.retireSpillLocked(g, spilled) // its keys are stored: to the snapshot cache
 	h.retireMovedLocked(g, moved)   // likewise, those written from the spill or that spilled since
@@ -503,6 +506,44 @@ func (d *checkpointData) name(id keyID) string {
 // nameChunk is the size of checkpointData's chunks of names.
 const nameChunk = 16 << 10
 
+// idExpiryGrace is how long after the dedup window the store may forget an
+// id by itself (a Redis store expires a bucket of the id index after its
+// ids' latest StoredID.Expires). The index drops what passed the window by
+// the group's clock (idDropBucket); the expiry only bounds what a group
+// that gets no more events keeps. A log replayed that long after it was
+// written would find ids it might need gone: a week covers any outage a
+// node is restarted from.
+const idExpiryGrace = 7 * 24 * time.Hour
+
+// idDropBucket returns the bucket of the store's id index below which a
+// group's checkpoint drops the ids (persistence.CheckpointData.
+// DropIDsBefore), given the group's clock (the latest processing time of
+// the records handed to its keys) and the bucket it dropped below last; 0
+// if nothing more may go.
+//
+// Every key's clock is at most the group's, and a record after the
+// checkpoint applies at the group's clock or later (processing time is
+// the node's clock at commit): an id in a dropped bucket has expired for
+// every key that applies a record after it, replayed or not, so what the
+// index no longer holds is what a key would have expired anyway, and
+// replay decides as the first run did. The margin (a sixteenth of the
+// window and ten minutes) covers a node's clock stepping back, or another
+// node's being behind, after a take-over.
+func (h *Host) idDropBucket(groupNow int64, dropped int64) int64 {
+	if !h.idIndex || groupNow <= 0 {
+		return 0
+	}
+	var window time.Duration
+	for _, p := range h.cfg.Pipelines {
+		window = max(window, p.DedupWindow())
+	}
+	b := fold.IndexBucket(groupNow - (window + window/16 + 10*time.Minute).Milliseconds())
+	if b <= dropped {
+		return 0
+	}
+	return b
+}
+
 // appendSnapshot adds a key's snapshot to a checkpoint's data.
 func appendSnapshot(d *checkpointData, r *snapshotReply) {
 	r.core.Key = d.name(r.g.id)
@@ -511,6 +552,12 @@ func appendSnapshot(d *checkpointData, r *snapshotReply) {
 		d.shapes = append(d.shapes, r.g.pipeline)
 	}
 	d.Snapshots = append(d.Snapshots, r.buckets...)
+	if len(r.ids) > 0 {
+		grace := (r.g.pipeline.DedupWindow() + idExpiryGrace).Milliseconds()
+		for _, id := range r.ids {
+			d.IDs = append(d.IDs, persistence.StoredID{Bucket: fold.IndexBucket(id.At), Key: r.core.Key, ID: id.ID, At: id.At, Expires: id.At + grace})
+		}
+	}
 	if r.ttl {
 		d.Timers = append(d.Timers, persistence.Timer{Key: r.core.Key + expirySuffix, Due: r.expiry})
 	}

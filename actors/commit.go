@@ -362,6 +362,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 			h.loggedClockLocked(gb.group, w)
 		}
 		gs.dispatched = pos
+		gs.nowMs = max(gs.nowMs, nowMs)
 		gs.appended += int64(len(entries[i].Data))
 		bytes += int64(len(entries[i].Data))
 		delivered += int64(len(gb.keys))

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync/atomic"
 
 	"github.com/keyfold/keyfold/actors/fold"
@@ -57,6 +58,9 @@ type snapshotReply struct {
 	buckets []persistence.Snapshot
 	packed  bool   // core is in the packed form: its pipeline's shape is stored with it
 	version uint64 // the state version they reflect; acknowledged by markSaved
+	// ids are the ids the snapshot holds as fingerprints that the store's
+	// id index lacks: stored in it with the snapshot (fold.Parts.IDs).
+	ids []fold.IndexedID
 	// For a pipeline with windows or patterns: the key's next timer.
 	timed bool
 	due   int64
@@ -280,7 +284,7 @@ func (g *grain) apply(m *applyMsg) {
 	if m.wm > 0 {
 		g.pipeline.Advance(&g.state, g.id.key, m.wm)
 	}
-	for _, s := range m.segs {
+	for i, s := range m.segs {
 		g.lastNow = max(g.lastNow, s.nowMs)
 		dups, events := 0, 0
 		for _, ev := range s.events {
@@ -295,7 +299,25 @@ func (g *grain) apply(m *applyMsg) {
 			events++
 			if g.pipeline.IsJoin() {
 				g.pipeline.ApplySide(&g.state, s.side, ev, s.nowMs) // (a join's duplicates are not the ingest's)
-			} else if g.pipeline.Apply(&g.state, ev, s.nowMs) {
+				continue
+			}
+			v := g.pipeline.ApplyEvent(&g.state, ev, s.nowMs)
+			if v == fold.LookUp {
+				if err := g.lookUpID(ev); err != nil {
+					// Undecided: the key's state can go no further. The
+					// group's take-over replays the log from its
+					// checkpoint (as after a failed activation), these
+					// inputs too: their ingest succeeded.
+					g.broken = fmt.Errorf("actors: %s/%s: look up the id of an event in the store's id index: %w", g.id.pipeline, g.id.key, err)
+					go g.host.lose(g.group, g.epoch, g.broken)
+					for _, s := range m.segs[i:] {
+						s.w.finish(0, nil)
+					}
+					return
+				}
+				v = g.pipeline.ApplyEvent(&g.state, ev, s.nowMs)
+			}
+			if v == fold.Duplicate {
 				dups++
 			}
 		}
@@ -356,6 +378,30 @@ func (g *grain) apply(m *applyMsg) {
 			g.host.setTimer(g.group, g.epoch, g.id, next, false)
 		}
 	}
+}
+
+// lookUpID asks the store's id index whether the key applied ev's id,
+// which ApplyEvent could not tell (it holds the fingerprint of an id
+// applied before its state was restored), and gives ev the answer.
+func (g *grain) lookUpID(ev *fold.Event) error {
+	ats := g.pipeline.IDLookups(&g.state, ev)
+	lookups := make([]persistence.IDLookup, 0, len(ats))
+	key := g.id.snapshotKey()
+	for _, at := range ats {
+		b := fold.IndexBucket(at)
+		if n := len(lookups); n == 0 || lookups[n-1].Bucket != b {
+			lookups = append(lookups, persistence.IDLookup{Bucket: b, Key: key, ID: ev.ID})
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	found, err := g.host.store.LookupIDs(ctx, g.group, lookups)
+	if err != nil {
+		return err
+	}
+	g.host.stats.idLookups.Add(1)
+	ev.SetIndexed(slices.Max(append(found, 0)))
+	return nil
 }
 
 // expire applies an expiry check; a key it does not erase was busy, and its
@@ -452,22 +498,23 @@ func (g *grain) snapshot() snapshotReply {
 		parts fold.Parts
 		err   error
 	)
+	o := fold.SnapshotOptions{IDIndex: g.host.idIndex}
 	if shape, shapeID := g.pipeline.Shape(); g.host.packed && shape != nil && g.state.OnePart() {
 		buf = appendPackedHeader(make([]byte, 0, packedHeaderRoom+int(g.pstats.coreSize.Load())+64), shapeID, g.pos)
 		room = len(buf)
-		parts, err = g.pipeline.SnapshotPartsPacked(&g.state, g.stored, buf)
+		o.Packed = true
 	} else {
 		room = snapshotHeaderRoom(g.id)
 		if !g.pipeline.Timed() {
 			buf = make([]byte, room, room+int(g.pstats.coreSize.Load())+64)
 		}
-		parts, err = g.pipeline.SnapshotPartsAppend(&g.state, g.stored, buf)
 	}
+	parts, err = g.pipeline.Snapshot(&g.state, g.stored, buf, o)
 	if err != nil {
 		r.err = err
 		return r
 	}
-	r.version = parts.Version
+	r.version, r.ids = parts.Version, parts.IDs
 	var core persistence.Snapshot // nil Data deletes; its Key is the checkpoint's to name (appendSnapshot)
 	switch {
 	case g.state.Empty():

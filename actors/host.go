@@ -26,8 +26,12 @@ type Host struct {
 	cfg    Config
 	store  persistence.Store
 	packed bool // the store allows packed snapshots (packed.go); set by Recover
-	log    *slog.Logger
-	system *actor.ActorSystem
+	// idIndex: the store keeps an id index (persistence.HasIDIndex; set by
+	// Recover): snapshots hold the keys' ids as fingerprints, and each id
+	// is stored once, in the index (fold.SnapshotOptions.IDIndex).
+	idIndex bool
+	log     *slog.Logger
+	system  *actor.ActorSystem
 
 	queue chan *ingestReq
 
@@ -154,6 +158,10 @@ type groupState struct {
 	lastErr    error                // why the group was lost or its last take-over failed
 	checkpoint persistence.Position // checkpoint position in the store
 	dispatched persistence.Position // last record handed to the grains (see unchecked)
+	// nowMs is the latest processing time of the records handed to the
+	// grains (the group's clock), idsDropped the bucket of the store's id
+	// index below which its last checkpoint dropped the ids (idDropBucket).
+	nowMs, idsDropped int64
 	// appended counts the bytes of the records handed to the grains since
 	// the group's take-over (appended or replayed), covered those of them
 	// its checkpoint covers: appended-covered is its log above the

@@ -23,7 +23,7 @@ import (
 //	0x00 version  shape id (8 bytes, little-endian)  position (uvarint)  state
 //
 // where state is fold.Pipeline.AppendPacked's form (version
-// fold.PackedVersion, 1), the aggregates by
+// fold.PackedVersion, 2; 1 is read too), the aggregates by
 // position, and the shape id names the pipeline's aggregates (names and
 // ops) in that order: fold.Pipeline.Shape. Each checkpoint that writes
 // packed snapshots of a pipeline writes its shape beside them, under
@@ -68,7 +68,7 @@ func parsePacked(data []byte) (packedSnapshot, error) {
 	if len(data) < 2+8 || data[0] != packedMarker {
 		return packedSnapshot{}, errPackedHeader
 	}
-	if data[1] != packedVersion {
+	if data[1] < fold.MinPackedVersion || data[1] > packedVersion {
 		return packedSnapshot{}, errors.New("packed snapshot: unknown version " + strconv.Itoa(int(data[1])))
 	}
 	shape := binary.LittleEndian.Uint64(data[2:])

@@ -76,6 +76,9 @@ func (h *Host) recover(ctx context.Context) error {
 			if !h.packed {
 				h.log.Info("the store's format does not allow packed snapshots: snapshots are stored as messages, about three times the bytes (a store created by this version allows them)")
 			}
+			if h.idIndex = persistence.HasIDIndex(h.store); !h.idIndex {
+				h.log.Info("the store's format has no id index: snapshots keep the ids keys remember in full, rewritten with each snapshot of a key (a store created by this version has one)")
+			}
 			break
 		}
 		if errors.Is(err, persistence.ErrGroupsMismatch) || errors.Is(err, persistence.ErrIncompatible) || ctx.Err() != nil {
@@ -686,6 +689,9 @@ func (h *Host) replayLocked(g uint32, r replayRecord, msgs []keyMsg, read map[ke
 		h.loggedClockLocked(g, w)
 	}
 	for _, m := range msgs {
+		for _, s := range m.msg.segs {
+			h.groups[g].nowMs = max(h.groups[g].nowMs, s.nowMs)
+		}
 		h.markDirtyLocked(h.sendLoadedLocked(m.id, g, m.msg, takeRead(read, m.id)), r.pos)
 	}
 	h.groups[g].dispatched = r.pos

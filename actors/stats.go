@@ -19,6 +19,7 @@ type hostStats struct {
 	spilled     atomic.Int64              // changed keys that left memory into the spill (spill.go)
 	unspilled   atomic.Int64              // of those, activated from it
 	newKeys     atomic.Int64              // activated as new, without a read (Stats.NewKeys)
+	idLookups   atomic.Int64              // events whose id was looked up in the store's id index (Stats.IDLookups)
 	pipelines   map[string]*pipelineStats // fixed at New
 }
 
@@ -96,6 +97,11 @@ type Stats struct {
 	// FilterBytes is the filters' memory (about 1.5 B a stored key).
 	NewKeys     int64
 	FilterBytes int64
+	// IDLookups counts the events whose id the store's id index was read
+	// for: the key held the fingerprint of an id it applied before it was
+	// restored (fold.LookUp). A few in ten thousand events at a few dozen
+	// remembered ids a key; every duplicate of an id applied before.
+	IDLookups   int64
 	Events      int64 // events applied (duplicates included) since start
 	Duplicates  int64
 	Commits     int64 // group commits (synced appends)
@@ -183,6 +189,7 @@ func (h *Host) Stats() Stats {
 		Spills:        h.stats.spilled.Load(),
 		Unspills:      h.stats.unspilled.Load(),
 		NewKeys:       h.stats.newKeys.Load(),
+		IDLookups:     h.stats.idLookups.Load(),
 		FilterBytes:   filterBytes,
 		Events:        h.stats.events.Load(),
 		Duplicates:    h.stats.duplicates.Load(),

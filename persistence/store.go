@@ -282,6 +282,21 @@ func AllowsPacked(s Store) bool {
 	return ok && p.PackedSnapshots()
 }
 
+// IDIndexer is implemented by a store whose id index (CheckpointData.IDs,
+// Store.LookupIDs) may be missing: a Redis store of a format before 3. A
+// store that does not implement it has one.
+type IDIndexer interface {
+	// IDIndex reports whether the store keeps an id index; it may know
+	// only once CheckGroups has returned (the store's recorded format).
+	IDIndex() bool
+}
+
+// HasIDIndex reports whether s keeps an id index.
+func HasIDIndex(s Store) bool {
+	x, ok := s.(IDIndexer)
+	return !ok || x.IDIndex()
+}
+
 // CheckIDs returns an error if a checkpoint's ids are out of range (a
 // negative bucket, a stored id without its time): a store's Checkpoint
 // refuses them, writing nothing.

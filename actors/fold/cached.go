@@ -54,7 +54,7 @@ func (p *Pipeline) AppendCached(dst []byte, s *State) ([]byte, error) {
 		dst = binary.AppendVarint(dst, bi.bucket)
 		dst = binary.AppendUvarint(dst, uint64(bi.added))
 	}
-	return p.appendPacked(dst, s)
+	return p.appendPacked(dst, s, int(d.indexed))
 }
 
 // UnpackCached decodes what AppendCached encoded with this pipeline, to the

@@ -46,7 +46,7 @@ func (p *Pipeline) loadPart(s *State, data []byte, b int64, newest *newestRun) (
 			return 0, false, protowire.ParseError(mn)
 		}
 		data = data[mn:]
-		id, at, err := decodeSeenID(msg)
+		id, fp, at, err := decodeSeenID(msg)
 		if err != nil {
 			return 0, false, err
 		}
@@ -55,44 +55,50 @@ func (p *Pipeline) loadPart(s *State, data []byte, b int64, newest *newestRun) (
 			misplaced = true
 		}
 		// (The string is only looked up and copied: nothing keeps it.)
-		p.restoreID(s, unsafe.String(unsafe.SliceData(id), len(id)), at, newest)
+		p.restoreSeen(s, unsafe.String(unsafe.SliceData(id), len(id)), fp, at, newest)
 	}
 	return n, misplaced, nil
 }
 
-// decodeSeenID decodes a keyfold.v1.SeenID's id and at_ms.
-func decodeSeenID(b []byte) (id []byte, at int64, err error) {
+// decodeSeenID decodes a keyfold.v1.SeenID's id, fingerprint and at_ms.
+func decodeSeenID(b []byte) (id []byte, fp uint32, at int64, err error) {
 	for len(b) > 0 {
 		num, typ, tn := consumeTag(b)
 		if tn < 0 {
-			return nil, 0, protowire.ParseError(tn)
+			return nil, 0, 0, protowire.ParseError(tn)
 		}
 		b = b[tn:]
 		switch {
 		case num == siID && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
 			if n < 0 {
-				return nil, 0, protowire.ParseError(n)
+				return nil, 0, 0, protowire.ParseError(n)
 			}
 			if !utf8.Valid(v) { // (each one, as proto.Unmarshal checks them)
-				return nil, 0, errPartUTF8
+				return nil, 0, 0, errPartUTF8
 			}
 			id, b = v, b[n:]
 		case num == siAt && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
-				return nil, 0, protowire.ParseError(n)
+				return nil, 0, 0, protowire.ParseError(n)
 			}
 			at, b = int64(v), b[n:]
+		case num == siFingerprint && typ == protowire.Fixed32Type:
+			v, n := protowire.ConsumeFixed32(b)
+			if n < 0 {
+				return nil, 0, 0, protowire.ParseError(n)
+			}
+			fp, b = v, b[n:]
 		default:
 			n := protowire.ConsumeFieldValue(num, typ, b)
 			if n < 0 {
-				return nil, 0, protowire.ParseError(n)
+				return nil, 0, 0, protowire.ParseError(n)
 			}
 			b = b[n:]
 		}
 	}
-	return id, at, nil
+	return id, fp, at, nil
 }
 
 // consumeTag is protowire.ConsumeTag refusing, as proto.Unmarshal does,

@@ -1,6 +1,8 @@
 package fold
 
 import (
+	"encoding/binary"
+	"fmt"
 	"math"
 	"slices"
 	"testing"
@@ -35,6 +37,9 @@ func FuzzLoadPart(f *testing.F) {
 	atf := func(at int64) []byte {
 		return protowire.AppendVarint(protowire.AppendTag(nil, siAt, protowire.VarintType), uint64(at))
 	}
+	fpf := func(fp uint32) []byte {
+		return protowire.AppendFixed32(protowire.AppendTag(nil, siFingerprint, protowire.Fixed32Type), fp)
+	}
 	now := 10 * time.Hour.Milliseconds()
 	var good []byte
 	for i, id := range []string{"a", "bb", "a", "ccc", ""} {
@@ -54,7 +59,12 @@ func FuzzLoadPart(f *testing.F) {
 		{0x0a, 0x80},       // a bad length
 		{0x00},             // field 0
 		entry(idf("n"), atf(-5)),
-		append(entry(idf("d"), atf(now)), entry(idf("d"), atf(now))...), // the same id twice
+		entry(fpf(0x01020304), atf(now)), // a fingerprint
+		append(entry(fpf(7), atf(now)), entry(fpf(7), atf(now))...),                                               // the same twice
+		append(append(entry(fpf(7), atf(now-1)), entry(idf("e"), atf(now))...), entry(fpf(7), atf(now-1))...),     // again, older
+		entry(idf("x"), fpf(9), atf(now)),                                                                         // an id and a fingerprint: the id
+		entry(protowire.AppendVarint(protowire.AppendTag(nil, siFingerprint, protowire.VarintType), 5), atf(now)), // of the wrong type
+		append(entry(idf("d"), atf(now)), entry(idf("d"), atf(now))...),                                           // the same id twice
 		append(append(entry(idf("d"), atf(now-1)), entry(idf("e"), atf(now))...), entry(idf("d"), atf(now-1))...),
 		// Found by the fuzzer: a field number beyond the largest; an id
 		// not UTF-8, then a valid one (each occurrence is checked).
@@ -105,10 +115,17 @@ func FuzzLoadPart(f *testing.F) {
 		// expired is kept, whatever their order.
 		times := map[string]int64{}
 		for _, e := range sb.Ids {
-			if at, ok := times[e.Id]; ok && at != e.AtMs {
+			id := e.Id
+			switch {
+			case id == "" && e.Fingerprint != 0:
+				id = fpName(e.Fingerprint)
+			case id == "":
+				continue // never applied: not restored
+			}
+			if at, ok := times[id]; ok && at != e.AtMs {
 				return
 			}
-			times[e.Id] = e.AtMs
+			times[id] = e.AtMs
 		}
 		for id, at := range times {
 			if at > now-p.dedupWindow.Milliseconds() && !seen[seenID{id, at}] {
@@ -118,11 +135,20 @@ func FuzzLoadPart(f *testing.F) {
 	})
 }
 
-// idsOf lists a state's ids and their times, oldest first.
+// fpName names a fingerprint in idsOf's list (no id starts with a NUL:
+// ids are text, but not empty, and tests do not use it).
+func fpName(fp uint32) string { return fmt.Sprintf("\x00fp%08x", fp) }
+
+// idsOf lists a state's ids and their times, oldest first; the ids the
+// state holds as fingerprints by fpName.
 func idsOf(s *State) []seenID {
 	var out []seenID
 	for c := s.ids.cursor(); c.more(); {
 		id, at := c.next()
+		if c.fp {
+			out = append(out, seenID{fpName(binary.LittleEndian.Uint32(id)), at})
+			continue
+		}
 		out = append(out, seenID{string(id), at})
 	}
 	return out

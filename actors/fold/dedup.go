@@ -5,6 +5,9 @@ import (
 	"encoding/binary"
 	"hash/maphash"
 	"slices"
+	"unsafe"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // idSet remembers the ids a key applied within its pipeline's dedup window.
@@ -25,7 +28,10 @@ import (
 type idSet struct {
 	// log holds the ids, oldest first, from head on: per id the zigzag
 	// varint of its time minus the previous id's (the first's from baseAt),
-	// the uvarint of its length, and its bytes. One allocation for every id
+	// the uvarint of its length, and its bytes; or, for an id the store's
+	// id index holds that the key knows only by its fingerprint (restored
+	// from a snapshot in a store with an index), a length of 0 and the
+	// fingerprint's 4 bytes (little-endian). One allocation for every id
 	// of the key, about its length and three bytes each: a key in memory
 	// is meant to take less than a KiB, an id 32 B, and the collector walks
 	// one object per key instead of one per id (as strings, each id was an
@@ -66,7 +72,61 @@ type idSet struct {
 	// scans counts the searches of more than scanIDs ids without an index,
 	// up to indexAfterScans.
 	scans uint8
+	// fps is set once the set holds an id as its fingerprint (cleared when
+	// no id is left).
+	fps bool
+	// indexed is the log offset before which the ids held in full are in
+	// the store's id index too; those from it are not (applied since the
+	// last snapshot that handed its ids to a checkpoint, or restored in
+	// full from a snapshot written without an index). markOff is the
+	// log's length as of the last snapshot that handed ids to a
+	// checkpoint, the low 32 bits of its version markV, which Persisted
+	// turns into indexed. (One mark, in 8 bytes: a key in memory is a
+	// grain in the 448-byte size class, actors/grainlayout_test.go. A
+	// snapshot stored while a later one is pending only leaves its ids to
+	// be handed again.)
+	indexed, markOff int32
+	markV            uint32
 }
+
+// fpLen is the bytes of a fingerprint in the log and the packed form.
+const fpLen = 4
+
+// Fingerprint returns what a key keeps of an id that the store's id index
+// holds: 32 bits of the id's xxhash64, never 0. Fixed, not seeded per
+// process: it is stored with the key's state, and only ever leads to a
+// look-up in the index (a collision costs a read, not a wrong answer).
+// TestFingerprintIsPinned holds its values: they are a stored format.
+func Fingerprint(id string) uint32 {
+	return idFingerprint(unsafe.Slice(unsafe.StringData(id), len(id)))
+}
+
+func idFingerprint(id []byte) uint32 {
+	if fingerprintHook != nil {
+		return fingerprintHook(string(id))
+	}
+	if f := uint32(xxhash.Sum64(id)); f != 0 {
+		return f
+	}
+	return 1
+}
+
+// fingerprintHook replaces Fingerprint in tests (SetFingerprintForTest).
+var fingerprintHook func(string) uint32
+
+// SetFingerprintForTest makes f the fingerprint of ids (nil: the real
+// one), so that a test can make ids collide; it returns what undoes it.
+// Not for use outside tests: stored fingerprints must not change.
+func SetFingerprintForTest(f func(string) uint32) (undo func()) {
+	was := fingerprintHook
+	fingerprintHook = f
+	return func() { fingerprintHook = was }
+}
+
+// fpHash is the index's hash of a fingerprint (an id the set holds only
+// so): the fingerprint is a hash already; the multiplication spreads it
+// into the top bits the slots keep.
+func fpHash(fp uint32) uint64 { return uint64(fp) * 0x9e3779b97f4a7c15 }
 
 // scanIDs is the most ids an idSet searches in its log, without an index.
 // The index is built by the first search among more (has), not as ids are
@@ -205,7 +265,18 @@ type goneBucket struct {
 
 func (d *idSet) len() int { return int(d.n) }
 
+// has reports whether the set holds id itself (not only its fingerprint).
 func (d *idSet) has(id string) bool {
+	dup, _ := d.check(id, 0)
+	return dup
+}
+
+// check reports whether the set holds id itself (dup), and else whether it
+// holds fp, the id's fingerprint (held): one of the ids applied before the
+// state was restored from a store with an id index has that fingerprint,
+// and only the index tells whether it is this id. fp is not read when the
+// set holds no fingerprints.
+func (d *idSet) check(id string, fp uint32) (dup, held bool) {
 	if d.index == nil && d.n > scanIDs {
 		if d.n > maxScanIDs || d.scans >= indexAfterScans {
 			d.reindex() // (sized for the ids there are: no growth on the way)
@@ -214,26 +285,63 @@ func (d *idSet) has(id string) bool {
 		}
 	}
 	if x := d.index; x != nil {
-		h := maphash.String(idSeed, id)
-		mask := uint64(len(x.slots) - 1)
-		for i := h & mask; ; i = (i + 1) & mask {
-			v := x.slots[i]
-			if v == 0 {
-				return false
+		if x.probe(d, maphash.String(idSeed, id), func(e []byte, isFP bool) bool { return !isFP && string(e) == id }) {
+			return true, false
+		}
+		return false, d.fps && x.probe(d, fpHash(fp), func(e []byte, isFP bool) bool { return isFP && binary.LittleEndian.Uint32(e) == fp })
+	}
+	for c := d.cursor(); c.more(); {
+		e, _ := c.next()
+		if !c.fp {
+			if string(e) == id {
+				return true, false
 			}
-			if !x.wide {
-				if v>>24 != uint32(h>>56) {
-					continue
-				}
-				v &= 1<<24 - 1
+		} else if binary.LittleEndian.Uint32(e) == fp {
+			held = true
+		}
+	}
+	return false, held
+}
+
+// probe reports whether an id of hash h that the set holds matches.
+func (x *idIndex) probe(d *idSet, h uint64, match func(e []byte, isFP bool) bool) bool {
+	mask := uint64(len(x.slots) - 1)
+	for i := h & mask; ; i = (i + 1) & mask {
+		v := x.slots[i]
+		if v == 0 {
+			return false
+		}
+		if !x.wide {
+			if v>>24 != uint32(h>>56) {
+				continue
 			}
-			if off := int32(v-1) - x.dropped; off >= d.head && string(d.idAt(off)) == id {
+			v &= 1<<24 - 1
+		}
+		if off := int32(v-1) - x.dropped; off >= d.head {
+			if e, isFP := d.idAt(off); match(e, isFP) {
 				return true
 			}
 		}
 	}
+}
+
+// fingerprintTimes returns the times of the ids the set holds as
+// fingerprint fp, oldest first.
+func (d *idSet) fingerprintTimes(fp uint32) []int64 {
+	var ats []int64
 	for c := d.cursor(); c.more(); {
-		if e, _ := c.next(); string(e) == id {
+		if e, at := c.next(); c.fp && binary.LittleEndian.Uint32(e) == fp {
+			ats = append(ats, at)
+		}
+	}
+	return ats
+}
+
+// holdsFingerprint reports whether fingerprint fp with time at is among
+// the ids from c on.
+func (d *idSet) holdsFingerprint(c idCursor, fp uint32, at int64) bool {
+	for c.more() {
+		if e, t := c.next(); c.fp && t == at && binary.LittleEndian.Uint32(e) == fp {
 			return true
 		}
 	}
@@ -243,8 +351,8 @@ func (d *idSet) has(id string) bool {
 // hasFrom reports whether id is among the ids from the one whose entry
 // starts at off (at or after head) to the newest.
 func (d *idSet) hasFrom(off int, id string) bool {
-	for c := (idCursor{d, off, 0}); c.more(); {
-		if e, _ := c.next(); string(e) == id {
+	for c := (idCursor{d: d, off: off}); c.more(); {
+		if e, _ := c.next(); !c.fp && string(e) == id {
 			return true
 		}
 	}
@@ -256,12 +364,15 @@ type idCursor struct {
 	d   *idSet
 	off int
 	at  int64
+	fp  bool // the id next returned is a fingerprint (its 4 bytes)
 }
 
-func (d *idSet) cursor() idCursor { return idCursor{d, int(d.head), d.baseAt} }
+func (d *idSet) cursor() idCursor { return idCursor{d: d, off: int(d.head), at: d.baseAt} }
 
 // runOf returns a cursor at the first id of bucket b's run.
-func (d *idSet) runOf(b *bucketInfo) idCursor { return idCursor{d, int(b.start), b.startAt} }
+func (d *idSet) runOf(b *bucketInfo) idCursor {
+	return idCursor{d: d, off: int(b.start), at: b.startAt}
+}
 
 // tailNum is the number of the first id of the bucket's last part.
 func (b *bucketInfo) tailNum() int { return (b.added - 1) / partIDs * partIDs }
@@ -272,7 +383,7 @@ func (b *bucketInfo) tailNum() int { return (b.added - 1) / partIDs * partIDs }
 func (d *idSet) partAt(b *bucketInfo, num int) (idCursor, int) {
 	first := b.added - b.count // the number of the run's first id
 	if t := b.tailNum(); num >= t && t >= first {
-		c := idCursor{d, int(b.tail), b.tailAt}
+		c := idCursor{d: d, off: int(b.tail), at: b.tailAt}
 		c.skip(num - t)
 		return c, num - first
 	}
@@ -292,15 +403,34 @@ func (d *idSet) renumbered(b *bucketInfo) {
 
 func (c *idCursor) more() bool { return c.off < len(c.d.log) }
 
-// next returns the next id (its bytes are the log's) and its time.
+// next returns the next id (its bytes are the log's; a fingerprint's 4 if
+// c.fp) and its time.
 func (c *idCursor) next() ([]byte, int64) {
 	b := c.d.log[c.off:]
 	delta, n := binary.Varint(b)
 	l, m := binary.Uvarint(b[n:])
+	if c.fp = l == 0; c.fp {
+		l = fpLen
+	}
 	id := b[n+m : n+m+int(l)]
 	c.off += n + m + int(l)
 	c.at += delta
 	return id, c.at
+}
+
+// nextAs is next for writing the id: its bytes, or its fingerprint (not
+// 0) if the set holds only that or if the id's entry is before log offset
+// fpBefore (the store's index holds it).
+func (c *idCursor) nextAs(fpBefore int) (id []byte, fp uint32, at int64) {
+	asFP := c.off < fpBefore
+	e, at := c.next()
+	switch {
+	case c.fp:
+		return nil, binary.LittleEndian.Uint32(e), at
+	case asFP:
+		return nil, idFingerprint(e), at
+	}
+	return e, 0, at
 }
 
 // skip passes over n ids.
@@ -310,12 +440,16 @@ func (c *idCursor) skip(n int) {
 	}
 }
 
-// idAt returns the bytes of the id whose entry starts at off.
-func (d *idSet) idAt(off int32) []byte {
+// idAt returns the bytes of the id whose entry starts at off, and whether
+// they are a fingerprint's.
+func (d *idSet) idAt(off int32) ([]byte, bool) {
 	b := d.log[off:]
 	_, n := binary.Varint(b)
 	l, m := binary.Uvarint(b[n:])
-	return b[n+m : n+m+int(l)]
+	if l == 0 {
+		return b[n+m : n+m+fpLen], true
+	}
+	return b[n+m : n+m+int(l)], false
 }
 
 // add remembers id, applied at (ms), which the set does not hold. Lookup
@@ -323,20 +457,30 @@ func (d *idSet) idAt(off int32) []byte {
 // are runs of the log, so a state that is snapshotted gets its ids in time
 // order: Apply adds at the key's processing time, which never goes back,
 // and a restore adds them as stored.
-func (d *idSet) add(id string, at int64, width int64) { addID(d, id, at, width) }
+func (d *idSet) add(id string, at int64, width int64) { addID(d, id, 0, at, width) }
 
 // addBytes is add for an id in bytes (copied).
-func (d *idSet) addBytes(id []byte, at int64, width int64) { addID(d, id, at, width) }
+func (d *idSet) addBytes(id []byte, at int64, width int64) { addID(d, id, 0, at, width) }
 
-func addID[T string | []byte](d *idSet, id T, at int64, width int64) {
+// addFingerprint is add for an id the store's index holds, known by its
+// fingerprint fp (not 0).
+func (d *idSet) addFingerprint(fp uint32, at int64, width int64) { addID(d, "", fp, at, width) }
+
+func addID[T string | []byte](d *idSet, id T, fp uint32, at int64, width int64) {
 	if d.n == 0 {
 		d.log, d.head, d.index = d.log[:0], 0, nil
 		d.baseAt, d.lastAt, d.headAt = at, at, at
+		d.fps, d.indexed, d.markOff, d.markV = false, 0, 0, 0
 	}
 	off, prevAt := len(d.log), d.lastAt
 	d.log = binary.AppendVarint(d.log, at-d.lastAt)
-	d.log = binary.AppendUvarint(d.log, uint64(len(id)))
-	d.log = append(d.log, id...)
+	if fp != 0 {
+		d.log = binary.LittleEndian.AppendUint32(append(d.log, 0), fp)
+		d.fps = true
+	} else {
+		d.log = binary.AppendUvarint(d.log, uint64(len(id)))
+		d.log = append(d.log, id...)
+	}
 	d.lastAt = at
 	d.n++
 	if x := d.index; x != nil {
@@ -370,7 +514,12 @@ func (d *idSet) toBuckets(width int64) {
 // insert indexes the id whose entry starts at off, in the first slot of
 // its probe that is empty or holds an expired id.
 func (d *idSet) insert(off int) {
-	h := maphash.Bytes(idSeed, d.idAt(int32(off)))
+	var h uint64
+	if e, isFP := d.idAt(int32(off)); isFP {
+		h = fpHash(binary.LittleEndian.Uint32(e))
+	} else {
+		h = maphash.Bytes(idSeed, e)
+	}
 	x := d.index
 	slot := uint32(off + int(x.dropped) + 1)
 	if !x.wide {
@@ -488,6 +637,7 @@ func (d *idSet) expire(horizon, width int64, version uint64) {
 	case d.n == 0:
 		d.log, d.head, d.index = nil, 0, nil // let the arrays go
 		d.buckets = nil
+		d.fps, d.indexed, d.markOff, d.markV = false, 0, 0, 0
 		d.spilled = false // every stored bucket is gone
 	case 2*int(d.head) > len(d.log):
 		d.compact()
@@ -516,6 +666,8 @@ func (d *idSet) compact() {
 	if d.index != nil {
 		d.index.dropped += d.head
 	}
+	d.indexed = max(d.indexed-d.head, 0)
+	d.markOff = max(d.markOff-d.head, 0)
 	d.head = 0
 }
 
@@ -541,4 +693,30 @@ func (d *idSet) persisted(version uint64) {
 	if len(d.gone) == 0 {
 		d.gone = nil
 	}
+	// (The mark's version as of its low 32 bits: a key changes fewer than
+	// 2^31 times between a snapshot and the checkpoint storing it.)
+	if int32(uint32(version)-d.markV) >= 0 {
+		d.indexed = max(d.indexed, d.markOff)
+	}
+}
+
+// IndexedID is an id a key applied, for the store's id index.
+type IndexedID struct {
+	ID string
+	At int64 // when the key applied it (Unix ms)
+}
+
+// unindexed appends the ids the set holds in full that the store's index
+// lacks (from indexed on) to ids, and marks the log's length as of
+// version: once told that the snapshot of version is stored (persisted),
+// they are indexed.
+func (d *idSet) unindexed(ids []IndexedID, version uint64) []IndexedID {
+	for c := d.cursor(); c.more(); {
+		off := c.off
+		if e, at := c.next(); !c.fp && off >= int(d.indexed) {
+			ids = append(ids, IndexedID{ID: string(e), At: at})
+		}
+	}
+	d.markOff, d.markV = int32(len(d.log)), uint32(version)
+	return ids
 }

@@ -24,13 +24,13 @@ const (
 	ksSeenBucketParts, ksSeenPartIDs                                                     = 15, 16
 	asName, asCount, asNumber, asLast, asOp, asSketch                                    = 1, 2, 3, 4, 5, 6
 	sbIDs                                                                                = 1
-	siID, siAt                                                                           = 1, 2
+	siID, siAt, siFingerprint                                                            = 1, 2, 3
 )
 
 // appendCore appends the state's KeyState, its ids inline or, once they
 // spilled, as the list of their buckets. The pipeline has no windows or
 // patterns.
-func (p *Pipeline) appendCore(b []byte, s *State) ([]byte, error) {
+func (p *Pipeline) appendCore(b []byte, s *State, fpBefore int) ([]byte, error) {
 	b = appendVarintField(b, ksSeq, s.seq)
 	b = appendVarintField(b, ksNow, uint64(s.now))
 	for i := range p.aggs {
@@ -61,7 +61,7 @@ func (p *Pipeline) appendCore(b []byte, s *State) ([]byte, error) {
 	}
 	if !s.ids.spilled {
 		for c := s.ids.cursor(); c.more(); {
-			b = appendSeenID(b, ksSeen, &c)
+			b = appendSeenID(b, ksSeen, &c, fpBefore)
 		}
 	} else if len(s.ids.buckets) > 0 { // packed
 		b = protowire.AppendTag(b, ksSeenBuckets, protowire.BytesType)
@@ -92,12 +92,16 @@ func (p *Pipeline) appendCore(b []byte, s *State) ([]byte, error) {
 
 // appendSeenID appends the cursor's next id as field num: of a SeenBucket
 // (sbIDs), or of a KeyState holding its ids inline (ksSeen).
-func appendSeenID(b []byte, num protowire.Number, c *idCursor) []byte {
-	id, at := c.next()
+func appendSeenID(b []byte, num protowire.Number, c *idCursor, fpBefore int) []byte {
+	id, fp, at := c.nextAs(fpBefore)
 	b = protowire.AppendTag(b, num, protowire.BytesType)
 	b, mark := beginMessage(b)
 	b = appendBytesField(b, siID, id)
 	b = appendVarintField(b, siAt, uint64(at))
+	if fp != 0 {
+		b = protowire.AppendTag(b, siFingerprint, protowire.Fixed32Type)
+		b = protowire.AppendFixed32(b, fp)
+	}
 	return endMessage(b, mark)
 }
 

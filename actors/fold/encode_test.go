@@ -75,7 +75,7 @@ func TestDirectEncoding(t *testing.T) {
 				want.SeenPartIds = partIDs
 			}
 		} else {
-			want.Seen = seenProto(&s.ids)
+			want.Seen = seenProto(&s.ids, 0)
 		}
 		wantData, err := marshal.Marshal(want)
 		if err != nil {

@@ -37,6 +37,19 @@ type Event struct {
 	Call bool
 
 	contrib []contribution // one per aggregate of the pipeline, in order
+	// indexedAt is the answer of the store's id index for ID (SetIndexed):
+	// 0 if not looked up, -1 if absent, else when it was stored.
+	indexedAt int64
+}
+
+// SetIndexed gives the event what the store's id index holds of its id,
+// for ApplyEvent (which answered LookUp): at is the latest time the id was
+// stored with under the buckets IDLookups named, 0 if under none.
+func (ev *Event) SetIndexed(at int64) {
+	if at <= 0 {
+		at = -1
+	}
+	ev.indexedAt = at
 }
 
 // contribution is what one event adds to one aggregate.

@@ -41,8 +41,9 @@ func forward(p *fold.Pipeline, events []*fold.Event) (raws [][]byte, keys []stri
 func TestForwardedIsPrepared(t *testing.T) {
 	// A field added to Event must travel too: add it to the encoding
 	// (forward.go) and to forwardEvents, then here. (Call is not encoded:
-	// a call travels by the Cluster service's Call, never in a batch.)
-	if n := reflect.TypeFor[fold.Event]().NumField(); n != 10 {
+	// a call travels by the Cluster service's Call, never in a batch; nor
+	// is what the owner's store answered for the id, indexedAt.)
+	if n := reflect.TypeFor[fold.Event]().NumField(); n != 11 {
 		t.Fatalf("fold.Event has %d fields: does AppendPrepared encode the new one?", n)
 	}
 	p := mustCompile(t, fuzzSpec)

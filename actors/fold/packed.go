@@ -27,7 +27,9 @@ import (
 // a change to them is a new version, which the reader must tell apart.
 //
 //	packedCore  seq dups now, then per aggregate: count [number last], then
-//	            ids: n, then per id: len id now-at
+//	            ids: n, then per id: len id now-at, where an id the store's
+//	            id index holds may be its fingerprint: len 0, then its 4
+//	            bytes (little-endian) (version 2; version 1 has none)
 //	packedProto a keyfold.v1.KeyState (AppendState)
 //
 // Integers are varints (signed ones zigzag); a number is an uvarint whose
@@ -41,26 +43,32 @@ const (
 
 // PackedVersion is the version of the packed form described above, which
 // stored packed snapshots carry.
-const PackedVersion = 1
+const PackedVersion = 2
+
+// MinPackedVersion is the oldest version of the packed form this build
+// reads: version 2 added fingerprints, which version 1 states lack.
+const MinPackedVersion = 1
 
 // maxPackedInt bounds the integers a number packs as: beyond it a float64
 // no longer represents every integer.
 const maxPackedInt = 1 << 53
 
-// AppendPacked appends s in its packed form to dst. The state must be one
-// part (OnePart): unpacked, a state whose snapshot keeps its ids in buckets
+// AppendPacked appends s in its packed form to dst, the ids the store's
+// id index holds as their fingerprints. The state must be one part
+// (OnePart): unpacked, a state whose snapshot keeps its ids in buckets
 // would not know to delete them.
 func (p *Pipeline) AppendPacked(dst []byte, s *State) ([]byte, error) {
 	if !s.OnePart() {
 		return nil, errors.New("fold: pack state: its ids are in buckets")
 	}
-	return p.appendPacked(dst, s)
+	return p.appendPacked(dst, s, int(s.ids.indexed))
 }
 
-// appendPacked is AppendPacked of any state, its ids inline.
-func (p *Pipeline) appendPacked(dst []byte, s *State) ([]byte, error) {
+// appendPacked is AppendPacked of any state, its ids inline, those held in
+// full before log offset fpBefore as their fingerprints.
+func (p *Pipeline) appendPacked(dst []byte, s *State, fpBefore int) ([]byte, error) {
 	if !p.packsCore() {
-		return p.AppendState(append(dst, packedProto), s)
+		return p.appendState(append(dst, packedProto), s, fpBefore)
 	}
 	dst = append(dst, packedCore)
 	dst = binary.AppendUvarint(dst, s.seq)
@@ -79,8 +87,11 @@ func (p *Pipeline) appendPacked(dst []byte, s *State) ([]byte, error) {
 	}
 	dst = binary.AppendUvarint(dst, uint64(s.ids.len()))
 	for c := s.ids.cursor(); c.more(); {
-		id, at := c.next()
+		id, fp, at := c.nextAs(fpBefore)
 		dst = binary.AppendUvarint(dst, uint64(len(id)))
+		if fp != 0 {
+			dst = binary.LittleEndian.AppendUint32(dst, fp)
+		}
 		dst = append(dst, id...)
 		dst = binary.AppendVarint(dst, s.now-at)
 	}
@@ -181,10 +192,14 @@ func (p *Pipeline) UnpackState(data []byte) (State, error) {
 		s.ids.log = make([]byte, 0, len(r.b))
 	}
 	for range n {
-		id := r.bytes(r.uvarint())
+		id, fp := r.id()
 		at := s.now - r.varint()
 		if r.err == nil && at > horizon { // as loadIDs
-			s.ids.addBytes(id, at, p.bucketWidth())
+			if fp != 0 {
+				s.ids.addFingerprint(fp, at, p.bucketWidth())
+			} else {
+				s.ids.addBytes(id, at, p.bucketWidth())
+			}
 		}
 	}
 	if r.err == nil && len(r.b) > 0 {
@@ -241,6 +256,21 @@ func (r *packedReader) number() float64 {
 	f := math.Float64frombits(binary.LittleEndian.Uint64(r.b))
 	r.b = r.b[8:]
 	return f
+}
+
+// id reads an id's length and bytes, or a length of 0 and its
+// fingerprint (not 0).
+func (r *packedReader) id() (id []byte, fp uint32) {
+	l := r.uvarint()
+	if l > 0 {
+		return r.bytes(l), 0
+	}
+	if b := r.bytes(fpLen); b != nil {
+		if fp = binary.LittleEndian.Uint32(b); fp == 0 {
+			r.err, r.b = errors.New("an id's fingerprint is 0"), nil
+		}
+	}
+	return nil, fp
 }
 
 // bytes returns the next n bytes, within r.b (not copied).

@@ -111,8 +111,8 @@ func (p *Pipeline) UnpackShaped(shape, data []byte) (State, error) {
 		return State{}, errors.New("fold: packed state: too many ids")
 	}
 	for range n {
-		id := string(r.bytes(r.uvarint()))
-		ks.Seen = append(ks.Seen, &keyfoldv1.SeenID{Id: id, AtMs: ks.NowMs - r.varint()})
+		id, fp := r.id()
+		ks.Seen = append(ks.Seen, &keyfoldv1.SeenID{Id: string(id), Fingerprint: fp, AtMs: ks.NowMs - r.varint()})
 	}
 	if r.err == nil && len(r.b) > 0 {
 		r.err = errors.New("trailing bytes")

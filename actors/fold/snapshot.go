@@ -11,7 +11,8 @@ import (
 )
 
 // MarshalState encodes a key's whole state (keyfold.v1.KeyState, ids
-// inline). Aggregates are stored by name, so a pipeline may gain or lose
+// inline; those the store's id index holds as their fingerprints).
+// Aggregates are stored by name, so a pipeline may gain or lose
 // aggregates between runs.
 func (p *Pipeline) MarshalState(s *State) ([]byte, error) { return p.AppendState(nil, s) }
 
@@ -20,13 +21,20 @@ func (p *Pipeline) MarshalState(s *State) ([]byte, error) { return p.AppendState
 // whose snapshot is one part (OnePart) it is the core SnapshotParts
 // encodes, with the fast encoder of pipelines without windows or patterns.
 func (p *Pipeline) AppendState(dst []byte, s *State) ([]byte, error) {
+	return p.appendState(dst, s, int(s.ids.indexed))
+}
+
+// appendState is AppendState writing the ids held in full before log
+// offset fpBefore as their fingerprints.
+func (p *Pipeline) appendState(dst []byte, s *State, fpBefore int) ([]byte, error) {
 	if !p.Timed() && !s.ids.spilled {
-		return p.appendCore(dst, s)
+		return p.appendCore(dst, s, fpBefore)
 	}
-	ks, err := p.StateProto(s)
+	ks, err := p.coreProto(s)
 	if err != nil {
 		return nil, err
 	}
+	ks.Seen = seenProto(&s.ids, fpBefore)
 	return proto.MarshalOptions{}.MarshalAppend(dst, ks)
 }
 
@@ -41,19 +49,20 @@ func (p *Pipeline) StateProto(s *State) (*keyfoldv1.KeyState, error) {
 	if err != nil {
 		return nil, err
 	}
-	ks.Seen = seenProto(&s.ids)
+	ks.Seen = seenProto(&s.ids, int(s.ids.indexed))
 	return ks, nil
 }
 
-// seenProto is the ids in their stored form, oldest first.
-func seenProto(d *idSet) []*keyfoldv1.SeenID {
+// seenProto is the ids in their stored form, oldest first; those held in
+// full before log offset fpBefore as their fingerprints.
+func seenProto(d *idSet, fpBefore int) []*keyfoldv1.SeenID {
 	if d.len() == 0 {
 		return nil
 	}
 	seen := make([]*keyfoldv1.SeenID, 0, d.len())
 	for c := d.cursor(); c.more(); {
-		id, at := c.next()
-		seen = append(seen, &keyfoldv1.SeenID{Id: string(id), AtMs: at})
+		id, fp, at := c.nextAs(fpBefore)
+		seen = append(seen, &keyfoldv1.SeenID{Id: string(id), AtMs: at, Fingerprint: fp})
 	}
 	return seen
 }
@@ -200,22 +209,56 @@ const RestoredVersion = 1
 // each restored key's index, BENCHMARKS.md session 37.)
 func (p *Pipeline) loadIDs(s *State, ids []*keyfoldv1.SeenID, newest *newestRun) {
 	for _, e := range ids {
-		p.restoreID(s, e.Id, e.AtMs, newest)
+		p.restoreSeen(s, e.Id, e.Fingerprint, e.AtMs, newest)
+	}
+}
+
+// restoreSeen is restoreID of a stored SeenID: an id, or its fingerprint
+// fp if the id is empty and fp is not 0 (the store's index holds the id).
+// A fingerprint held already with the same time is not added again, as an
+// id is not (restoreID): what two ids of one fingerprint applied in the
+// same millisecond leave is the same either way, a look-up under that
+// time's bucket.
+func (p *Pipeline) restoreSeen(s *State, id string, fp uint32, at int64, newest *newestRun) {
+	if id != "" || fp == 0 {
+		p.restoreID(s, id, at, newest)
+		return
+	}
+	if at <= s.now-p.dedupWindow.Milliseconds() {
+		return // expired
+	}
+	switch {
+	case at > newest.at:
+	case at == newest.at:
+		if s.ids.holdsFingerprint(idCursor{d: &s.ids, off: newest.off, at: newest.base}, fp, at) {
+			return
+		}
+	case s.ids.holdsFingerprint(s.ids.cursor(), fp, at):
+		return
+	}
+	off, base := len(s.ids.log), s.ids.lastAt // where add puts it
+	if s.ids.n == 0 {
+		off, base = 0, at
+	}
+	s.ids.addFingerprint(fp, at, p.bucketWidth())
+	if at > newest.at {
+		*newest = newestRun{at, off, base}
 	}
 }
 
 // newestRun is the time of the newest ids a restore loaded, and the log
 // offset of the first of them (loadIDs).
 type newestRun struct {
-	at  int64
-	off int
+	at   int64
+	off  int
+	base int64 // the time of the id before off (its entry's delta is from it)
 }
 
 // restoreID adds a stored id to a restored state unless it expired or the
 // state holds it already (loadIDs).
 func (p *Pipeline) restoreID(s *State, id string, at int64, newest *newestRun) {
-	if at <= s.now-p.dedupWindow.Milliseconds() {
-		return // expired
+	if at <= s.now-p.dedupWindow.Milliseconds() || id == "" {
+		return // expired (or never applied: ids are not empty)
 	}
 	d := &s.ids
 	switch {
@@ -227,13 +270,13 @@ func (p *Pipeline) restoreID(s *State, id string, at int64, newest *newestRun) {
 	case d.has(id):
 		return
 	}
-	off := len(d.log) // where add puts it
+	off, base := len(d.log), d.lastAt // where add puts it
 	if d.n == 0 {
-		off = 0
+		off, base = 0, at
 	}
 	d.add(id, at, p.bucketWidth())
 	if at > newest.at {
-		*newest = newestRun{at, off}
+		*newest = newestRun{at, off, base}
 	}
 }
 
@@ -255,6 +298,10 @@ type Parts struct {
 	// Version is the state's version the parts reflect; pass it to
 	// Persisted once they are stored.
 	Version uint64
+	// IDs are the ids the parts hold as fingerprints that the store's id
+	// index lacks (SnapshotOptions.IDIndex): they must be stored in it
+	// with the parts, atomically.
+	IDs []IndexedID
 }
 
 // CoreState returns the core state as a message, decoding CoreData if that
@@ -296,7 +343,7 @@ func (p *Pipeline) SnapshotParts(s *State, since uint64) (Parts, error) {
 // there is one (Parts.CoreData), to dst: a caller that knows about how
 // large it is, or wants room before it, allocates once.
 func (p *Pipeline) SnapshotPartsAppend(s *State, since uint64, dst []byte) (Parts, error) {
-	return p.snapshotParts(s, since, dst, false)
+	return p.Snapshot(s, since, dst, SnapshotOptions{})
 }
 
 // SnapshotPartsPacked is SnapshotPartsAppend with the core in its packed
@@ -304,15 +351,37 @@ func (p *Pipeline) SnapshotPartsAppend(s *State, since uint64, dst []byte) (Part
 // a Shape, the state's ids are inline: OnePart); in the KeyState's
 // otherwise.
 func (p *Pipeline) SnapshotPartsPacked(s *State, since uint64, dst []byte) (Parts, error) {
-	return p.snapshotParts(s, since, dst, p.shape != nil && s.OnePart())
+	return p.Snapshot(s, since, dst, SnapshotOptions{Packed: true})
 }
 
-func (p *Pipeline) snapshotParts(s *State, since uint64, dst []byte, packed bool) (Parts, error) {
+// SnapshotOptions say what form of a snapshot the store takes.
+type SnapshotOptions struct {
+	// Packed: the core in its packed form where the state packs
+	// positionally (SnapshotPartsPacked).
+	Packed bool
+	// IDIndex: the store keeps an id index (persistence.Store.LookupIDs).
+	// The snapshot then holds each id as its 4-byte fingerprint, and
+	// Parts.IDs lists the ids the index lacks, to store with it. A key
+	// restored from it looks an event's id up in the index only when the
+	// id has the fingerprint of one applied before (ApplyEvent).
+	IDIndex bool
+}
+
+// Snapshot is SnapshotPartsAppend in the form o says.
+func (p *Pipeline) Snapshot(s *State, since uint64, dst []byte, o SnapshotOptions) (Parts, error) {
+	packed := o.Packed && p.shape != nil && s.OnePart()
 	parts := Parts{Version: s.version, NextTimer: p.NextTimer(s), Packed: packed}
+	// The ids held in full before fpBefore are written as fingerprints:
+	// those the index holds already, or every id once it is given those it
+	// lacks (parts.IDs, stored with the parts).
+	fpBefore := int(s.ids.indexed)
+	if o.IDIndex {
+		fpBefore = len(s.ids.log)
+		parts.IDs = s.ids.unindexed(nil, s.version)
+	}
 	var err error
 	if packed {
-		parts.CoreData, err = p.AppendPacked(dst, s)
-		if err != nil {
+		if parts.CoreData, err = p.appendPacked(dst, s, fpBefore); err != nil {
 			return Parts{}, err
 		}
 	} else if p.Timed() {
@@ -331,9 +400,9 @@ func (p *Pipeline) snapshotParts(s *State, since uint64, dst []byte, packed bool
 				}
 			}
 		} else {
-			parts.Core.Seen = seenProto(&s.ids)
+			parts.Core.Seen = seenProto(&s.ids, fpBefore)
 		}
-	} else if parts.CoreData, err = p.appendCore(dst, s); err != nil {
+	} else if parts.CoreData, err = p.appendCore(dst, s, fpBefore); err != nil {
 		return Parts{}, err
 	}
 	for _, g := range s.ids.gone {
@@ -379,7 +448,7 @@ func (p *Pipeline) snapshotParts(s *State, since uint64, dst []byte, packed bool
 				data = make([]byte, 0, (hi-lo)*perID)
 			}
 			for j = lo; j < hi; j++ {
-				data = appendSeenID(data, sbIDs, &c)
+				data = appendSeenID(data, sbIDs, &c, fpBefore)
 			}
 			parts.Buckets = append(parts.Buckets, BucketPart{Bucket: bi.bucket, Part: part, Data: data})
 		}

@@ -2,6 +2,7 @@ package fold
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 
 	"github.com/DataDog/sketches-go/ddsketch"
@@ -120,18 +121,59 @@ func (s *State) Version() uint64 { return s.version }
 // Apply folds one prepared event into the key's state at processing time
 // nowMs (Unix milliseconds, taken from the log). It reports whether the event
 // was a duplicate, in which case the aggregates and seq are unchanged.
+//
+// It panics if the event's id needs a look-up in the store's id index: a
+// state restored from a snapshot written with SnapshotOptions.IDIndex is
+// applied with ApplyEvent.
 func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
+	switch p.ApplyEvent(s, ev, nowMs) {
+	case Duplicate:
+		return true
+	case LookUp:
+		panic(fmt.Sprintf("fold: Apply: the id %q of an event for key %q needs a look-up in the store's id index (ApplyEvent)", ev.ID, ev.Key))
+	}
+	return false
+}
+
+// Verdict is what ApplyEvent did with an event.
+type Verdict uint8
+
+const (
+	// Applied: the event is folded into the state.
+	Applied Verdict = iota
+	// Duplicate: the key applied the event's id within the dedup window;
+	// the aggregates and seq are unchanged.
+	Duplicate
+	// LookUp: the key holds the fingerprint of the event's id, of an id
+	// applied before the state was restored, and only the store's id index
+	// tells whether it is this one. Look it up under IDLookups' times, give
+	// the answer to the event (Event.SetIndexed) and apply it again. The
+	// state's clock and ids may have moved (as applying it again moves
+	// them), nothing else.
+	LookUp
+)
+
+// ApplyEvent is Apply, reporting a duplicate or the need for a look-up
+// of the event's id in the store's id index.
+//
+// The look-up keeps the state's answers the same on replay: the index
+// holds what the checkpoints stored, and the key holds in full every id it
+// applied since its state was restored, so an id whose fingerprint it
+// holds is either one of those it was restored with (in the index as of
+// the snapshot it was restored from, and as of the last checkpoint, which
+// replay starts from) or a new id.
+func (p *Pipeline) ApplyEvent(s *State, ev *Event, nowMs int64) Verdict {
 	switch {
 	case ev.Erase:
 		Erase(s)
-		return false
+		return Applied
 	case ev.Expire:
 		// A key with work pending (windows to emit, pattern events or an
 		// absence to decide) is kept until it is done: expiry runs on
 		// processing time, timers on the watermark.
 		if p.ttl > 0 && s.Holds() && s.now+p.ttl <= nowMs && p.NextTimer(s) == 0 && s.h.nextTimer(true) == 0 {
 			Erase(s)
-			return false
+			return Applied
 		}
 		// Also the key's processing-time wake-up (WakeAt).
 		if s.h != nil {
@@ -140,10 +182,10 @@ func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
 			}
 			p.fireProcessing(s, ev.Key, nowMs)
 		}
-		return false
+		return Applied
 	case ev.Call: // its reply is for ApplyCall's caller
 		p.ApplyCall(s, ev, nowMs)
-		return false
+		return Applied
 	}
 	s.version++
 	if nowMs > s.now {
@@ -151,9 +193,22 @@ func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
 	}
 	p.expireIDs(s)
 	if ev.ID != "" {
-		if s.ids.has(ev.ID) {
+		var fp uint32
+		if s.ids.fps {
+			fp = Fingerprint(ev.ID)
+		}
+		dup, held := s.ids.check(ev.ID, fp)
+		if held {
+			switch {
+			case ev.indexedAt == 0:
+				return LookUp
+			case ev.indexedAt > 0: // stored, and within the window?
+				dup = ev.indexedAt > s.now-p.dedupWindow.Milliseconds()
+			}
+		}
+		if dup {
 			s.dups++
-			return true
+			return Duplicate
 		}
 		s.ids.add(ev.ID, s.now, p.bucketWidth())
 	}
@@ -183,8 +238,25 @@ func (p *Pipeline) Apply(s *State, ev *Event, nowMs int64) (duplicate bool) {
 			p.handleEvent(s, ev, t, nowMs)     // after the built-in operators
 		}
 	}
-	return false
+	return Applied
 }
+
+// IDLookups returns, for an event ApplyEvent answered LookUp, the times of
+// the ids the key holds with its id's fingerprint, oldest first: look the
+// id up in the store's index under the bucket of each (IndexBucket).
+func (p *Pipeline) IDLookups(s *State, ev *Event) []int64 {
+	return s.ids.fingerprintTimes(Fingerprint(ev.ID))
+}
+
+// IndexBucketMs is the span of processing time whose ids share a bucket
+// of the store's id index: a minute, whatever the pipeline's dedup window,
+// so that a key's fingerprint names its bucket by its time alone, and the
+// index drops what passed the window a minute at a time.
+const IndexBucketMs = 60_000
+
+// IndexBucket is the bucket of the store's id index an id applied at at
+// (Unix ms) is stored under.
+func IndexBucket(at int64) int64 { return at / IndexBucketMs }
 
 // add folds one contribution into the aggregate.
 func (a *aggState) add(op Op, c *contribution) {
@@ -371,4 +443,16 @@ func Erase(s *State) {
 	}
 	*s = State{version: s.version, now: s.now, timeState: ts, h: s.h.erased()}
 	s.ids.gone = gone
+}
+
+func (v Verdict) String() string {
+	switch v {
+	case Applied:
+		return "applied"
+	case Duplicate:
+		return "duplicate"
+	case LookUp:
+		return "look up"
+	}
+	return fmt.Sprintf("Verdict(%d)", uint8(v))
 }

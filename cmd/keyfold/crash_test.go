@@ -896,6 +896,10 @@ type resolveStats struct {
 	clicksApplied        int
 	clicksDropped        int
 	sampledDups          int
+	// idLookups counts the events whose id the node looked up in its
+	// store's id index (keyfold_id_lookups_total): resent ids of keys
+	// restored from snapshots that hold only their fingerprints.
+	idLookups int
 }
 
 // resolve settles every unknown batch on a restarted node, in each writer's
@@ -955,6 +959,13 @@ func resolve(t *testing.T, n *node, w *workload, o *oracle, rng *rand.Rand, samp
 		}
 		st.sampledDups++
 	}
+	v, err := n.metric("keyfold_id_lookups_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.idLookups, err = strconv.Atoi(v); err != nil {
+		t.Fatalf("keyfold_id_lookups_total %q: %v", v, err)
+	}
 	return st
 }
 
@@ -986,6 +997,7 @@ func TestCrashRecoveryExactlyOnce(t *testing.T) {
 	o := newOracle()
 
 	n := startNode(t, "node-0", cfg, "--data", data)
+	lookups := 0
 	for c := range cycles {
 		target := minTarget + rng.IntN(maxTarget-minTarget+1)
 		t0 := time.Now()
@@ -998,11 +1010,17 @@ func TestCrashRecoveryExactlyOnce(t *testing.T) {
 		t2 := time.Now()
 		rs := resolve(t, n, w, o, rng, 10)
 		verify(t, n, o, fmt.Sprintf("after crash %d", c+1))
+		lookups += rs.idLookups
 		t.Logf("cycle %d: killed after %d acked batches, %d unknown; replayed %d records; "+
-			"logins resent: %d new, %d already applied; clicks unacked: %d applied, %d not; %d acked resent as duplicates; "+
+			"logins resent: %d new, %d already applied; clicks unacked: %d applied, %d not; %d acked resent as duplicates (%d ids looked up in the index); "+
 			"writing %v, restart %v, resolve+verify %v",
-			c, ws.acked, ws.unknown, n.recoveredRecords(), rs.resentNew, rs.resentDup, rs.clicksApplied, rs.clicksDropped, rs.sampledDups,
+			c, ws.acked, ws.unknown, n.recoveredRecords(), rs.resentNew, rs.resentDup, rs.clicksApplied, rs.clicksDropped, rs.sampledDups, rs.idLookups,
 			t1.Sub(t0).Round(time.Millisecond), t2.Sub(t1).Round(time.Millisecond), time.Since(t2).Round(time.Millisecond))
+	}
+	// The duplicates resent after a restart went through the index: the
+	// snapshots the keys were restored from hold fingerprints, not ids.
+	if lookups == 0 {
+		t.Error("no resent id was looked up in the store's id index")
 	}
 }
 

@@ -78,6 +78,7 @@ func TestRedisCrashRecoveryExactlyOnce(t *testing.T) {
 	w := redisWorkload(seed, writers, 20, 120)
 	o := newOracle()
 	n := startNode(t, "node-0", cfg, "--redis", srv.URL())
+	lookups := 0
 	for c := range cycles {
 		ws := writeUntil(t, n, w, o, 15+rng.IntN(30), n.kill)
 		if t.Failed() {
@@ -86,8 +87,12 @@ func TestRedisCrashRecoveryExactlyOnce(t *testing.T) {
 		n = startNode(t, fmt.Sprintf("node-%d", c+1), cfg, "--redis", srv.URL())
 		rs := resolve(t, n, w, o, rng, 10)
 		verify(t, n, o, fmt.Sprintf("after crash %d", c+1))
-		t.Logf("cycle %d: killed after %d acked batches, %d unknown; replayed %d records; logins resent: %d new, %d applied, %d in part; clicks unacked: %d applied, %d not",
-			c, ws.acked, ws.unknown, n.recoveredRecords(), rs.resentNew, rs.resentDup, rs.resentPartial, rs.clicksApplied, rs.clicksDropped)
+		lookups += rs.idLookups
+		t.Logf("cycle %d: killed after %d acked batches, %d unknown; replayed %d records; logins resent: %d new, %d applied, %d in part; clicks unacked: %d applied, %d not; %d ids looked up in the index",
+			c, ws.acked, ws.unknown, n.recoveredRecords(), rs.resentNew, rs.resentDup, rs.resentPartial, rs.clicksApplied, rs.clicksDropped, rs.idLookups)
+	}
+	if lookups == 0 { // (as TestCrashRecoveryExactlyOnce)
+		t.Error("no resent id was looked up in the store's id index")
 	}
 }
 

@@ -444,11 +444,17 @@ func TestLogMigration(t *testing.T) {
 	}
 }
 
-// TestFormatVersions: a format 2 store (its log already out of Pebble) is
-// moved to format 3 at its next open with its data as it was, and allows
-// packed snapshots; a store of a format this build does not know is
-// refused, unchanged.
+// TestFormatVersions: a format 2 or 3 store (its log already out of
+// Pebble) is moved to format 4 at its next open with its data as it was,
+// and allows packed snapshots; a store of a format this build does not
+// know is refused, unchanged.
 func TestFormatVersions(t *testing.T) {
+	for _, from := range []uint64{2, 3} {
+		t.Run(fmt.Sprint(from), func(t *testing.T) { testFormatVersionFrom(t, from) })
+	}
+}
+
+func testFormatVersionFrom(t *testing.T, from uint64) {
 	dir := t.TempDir()
 	s := openSmall(t, dir, 512)
 	epochs := claim(t, s, 1)
@@ -456,18 +462,18 @@ func TestFormatVersions(t *testing.T) {
 	if err := s.Checkpoint(t.Context(), 1, epochs[1], persistence.CheckpointData{Snapshots: []persistence.Snapshot{{Key: "k", Data: []byte("v")}}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.db.Set(metaFormatKey, encodeUint64(2), pebble.Sync); err != nil {
+	if err := s.db.Set(metaFormatKey, encodeUint64(from), pebble.Sync); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
 	s = openSmall(t, dir, 512)
-	if v, err := getDecoded(s, metaFormatKey, decodeUint64); err != nil || v != 3 {
-		t.Errorf("format = %d, %v; want 3", v, err)
+	if v, err := getDecoded(s, metaFormatKey, decodeUint64); err != nil || v != 4 {
+		t.Errorf("format = %d, %v; want 4", v, err)
 	}
-	if !persistence.AllowsPacked(s) {
-		t.Error("a format 3 store does not allow packed snapshots")
+	if !persistence.AllowsPacked(s) || !persistence.HasIDIndex(s) {
+		t.Error("a format 4 store does not allow packed snapshots, or has no id index")
 	}
 	if got, err := s.Get(t.Context(), 1, "k"); err != nil || string(got) != "v" {
 		t.Errorf("snapshot after the move = %q, %v", got, err)
@@ -475,7 +481,7 @@ func TestFormatVersions(t *testing.T) {
 	if got := readLog(t, s, 1, 0); len(got) != 3 {
 		t.Errorf("log after the move = %v, want 3 records", got)
 	}
-	if err := s.db.Set(metaFormatKey, encodeUint64(4), pebble.Sync); err != nil {
+	if err := s.db.Set(metaFormatKey, encodeUint64(5), pebble.Sync); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
@@ -485,7 +491,7 @@ func TestFormatVersions(t *testing.T) {
 		if err == nil {
 			s.Close()
 		}
-		t.Fatalf("open of a format 4 store: %v, want ErrIncompatible", err)
+		t.Fatalf("open of a format 5 store: %v, want ErrIncompatible", err)
 	}
 }
 

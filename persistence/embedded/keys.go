@@ -66,8 +66,11 @@ const (
 // The timer and output keys came later, without a new version: a store
 // without them is one with no timers and no outputs. Version 2 moved the
 // log out of Pebble (journal.go). Version 3 allows snapshots in keyfold's
-// packed form (actors/packed.go); the key layout is version 2's.
-const formatVersion = 3
+// packed form (actors/packed.go); the key layout is version 2's. Version 4
+// adds the id index ('i' keys) and snapshots that hold fingerprints of the
+// ids it keeps (keyfold.v1.SeenID.fingerprint), which older keyfolds would
+// read as no ids.
+const formatVersion = 4
 
 var (
 	metaFormatKey = []byte("mformat")

@@ -34,6 +34,9 @@ func New(inner persistence.Store) *Store {
 // PackedSnapshots is the wrapped store's (persistence.PackedSnapshots).
 func (s *Store) PackedSnapshots() bool { return persistence.AllowsPacked(s.inner) }
 
+// IDIndex implements persistence.IDIndexer, as the wrapped store does.
+func (s *Store) IDIndex() bool { return persistence.HasIDIndex(s.inner) }
+
 // Inner returns the wrapped store.
 func (s *Store) Inner() persistence.Store { return s.inner }
 

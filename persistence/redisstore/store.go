@@ -1069,6 +1069,10 @@ func (s *Store) GetGroups(ctx context.Context, reads []persistence.GroupKeys) ([
 // or above (every store it creates is; one created at format 1 stays so).
 func (s *Store) PackedSnapshots() bool { return s.packed.Load() }
 
+// IDIndex reports whether the store's format keeps an id index (3 and
+// later), once CheckGroups has read it (persistence.IDIndexer).
+func (s *Store) IDIndex() bool { return s.format.Load() >= minEpochLogFormat }
+
 // RecordedGroups returns the number of key groups the store records (0:
 // none yet) (persistence.GroupsRecorder).
 func (s *Store) RecordedGroups(ctx context.Context) (uint32, error) {

@@ -1718,11 +1718,18 @@ func (x *AggregateState) GetSketch() []byte {
 	return nil
 }
 
-// SeenID records that an event id was applied at a processing time.
+// SeenID records that an event id was applied at a processing time: the
+// id itself, or only its fingerprint once the store's id index holds the
+// id (a store with an id index, where a key's snapshot keeps 4 bytes per
+// remembered id instead of the id; the index is read only when an event's
+// id has the fingerprint of one applied before the key was restored).
 type SeenID struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	AtMs          int64                  `protobuf:"varint,2,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	AtMs  int64                  `protobuf:"varint,2,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	// The fingerprint (fold.Fingerprint, never 0) of an id kept in the
+	// store's id index, when id is empty.
+	Fingerprint   uint32 `protobuf:"fixed32,3,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1767,6 +1774,13 @@ func (x *SeenID) GetId() string {
 func (x *SeenID) GetAtMs() int64 {
 	if x != nil {
 		return x.AtMs
+	}
+	return 0
+}
+
+func (x *SeenID) GetFingerprint() uint32 {
+	if x != nil {
+		return x.Fingerprint
 	}
 	return 0
 }
@@ -1922,10 +1936,11 @@ const file_proto_keyfold_v1_log_proto_rawDesc = "" +
 	"\x06number\x18\x03 \x01(\x01R\x06number\x12\x1b\n" +
 	"\tlast_json\x18\x04 \x01(\fR\blastJson\x12\x0e\n" +
 	"\x02op\x18\x05 \x01(\tR\x02op\x12\x16\n" +
-	"\x06sketch\x18\x06 \x01(\fR\x06sketch\"-\n" +
+	"\x06sketch\x18\x06 \x01(\fR\x06sketch\"O\n" +
 	"\x06SeenID\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x13\n" +
-	"\x05at_ms\x18\x02 \x01(\x03R\x04atMsB7Z5github.com/keyfold/keyfold/proto/keyfold/v1;keyfoldv1b\x06proto3"
+	"\x05at_ms\x18\x02 \x01(\x03R\x04atMs\x12 \n" +
+	"\vfingerprint\x18\x03 \x01(\aR\vfingerprintB7Z5github.com/keyfold/keyfold/proto/keyfold/v1;keyfoldv1b\x06proto3"
 
 var (
 	file_proto_keyfold_v1_log_proto_rawDescOnce sync.Once
