@@ -17,7 +17,7 @@ func FuzzUnpackCached(f *testing.F) {
 	}
 	// Seeds: clean states with a few ids (packed), and with ids in one or
 	// several buckets and parts (the cache's own form).
-	for _, ids := range []int{0, 3, inlineIDs + 1, 3 * partIDs} {
+	for i, ids := range []int{0, 3, inlineIDs + 1, 3 * partIDs, 3, 3 * partIDs} {
 		var s State
 		for i := range ids {
 			ev, err := p.Prepare(fmt.Appendf(nil, `{"k":"a","id":"e%d","v":%d}`, i, i))
@@ -26,7 +26,8 @@ func FuzzUnpackCached(f *testing.F) {
 			}
 			p.Apply(&s, ev, int64(1000+i*20_000))
 		}
-		parts, err := p.SnapshotParts(&s, 0)
+		// (The last two as fingerprints: the store's index holds them.)
+		parts, err := p.Snapshot(&s, 0, nil, SnapshotOptions{IDIndex: i >= 4})
 		if err != nil {
 			f.Fatal(err)
 		}

@@ -369,6 +369,23 @@ type idCursor struct {
 
 func (d *idSet) cursor() idCursor { return idCursor{d: d, off: int(d.head), at: d.baseAt} }
 
+// cursorBefore returns a cursor at or before the id whose entry starts at
+// off: where the run of the bucket holding it starts, or its last part if
+// that starts before off (a snapshot of a key remembering a day of ids
+// reads those added since the last one, not the day).
+func (d *idSet) cursorBefore(off int) idCursor {
+	for i := len(d.buckets) - 1; i >= 0; i-- {
+		b := &d.buckets[i]
+		if b.tail >= b.start && int(b.tail) <= off { // (a tail before start expired)
+			return idCursor{d: d, off: int(b.tail), at: b.tailAt}
+		}
+		if int(b.start) <= off {
+			return d.runOf(b)
+		}
+	}
+	return d.cursor()
+}
+
 // runOf returns a cursor at the first id of bucket b's run.
 func (d *idSet) runOf(b *bucketInfo) idCursor {
 	return idCursor{d: d, off: int(b.start), at: b.startAt}
@@ -711,7 +728,7 @@ type IndexedID struct {
 // version: once told that the snapshot of version is stored (persisted),
 // they are indexed.
 func (d *idSet) unindexed(ids []IndexedID, version uint64) []IndexedID {
-	for c := d.cursor(); c.more(); {
+	for c := d.cursorBefore(int(d.indexed)); c.more(); {
 		off := c.off
 		if e, at := c.next(); !c.fp && off >= int(d.indexed) {
 			ids = append(ids, IndexedID{ID: string(e), At: at})

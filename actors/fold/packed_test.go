@@ -1,6 +1,7 @@
 package fold_test
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
@@ -199,8 +200,24 @@ func FuzzUnpackState(f *testing.F) {
 		}
 		f.Add(b)
 	}
+	// With the ids as fingerprints (the store's index holds them).
+	parts, err := p.Snapshot(&s, 0, nil, fold.SnapshotOptions{IDIndex: true})
+	if err != nil {
+		f.Fatal(err)
+	}
+	s.Persisted(parts.Version)
+	b, err := p.AppendPacked(nil, &s)
+	if err != nil {
+		f.Fatal(err)
+	}
+	if bytes.Contains(b, []byte("e1")) {
+		f.Fatalf("packed with fingerprints, the state holds an id: %q", b)
+	}
+	f.Add(b)
+	f.Add(b[:len(b)-2]) // a fingerprint cut short
 	f.Add([]byte{2})
 	f.Add([]byte{1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01})
+	f.Add([]byte{1, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0}) // a fingerprint of 0
 	f.Fuzz(func(t *testing.T, data []byte) {
 		st, err := p.UnpackState(data)
 		if err != nil || !st.OnePart() { // (more ids than AppendPacked writes inline)
