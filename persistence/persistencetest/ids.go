@@ -107,6 +107,15 @@ func testIDsDropBefore(e *env) {
 	e.checkpoint(1, ep1, persistence.CheckpointData{DropIDsBefore: 1})
 	e.reopen()
 	e.wantIDs(1, ls, 0, 0, t0+20, 0, 0, 0, t0+3, t0+3, t0+4, t0+4, t0+5, t0+5, 0, 0, t0+6)
+
+	// An id stored below an earlier drop goes with the next drop below it
+	// (a store must not take its last drop as where the group's ids start).
+	e.checkpoint(1, ep1, persistence.CheckpointData{DropIDsBefore: 6})
+	e.checkpoint(1, ep1, persistence.CheckpointData{IDs: []persistence.StoredID{storedID(2, "k", "late", t0+30)}})
+	e.wantIDs(1, []persistence.IDLookup{idLookup(2, "k", "late")}, t0+30)
+	e.checkpoint(1, ep1, persistence.CheckpointData{DropIDsBefore: 6})
+	e.wantIDs(1, []persistence.IDLookup{idLookup(2, "k", "late"), idLookup(6, "k", "new"), idLookup(5, "j", "id")}, 0, t0+6, 0)
+	e.wantIDs(2, []persistence.IDLookup{idLookup(5, "j", "id")}, t0+5)
 }
 
 // A checkpoint that fails (fenced, or through a position beyond the last)
