@@ -257,15 +257,11 @@ func (g *grain) apply(m *applyMsg) {
 	if g.broken != nil {
 		// The inputs are in the log: the take-over of the group replays
 		// them, so their ingest succeeded (its duplicates uncounted).
-		for _, s := range m.segs {
-			s.w.finish(0, nil)
-		}
+		finishUnapplied(m.segs)
 		return
 	}
 	if m.pos <= g.pos { // replay of a record the snapshot already reflects
-		for _, s := range m.segs {
-			s.w.finish(0, nil)
-		}
+		finishUnapplied(m.segs)
 		return
 	}
 	// The late counts before the apply, per window (on the stack for up
@@ -310,9 +306,7 @@ func (g *grain) apply(m *applyMsg) {
 					// inputs too: their ingest succeeded.
 					g.broken = fmt.Errorf("actors: %s/%s: look up the id of an event in the store's id index: %w", g.id.pipeline, g.id.key, err)
 					go g.host.lose(g.group, g.epoch, g.broken)
-					for _, s := range m.segs[i:] {
-						s.w.finish(0, nil)
-					}
+					finishUnapplied(m.segs[i:])
 					return
 				}
 				v = g.pipeline.ApplyEvent(&g.state, ev, s.nowMs)
@@ -377,6 +371,15 @@ func (g *grain) apply(m *applyMsg) {
 			g.reported = next
 			g.host.setTimer(g.group, g.epoch, g.id, next, false)
 		}
+	}
+}
+
+// finishUnapplied answers the waiters of segments the grain does not
+// apply (their inputs are logged: a replay applies them), no duplicates
+// counted.
+func finishUnapplied(segs []segment) {
+	for _, s := range segs {
+		s.w.finish(0, nil)
 	}
 }
 

@@ -274,8 +274,8 @@ func (d *idSet) has(id string) bool {
 // check reports whether the set holds id itself (dup), and else whether it
 // holds fp, the id's fingerprint (held): one of the ids applied before the
 // state was restored from a store with an id index has that fingerprint,
-// and only the index tells whether it is this id. fp is not read when the
-// set holds no fingerprints.
+// and only the index tells whether it is this id. fp 0 (no fingerprint
+// is) asks only for the id itself, as has does.
 func (d *idSet) check(id string, fp uint32) (dup, held bool) {
 	if d.index == nil && d.n > scanIDs {
 		if d.n > maxScanIDs || d.scans >= indexAfterScans {
@@ -288,7 +288,7 @@ func (d *idSet) check(id string, fp uint32) (dup, held bool) {
 		if x.probe(d, maphash.String(idSeed, id), func(e []byte, isFP bool) bool { return !isFP && string(e) == id }) {
 			return true, false
 		}
-		return false, d.fps && x.probe(d, fpHash(fp), func(e []byte, isFP bool) bool { return isFP && binary.LittleEndian.Uint32(e) == fp })
+		return false, d.fps && fp != 0 && x.probe(d, fpHash(fp), func(e []byte, isFP bool) bool { return isFP && binary.LittleEndian.Uint32(e) == fp })
 	}
 	for c := d.cursor(); c.more(); {
 		e, _ := c.next()

@@ -213,39 +213,6 @@ func (p *Pipeline) loadIDs(s *State, ids []*keyfoldv1.SeenID, newest *newestRun)
 	}
 }
 
-// restoreSeen is restoreID of a stored SeenID: an id, or its fingerprint
-// fp if the id is empty and fp is not 0 (the store's index holds the id).
-// A fingerprint held already with the same time is not added again, as an
-// id is not (restoreID): what two ids of one fingerprint applied in the
-// same millisecond leave is the same either way, a look-up under that
-// time's bucket.
-func (p *Pipeline) restoreSeen(s *State, id string, fp uint32, at int64, newest *newestRun) {
-	if id != "" || fp == 0 {
-		p.restoreID(s, id, at, newest)
-		return
-	}
-	if at <= s.now-p.dedupWindow.Milliseconds() {
-		return // expired
-	}
-	switch {
-	case at > newest.at:
-	case at == newest.at:
-		if s.ids.holdsFingerprint(idCursor{d: &s.ids, off: newest.off, at: newest.base}, fp, at) {
-			return
-		}
-	case s.ids.holdsFingerprint(s.ids.cursor(), fp, at):
-		return
-	}
-	off, base := len(s.ids.log), s.ids.lastAt // where add puts it
-	if s.ids.n == 0 {
-		off, base = 0, at
-	}
-	s.ids.addFingerprint(fp, at, p.bucketWidth())
-	if at > newest.at {
-		*newest = newestRun{at, off, base}
-	}
-}
-
 // newestRun is the time of the newest ids a restore loaded, and the log
 // offset of the first of them (loadIDs).
 type newestRun struct {
@@ -254,27 +221,43 @@ type newestRun struct {
 	base int64 // the time of the id before off (its entry's delta is from it)
 }
 
-// restoreID adds a stored id to a restored state unless it expired or the
-// state holds it already (loadIDs).
-func (p *Pipeline) restoreID(s *State, id string, at int64, newest *newestRun) {
-	if at <= s.now-p.dedupWindow.Milliseconds() || id == "" {
-		return // expired (or never applied: ids are not empty)
+// restoreSeen adds a stored SeenID to a restored state unless it expired
+// or the state holds it already (loadIDs): an id, or its fingerprint fp if
+// the id is empty and fp is not 0 (the store's index holds the id). A
+// fingerprint held already with the same time is not added again, as an
+// id is not: what two ids of one fingerprint applied in the same
+// millisecond leave is the same either way, a look-up under that time's
+// bucket. An empty id without one was never applied.
+func (p *Pipeline) restoreSeen(s *State, id string, fp uint32, at int64, newest *newestRun) {
+	isFP := id == "" && fp != 0
+	if at <= s.now-p.dedupWindow.Milliseconds() || (id == "" && !isFP) {
+		return // expired, or never applied
 	}
 	d := &s.ids
+	held := false
 	switch {
 	case at > newest.at:
+	case at == newest.at && isFP:
+		held = d.holdsFingerprint(idCursor{d: d, off: newest.off, at: newest.base}, fp, at)
 	case at == newest.at:
-		if d.hasFrom(newest.off, id) {
-			return
-		}
-	case d.has(id):
+		held = d.hasFrom(newest.off, id)
+	case isFP:
+		held = d.holdsFingerprint(d.cursor(), fp, at)
+	default:
+		held = d.has(id)
+	}
+	if held {
 		return
 	}
 	off, base := len(d.log), d.lastAt // where add puts it
 	if d.n == 0 {
 		off, base = 0, at
 	}
-	d.add(id, at, p.bucketWidth())
+	if isFP {
+		d.addFingerprint(fp, at, p.bucketWidth())
+	} else {
+		d.add(id, at, p.bucketWidth())
+	}
 	if at > newest.at {
 		*newest = newestRun{at, off, base}
 	}
