@@ -45,6 +45,7 @@ func (h *Host) checkpoint(ctx context.Context, paced bool) error {
 	// (the log above the checkpoints until it ends: see hurryCheckpoint).
 	h.roundBytes.Store(h.sinceCheckpoint.Swap(0))
 	h.deliveredSince.Store(0)
+	h.indexing.Store(h.indexIDs(begin))
 	var pace *pacer
 	if paced {
 		pace = h.roundPace(begin)
@@ -69,6 +70,41 @@ func (h *Host) checkpoint(ctx context.Context, paced bool) error {
 	h.log.Debug("checkpoint", "groups", n, "log_bytes", logged, "paced", pace != nil, "took", time.Since(begin), "err", err)
 	return err
 }
+
+// indexIDHold is how long checkpoints keep storing ids in the id index
+// after a key last left memory for want of room (indexIDs).
+const indexIDHold = 10 * time.Minute
+
+// indexIDs reports whether a checkpoint round beginning at now stores the
+// ids its snapshots hand over in the store's id index, and writes them
+// into the snapshots as fingerprints (fold.SnapshotOptions.IDIndex): with
+// Config.AlwaysIndexIDs, or while keys leave memory for want of room (one
+// did within indexIDHold). The index pays for itself only where keys leave
+// memory: a key's state in the snapshot cache, the spill or the store is
+// smaller with fingerprints. Where every key fits, it bought nothing until
+// a restart and cost its writes and their compactions, more than a third
+// of the embedded store's throughput at 10k keys (BENCHMARKS.md, session
+// 40). Either way the snapshots are exact: an id written in full needs no
+// index, one written as a fingerprint is in it (the ids a state hands
+// over are those after the last it handed over).
+func (h *Host) indexIDs(now time.Time) bool {
+	if !h.idIndex {
+		return false
+	}
+	if h.cfg.AlwaysIndexIDs {
+		return true
+	}
+	h.indexMu.Lock()
+	defer h.indexMu.Unlock()
+	if n := h.leftMemory.Load(); n != h.leftMemorySeen {
+		h.leftMemorySeen, h.indexUntil = n, now.Add(indexIDHold)
+	}
+	return now.Before(h.indexUntil)
+}
+
+// keyLeftMemory counts a key that left memory for want of room: into the
+// snapshot cache or the spill, or out (no resident tier). See indexIDs.
+func (h *Host) keyLeftMemory() { h.leftMemory.Add(1) }
 
 // A checkpoint round at a million keys snapshots a few hundred thousand
 // keys; as fast as it could, it took both cores for its seconds (with the

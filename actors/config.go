@@ -73,6 +73,15 @@ type Config struct {
 	// 0: half of MaxMemory (if that is at least 48 MiB, the cache's
 	// smallest size; else none). Negative: no cache.
 	CacheMemory int64
+	// AlwaysIndexIDs makes every checkpoint store the remembered ids its
+	// snapshots hand over in the store's id index, leaving only their
+	// fingerprints in the snapshots, if the store keeps one
+	// (persistence.HasIDIndex). By default checkpoints do so only while
+	// keys leave memory for want of room (one did within the last 10
+	// minutes): where every key fits, the snapshots keep ids in full,
+	// which costs the store less, and the index would help only after a
+	// restart.
+	AlwaysIndexIDs bool
 	// MaxCommitEvents bounds the events one group commit collects.
 	MaxCommitEvents int
 	// Logger receives the host's logs; nil discards them.

@@ -27,11 +27,21 @@ type Host struct {
 	store  persistence.Store
 	packed bool // the store allows packed snapshots (packed.go); set by Recover
 	// idIndex: the store keeps an id index (persistence.HasIDIndex; set by
-	// Recover): snapshots hold the keys' ids as fingerprints, and each id
+	// Recover). While indexing is set (a checkpoint round sets it:
+	// indexIDs), snapshots hold the keys' ids as fingerprints, and each id
 	// is stored once, in the index (fold.SnapshotOptions.IDIndex).
-	idIndex bool
-	log     *slog.Logger
-	system  *actor.ActorSystem
+	idIndex  bool
+	indexing atomic.Bool
+	// leftMemory counts the keys that left memory for want of room
+	// (keyLeftMemory); under indexMu, what indexIDs last saw of it, and
+	// until when it indexes.
+	leftMemory     atomic.Int64
+	indexMu        sync.Mutex
+	leftMemorySeen int64
+	indexUntil     time.Time
+
+	log    *slog.Logger
+	system *actor.ActorSystem
 
 	queue chan *ingestReq
 

@@ -15,8 +15,8 @@ import (
 	"github.com/keyfold/keyfold/persistence/redisstore/redistest"
 )
 
-// TestIDIndexAcrossRestarts, on the embedded store and on Redis: the ids
-// keys apply are stored once, in the store's id index, and the keys'
+// TestIDIndexAcrossRestarts, on the embedded store and on Redis, with
+// AlwaysIndexIDs: the ids keys apply are stored once, in the store's id index, and the keys'
 // snapshots hold only their fingerprints. After a restart, an id resent to
 // a key restored from its snapshot is looked up in the index and counted
 // as a duplicate; a new id is applied without a look-up. Once the group's
@@ -46,7 +46,7 @@ func testIDIndexAcrossRestarts(t *testing.T, open func() persistence.Store) {
 	clock.Store(t0.UnixMilli())
 	now := func() time.Time { return time.UnixMilli(clock.Load()) }
 	ps := compileAggs(t, map[string]fold.AggregateSpec{"n": {Op: "count"}}) // dedup window 1h
-	cfg := actors.Config{Groups: 1, CheckpointInterval: time.Hour, Pipelines: ps, Now: now}
+	cfg := actors.Config{Groups: 1, CheckpointInterval: time.Hour, Pipelines: ps, Now: now, AlwaysIndexIDs: true}
 
 	store := open()
 	hs := start(t, store, cfg)
@@ -114,5 +114,69 @@ func testIDIndexAcrossRestarts(t *testing.T, open func() persistence.Store) {
 	defer hs.shutdown()
 	if r := hs.ingest(event("k3", "an-event-id-of-some-length-3-7", 1), event("k0", "late", 1)); r.Accepted != 1 || r.Duplicates != 1 {
 		t.Fatalf("an expired id and a recent one: %+v, want 1 applied, 1 duplicate", r)
+	}
+}
+
+// TestIDIndexOnlyWhileKeysLeaveMemory: by default a host's snapshots keep
+// ids in full, and the index gets none, while every key fits in memory;
+// once a key left memory for want of room (here: no resident tier, so
+// every passivated clean key leaves), checkpoints store the ids they hand
+// over in the index, their snapshots only fingerprints. Either way a
+// resent id is a duplicate after a restart.
+func TestIDIndexOnlyWhileKeysLeaveMemory(t *testing.T) {
+	store := openStore(t, t.TempDir())
+	ps := compileAggs(t, map[string]fold.AggregateSpec{"n": {Op: "count"}})
+	cfg := actors.Config{Groups: 1, CheckpointInterval: time.Hour, Pipelines: ps, MaxMemory: -1, IdleTimeout: time.Hour}
+	inIndex := func(key, id string) bool {
+		t.Helper()
+		got, err := store.LookupIDs(context.Background(), 0, []persistence.IDLookup{{Bucket: fold.IndexBucket(time.Now().UnixMilli()), Key: "p\x00" + key, ID: id}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got[0] != 0
+	}
+	hs := start(t, store, cfg)
+	hs.ingest(event("a", "an-id-of-a", 1))
+	if err := actors.Checkpoint(hs.host, context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if snap := storedSnapshot(t, store, "a"); !bytes.Contains(snap, []byte("an-id-of-a")) || inIndex("a", "an-id-of-a") {
+		t.Fatalf("every key in memory: a's snapshot %q, index holds its id: %v; want the id in full, not indexed", snap, inIndex("a", "an-id-of-a"))
+	}
+	if hs.host.Stats().IndexingIDs {
+		t.Fatal("every key in memory: Stats.IndexingIDs is set")
+	}
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg.IdleTimeout, cfg.CheckpointInterval = time.Millisecond, time.Millisecond // (passivation runs at that interval)
+	hs = start(t, store, cfg)
+	hs.ingest(event("b", "an-id-of-b", 1))
+	if err := actors.Checkpoint(hs.host, context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	hs.awaitGone("b") // stored, passivated: out
+	hs.ingest(event("a", "another-id-of-a", 1))
+	if err := actors.Checkpoint(hs.host, context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	snap := storedSnapshot(t, store, "a")
+	if bytes.Contains(snap, []byte("an-id-of-a")) || bytes.Contains(snap, []byte("another-id-of-a")) {
+		t.Fatalf("a key left memory: a's snapshot holds its ids in full: %q", snap)
+	}
+	if !inIndex("a", "an-id-of-a") || !inIndex("a", "another-id-of-a") {
+		t.Fatalf("a key left memory: the index lacks a's ids")
+	}
+	if !hs.host.Stats().IndexingIDs {
+		t.Fatal("a key left memory: Stats.IndexingIDs is not set")
+	}
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	hs = start(t, store, cfg)
+	defer hs.shutdown()
+	if r := hs.ingest(event("a", "an-id-of-a", 1), event("a", "another-id-of-a", 1), event("b", "an-id-of-b", 1)); r.Duplicates != 3 {
+		t.Fatalf("resent ids after restarts: %+v, want 3 duplicates", r)
 	}
 }

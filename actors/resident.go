@@ -171,6 +171,7 @@ func (h *Host) parkLocked(g *grain) {
 	}
 	if h.cfg.MaxMemory < 0 && g.rlist == rlistClean {
 		gs.complete = false // the key leaves memory
+		h.keyLeftMemory()
 		g.leaveMemory()
 		h.forgetLocked(g)
 		return
@@ -221,6 +222,7 @@ func (h *Host) evictLocked() {
 		if g := r.clean.tail; g != nil {
 			h.groups[g.group].complete = false // a key leaves memory
 			h.cache.put(g)
+			h.keyLeftMemory()
 			g.leaveMemory()
 			h.unparkLocked(g)
 			h.forgetLocked(g)

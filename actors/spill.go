@@ -258,6 +258,7 @@ func (h *Host) spillLocked(g *grain) bool {
 
 	removeAt(&gs.dirty, g.dirtyIdx, func(moved *grain, idx int32) { moved.dirtyIdx = idx })
 	g.dirtyIdx, g.spilled = 0, true // (a checkpoint holding the grain finds the key by it: snapshotKeys)
+	h.keyLeftMemory()
 	g.leaveMemory()
 	h.unparkLocked(g)
 	h.forgetLocked(g)

@@ -101,7 +101,11 @@ type Stats struct {
 	// for: the key held the fingerprint of an id it applied before it was
 	// restored (fold.LookUp). A few in ten thousand events at a few dozen
 	// remembered ids a key; every duplicate of an id applied before.
-	IDLookups   int64
+	IDLookups int64
+	// IndexingIDs reports whether checkpoints write the ids they hand over
+	// to the store's id index, and fingerprints into the snapshots: while
+	// keys leave memory for want of room (see Config.AlwaysIndexIDs).
+	IndexingIDs bool
 	Events      int64 // events applied (duplicates included) since start
 	Duplicates  int64
 	Commits     int64 // group commits (synced appends)
@@ -190,6 +194,7 @@ func (h *Host) Stats() Stats {
 		Unspills:      h.stats.unspilled.Load(),
 		NewKeys:       h.stats.newKeys.Load(),
 		IDLookups:     h.stats.idLookups.Load(),
+		IndexingIDs:   h.indexing.Load(),
 		FilterBytes:   filterBytes,
 		Events:        h.stats.events.Load(),
 		Duplicates:    h.stats.duplicates.Load(),

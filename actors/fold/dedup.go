@@ -717,6 +717,13 @@ func (d *idSet) persisted(version uint64) {
 	}
 }
 
+// unmark drops the mark of the last ids handed over (unindexed): a
+// snapshot that hands none over is taken, so the one they were handed
+// with may not be stored, and this one being stored says nothing of them.
+// (If that one was stored, they are handed over again: the index keeps an
+// id once.)
+func (d *idSet) unmark() { d.markOff = d.indexed }
+
 // IndexedID is an id a key applied, for the store's id index.
 type IndexedID struct {
 	ID string

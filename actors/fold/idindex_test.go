@@ -94,8 +94,10 @@ func (st *idStore) apply(p *fold.Pipeline, s *fold.State, ev *fold.Event, now in
 // every id applied within the window does, through checkpoints that fail,
 // crashes replayed from the last checkpoint, trips through the snapshot
 // cache and the spill, and buckets; with real fingerprints and with ones
-// made to collide (so that most new ids are looked up). A replay decides
-// each event as its first run did.
+// made to collide (so that most new ids are looked up); with every
+// checkpoint using the index, and with checkpoints that use it or not at
+// random (a host indexes ids only while keys leave memory). A replay
+// decides each event as its first run did.
 func TestIDIndexAgainstOracle(t *testing.T) {
 	packable := fold.Spec{Key: "user_id", ID: "event_id", DedupWindow: 3 * time.Second,
 		Aggregates: map[string]fold.AggregateSpec{"n": {Op: "count"}, "amount": {Op: "sum", Field: "amount"}}}
@@ -105,9 +107,10 @@ func TestIDIndexAgainstOracle(t *testing.T) {
 		seeds = 3
 	}
 	for name, spec := range specs {
-		for _, collide := range []bool{false, true} {
+		for _, mode := range []string{"collide", "distinct", "mixed"} {
+			collide := mode != "distinct"
 			for seed := range seeds {
-				t.Run(fmt.Sprintf("%s/collide=%v/%d", name, collide, seed), func(t *testing.T) {
+				t.Run(fmt.Sprintf("%s/%s/%d", name, mode, seed), func(t *testing.T) {
 					if collide {
 						defer fold.SetFingerprintForTest(func(id string) uint32 {
 							h := fnv.New32a()
@@ -115,14 +118,14 @@ func TestIDIndexAgainstOracle(t *testing.T) {
 							return h.Sum32()%3 + 1
 						})()
 					}
-					runIDIndexOracle(t, mustCompile(t, spec), seed)
+					runIDIndexOracle(t, mustCompile(t, spec), seed, mode == "mixed")
 				})
 			}
 		}
 	}
 }
 
-func runIDIndexOracle(t *testing.T, p *fold.Pipeline, seed uint64) {
+func runIDIndexOracle(t *testing.T, p *fold.Pipeline, seed uint64, mixed bool) {
 	rng := rand.New(rand.NewPCG(seed, 11))
 	window := p.DedupWindow().Milliseconds()
 	st := newIDStore()
@@ -178,11 +181,15 @@ func runIDIndexOracle(t *testing.T, p *fold.Pipeline, seed uint64) {
 			}
 			log = append(log, logged{raw, now, v})
 		case op < 82: // a checkpoint, sometimes failing
-			parts, err := p.Snapshot(&s, since, nil, fold.SnapshotOptions{Packed: true, IDIndex: true})
+			index := !mixed || rng.IntN(2) == 0
+			parts, err := p.Snapshot(&s, since, nil, fold.SnapshotOptions{Packed: true, IDIndex: index})
 			if err != nil {
 				t.Fatal(err)
 			}
 			multi = multi || len(parts.Buckets) > 0
+			if !index && len(parts.IDs) > 0 {
+				t.Fatalf("step %d: a snapshot without the index hands over %d ids", step, len(parts.IDs))
+			}
 			if rng.IntN(5) == 0 {
 				continue // not stored: the next one hands the ids again
 			}

@@ -361,6 +361,8 @@ func (p *Pipeline) Snapshot(s *State, since uint64, dst []byte, o SnapshotOption
 	if o.IDIndex {
 		fpBefore = len(s.ids.log)
 		parts.IDs = s.ids.unindexed(nil, s.version)
+	} else {
+		s.ids.unmark() // it hands nothing over
 	}
 	var err error
 	if packed {

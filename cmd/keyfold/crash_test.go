@@ -889,6 +889,11 @@ func writeUntil(t *testing.T, n *node, w *workload, o *oracle, target int, signa
 	return st
 }
 
+// crashMemory is the kill -9 tests' memory: so small that keys leave memory
+// for the store (without a snapshot cache), as at a million keys; only
+// then do checkpoints index ids, so that resent ids are looked up.
+const crashMemory = "max_memory: 65536\n"
+
 // resolveStats is what resolving the unknown batches found.
 type resolveStats struct {
 	resentNew, resentDup int // logins batches: not applied before / applied before
@@ -990,8 +995,10 @@ func TestCrashRecoveryExactlyOnce(t *testing.T) {
 	// (where replaying a record twice would show). Fewer key groups than the
 	// default make restarts quick (a claim is a synced write per group) and
 	// put many keys in each group. A short idle timeout also passivates
-	// keys and reactivates them from their snapshots.
-	cfg := writeConfig(t, "key_groups: 32\ncheckpoint_interval: 20ms\nidle_timeout: 1s\n"+pipelinesYAML)
+	// keys and reactivates them from their snapshots. A small max_memory
+	// (10 active keys, a few dozen resident) makes keys leave memory for
+	// the store, which turns the id index on (actors.Config.AlwaysIndexIDs).
+	cfg := writeConfig(t, "key_groups: 32\ncheckpoint_interval: 20ms\nidle_timeout: 1s\n"+crashMemory+pipelinesYAML)
 	data := t.TempDir()
 	w := newWorkload(seed, writers, 200, 40, minEv, maxEv)
 	o := newOracle()

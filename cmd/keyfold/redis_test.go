@@ -74,7 +74,7 @@ func TestRedisCrashRecoveryExactlyOnce(t *testing.T) {
 	if testing.Short() {
 		cycles = 2
 	}
-	cfg := writeConfig(t, fmt.Sprintf("key_groups: %d\ncheckpoint_interval: 20ms\nidle_timeout: 1s\n", redisGroups)+pipelinesYAML)
+	cfg := writeConfig(t, fmt.Sprintf("key_groups: %d\ncheckpoint_interval: 20ms\nidle_timeout: 1s\n", redisGroups)+crashMemory+pipelinesYAML)
 	w := redisWorkload(seed, writers, 20, 120)
 	o := newOracle()
 	n := startNode(t, "node-0", cfg, "--redis", srv.URL())

@@ -48,6 +48,12 @@ func RegisterHost(reg prometheus.Registerer, stats func() actors.Stats) error {
 		gauge("spilled_keys", "Changed keys that left memory packed (the spill) until their key group's next checkpoint.", func(s actors.Stats) float64 { return float64(s.SpilledKeys) }),
 		gauge("spilled_bytes", "Memory of the spill (outside the Go heap's pointers; part of resident_bytes).", func(s actors.Stats) float64 { return float64(s.SpilledBytes) }),
 		counter("spills_total", "Changed keys that went to the spill.", func(s actors.Stats) float64 { return float64(s.Spills) }),
+		gauge("id_index_in_use", "1 while checkpoints write remembered ids to the store's id index and keep only their fingerprints in snapshots (while keys leave memory for want of room), else 0.", func(s actors.Stats) float64 {
+			if s.IndexingIDs {
+				return 1
+			}
+			return 0
+		}),
 		counter("id_lookups_total", "Events whose id was looked up in the store's id index: their key held the fingerprint of an id it applied before it was restored.", func(s actors.Stats) float64 { return float64(s.IDLookups) }),
 		counter("activations_new_total", "Key actors activated as new without a store read: their key group's filter of stored keys does not hold them.", func(s actors.Stats) float64 { return float64(s.NewKeys) }),
 		gauge("stored_keys_filter_bytes", "Memory of the key groups' filters of stored keys (about 1.5 bytes a stored key).", func(s actors.Stats) float64 { return float64(s.FilterBytes) }),
