@@ -96,8 +96,8 @@ func (h *Host) indexIDs(now time.Time) bool {
 	}
 	h.indexMu.Lock()
 	defer h.indexMu.Unlock()
-	if n := h.leftMemory.Load(); n != h.leftMemorySeen {
-		h.leftMemorySeen, h.indexUntil = n, now.Add(indexIDHold)
+	if h.leftMemory.Swap(0) > 0 {
+		h.indexUntil = now.Add(indexIDHold)
 	}
 	return now.Before(h.indexUntil)
 }

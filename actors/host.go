@@ -32,13 +32,12 @@ type Host struct {
 	// is stored once, in the index (fold.SnapshotOptions.IDIndex).
 	idIndex  bool
 	indexing atomic.Bool
-	// leftMemory counts the keys that left memory for want of room
-	// (keyLeftMemory); under indexMu, what indexIDs last saw of it, and
-	// until when it indexes.
-	leftMemory     atomic.Int64
-	indexMu        sync.Mutex
-	leftMemorySeen int64
-	indexUntil     time.Time
+	// leftMemory counts the keys that left memory for want of room since
+	// indexIDs last took the count (keyLeftMemory); indexUntil, under
+	// indexMu, is until when it indexes.
+	leftMemory atomic.Int64
+	indexMu    sync.Mutex
+	indexUntil time.Time
 
 	log    *slog.Logger
 	system *actor.ActorSystem
