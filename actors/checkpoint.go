@@ -38,8 +38,9 @@ const checkpointParallelism = 16
 //
 // A round of the loop (paced) spreads its snapshots over paceShare of the
 // time since the loop's last round began (roundPace); the final one at
-// shutdown runs as fast as it can.
-func (h *Host) checkpoint(ctx context.Context, paced bool) error {
+// shutdown runs as fast as it can. why is what asked for it (the debug log
+// says).
+func (h *Host) checkpoint(ctx context.Context, paced bool, why string) error {
 	begin := time.Now()
 	// What is logged from here on is the next one's; what was, this one's
 	// (the log above the checkpoints until it ends: see hurryCheckpoint).
@@ -67,7 +68,7 @@ func (h *Host) checkpoint(ctx context.Context, paced bool) error {
 		}
 	}
 	err := groups.Wait()
-	h.log.Debug("checkpoint", "groups", n, "log_bytes", logged, "paced", pace != nil, "took", time.Since(begin), "err", err)
+	h.log.Debug("checkpoint", "why", why, "groups", n, "log_bytes", logged, "paced", pace != nil, "took", time.Since(begin), "err", err)
 	return err
 }
 

@@ -554,17 +554,20 @@ func (h *Host) nudgePassivate() {
 // MiB of log, and a checkpoint then wrote a snapshot per event logged
 // (BENCHMARKS.md, session 38). A memory budget full of changed keys
 // (resident.needsCheckpoint) does not wait.
-func (h *Host) checkpointDue() bool {
+func (h *Host) checkpointDue() (why string) {
 	logged := h.sinceCheckpoint.Load()
 	if logged >= h.cfg.CheckpointMaxBytes {
-		return true
+		return "checkpoint_max_bytes"
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.resident.needsCheckpoint() { // as evictLocked nudges
-		return true
+		return "memory"
 	}
-	due, changed, most := logged >= h.cfg.CheckpointBytes, 0, h.cfg.checkpointMaxRecords()
+	why, changed, most := "", 0, h.cfg.checkpointMaxRecords()
+	if logged >= h.cfg.CheckpointBytes {
+		why = "checkpoint_bytes"
+	}
 	for i := range h.groups { // as commit nudges
 		gs := &h.groups[i]
 		changed += gs.changed()
@@ -572,12 +575,15 @@ func (h *Host) checkpointDue() bool {
 			continue
 		}
 		if u := gs.unchecked(); u >= most {
-			return true
-		} else if u >= uint64(h.cfg.CheckpointRecords) {
-			due = true
+			return "records, at most"
+		} else if u >= uint64(h.cfg.CheckpointRecords) && why == "" {
+			why = "records"
 		}
 	}
-	return due && h.deliveredSince.Load() >= checkpointDeliveriesPerKey*int64(changed)
+	if why == "" || h.deliveredSince.Load() < checkpointDeliveriesPerKey*int64(changed) {
+		return ""
+	}
+	return why
 }
 
 func (h *Host) nudgeCheckpoint() {

@@ -50,7 +50,7 @@ func CheckpointNudged(h *Host) bool { return len(h.checkpointNow) > 0 }
 
 // Checkpoint runs a checkpoint of every group now, as the loop does, but
 // unpaced.
-func Checkpoint(h *Host, ctx context.Context) error { return h.checkpoint(ctx, false) }
+func Checkpoint(h *Host, ctx context.Context) error { return h.checkpoint(ctx, false, "test") }
 
 // SetLastRound sets when the checkpoint loop's last round began, which
 // paces its next (before New's host runs).
@@ -182,4 +182,4 @@ func WatchGrain(h *Host, pipeline, key string) func() bool {
 
 // CheckpointDue reports whether the checkpoint loop, nudged now, would
 // start a checkpoint.
-func CheckpointDue(h *Host) bool { return h.checkpointDue() }
+func CheckpointDue(h *Host) bool { return h.checkpointDue() != "" }

@@ -325,6 +325,7 @@ func (h *Host) Run(ctx context.Context) error {
 	defer ticker.Stop()
 loop:
 	for {
+		why := "checkpoint_interval"
 		select {
 		case <-ctx.Done():
 			break loop
@@ -332,11 +333,11 @@ loop:
 			break loop
 		case <-ticker.C:
 		case <-h.checkpointNow:
-			if !h.checkpointDue() {
+			if why = h.checkpointDue(); why == "" {
 				continue // nudged during the last one, which covered it
 			}
 		}
-		if err := h.checkpoint(ctx, true); err != nil && ctx.Err() == nil {
+		if err := h.checkpoint(ctx, true, why); err != nil && ctx.Err() == nil {
 			// The changed keys stay dirty and are retried at the next
 			// checkpoint; only replay after a crash grows meanwhile. (A
 			// fenced group was lost and is being taken over again.) Clean
@@ -367,7 +368,7 @@ loop:
 	if err := h.flushOutputs(drainCtx); err != nil {
 		return fmt.Errorf("actors: final outputs: %w", err)
 	}
-	if err := h.checkpoint(drainCtx, false); err != nil {
+	if err := h.checkpoint(drainCtx, false, "shutdown"); err != nil {
 		return fmt.Errorf("actors: final checkpoint: %w", err)
 	}
 	// Groups not served (lost to a failing store, being taken over) have

@@ -26,23 +26,30 @@ type cpuStats struct {
 	NodeCPU   float64 `json:"node_cpu_us_per_event,omitempty"`
 	RedisCPU  float64 `json:"redis_cpu_us_per_event,omitempty"`
 	ClientCPU float64 `json:"client_cpu_us_per_event,omitempty"`
+	// StoreFlushed and StoreCompacted are the bytes of tables the node's
+	// embedded store flushed and compacted per event (with --metrics, from
+	// keyfold_store_flushed_bytes_total and _compacted_bytes_total; 0 on
+	// another store).
+	StoreFlushed   float64 `json:"node_store_flushed_bytes_per_event,omitempty"`
+	StoreCompacted float64 `json:"node_store_compacted_bytes_per_event,omitempty"`
 }
 
-// cpuSample is the CPU seconds each process used so far.
-type cpuSample struct{ node, redis, client float64 }
+// cpuSample is the CPU seconds each process used so far, and the bytes the
+// node's embedded store wrote into tables.
+type cpuSample struct{ node, redis, client, flushed, compacted float64 }
 
 // readCPU samples the CPU seconds of the node, Redis and this process.
 func readCPU(ctx context.Context, o benchOptions) (cpuSample, error) {
 	var s cpuSample
 	if o.metrics != "" {
-		v, found, err := scrape(ctx, o.metrics, "process_cpu_seconds_total")
+		v, found, err := scrape(ctx, o.metrics, "process_cpu_seconds_total", "keyfold_store_flushed_bytes_total", "keyfold_store_compacted_bytes_total")
 		if err != nil {
 			return s, err
 		}
 		if !found[0] {
 			return s, fmt.Errorf("--metrics: %s has no process_cpu_seconds_total", o.metrics)
 		}
-		s.node = v[0]
+		s.node, s.flushed, s.compacted = v[0], v[1], v[2] // (0 where not found: not the embedded store)
 	}
 	if o.redisInfo != "" {
 		err := withRedisInfo(o, func(rdb *redis.Client) error {
@@ -95,6 +102,8 @@ func perEvent(before, after cpuSample, o benchOptions, events int64) cpuStats {
 	c := cpuStats{ClientCPU: us(before.client, after.client)}
 	if o.metrics != "" {
 		c.NodeCPU = us(before.node, after.node)
+		c.StoreFlushed = (after.flushed - before.flushed) / float64(events)
+		c.StoreCompacted = (after.compacted - before.compacted) / float64(events)
 	}
 	if o.redisInfo != "" {
 		c.RedisCPU = us(before.redis, after.redis)
@@ -103,8 +112,12 @@ func perEvent(before, after cpuSample, o benchOptions, events int64) cpuStats {
 }
 
 func (c cpuStats) String() string {
-	return fmt.Sprintf("cpu per event: node %.1f µs, redis %.1f µs, load generator %.1f µs (sum %.1f µs)",
+	s := fmt.Sprintf("cpu per event: node %.1f µs, redis %.1f µs, load generator %.1f µs (sum %.1f µs)",
 		c.NodeCPU, c.RedisCPU, c.ClientCPU, c.NodeCPU+c.RedisCPU+c.ClientCPU)
+	if c.StoreFlushed+c.StoreCompacted > 0 {
+		s += fmt.Sprintf("\nstore tables per event: flushed %.0f B, compacted %.0f B", c.StoreFlushed, c.StoreCompacted)
+	}
+	return s
 }
 
 // profileNode fetches the node's CPU profile of the measured phase (the

@@ -64,6 +64,31 @@ type diskState struct {
 	// (walFile): commits after it must not enter Pebble (see Store.write).
 	walErr atomic.Pointer[error]
 	opened atomic.Bool // Open is over: log the changes of full
+	// flushed and compacted are the bytes of the tables Pebble's flushes
+	// and compactions wrote since Open (all its openings: counted as they
+	// end, FlushEnd and CompactionEnd).
+	flushed, compacted atomic.Int64
+}
+
+// flushEnd counts a flush's tables.
+func (d *diskState) flushEnd(info pebble.FlushInfo) {
+	if info.Err == nil && !info.Ingest {
+		d.flushed.Add(int64(tablesSize(info.Output)))
+	}
+}
+
+// compactionEnd counts a compaction's tables; a move writes none.
+func (d *diskState) compactionEnd(info pebble.CompactionInfo) {
+	if info.Err == nil && info.Reason != "move" {
+		d.compacted.Add(int64(tablesSize(info.Output.Tables)))
+	}
+}
+
+func tablesSize(ts []pebble.TableInfo) (n uint64) {
+	for _, t := range ts {
+		n += t.Size
+	}
+	return n
 }
 
 // DiskStats describe the store's filesystem, for health checks and metrics.
@@ -77,6 +102,11 @@ type DiskStats struct {
 	// FreeBytes is the space available on the filesystem; ReserveBytes the
 	// reserve (negative when the check is off).
 	FreeBytes, ReserveBytes int64
+	// FlushedBytes and CompactedBytes are the bytes of the tables that
+	// Pebble's memtable flushes and its compactions wrote since Open (the
+	// log's segments are not among them): per event stored, what a key
+	// count costs the disk and the CPU that compacts.
+	FlushedBytes, CompactedBytes int64
 }
 
 // Disk looks at the store's filesystem and reports its state.
@@ -91,10 +121,12 @@ func (s *Store) Disk() DiskStats {
 		}
 	}
 	return DiskStats{
-		Full:         full || isNoSpace(broken),
-		Failed:       broken,
-		FreeBytes:    s.disk.free.Load(),
-		ReserveBytes: s.reserve,
+		Full:           full || isNoSpace(broken),
+		Failed:         broken,
+		FreeBytes:      s.disk.free.Load(),
+		ReserveBytes:   s.reserve,
+		FlushedBytes:   s.disk.flushed.Load(),
+		CompactedBytes: s.disk.compacted.Load(),
 	}
 }
 

@@ -138,6 +138,8 @@ func (o Options) pebbleOptions(s *Store) *pebble.Options {
 			// append (so every ack) waits with them.
 			WriteStallBegin: s.stallBegin,
 			WriteStallEnd:   s.stallEnd,
+			FlushEnd:        s.disk.flushEnd,
+			CompactionEnd:   s.disk.compactionEnd,
 		},
 	}
 	// Bloom filters (10 bits a key, ~1% false positives) on every level: an

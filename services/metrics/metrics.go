@@ -73,6 +73,9 @@ type DiskStats struct {
 	Full         bool  // writes are refused for lack of space
 	FreeBytes    int64 // space available on the filesystem
 	ReserveBytes int64 // the free space the store keeps (negative: no check)
+	// FlushedBytes and CompactedBytes are the bytes of the tables the
+	// store's memtable flushes and compactions wrote since it opened.
+	FlushedBytes, CompactedBytes int64
 }
 
 // RegisterDisk registers the embedded store's disk gauges, read from stats
@@ -94,6 +97,12 @@ func RegisterDisk(reg prometheus.Registerer, stats func() DiskStats) error {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "keyfold", Subsystem: "store", Name: "disk_reserve_bytes",
 			Help: "Free space the embedded store keeps: ingest is refused below it."},
 			func() float64 { return float64(stats().ReserveBytes) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "keyfold", Subsystem: "store", Name: "flushed_bytes_total",
+			Help: "Bytes of the tables the embedded store's memtable flushes wrote (checkpoints' snapshots and ids, once each)."},
+			func() float64 { return float64(stats().FlushedBytes) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "keyfold", Subsystem: "store", Name: "compacted_bytes_total",
+			Help: "Bytes of the tables the embedded store's compactions wrote: what it rewrote of its flushed tables (compared with flushed_bytes_total, its write amplification)."},
+			func() float64 { return float64(stats().CompactedBytes) }),
 	} {
 		if err := reg.Register(c); err != nil {
 			return err
