@@ -553,7 +553,9 @@ func (h *Host) nudgePassivate() {
 // million keys under a uniform load take less than one event each in 64
 // MiB of log, and a checkpoint then wrote a snapshot per event logged
 // (BENCHMARKS.md, session 38). A memory budget full of changed keys
-// (resident.needsCheckpoint) does not wait.
+// (resident.needsCheckpoint) does not wait. It returns what makes a round
+// due, named as the setting that decided ("" when none is): the checkpoint
+// loop's debug line says it.
 func (h *Host) checkpointDue() (why string) {
 	logged := h.sinceCheckpoint.Load()
 	if logged >= h.cfg.CheckpointMaxBytes {
