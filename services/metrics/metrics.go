@@ -78,37 +78,48 @@ type DiskStats struct {
 	FlushedBytes, CompactedBytes int64
 }
 
-// RegisterDisk registers the embedded store's disk gauges, read from stats
-// at each scrape, on reg.
+// RegisterDisk registers the embedded store's disk metrics, read from
+// stats once at each scrape (each read looks at the filesystem), on reg.
 func RegisterDisk(reg prometheus.Registerer, stats func() DiskStats) error {
-	b := func(v bool) float64 {
-		if v {
-			return 1
-		}
-		return 0
+	return reg.Register(diskCollector{stats})
+}
+
+var (
+	diskFullDesc = prometheus.NewDesc("keyfold_store_disk_full",
+		"1 while the embedded store refuses writes for lack of disk space (ingest answers 503), else 0.", nil, nil)
+	diskFreeDesc = prometheus.NewDesc("keyfold_store_disk_free_bytes",
+		"Space available on the embedded store's filesystem.", nil, nil)
+	diskReserveDesc = prometheus.NewDesc("keyfold_store_disk_reserve_bytes",
+		"Free space the embedded store keeps: ingest is refused below it.", nil, nil)
+	storeFlushedDesc = prometheus.NewDesc("keyfold_store_flushed_bytes_total",
+		"Bytes of the tables the embedded store's memtable flushes wrote (checkpoints' snapshots and ids, once each).", nil, nil)
+	storeCompactedDesc = prometheus.NewDesc("keyfold_store_compacted_bytes_total",
+		"Bytes of the tables the embedded store's compactions wrote: what it rewrote of its flushed tables (compared with flushed_bytes_total, its write amplification).", nil, nil)
+)
+
+// diskCollector reports the embedded store's disk metrics from one read of
+// its stats per scrape.
+type diskCollector struct{ stats func() DiskStats }
+
+func (c diskCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- diskFullDesc
+	ch <- diskFreeDesc
+	ch <- diskReserveDesc
+	ch <- storeFlushedDesc
+	ch <- storeCompactedDesc
+}
+
+func (c diskCollector) Collect(ch chan<- prometheus.Metric) {
+	d := c.stats()
+	full := 0.0
+	if d.Full {
+		full = 1
 	}
-	for _, c := range []prometheus.Collector{
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "keyfold", Subsystem: "store", Name: "disk_full",
-			Help: "1 while the embedded store refuses writes for lack of disk space (ingest answers 503), else 0."},
-			func() float64 { return b(stats().Full) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "keyfold", Subsystem: "store", Name: "disk_free_bytes",
-			Help: "Space available on the embedded store's filesystem."},
-			func() float64 { return float64(stats().FreeBytes) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "keyfold", Subsystem: "store", Name: "disk_reserve_bytes",
-			Help: "Free space the embedded store keeps: ingest is refused below it."},
-			func() float64 { return float64(stats().ReserveBytes) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "keyfold", Subsystem: "store", Name: "flushed_bytes_total",
-			Help: "Bytes of the tables the embedded store's memtable flushes wrote (checkpoints' snapshots and ids, once each)."},
-			func() float64 { return float64(stats().FlushedBytes) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "keyfold", Subsystem: "store", Name: "compacted_bytes_total",
-			Help: "Bytes of the tables the embedded store's compactions wrote: what it rewrote of its flushed tables (compared with flushed_bytes_total, its write amplification)."},
-			func() float64 { return float64(stats().CompactedBytes) }),
-	} {
-		if err := reg.Register(c); err != nil {
-			return err
-		}
-	}
-	return nil
+	ch <- prometheus.MustNewConstMetric(diskFullDesc, prometheus.GaugeValue, full)
+	ch <- prometheus.MustNewConstMetric(diskFreeDesc, prometheus.GaugeValue, float64(d.FreeBytes))
+	ch <- prometheus.MustNewConstMetric(diskReserveDesc, prometheus.GaugeValue, float64(d.ReserveBytes))
+	ch <- prometheus.MustNewConstMetric(storeFlushedDesc, prometheus.CounterValue, float64(d.FlushedBytes))
+	ch <- prometheus.MustNewConstMetric(storeCompactedDesc, prometheus.CounterValue, float64(d.CompactedBytes))
 }
 
 // RegisterCluster registers a member's cluster counters, read from stats at
