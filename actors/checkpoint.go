@@ -45,7 +45,7 @@ func (h *Host) checkpoint(ctx context.Context, paced bool, why string) error {
 	// What is logged from here on is the next one's; what was, this one's
 	// (the log above the checkpoints until it ends: see hurryCheckpoint).
 	h.roundBytes.Store(h.sinceCheckpoint.Swap(0))
-	h.deliveredSince.Store(0)
+	delivered := h.deliveredSince.Swap(0)
 	h.indexing.Store(h.indexIDs(begin))
 	var pace *pacer
 	if paced {
@@ -55,12 +55,13 @@ func (h *Host) checkpoint(ctx context.Context, paced bool, why string) error {
 	}
 	var groups errgroup.Group // every group is tried; the first error is returned
 	groups.SetLimit(checkpointParallelism)
-	n, logged := 0, int64(0)
+	n, logged, changed := 0, int64(0), 0
 	for g := range h.cfg.Groups {
 		h.mu.Lock()
 		gs := &h.groups[g]
 		skip := !gs.ready || (gs.dispatched <= gs.checkpoint && len(gs.dirty) == 0 && len(gs.spills) == 0)
 		logged += gs.appended - gs.covered
+		changed += gs.changed()
 		h.mu.Unlock()
 		if !skip {
 			n++
@@ -68,7 +69,9 @@ func (h *Host) checkpoint(ctx context.Context, paced bool, why string) error {
 		}
 	}
 	err := groups.Wait()
-	h.log.Debug("checkpoint", "why", why, "groups", n, "log_bytes", logged, "paced", pace != nil, "took", time.Since(begin), "err", err)
+	// delivered and changed are what checkpointDue weighed: the keys'
+	// deliveries since the last round began, and the keys changed since.
+	h.log.Debug("checkpoint", "why", why, "groups", n, "log_bytes", logged, "delivered", delivered, "changed", changed, "paced", pace != nil, "took", time.Since(begin), "err", err)
 	return err
 }
 

@@ -1,6 +1,8 @@
 package persistencetest
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -167,4 +169,53 @@ func testNoIDIndex(e *env) {
 		}
 	}
 	e.wantNoSnap(1, "a")
+}
+
+// Drops find a group's ids in whatever buckets hold them, however sparse
+// the buckets and the groups in them are, and leave every other group's:
+// checked against a model over random ids and drops.
+func testIDsDropSparse(e *env) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	groups := []uint32{0, 1, 2, 3, 200}
+	epochs := map[uint32]persistence.Epoch{}
+	for _, g := range groups {
+		epochs[g] = e.claim(g).Epoch
+	}
+	type id struct {
+		group  uint32
+		bucket int64
+		key    string
+	}
+	held := map[id]int64{}
+	for round := range 30 {
+		// A few ids in random buckets of random groups.
+		for range 1 + rng.IntN(6) {
+			i := id{groups[rng.IntN(len(groups))], int64(rng.IntN(30)), fmt.Sprint("k", rng.IntN(3))}
+			at := t0 + int64(round*1000+1+rng.IntN(999))
+			e.checkpoint(i.group, epochs[i.group], persistence.CheckpointData{IDs: []persistence.StoredID{storedID(i.bucket, i.key, "x", at)}})
+			held[i] = at
+		}
+		// One group's dropped below a random bucket.
+		g, before := groups[rng.IntN(len(groups))], int64(1+rng.IntN(30))
+		e.checkpoint(g, epochs[g], persistence.CheckpointData{DropIDsBefore: before})
+		for i := range held {
+			if i.group == g && i.bucket < before {
+				delete(held, i)
+			}
+		}
+		for _, g := range groups {
+			var ls []persistence.IDLookup
+			var want []int64
+			for b := range int64(30) {
+				for k := range 3 {
+					i := id{g, b, fmt.Sprint("k", k)}
+					ls = append(ls, idLookup(b, i.key, "x"))
+					want = append(want, held[i])
+				}
+			}
+			if got := e.lookupIDs(g, ls...); !slices.Equal(got, want) {
+				e.t.Fatalf("round %d, group %d: LookupIDs = %v, want %v", round, g, got, want)
+			}
+		}
+	}
 }

@@ -60,6 +60,7 @@ var tests = []test{
 	{name: "TimersFnError", run: testTimersFnError},
 	{name: "IDIndex", run: testIDIndex, ids: true},
 	{name: "IDsDropBefore", run: testIDsDropBefore, ids: true},
+	{name: "IDsDropSparse", run: testIDsDropSparse, ids: true},
 	{name: "IDsAtomic", run: testIDsAtomic, ids: true},
 	{name: "NoIDIndex", run: testNoIDIndex, noIDs: true},
 	{name: "Outputs", run: testOutputs},
