@@ -55,13 +55,20 @@ func (h *Host) checkpoint(ctx context.Context, paced bool, why string) error {
 	}
 	var groups errgroup.Group // every group is tried; the first error is returned
 	groups.SetLimit(checkpointParallelism)
-	n, logged, changed := 0, int64(0), 0
+	// What the log held and the keys changed as the round begins (the
+	// loop below waits for free slots, so it reads later groups later).
+	logged, changed := int64(0), 0
+	h.mu.Lock()
+	for g := range h.groups {
+		logged += h.groups[g].appended - h.groups[g].covered
+		changed += h.groups[g].changed()
+	}
+	h.mu.Unlock()
+	n := 0
 	for g := range h.cfg.Groups {
 		h.mu.Lock()
 		gs := &h.groups[g]
 		skip := !gs.ready || (gs.dispatched <= gs.checkpoint && len(gs.dirty) == 0 && len(gs.spills) == 0)
-		logged += gs.appended - gs.covered
-		changed += gs.changed()
 		h.mu.Unlock()
 		if !skip {
 			n++
