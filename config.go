@@ -105,7 +105,7 @@ type Config struct {
 	// CacheMemory is the part of MaxMemory that keeps keys which left
 	// memory in the snapshot cache, packed (about 55 B for a key with a few
 	// aggregates, outside the Go heap): their next event or query decodes
-	// them instead of reading the store. 0 (the default): half of
+	// them instead of reading the store. 0 (the default): a quarter of
 	// MaxMemory, if that is at least 48 MiB, the cache's smallest size.
 	// Negative: no cache.
 	CacheMemory int64 `yaml:"cache_memory"`

@@ -56,20 +56,20 @@ func TestGoRuntime(t *testing.T) {
 		},
 		{
 			// 90% of 4 GiB less what the runtime does not count: the
-			// snapshot cache's entries (2/3 of half of max_memory) and,
+			// snapshot cache's entries (2/3 of a quarter of max_memory, in cacheChunkBytes's rounding) and,
 			// with cgo, 1.15 × the block cache and two memtables
 			name:      "capped by the memory available, less the memory outside the Go heap",
 			cfg:       Config{MaxMemory: 2 * gib},
 			available: 4 * gib,
 			getenv:    env(),
-			want:      GoRuntime{MemoryLimit: capped(4*gib, gib*2/3), GCPercent: DefaultGoGCPercent, From: "max_memory"},
+			want:      GoRuntime{MemoryLimit: capped(4*gib, gib/2/3*2), GCPercent: DefaultGoGCPercent, From: "max_memory"},
 		},
 		{
 			name:      "a budget too large for the machine is warned of",
 			cfg:       Config{MaxMemory: 3 * gib},
 			available: 4 * gib,
 			getenv:    env(),
-			want:      GoRuntime{MemoryLimit: capped(4*gib, gib), GCPercent: DefaultGoGCPercent, From: "max_memory"},
+			want:      GoRuntime{MemoryLimit: capped(4*gib, gib/2), GCPercent: DefaultGoGCPercent, From: "max_memory"},
 			warn:      true,
 		},
 		{

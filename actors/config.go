@@ -70,8 +70,8 @@ type Config struct {
 	// memory in the snapshot cache (cache.go), encoded, in a tenth of what
 	// a resident key takes: activating one decodes it instead of reading
 	// the store. It covers the cache's entries and their index (cache.go).
-	// 0: half of MaxMemory (if that is at least 48 MiB, the cache's
-	// smallest size; else none). Negative: no cache.
+	// 0: a quarter of MaxMemory (if that is at least 48 MiB, the cache's
+	// smallest size; else none), see cacheShare. Negative: no cache.
 	CacheMemory int64
 	// AlwaysIndexIDs makes every checkpoint store the remembered ids its
 	// snapshots hand over in the store's id index, leaving only their
@@ -199,6 +199,20 @@ func (c *Config) setDefaults() {
 	}
 }
 
+// cacheShare is the default CacheMemory's share of MaxMemory: 1/cacheShare.
+// The cache and the resident tier divide what the active keys leave, and
+// they buy different things: a cached key's next activation decodes it
+// instead of reading the store, while the resident tier's room for
+// changed keys (parked and spilled) is what lets checkpoints wait for
+// CheckpointBytes and two deliveries a key. When changed keys fill it,
+// the budget asks for a round at once (why=memory), unpaced, that writes
+// every changed key after a delivery or so each. With half of MaxMemory
+// for the cache (until session 44), a million uniform keys after five
+// minutes ran on memory's rounds alone: ~0.7 snapshots an event instead
+// of ~0.45, and most of the store's compactions are snapshots
+// (BENCHMARKS.md, session 44).
+const cacheShare = 4
+
 // cacheMemoryFor is the CacheMemory in effect for a MaxMemory (its default
 // applied) and a CacheMemory as configured: negative for no cache.
 func cacheMemoryFor(maxMemory, cacheMemory int64) int64 {
@@ -207,8 +221,8 @@ func cacheMemoryFor(maxMemory, cacheMemory int64) int64 {
 	}
 	if cacheMemory == 0 {
 		cacheMemory = -1
-		if maxMemory/2 >= MinCacheMemory {
-			cacheMemory = maxMemory / 2
+		if maxMemory/cacheShare >= MinCacheMemory {
+			cacheMemory = maxMemory / cacheShare
 		}
 	}
 	return cacheMemory
