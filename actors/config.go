@@ -131,8 +131,14 @@ const checkpointBytesPerRecord = 64 << 10
 // checkpointDeliveriesPerKey is what a checkpoint past CheckpointBytes waits
 // for (up to CheckpointMaxBytes): deliveries (a key's events of one commit)
 // since the last checkpoint began, per key changed since. At one each, a
-// checkpoint writes a snapshot per event; at two, half as many, for about
-// 1.6 events per key logged between checkpoints when keys are uniform.
+// checkpoint writes a snapshot per event; at two, fewer: 0.6-0.7 an event
+// at a million uniform keys, not the half that two deliveries a key would
+// give, because a round takes its groups one after another over seconds
+// and the deliveries to a group's keys before it took them count too.
+// Counted by group since each group's checkpoint took its keys, the rule
+// wrote half a snapshot an event and ran 12% slower: the rounds then came
+// at CheckpointMaxBytes, hurried, and the log above the checkpoints
+// outlived the store's memtables (BENCHMARKS.md, session 44).
 const checkpointDeliveriesPerKey = 2
 
 // checkpointMaxRecords is CheckpointRecords scaled as CheckpointMaxBytes
@@ -208,9 +214,11 @@ func (c *Config) setDefaults() {
 // the budget asks for a round at once (why=memory), unpaced, that writes
 // every changed key after a delivery or so each. With half of MaxMemory
 // for the cache (until session 44), a million uniform keys after five
-// minutes ran on memory's rounds alone: ~0.7 snapshots an event instead
-// of ~0.45, and most of the store's compactions are snapshots
-// (BENCHMARKS.md, session 44).
+// minutes ran on memory's rounds alone, each after 1.3-1.5 deliveries a
+// key; with a quarter, rounds were begun by CheckpointBytes and the
+// store's compactions wrote about a quarter fewer bytes an event (most of
+// them are snapshots; BENCHMARKS.md, session 44). After ten minutes,
+// keys of more than 32 ids fill it again (they cannot be spilled).
 const cacheShare = 4
 
 // cacheMemoryFor is the CacheMemory in effect for a MaxMemory (its default
