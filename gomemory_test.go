@@ -56,8 +56,9 @@ func TestGoRuntime(t *testing.T) {
 		},
 		{
 			// 90% of 4 GiB less what the runtime does not count: the
-			// snapshot cache's entries (2/3 of a quarter of max_memory, in cacheChunkBytes's rounding) and,
-			// with cgo, 1.15 × the block cache and two memtables
+			// snapshot cache's entries (2/3 of a quarter of max_memory,
+			// rounded as cacheChunkBytes does) and, with cgo, 1.15 × the
+			// block cache and two memtables
 			name:      "capped by the memory available, less the memory outside the Go heap",
 			cfg:       Config{MaxMemory: 2 * gib},
 			available: 4 * gib,
