@@ -128,13 +128,21 @@ func (c *snapshotCache) put(g *grain) {
 }
 
 // putValue keeps the state of a clean key that left memory from the
-// spill: value is its position and packed state (spill.go), name its cache
-// key. h.mu must be held.
+// spill: value is its position and its state as the spill packs it
+// (spill.go), which a snapshot stored since holds: it is kept in the
+// cache's form (fold.StoredCached). name is its cache key. h.mu must be
+// held.
 func (c *snapshotCache) putValue(name []byte, epoch persistence.Epoch, value []byte) {
 	if c.c == nil {
 		return
 	}
-	v := append(binary.AppendUvarint(c.val[:0], epoch), value...)
+	pos, n := binary.Uvarint(value)
+	v := binary.AppendUvarint(binary.AppendUvarint(c.val[:0], epoch), pos)
+	v, err := fold.StoredCached(v, value[max(n, 0):])
+	if n <= 0 || err != nil { // (not expected: the spill holds what it encoded)
+		c.c.Del(name)
+		return
+	}
 	c.val = v[:0]
 	c.set(name, v)
 }

@@ -84,8 +84,8 @@ type spill struct {
 // the arena goes. Entry: a flag byte (dead: its key was activated before
 // a checkpoint froze the arena), the body's length, the body: the
 // pipeline and the key (each length-prefixed), the position it is dirty
-// at, its last processing time, then the position and the packed state as
-// the snapshot cache keeps them (decodeCached).
+// at, its last processing time, then the position and the state as
+// fold.AppendSpilled packs it (decodeCached reads it).
 type spillArena struct {
 	id     uint32
 	chunks [][]byte
@@ -216,16 +216,19 @@ func (sp *spill) hash(id keyID) uint64 {
 func (sp *spill) hashName() uint64 { return maphash.Bytes(sp.seed, sp.name) }
 
 // spillLocked packs a parked dirty key into its group's spill and takes it
-// out of memory. It reports false if the key cannot leave so (its ids are
-// in buckets, its state does not pack, another spilled key has its hash):
-// it stays parked until a checkpoint. A key of a Go handler's pipeline
-// stays too: its state packs with the user's codec, and a spilled state
-// that did not decode again would be lost (a cached one is read from the
-// store instead). h.mu must be held.
+// out of memory. It reports false if the key cannot leave so (its state
+// does not pack, or packs in more than a chunk; another spilled key has
+// its hash): it stays parked until a checkpoint. A key of a Go handler's
+// pipeline stays too: its state packs with the user's codec, and a
+// spilled state that did not decode again would be lost (a cached one is
+// read from the store instead). A key whose ids are in buckets is packed
+// with what of them its stored parts lack (fold.AppendSpilled; until
+// session 45 such keys stayed). h.mu must be held.
 func (h *Host) spillLocked(g *grain) bool {
-	if g.broken != nil || g.dirtyIdx == 0 || g.pipeline.HasHandler() || !h.currentLocked(g) || !g.state.Packable() || g.state.Empty() {
+	if g.broken != nil || g.dirtyIdx == 0 || g.pipeline.HasHandler() || !h.currentLocked(g) || g.state.Empty() {
 		return false
 	}
+	g.catchUpSaved() // (its id buckets then know what is stored)
 	sp := &h.resident.spill
 	hash := sp.hash(g.id)
 	if _, taken := sp.index[hash]; taken {
@@ -283,7 +286,7 @@ func (h *Host) packSpilled(g *grain) (body []byte, ok bool) {
 	b = binary.AppendUvarint(b, g.dirtyAt)
 	b = binary.AppendVarint(b, g.lastNow)
 	b = binary.AppendUvarint(b, g.pos)
-	b, err := g.pipeline.AppendPacked(b, &g.state)
+	b, err := g.pipeline.AppendSpilled(b, &g.state)
 	if err != nil {
 		return nil, false
 	}

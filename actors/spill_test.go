@@ -62,71 +62,104 @@ func TestSpilledKeysComeBackChanged(t *testing.T) {
 }
 
 // A checkpoint writes the spilled keys: after it nothing is replayed, and
-// every key is what it was. The spill empties into the snapshot cache.
+// every key is what it was. The spill empties into the snapshot cache,
+// from where keys come back and change again. With 40 ids a key, they are
+// in buckets (of two parts each), spilled with none of them stored; the
+// cache's form of them, numbered as stored, takes the next id into the
+// right part.
 func TestCheckpointWritesSpilledKeys(t *testing.T) {
-	for _, failFirst := range []bool{false, true} {
-		t.Run(fmt.Sprintf("failFirst=%v", failFirst), func(t *testing.T) {
-			dir := t.TempDir()
-			fs := faultstore.New(openStore(t, dir))
-			cfg := spillConfig(96 << 10)
-			cfg.CacheMemory = actors.MinCacheMemory
-			cfg.MaxMemory += actors.MinCacheMemory
-			cfg.Groups = 1 // one checkpoint: the one that fails
-			hs := start(t, fs, cfg)
-			const keys = 300
-			for i := range keys {
-				hs.ingest(event(fmt.Sprintf("k%d", i), "x", i), event(fmt.Sprintf("k%d", i), "y", 1))
-			}
-			eventually(t, "keys to be spilled", func() bool { return hs.host.Stats().SpilledKeys >= keys/2 })
-			if failFirst { // the spill thaws, and the next checkpoint writes it
-				fs.FailNext(faultstore.OpCheckpoint, errors.New("injected"))
-			}
-			if err := actors.Checkpoint(hs.host, context.Background()); (err != nil) != failFirst {
-				t.Fatalf("checkpoint: %v", err)
-			}
-			if failFirst {
-				if st := hs.host.Stats(); st.SpilledKeys < keys/2 {
-					t.Fatalf("after a failed checkpoint %d keys spilled, want them all still", st.SpilledKeys)
-				}
-				if err := actors.Checkpoint(hs.host, context.Background()); err != nil {
-					t.Fatal(err)
-				}
-			}
-			st := hs.host.Stats()
-			if st.SpilledKeys != 0 || st.SpilledBytes != 0 || st.DirtyKeys != 0 || st.CachedKeys < keys/2 {
-				t.Fatalf("after the checkpoint: %+v; want no spill, nothing changed, the keys in the cache", st)
-			}
-			if st.Snapshots != keys { // each key changed once, written once: from the spill or memory
-				t.Fatalf("%d key snapshots counted, want %d (the spilled ones included)", st.Snapshots, keys)
-			}
-			for i := range keys { // from the cache
-				if v := hs.query(fmt.Sprintf("k%d", i)); v.Seq != 2 || v.Aggregates["sum"] != float64(i+1) {
-					t.Fatalf("k%d = %+v", i, v)
-				}
-			}
-			if err := hs.shutdown(); err != nil {
-				t.Fatal(err)
-			}
-			if err := fs.Close(); err != nil {
-				t.Fatal(err)
-			}
-			// Nothing to replay: the checkpoint trimmed the log, so every
-			// key's state is in its snapshot.
-			hs2 := start(t, openStore(t, dir), actors.Config{Groups: 1})
-			defer hs2.shutdown()
-			if st := hs2.host.Stats(); st.Replayed != 0 {
-				t.Errorf("replayed %d records after the checkpoints", st.Replayed)
-			}
-			for i := range keys {
-				k := fmt.Sprintf("k%d", i)
-				if v := hs2.query(k); v.Seq != 2 || v.Aggregates["sum"] != float64(i+1) {
-					t.Fatalf("%s after restart = %+v", k, v)
-				}
-				if r := hs2.ingest(event(k, "x", 5)); r.Duplicates != 1 {
-					t.Fatalf("%s: id forgotten across the spill and a restart", k)
-				}
-			}
-		})
+	for _, ids := range []int{2, 40} {
+		for _, failFirst := range []bool{false, true} {
+			t.Run(fmt.Sprintf("ids=%d/failFirst=%v", ids, failFirst), func(t *testing.T) {
+				checkpointWritesSpilledKeys(t, ids, failFirst)
+			})
+		}
+	}
+}
+
+func checkpointWritesSpilledKeys(t *testing.T, ids int, failFirst bool) {
+	dir := t.TempDir()
+	fs := faultstore.New(openStore(t, dir))
+	// (A budget the spill fits in: over it, the tier would ask for a
+	// checkpoint of its own.)
+	budget := int64(96 << 10)
+	if ids > 2 {
+		budget = 160 << 10
+	}
+	cfg := spillConfig(budget)
+	cfg.CacheMemory = actors.MinCacheMemory
+	cfg.MaxMemory += actors.MinCacheMemory
+	cfg.Groups = 1 // one checkpoint: the one that fails
+	hs := start(t, fs, cfg)
+	const keys = 300
+	for i := range keys {
+		evs := [][]byte{event(fmt.Sprintf("k%d", i), "x0", i)}
+		for j := 1; j < ids; j++ {
+			evs = append(evs, event(fmt.Sprintf("k%d", i), fmt.Sprint("x", j), 1))
+		}
+		hs.ingest(evs...)
+	}
+	eventually(t, "keys to be spilled", func() bool { return hs.host.Stats().SpilledKeys >= keys/2 })
+	if failFirst { // the spill thaws, and the next checkpoint writes it
+		fs.FailNext(faultstore.OpCheckpoint, errors.New("injected"))
+	}
+	if err := actors.Checkpoint(hs.host, context.Background()); (err != nil) != failFirst {
+		t.Fatalf("checkpoint: %v", err)
+	}
+	if failFirst {
+		if st := hs.host.Stats(); st.SpilledKeys < keys/2 {
+			t.Fatalf("after a failed checkpoint %d keys spilled, want them all still", st.SpilledKeys)
+		}
+		if err := actors.Checkpoint(hs.host, context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := hs.host.Stats()
+	if st.SpilledKeys != 0 || st.SpilledBytes != 0 || st.DirtyKeys != 0 || st.CachedKeys < keys/2 {
+		t.Fatalf("after the checkpoint: %+v; want no spill, nothing changed, the keys in the cache", st)
+	}
+	if st.Snapshots != keys { // each key changed once, written once: from the spill or memory
+		t.Fatalf("%d key snapshots counted, want %d (the spilled ones included)", st.Snapshots, keys)
+	}
+	hits := st.CacheHits
+	for i := range keys { // from the cache
+		k := fmt.Sprintf("k%d", i)
+		if v := hs.query(k); v.Seq != uint64(ids) || v.Aggregates["sum"] != float64(i+ids-1) {
+			t.Fatalf("%s = %+v", k, v)
+		}
+		hs.ingest(event(k, "later", 1))
+	}
+	if st := hs.host.Stats(); st.CacheHits-hits < keys/2 {
+		t.Fatalf("%d keys back from the snapshot cache, want most of %d", st.CacheHits-hits, keys)
+	}
+	if err := actors.Checkpoint(hs.host, context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := hs.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing to replay: the checkpoints trimmed the log, so every key's
+	// state is in its snapshot.
+	hs2 := start(t, openStore(t, dir), actors.Config{Groups: 1})
+	defer hs2.shutdown()
+	if st := hs2.host.Stats(); st.Replayed != 0 {
+		t.Errorf("replayed %d records after the checkpoints", st.Replayed)
+	}
+	for i := range keys {
+		k := fmt.Sprintf("k%d", i)
+		if v := hs2.query(k); v.Seq != uint64(ids+1) || v.Aggregates["sum"] != float64(i+ids) {
+			t.Fatalf("%s after restart = %+v", k, v)
+		}
+		evs := [][]byte{event(k, "later", 5)} // (applied to the key from the cache)
+		for j := range ids {
+			evs = append(evs, event(k, fmt.Sprint("x", j), 5))
+		}
+		if r := hs2.ingest(evs...); r.Duplicates != ids+1 {
+			t.Fatalf("%s: %d of its %d ids remembered across the spill and a restart", k, r.Duplicates, ids+1)
+		}
 	}
 }
 
@@ -212,8 +245,20 @@ func TestSpilledKeysSurviveACrash(t *testing.T) {
 // acknowledged ids are remembered. This crosses checkpoints with keys
 // spilling and coming back while they run (the keys a checkpoint began
 // with and that spilled since, and the spilled ones it froze and that came
-// back since).
+// back since). With few keys, each remembers more ids than a snapshot
+// holds inline: they are in buckets of several parts, which the spill
+// keeps with what of them is stored (before session 45 such keys stayed
+// in memory).
 func TestSpillUnderCheckpointsAndCrash(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		keys int
+	}{{"ids inline", 60}, {"ids in buckets", 6}} {
+		t.Run(c.name, func(t *testing.T) { spillUnderCheckpointsAndCrash(t, c.keys) })
+	}
+}
+
+func spillUnderCheckpointsAndCrash(t *testing.T, keys int) {
 	dir := t.TempDir()
 	fs := faultstore.New(openStore(t, dir))
 	cfg := actors.Config{Groups: 4, MaxActive: 3, IdleTimeout: time.Millisecond, CheckpointInterval: 2 * time.Millisecond,
@@ -221,28 +266,40 @@ func TestSpillUnderCheckpointsAndCrash(t *testing.T) {
 	hs := start(t, fs, cfg)
 	const (
 		writers = 4
-		keys    = 60
 		rounds  = 150
 	)
 	var (
-		mu   sync.Mutex
-		sums = map[string]int{}
-		seqs = map[string]int{}
-		ids  = map[string]string{} // an acknowledged id of each key
-		wg   sync.WaitGroup
+		mu    sync.Mutex
+		sums  = map[string]int{}
+		seqs  = map[string]int{}
+		acked = map[string][]string{} // the acknowledged ids of each key
+		wg    sync.WaitGroup
 	)
+	// Half the rounds first, then the spills of the rest counted: by then
+	// a key of six remembers about 50 ids.
+	var spillsBefore atomic.Int64
+	var half sync.WaitGroup
+	half.Add(writers)
 	for w := range writers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(w), 9))
 			for i := range rounds {
+				if i == rounds/2 {
+					half.Done()
+					half.Wait()
+					if w == 0 {
+						spillsBefore.Store(hs.host.Stats().Spills)
+					}
+				}
 				if rng.IntN(10) == 0 {
 					fs.Inject(faultstore.OpCheckpoint, 1+rng.IntN(3), faultstore.Fault{Err: errors.New("injected"), After: rng.IntN(2) == 0})
 				}
 				k := fmt.Sprintf("k%d", rng.IntN(keys))
 				v := rng.IntN(100)
-				r, err := hs.host.Ingest(context.Background(), "p", [][]byte{event(k, fmt.Sprintf("w%d-%d", w, i), v)})
+				id := fmt.Sprintf("w%d-%d", w, i)
+				r, err := hs.host.Ingest(context.Background(), "p", [][]byte{event(k, id, v)})
 				if err != nil {
 					t.Errorf("ingest: %v", err)
 					return
@@ -253,16 +310,16 @@ func TestSpillUnderCheckpointsAndCrash(t *testing.T) {
 				mu.Lock()
 				sums[k] += v
 				seqs[k]++
-				ids[k] = fmt.Sprintf("w%d-%d", w, i)
+				acked[k] = append(acked[k], id)
 				mu.Unlock()
 			}
 		}()
 	}
 	wg.Wait()
 	st := hs.host.Stats()
-	t.Logf("spills %d, unspills %d, checkpoints %d", st.Spills, st.Unspills, st.Checkpoints)
-	if st.Spills == 0 || st.Unspills == 0 {
-		t.Errorf("stats %+v: want keys spilled and back", st)
+	t.Logf("spills %d (%d in the second half), unspills %d, checkpoints %d", st.Spills, st.Spills-spillsBefore.Load(), st.Unspills, st.Checkpoints)
+	if st.Spills-spillsBefore.Load() == 0 || st.Unspills == 0 {
+		t.Errorf("stats %+v: want keys spilled and back, in the second half too", st)
 	}
 	hs2 := crashAndRestart(t, hs, fs, dir, 4)
 	defer hs2.shutdown()
@@ -279,9 +336,11 @@ func TestSpillUnderCheckpointsAndCrash(t *testing.T) {
 			t.Errorf("%s = %+v %v; want %d events summing to %d", k, v, err, seqs[k], sums[k])
 		}
 	}
-	for k, id := range ids {
-		if r := hs2.ingest(event(k, id, 1)); r.Duplicates != 1 {
-			t.Errorf("%s: acknowledged id %s not remembered after the crash: %+v", k, id, r)
+	for k, ids := range acked {
+		for _, id := range ids {
+			if r := hs2.ingest(event(k, id, 1)); r.Duplicates != 1 {
+				t.Errorf("%s: acknowledged id %s not remembered after the crash: %+v", k, id, r)
+			}
 		}
 	}
 }

@@ -28,7 +28,28 @@ import (
 //
 //	packedBuckets  buckets: n, then per bucket: bucket added; then the
 //	               state's packed form (packedCore or packedProto)
-const packedBuckets = 3
+//
+// The spill (actors/spill.go) keeps a changed key in memory's stead until
+// a checkpoint writes it, in a form of its own too. Until session 45 it
+// kept only keys whose ids are inline (AppendPacked): after ten minutes
+// at a million keys most changed keys remembered more than inlineIDs ids,
+// stayed in memory as grains until a checkpoint, and the checkpoints came
+// when memory was full rather than when the log asked (BENCHMARKS.md,
+// session 44). Its form of such a key says, besides each bucket's
+// numbering, how many of the bucket's ids its stored parts lack, and
+// which buckets' stored parts must go:
+//
+//	packedChanged  buckets: n, then per bucket: bucket added unsaved;
+//	               then gone buckets: n, then per bucket: bucket parts;
+//	               then the state's packed form
+const (
+	packedBuckets = 3
+	packedChanged = 4
+)
+
+// maxGoneParts bounds the parts a gone bucket of a decoded form may list
+// for deletion: those of a bucket numbering the most ids one can.
+const maxGoneParts = (math.MaxInt32 + partIDs - 1) / partIDs
 
 // AppendCached appends s as the snapshot cache keeps it, for a state whose
 // stored snapshot holds it (it must be told so first: Persisted), to dst;
@@ -44,40 +65,141 @@ func (p *Pipeline) AppendCached(dst []byte, s *State) ([]byte, error) {
 	if len(d.gone) > 0 {
 		return nil, errors.New("fold: cache state: id buckets to delete")
 	}
-	dst = append(dst, packedBuckets)
-	dst = binary.AppendUvarint(dst, uint64(len(d.buckets)))
 	for i := range d.buckets {
-		bi := &d.buckets[i]
-		if bi.changed() {
+		if bi := &d.buckets[i]; bi.changed() {
 			return nil, fmt.Errorf("fold: cache state: id bucket %d has ids not stored", bi.bucket)
 		}
-		dst = binary.AppendVarint(dst, bi.bucket)
-		dst = binary.AppendUvarint(dst, uint64(bi.added))
+	}
+	dst = appendBucketTable(append(dst, packedBuckets), d.buckets, false)
+	return p.appendPacked(dst, s, int(d.indexed))
+}
+
+// AppendSpilled appends s, a state that may be newer than its stored
+// snapshot, as the spill keeps it, to dst; decode it with UnpackCached,
+// and once a snapshot of the state it holds is stored, give it to the
+// snapshot cache as StoredCached makes it. A Packable state is packed
+// (AppendPacked); any other is packed with its ids inline after the table
+// of its buckets and of the buckets to delete. What snapshots taken of it
+// but not known to be stored (Persisted) wrote is forgotten: the snapshot
+// of the state decoded writes it again.
+func (p *Pipeline) AppendSpilled(dst []byte, s *State) ([]byte, error) {
+	if s.Packable() {
+		return p.AppendPacked(dst, s)
+	}
+	d := &s.ids
+	dst = appendBucketTable(append(dst, packedChanged), d.buckets, true)
+	dst = binary.AppendUvarint(dst, uint64(len(d.gone)))
+	for _, g := range d.gone {
+		dst = binary.AppendVarint(dst, g.bucket)
+		dst = binary.AppendUvarint(dst, uint64(g.parts))
 	}
 	return p.appendPacked(dst, s, int(d.indexed))
 }
 
-// UnpackCached decodes what AppendCached encoded with this pipeline, to the
-// state that was encoded (at RestoredVersion, its ids expired by its clock
-// dropped; of a state with ids in buckets, its buckets' numbering as it
-// was, every id of them stored).
-func (p *Pipeline) UnpackCached(data []byte) (State, error) {
-	if len(data) == 0 || data[0] != packedBuckets {
-		return p.UnpackState(data)
+// StoredCached appends to dst the snapshot cache's form (AppendCached) of
+// the state data holds in the spill's (AppendSpilled), for when a snapshot
+// of that state is stored: every id of its buckets is stored then, and no
+// bucket is left to delete.
+func StoredCached(dst, data []byte) ([]byte, error) {
+	if len(data) == 0 || data[0] != packedChanged {
+		return append(dst, data...), nil
 	}
 	r := packedReader{b: data[1:]}
+	table := readBucketTable(&r, true)
+	readGone(&r)
+	if r.err != nil {
+		return nil, fmt.Errorf("fold: spilled state: %w", r.err)
+	}
+	if len(table) == 0 { // its ids are inline
+		return append(dst, r.b...), nil
+	}
+	for i := range table {
+		table[i].saved = table[i].added
+	}
+	dst = appendBucketTable(append(dst, packedBuckets), table, false)
+	return append(dst, r.b...), nil
+}
+
+// appendBucketTable appends the table of a state's buckets: their number,
+// then each one's number and how many ids it numbered, and with unsaved,
+// how many of those its stored parts lack.
+func appendBucketTable(dst []byte, buckets []bucketInfo, unsaved bool) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(buckets)))
+	for i := range buckets {
+		bi := &buckets[i]
+		dst = binary.AppendVarint(dst, bi.bucket)
+		dst = binary.AppendUvarint(dst, uint64(bi.added))
+		if unsaved {
+			dst = binary.AppendUvarint(dst, uint64(bi.added-bi.saved))
+		}
+	}
+	return dst
+}
+
+// readBucketTable reads what appendBucketTable wrote; without unsaved,
+// every bucket's ids are stored. A problem is left in r.err.
+func readBucketTable(r *packedReader, unsaved bool) []bucketInfo {
 	n := r.uvarint()
 	if n > uint64(len(r.b))/2 { // each takes two bytes at least
-		return State{}, errors.New("fold: cached state: too many id buckets")
+		r.err = errors.New("too many id buckets")
+		return nil
 	}
 	table := make([]bucketInfo, n)
 	for i := range table {
 		b, added := r.varint(), r.uvarint()
+		saved := added
+		if unsaved {
+			if u := r.uvarint(); u <= added {
+				saved = added - u
+			} else if r.err == nil {
+				r.err = errors.New("an id bucket lacks more ids than it numbered")
+			}
+		}
 		// (A bucket's ids are numbered within the log's int32 offsets.)
 		if r.err == nil && (added == 0 || added > math.MaxInt32 || (i > 0 && b <= table[i-1].bucket)) {
 			r.err = errors.New("id buckets out of order, empty or too large")
 		}
-		table[i] = bucketInfo{bucket: b, added: int(added)}
+		table[i] = bucketInfo{bucket: b, added: int(added), saved: int(saved)}
+	}
+	return table
+}
+
+// readGone reads the buckets to delete AppendSpilled wrote, at version
+// RestoredVersion+1 (newer than what is stored). A problem is left in
+// r.err.
+func readGone(r *packedReader) []goneBucket {
+	n := r.uvarint()
+	if n > uint64(len(r.b))/2 { // each takes two bytes at least
+		r.err = errors.New("too many id buckets to delete")
+		return nil
+	}
+	gone := make([]goneBucket, n)
+	for i := range gone {
+		b, parts := r.varint(), r.uvarint()
+		if r.err == nil && (parts == 0 || parts > maxGoneParts) {
+			r.err = errors.New("an id bucket to delete has no parts or too many")
+		}
+		gone[i] = goneBucket{bucket: b, version: RestoredVersion + 1, parts: int(parts)}
+	}
+	return gone
+}
+
+// UnpackCached decodes what AppendCached or AppendSpilled encoded with
+// this pipeline, to the state that was encoded (at RestoredVersion, its
+// ids expired by its clock dropped; of a state with ids in buckets, its
+// buckets' numbering as it was, and what of them its stored parts lack;
+// of a spilled state with buckets to delete, at RestoredVersion+1, those
+// buckets to delete at that version).
+func (p *Pipeline) UnpackCached(data []byte) (State, error) {
+	if len(data) == 0 || (data[0] != packedBuckets && data[0] != packedChanged) {
+		return p.UnpackState(data)
+	}
+	changed := data[0] == packedChanged
+	r := packedReader{b: data[1:]}
+	table := readBucketTable(&r, changed)
+	var gone []goneBucket
+	if changed {
+		gone = readGone(&r)
 	}
 	if r.err != nil {
 		return State{}, fmt.Errorf("fold: cached state: %w", r.err)
@@ -86,17 +208,27 @@ func (p *Pipeline) UnpackCached(data []byte) (State, error) {
 	if err != nil {
 		return State{}, err
 	}
-	if err := p.restoreBuckets(&s, table); err != nil {
+	switch {
+	case len(table) > 0 || !changed:
+		err = p.restoreBuckets(&s, table)
+	case !s.OnePart():
+		err = errors.New("its ids are in buckets, the table lists none")
+	}
+	if err != nil {
 		return State{}, fmt.Errorf("fold: cached state: %w", err)
+	}
+	if len(gone) > 0 {
+		s.version = RestoredVersion + 1
+		s.ids.gone = append(s.ids.gone, gone...)
 	}
 	return s, nil
 }
 
 // restoreBuckets gives a state unpacked with its ids inline the buckets
-// its snapshot stores them in (table: each bucket and its numbering, all
-// of it stored), as RestoreParts does for the parts it reads: a bucket
-// whose ids have all expired by the state's clock is deleted at its next
-// snapshot, the others continue their numbering.
+// its snapshot stores them in (table: each bucket, its numbering and how
+// much of it is stored), as RestoreParts does for the parts it reads: a
+// bucket whose ids have all expired by the state's clock is deleted at
+// its next snapshot, the others continue their numbering.
 func (p *Pipeline) restoreBuckets(s *State, table []bucketInfo) error {
 	d := &s.ids
 	// (An unpacked state has not been snapshotted: RestoreParts of a
@@ -119,7 +251,7 @@ func (p *Pipeline) restoreBuckets(s *State, table []bucketInfo) error {
 		if e.added < bi.count {
 			return fmt.Errorf("id bucket %d numbered %d ids, holds %d", e.bucket, e.added, bi.count)
 		}
-		bi.added, bi.saved = e.added, e.added
+		bi.added, bi.saved = e.added, e.saved
 		d.renumbered(bi)
 	}
 	if found != len(d.buckets) { // (the table's buckets are distinct)

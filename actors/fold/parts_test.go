@@ -764,9 +764,10 @@ func TestPartsFailuresAcrossExpiry(t *testing.T) {
 }
 
 // A random walk over id bucket parts (buckets of about 500 ids): failed
-// checkpoints, passivations, dedup window changes, erases, time gaps. After
-// every stored snapshot the restored state equals the one in memory, and
-// every stored part is one the core lists.
+// checkpoints, passivations, dedup window changes, erases, time gaps,
+// spills of the changed state. After every stored snapshot the restored
+// state equals the one in memory, and every stored part is one the core
+// lists.
 func TestPartsRandomWalk(t *testing.T) {
 	pipes := []*fold.Pipeline{dedupPipeline(t, 4*time.Second), dedupPipeline(t, 3*time.Second), dedupPipeline(t, 5*time.Second)}
 	seeds := uint64(24) // (60 were run when it was written)
@@ -776,14 +777,18 @@ func TestPartsRandomWalk(t *testing.T) {
 	for seed := range seeds {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 7))
+			spills := rand.New(rand.NewPCG(seed, 11)) // (the walk as it was, and spills)
 			p := pipes[0]
 			var s fold.State
 			ps := &partsStore{buckets: map[bucketPart][]byte{}}
 			stored := uint64(0)
 			now := int64(0)
 			next := 0
-			multiSeen, rewrites, cached := 0, 0, 0
-			defer func() { t.Logf("multi %d rewrites %d cached in buckets %d", multiSeen, rewrites, cached) }()
+			multiSeen, rewrites, cached, spilled := 0, 0, 0, 0
+			var unstored []byte // the state spilled, not changed since
+			defer func() {
+				t.Logf("multi %d rewrites %d cached in buckets %d spilled changed %d", multiSeen, rewrites, cached, spilled)
+			}()
 			for i := range 30000 {
 				now += rng.Int64N(2)
 				if rng.IntN(300) == 0 {
@@ -801,6 +806,26 @@ func TestPartsRandomWalk(t *testing.T) {
 					ev = fold.Tombstone("a")
 				}
 				p.Apply(&s, ev, now)
+				unstored = nil
+				if spills.IntN(100) == 0 {
+					// Spilled as it is, changed maybe (actors/spill.go),
+					// and back: the walk goes on from the decoded state.
+					data, err := p.AppendSpilled(nil, &s)
+					if err != nil {
+						t.Fatalf("event %d: spill: %v", i, err)
+					}
+					r, err := p.UnpackCached(data)
+					if err != nil {
+						t.Fatalf("event %d: decode a spilled state: %v", i, err)
+					}
+					if !reflect.DeepEqual(stateProto(p, &r), stateProto(p, &s)) {
+						t.Fatalf("event %d: spilled differs:\n%v\n%v", i, stateProto(p, &r), stateProto(p, &s))
+					}
+					if !s.Packable() {
+						spilled++
+					}
+					s, stored, unstored = r, min(r.Version(), fold.RestoredVersion), data
+				}
 				if rng.IntN(40) != 0 {
 					continue
 				}
@@ -816,6 +841,31 @@ func TestPartsRandomWalk(t *testing.T) {
 				stored = parts.Version
 				if s.Empty() {
 					ps.core = nil
+				}
+				if unstored != nil {
+					// The spilled state is stored now: the snapshot cache's
+					// form of it (actors/spill.go, retiring the spill) is the
+					// state, with nothing to write.
+					data, err := fold.StoredCached(nil, unstored)
+					if err != nil {
+						t.Fatalf("event %d: cache a stored spilled state: %v", i, err)
+					}
+					c, err := p.UnpackCached(data)
+					if err != nil {
+						t.Fatalf("event %d: decode a stored spilled state: %v", i, err)
+					}
+					if !reflect.DeepEqual(stateProto(p, &c), stateProto(p, &s)) {
+						t.Fatalf("event %d: stored spilled state differs:\n%v\n%v", i, stateProto(p, &c), stateProto(p, &s))
+					}
+					again, err := p.SnapshotParts(&c, fold.RestoredVersion)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, b := range again.Buckets {
+						if b.Data != nil {
+							t.Fatalf("event %d: stored spilled state writes bucket %d part %d", i, b.Bucket, b.Part)
+						}
+					}
 				}
 				// garbage: every stored part is listed
 				listed := map[int64]int{}
