@@ -149,6 +149,12 @@ func TestCollapseHugePagesLeavesPagesOnlyRead(t *testing.T) {
 	if sum != 0 {
 		t.Fatalf("pages given back read %d", sum)
 	}
+	if rss, _ := areaStats(t, a); rss == uint64(len(a)) {
+		// Some kernels (seen on 6.18 under a Firecracker VM) give a page
+		// read after MADV_DONTNEED memory of its own, not the shared zero
+		// page: there is no window only read to leave be.
+		t.Skipf("this kernel (%s) backs the pages read with memory of the process's own, not the zero page", kernelRelease())
+	}
 	written := uint64(2 * hugePage)
 	startsSmall(t, a, written)
 	rss, huge := collapseOnce(t, c, a, written)
@@ -158,4 +164,13 @@ func TestCollapseHugePagesLeavesPagesOnlyRead(t *testing.T) {
 	if huge != written {
 		t.Errorf("after a pass %d bytes of the area are in huge pages, want %d (the two windows written)", huge, written)
 	}
+}
+
+// kernelRelease returns the running kernel's release, for a message.
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "unknown"
+	}
+	return unix.ByteSliceToString(u.Release[:])
 }
