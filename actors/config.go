@@ -218,7 +218,8 @@ func (c *Config) setDefaults() {
 // key; with a quarter, rounds were begun by CheckpointBytes and the
 // store's compactions wrote about a quarter fewer bytes an event (most of
 // them are snapshots; BENCHMARKS.md, session 44). After ten minutes,
-// keys of more than 32 ids fill it again (they cannot be spilled).
+// keys of more than 32 ids filled it again: they could not be spilled
+// until session 45.
 const cacheShare = 4
 
 // cacheMemoryFor is the CacheMemory in effect for a MaxMemory (its default

@@ -18,7 +18,7 @@ import (
 // that made checkpoints follow memory rather than CheckpointBytes: a round
 // every ~300k events whatever CheckpointBytes said, each costing ~12 µs per
 // key it wrote (BENCHMARKS.md, session 18). Now the least recently parked
-// dirty key over the budget is packed (fold.AppendPacked, a tenth of what
+// dirty key over the budget is packed (fold.AppendSpilled, a tenth of what
 // it takes as a grain) into its group's spill and leaves the registry; the
 // next checkpoint of its group writes it from there, and then moves it to
 // the snapshot cache, as a clean key leaving memory would have gone.

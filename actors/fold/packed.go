@@ -99,9 +99,10 @@ func (p *Pipeline) appendPacked(dst []byte, s *State, fpBefore int) ([]byte, err
 }
 
 // Packable reports whether s, newer than its stored snapshot, may be
-// packed and unpacked before that snapshot is written (actors/spill.go):
-// it is one part, and no stored id bucket waits to be deleted (unpacked, a
-// state forgets what its snapshot must delete).
+// packed (AppendPacked) and unpacked before that snapshot is written: it is
+// one part, and no stored id bucket waits to be deleted (unpacked, a state
+// forgets what its snapshot must delete). Any other state keeps that in
+// the spill's own form (AppendSpilled, actors/spill.go).
 func (s *State) Packable() bool { return s.OnePart() && len(s.ids.gone) == 0 }
 
 // packsCore reports whether the pipeline's states pack positionally: only
