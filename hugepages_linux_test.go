@@ -134,7 +134,11 @@ func TestCollapseHugePagesLeavesHoles(t *testing.T) {
 }
 
 // A window the process has only read maps the kernel's zero page, which
-// takes no memory: a collapse would give it 2 MiB of its own.
+// takes no memory: a collapse would give it 2 MiB of its own. Some kernels
+// (seen on 6.18 under a Firecracker VM) have no zero page for it and give
+// the page read memory of the process's own, resident: that window is
+// collapsed like the others. Either way a pass collapses the resident
+// windows and gives the area no memory it did not have.
 func TestCollapseHugePagesLeavesPagesOnlyRead(t *testing.T) {
 	c := newTestCollapser(t)
 	a := hugeArea(t, 3)
@@ -149,20 +153,18 @@ func TestCollapseHugePagesLeavesPagesOnlyRead(t *testing.T) {
 	if sum != 0 {
 		t.Fatalf("pages given back read %d", sum)
 	}
-	if rss, _ := areaStats(t, a); rss == uint64(len(a)) {
-		// Some kernels (seen on 6.18 under a Firecracker VM) give a page
-		// read after MADV_DONTNEED memory of its own, not the shared zero
-		// page: there is no window only read to leave be.
-		t.Skipf("this kernel (%s) backs the pages read with memory of the process's own, not the zero page", kernelRelease())
-	}
 	written := uint64(2 * hugePage)
+	if rss, _ := areaStats(t, a); rss == uint64(len(a)) {
+		t.Logf("this kernel (%s) backs the pages read with memory of the process's own, not the zero page", kernelRelease())
+		written = rss
+	}
 	startsSmall(t, a, written)
 	rss, huge := collapseOnce(t, c, a, written)
 	if rss != written {
 		t.Errorf("after a pass the area has %d resident bytes, want %d: the window only read took memory", rss, written)
 	}
 	if huge != written {
-		t.Errorf("after a pass %d bytes of the area are in huge pages, want %d (the two windows written)", huge, written)
+		t.Errorf("after a pass %d bytes of the area are in huge pages, want %d (the windows resident before)", huge, written)
 	}
 }
 
