@@ -137,9 +137,13 @@ func (c *snapshotCache) putValue(name []byte, epoch persistence.Epoch, value []b
 		return
 	}
 	pos, n := binary.Uvarint(value)
+	if n <= 0 { // (not expected: the spill holds what it encoded)
+		c.c.Del(name)
+		return
+	}
 	v := binary.AppendUvarint(binary.AppendUvarint(c.val[:0], epoch), pos)
-	v, err := fold.StoredCached(v, value[max(n, 0):])
-	if n <= 0 || err != nil { // (not expected: the spill holds what it encoded)
+	v, err := fold.StoredCached(v, value[n:])
+	if err != nil { // (likewise)
 		c.c.Del(name)
 		return
 	}

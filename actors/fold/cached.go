@@ -139,12 +139,7 @@ func appendBucketTable(dst []byte, buckets []bucketInfo, unsaved bool) []byte {
 // readBucketTable reads what appendBucketTable wrote; without unsaved,
 // every bucket's ids are stored. A problem is left in r.err.
 func readBucketTable(r *packedReader, unsaved bool) []bucketInfo {
-	n := r.uvarint()
-	if n > uint64(len(r.b))/2 { // each takes two bytes at least
-		r.err = errors.New("too many id buckets")
-		return nil
-	}
-	table := make([]bucketInfo, n)
+	table := make([]bucketInfo, r.count("id buckets"))
 	for i := range table {
 		b, added := r.varint(), r.uvarint()
 		saved := added
@@ -164,16 +159,24 @@ func readBucketTable(r *packedReader, unsaved bool) []bucketInfo {
 	return table
 }
 
+// count reads the number of entries of a table of what, each of two bytes
+// at least (0 if the rest cannot hold them: a problem left in r.err).
+func (r *packedReader) count(what string) int {
+	n := r.uvarint()
+	if n > uint64(len(r.b))/2 {
+		if r.err == nil {
+			r.err = fmt.Errorf("too many %s", what)
+		}
+		return 0
+	}
+	return int(n)
+}
+
 // readGone reads the buckets to delete AppendSpilled wrote, at version
 // RestoredVersion+1 (newer than what is stored). A problem is left in
 // r.err.
 func readGone(r *packedReader) []goneBucket {
-	n := r.uvarint()
-	if n > uint64(len(r.b))/2 { // each takes two bytes at least
-		r.err = errors.New("too many id buckets to delete")
-		return nil
-	}
-	gone := make([]goneBucket, n)
+	gone := make([]goneBucket, r.count("id buckets to delete"))
 	for i := range gone {
 		b, parts := r.varint(), r.uvarint()
 		if r.err == nil && (parts == 0 || parts > maxGoneParts) {

@@ -814,13 +814,7 @@ func TestPartsRandomWalk(t *testing.T) {
 					if err != nil {
 						t.Fatalf("event %d: spill: %v", i, err)
 					}
-					r, err := p.UnpackCached(data)
-					if err != nil {
-						t.Fatalf("event %d: decode a spilled state: %v", i, err)
-					}
-					if !reflect.DeepEqual(stateProto(p, &r), stateProto(p, &s)) {
-						t.Fatalf("event %d: spilled differs:\n%v\n%v", i, stateProto(p, &r), stateProto(p, &s))
-					}
+					r := unpackedAs(t, p, data, &s, fmt.Sprintf("event %d: spilled", i))
 					if !s.Packable() {
 						spilled++
 					}
@@ -850,13 +844,7 @@ func TestPartsRandomWalk(t *testing.T) {
 					if err != nil {
 						t.Fatalf("event %d: cache a stored spilled state: %v", i, err)
 					}
-					c, err := p.UnpackCached(data)
-					if err != nil {
-						t.Fatalf("event %d: decode a stored spilled state: %v", i, err)
-					}
-					if !reflect.DeepEqual(stateProto(p, &c), stateProto(p, &s)) {
-						t.Fatalf("event %d: stored spilled state differs:\n%v\n%v", i, stateProto(p, &c), stateProto(p, &s))
-					}
+					c := unpackedAs(t, p, data, &s, fmt.Sprintf("event %d: stored spilled", i))
 					again, err := p.SnapshotParts(&c, fold.RestoredVersion)
 					if err != nil {
 						t.Fatal(err)
@@ -922,6 +910,20 @@ func TestPartsRandomWalk(t *testing.T) {
 			}
 		})
 	}
+}
+
+// unpackedAs decodes data (UnpackCached) and fails the test unless it is
+// the state want; what names it in a failure.
+func unpackedAs(t *testing.T, p *fold.Pipeline, data []byte, want *fold.State, what string) fold.State {
+	t.Helper()
+	r, err := p.UnpackCached(data)
+	if err != nil {
+		t.Fatalf("%s: decode: %v", what, err)
+	}
+	if !reflect.DeepEqual(stateProto(p, &r), stateProto(p, want)) {
+		t.Fatalf("%s state differs:\n%v\n%v", what, stateProto(p, &r), stateProto(p, want))
+	}
+	return r
 }
 
 // A clean key with ids in buckets of a pipeline with windows (its cached
