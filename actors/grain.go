@@ -501,7 +501,7 @@ func (g *grain) snapshot() snapshotReply {
 		parts fold.Parts
 		err   error
 	)
-	o := fold.SnapshotOptions{IDIndex: g.host.indexing.Load()}
+	o := fold.SnapshotOptions{IDIndex: g.host.indexing.Load(), PackedParts: g.host.packed}
 	if shape, shapeID := g.pipeline.Shape(); g.host.packed && shape != nil && g.state.OnePart() {
 		buf = appendPackedHeader(make([]byte, 0, packedHeaderRoom+int(g.pstats.coreSize.Load())+64), shapeID, g.pos)
 		room = len(buf)

@@ -2,6 +2,7 @@ package fold
 
 import (
 	"errors"
+	"fmt"
 	"unicode/utf8"
 	"unsafe"
 
@@ -27,6 +28,9 @@ var errPartUTF8 = errors.New("fold: id bucket part: an id is not valid UTF-8")
 // bucket b.
 func (p *Pipeline) loadPart(s *State, data []byte, b int64, newest *newestRun) (n int, misplaced bool, err error) {
 	w := p.bucketWidth()
+	if len(data) > 0 && data[0] == packedPartMarker {
+		return p.loadPackedPart(s, data, b, newest)
+	}
 	for len(data) > 0 {
 		num, typ, tn := consumeTag(data)
 		if tn < 0 {
@@ -51,6 +55,49 @@ func (p *Pipeline) loadPart(s *State, data []byte, b int64, newest *newestRun) (
 			return 0, false, err
 		}
 		n++
+		if at/w != b {
+			misplaced = true
+		}
+		// (The string is only looked up and copied: nothing keeps it.)
+		p.restoreSeen(s, unsafe.String(unsafe.SliceData(id), len(id)), fp, at, newest)
+	}
+	return n, misplaced, nil
+}
+
+// A stored part's packed form (SnapshotOptions.PackedParts): its ids as
+// the key's log keeps them (appendIDEntry), the first one's time from 0,
+// after a marker no SeenBucket starts with (a field number of 0 is no
+// protobuf field's: a keyfold that does not know the form fails to decode
+// it rather than reading it as a part without ids) and the form's
+// version. 7 B an id the store's index holds, where a SeenID took 14
+// (BENCHMARKS.md, session 46).
+//
+//	0x00 0x01 entry...
+const (
+	packedPartMarker  = 0x00
+	packedPartVersion = 1
+)
+
+// appendPackedPart appends the packed part of the next n ids of cursor c
+// to dst, those held in full before log offset fpBefore as fingerprints
+// (appendIDEntries).
+func appendPackedPart(dst []byte, c *idCursor, n int, fpBefore int) []byte {
+	return appendIDEntries(append(dst, packedPartMarker, packedPartVersion), c, n, 0, fpBefore)
+}
+
+// loadPackedPart is loadPart of a part in its packed form.
+func (p *Pipeline) loadPackedPart(s *State, data []byte, b int64, newest *newestRun) (n int, misplaced bool, err error) {
+	if len(data) < 2 || data[1] != packedPartVersion {
+		return 0, false, errors.New("fold: id bucket part: unknown packed form")
+	}
+	w := p.bucketWidth()
+	r := packedReader{b: data[2:]}
+	for prev := int64(0); len(r.b) > 0; n++ {
+		id, fp, at := r.entry(prev)
+		if r.err != nil {
+			return 0, false, fmt.Errorf("fold: id bucket part: %w", r.err)
+		}
+		prev = at
 		if at/w != b {
 			misplaced = true
 		}

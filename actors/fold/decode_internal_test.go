@@ -2,9 +2,13 @@ package fold
 
 import (
 	"encoding/binary"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,9 +77,43 @@ func FuzzLoadPart(f *testing.F) {
 	} {
 		f.Add(seed, now, int64(now/w))
 	}
+	// The packed form: its ids as the log keeps them.
+	packed := func(entries ...seenID) []byte {
+		var log idSet
+		for _, e := range entries {
+			if fp, ok := strings.CutPrefix(e.id, "\x00fp"); ok {
+				v, _ := strconv.ParseUint(fp, 16, 32)
+				log.addFingerprint(uint32(v), e.at, w)
+			} else {
+				log.add(e.id, e.at, w)
+			}
+		}
+		c := log.cursor()
+		return appendPackedPart(nil, &c, len(entries), 0)
+	}
+	goodPacked := packed(seenID{"a", now - w}, seenID{fpName(0x01020304), now - w/2}, seenID{"bb", now})
+	for _, seed := range [][]byte{
+		goodPacked,
+		goodPacked[:len(goodPacked)-1], // truncated
+		packed(seenID{"old", now - 2*time.Hour.Milliseconds()}),                  // expired
+		packed(seenID{fpName(7), now}, seenID{"e", now}, seenID{fpName(7), now}), // the same twice
+		packed(seenID{"d", now - 1}, seenID{"e", now}, seenID{"d", now - 1}),     // older again
+		packed(seenID{"n", -5}),
+		{0x00, 0x02, 0x00, 0x01, 'x'},  // an unknown version
+		{0x00, 0x01, 0x00, 0x00},       // an empty id
+		{0x00, 0x01, 0x01, 0, 0, 0, 0}, // a fingerprint of 0
+		{0x00, 0x01, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, // a varint too long
+	} {
+		f.Add(seed, now, int64(now/w))
+	}
 	f.Fuzz(func(t *testing.T, data []byte, now, b int64) {
 		var sb keyfoldv1.SeenBucket
-		wantErr := proto.Unmarshal(data, &sb)
+		var wantErr error
+		if len(data) > 0 && data[0] == packedPartMarker {
+			sb.Ids, wantErr = packedPartIDs(data)
+		} else {
+			wantErr = proto.Unmarshal(data, &sb)
+		}
 		got := State{now: now}
 		newest := newestRun{at: math.MinInt64}
 		n, misplaced, err := p.loadPart(&got, data, b, &newest)
@@ -135,6 +173,44 @@ func FuzzLoadPart(f *testing.F) {
 	})
 }
 
+// packedPartIDs decodes a stored part's packed form (decode.go) as it is
+// written down there, for FuzzLoadPart to hold loadPart to: 0x00, version
+// 1, then per id the uvarint of its time's difference from the previous
+// id's (the first's from 0) zigzagged, shifted left by one and its low bit
+// set for a fingerprint, then the fingerprint (4 bytes, not 0) or the id's
+// length (not 0) and bytes.
+func packedPartIDs(data []byte) ([]*keyfoldv1.SeenID, error) {
+	if len(data) < 2 || data[0] != 0 || data[1] != 1 {
+		return nil, errors.New("not a packed part of version 1")
+	}
+	var ids []*keyfoldv1.SeenID
+	at := int64(0)
+	for b := data[2:]; len(b) > 0; {
+		h, n := binary.Uvarint(b)
+		if n <= 0 {
+			return nil, errors.New("bad header")
+		}
+		b = b[n:]
+		z := h >> 1
+		at += int64(z>>1) ^ -int64(z&1)
+		if h&1 == 1 {
+			if len(b) < 4 || binary.LittleEndian.Uint32(b) == 0 {
+				return nil, errors.New("bad fingerprint")
+			}
+			ids = append(ids, &keyfoldv1.SeenID{Fingerprint: binary.LittleEndian.Uint32(b), AtMs: at})
+			b = b[4:]
+			continue
+		}
+		l, n := binary.Uvarint(b)
+		if n <= 0 || l == 0 || l > uint64(len(b)-n) {
+			return nil, errors.New("bad id")
+		}
+		ids = append(ids, &keyfoldv1.SeenID{Id: string(b[n : n+int(l)]), AtMs: at})
+		b = b[n+int(l):]
+	}
+	return ids, nil
+}
+
 // fpName names a fingerprint in idsOf's list (no id starts with a NUL:
 // ids are text, but not empty, and tests do not use it).
 func fpName(fp uint32) string { return fmt.Sprintf("\x00fp%08x", fp) }
@@ -152,4 +228,89 @@ func idsOf(s *State) []seenID {
 		out = append(out, seenID{string(id), at})
 	}
 	return out
+}
+
+// TestStoredIDFormsArePinned: remembered ids are stored, packed (a key's
+// packed state) and in bucket parts, so a state writes the same bytes in
+// every build, and bytes of each older form read the same: a key
+// remembering three ids as fingerprints (the store's index holds them) and
+// one in full; the last part (8 ids) of a key remembering 40.
+func TestStoredIDFormsArePinned(t *testing.T) {
+	const (
+		T = 1733355000000
+		// The packed state: version 3 (ids as entries), and 2.
+		packedHex   = "050400d0c397c0f264040000049f810af79936bbf12e9975cefc91b309e18fc95ca01f026534"
+		packedV2Hex = "010400d0c397c0f2640400000400f79936bbd08005009975cefc98e90400e18fc95cd00f02653400"
+		// The part: packed, and a SeenBucket message.
+		partHex      = "000181eeac80e5c901c9766770a11f2affcabaa11fcdef61e7a11ff59717ffa11fb4776ee1a11fd664b8cfa11f3baa747da11f5d2c63cd"
+		partProtoHex = "0a0c10c09b8ba0b9321dc97667700a0c10a8a38ba0b9321d2affcaba0a0c1090ab8ba0b9321dcdef61e70a0c10f8b28ba0b9321df59717ff0a0c10e0ba8ba0b9321db4776ee10a0c10c8c28ba0b9321dd664b8cf0a0c10b0ca8ba0b9321d3baa747d0a0c1098d28ba0b9321d5d2c63cd"
+	)
+	p, err := Compile("p", Spec{Key: "k", ID: "id", DedupWindow: time.Hour, Aggregates: map[string]AggregateSpec{"n": {Op: "count"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply := func(s *State, id string, at int64) {
+		ev, err := p.Prepare(fmt.Appendf(nil, `{"k":"a","id":%q}`, id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Apply(s, ev, at)
+	}
+	var s State
+	apply(&s, "e1", T)
+	apply(&s, "e2", T+1500)
+	apply(&s, "e3", T+40000)
+	parts, err := p.Snapshot(&s, 0, nil, SnapshotOptions{IDIndex: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Persisted(parts.Version)
+	apply(&s, "e4", T+41000)
+	packed, err := p.AppendPacked(nil, &s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hex.EncodeToString(packed) != packedHex {
+		t.Fatalf("the packed form changed: %x", packed)
+	}
+	want := []seenID{{fpName(Fingerprint("e1")), T}, {fpName(Fingerprint("e2")), T + 1500}, {fpName(Fingerprint("e3")), T + 40000}, {"e4", T + 41000}}
+	for _, h := range []string{packedHex, packedV2Hex} {
+		b, _ := hex.DecodeString(h)
+		got, err := p.UnpackState(b)
+		if err != nil {
+			t.Fatalf("%s: %v", h, err)
+		}
+		if ids := idsOf(&got); !slices.Equal(ids, want) {
+			t.Fatalf("%s reads as %v, want %v", h, ids, want)
+		}
+	}
+
+	var s2 State
+	for i := range 40 {
+		apply(&s2, fmt.Sprint("e", i), T+int64(i)*1000)
+	}
+	parts, err = p.Snapshot(&s2, 0, nil, SnapshotOptions{IDIndex: true, PackedParts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := parts.Buckets[len(parts.Buckets)-1]
+	if last.Part != 1 || hex.EncodeToString(last.Data) != partHex {
+		t.Fatalf("the packed part changed: part %d %x", last.Part, last.Data)
+	}
+	want = want[:0]
+	for i := 32; i < 40; i++ {
+		want = append(want, seenID{fpName(Fingerprint(fmt.Sprint("e", i))), T + int64(i)*1000})
+	}
+	for _, h := range []string{partHex, partProtoHex} {
+		b, _ := hex.DecodeString(h)
+		got := State{now: T + 40000}
+		newest := newestRun{at: math.MinInt64}
+		n, misplaced, err := p.loadPart(&got, b, last.Bucket, &newest)
+		if err != nil || n != 8 || misplaced {
+			t.Fatalf("%s: %d ids, misplaced %v, %v", h, n, misplaced, err)
+		}
+		if ids := idsOf(&got); !slices.Equal(ids, want) {
+			t.Fatalf("%s reads as %v, want %v", h, ids, want)
+		}
+	}
 }

@@ -26,12 +26,11 @@ import (
 // and are dropped again when it is loaded, which gives back exactly the
 // same set.
 type idSet struct {
-	// log holds the ids, oldest first, from head on: per id the zigzag
-	// varint of its time minus the previous id's (the first's from baseAt),
-	// the uvarint of its length, and its bytes; or, for an id the store's
-	// id index holds that the key knows only by its fingerprint (restored
-	// from a snapshot in a store with an index), a length of 0 and the
-	// fingerprint's 4 bytes (little-endian). One allocation for every id
+	// log holds the ids, oldest first, from head on, as entries
+	// (appendIDEntry), each one's time from the previous id's (the first's
+	// from baseAt): an id, or for an id the store's id index holds that
+	// the key knows only by its fingerprint (restored from a snapshot in a
+	// store with an index), the fingerprint. One allocation for every id
 	// of the key, about its length and three bytes each: a key in memory
 	// is meant to take less than a KiB, an id 32 B, and the collector walks
 	// one object per key instead of one per id (as strings, each id was an
@@ -423,14 +422,9 @@ func (c *idCursor) more() bool { return c.off < len(c.d.log) }
 // next returns the next id (its bytes are the log's; a fingerprint's 4 if
 // c.fp) and its time.
 func (c *idCursor) next() ([]byte, int64) {
-	b := c.d.log[c.off:]
-	delta, n := binary.Varint(b)
-	l, m := binary.Uvarint(b[n:])
-	if c.fp = l == 0; c.fp {
-		l = fpLen
-	}
-	id := b[n+m : n+m+int(l)]
-	c.off += n + m + int(l)
+	delta, id, fp, n := idEntryAt(c.d.log[c.off:])
+	c.fp = fp
+	c.off += n
 	c.at += delta
 	return id, c.at
 }
@@ -460,13 +454,83 @@ func (c *idCursor) skip(n int) {
 // idAt returns the bytes of the id whose entry starts at off, and whether
 // they are a fingerprint's.
 func (d *idSet) idAt(off int32) ([]byte, bool) {
-	b := d.log[off:]
-	_, n := binary.Varint(b)
-	l, m := binary.Uvarint(b[n:])
-	if l == 0 {
-		return b[n+m : n+m+fpLen], true
+	_, e, fp, _ := idEntryAt(d.log[off:])
+	return e, fp
+}
+
+// An id's entry, in the log and in the stored forms that keep ids as the
+// log does (the packed form's ids since version 3, a stored part's packed
+// form): the uvarint of its time's difference from the previous id's,
+// zigzagged and shifted left by one, its low bit set for a fingerprint;
+// then the fingerprint's 4 bytes (little-endian), or the id's length
+// (uvarint, not 0) and its bytes. A key remembering an id by its
+// fingerprint since a few minutes takes 7 bytes for it, where the packed
+// form's version 2 took 8 or 9 and a SeenID message 14 (BENCHMARKS.md,
+// session 46). Times are ms: the difference between two ids' is kept
+// within ±2^61 (idTimeDelta), 73 million years.
+func appendIDEntry[T string | []byte](b []byte, delta int64, id T, fp uint32) []byte {
+	h := uint64(delta<<1^delta>>63) << 1
+	if fp != 0 {
+		return binary.LittleEndian.AppendUint32(binary.AppendUvarint(b, h|1), fp)
 	}
-	return b[n+m : n+m+int(l)], false
+	b = binary.AppendUvarint(b, h)
+	b = binary.AppendUvarint(b, uint64(len(id)))
+	return append(b, id...)
+}
+
+// idEntryAt decodes the entry at the start of b, which the log wrote
+// (appendIDEntry): its time's difference from the previous id's, its
+// bytes (a fingerprint's 4 if fp), and its length.
+func idEntryAt(b []byte) (delta int64, e []byte, fp bool, n int) {
+	h, n := binary.Uvarint(b)
+	delta = unzigzag(h >> 1)
+	if h&1 != 0 {
+		return delta, b[n : n+fpLen], true, n + fpLen
+	}
+	l, m := binary.Uvarint(b[n:])
+	n += m
+	return delta, b[n : n+int(l)], false, n + int(l)
+}
+
+func unzigzag(z uint64) int64 { return int64(z>>1) ^ -int64(z&1) }
+
+// maxIDDelta bounds the difference between two ids' times that an entry
+// keeps.
+const maxIDDelta = 1 << 61
+
+// idTimeDelta returns at - prev, within ±maxIDDelta: only the times of a
+// state decoded from damaged bytes are further apart.
+func idTimeDelta(at, prev int64) int64 {
+	switch {
+	case at >= prev && uint64(at)-uint64(prev) >= maxIDDelta:
+		return maxIDDelta - 1
+	case at < prev && uint64(prev)-uint64(at) > maxIDDelta:
+		return -maxIDDelta
+	}
+	return at - prev
+}
+
+// appendIDEntries appends the entries of the next n ids of cursor c (or
+// up to the newest), the first one's time from prev; those held in full
+// before log offset fpBefore (the store's index holds them) as
+// fingerprints. Entries the log holds as they are written are copied.
+func appendIDEntries(dst []byte, c *idCursor, n int, prev int64, fpBefore int) []byte {
+	for i := 0; i < n && c.more(); i++ {
+		off := c.off
+		e, at := c.next()
+		switch {
+		case i > 0 && (c.fp || off >= fpBefore):
+			dst = append(dst, c.d.log[off:c.off]...)
+		case c.fp:
+			dst = appendIDEntry(dst, idTimeDelta(at, prev), e[:0], binary.LittleEndian.Uint32(e))
+		case off < fpBefore:
+			dst = appendIDEntry(dst, idTimeDelta(at, prev), e[:0], idFingerprint(e))
+		default:
+			dst = appendIDEntry(dst, idTimeDelta(at, prev), e, 0)
+		}
+		prev = at
+	}
+	return dst
 }
 
 // add remembers id, applied at (ms), which the set does not hold. Lookup
@@ -490,13 +554,13 @@ func addID[T string | []byte](d *idSet, id T, fp uint32, at int64, width int64) 
 		d.fps, d.indexed, d.markOff, d.markV = false, 0, 0, 0
 	}
 	off, prevAt := len(d.log), d.lastAt
-	d.log = binary.AppendVarint(d.log, at-d.lastAt)
+	delta := idTimeDelta(at, d.lastAt)
+	at = d.lastAt + delta
 	if fp != 0 {
-		d.log = binary.LittleEndian.AppendUint32(append(d.log, 0), fp)
+		d.log = appendIDEntry(d.log, delta, id, fp)
 		d.fps = true
 	} else {
-		d.log = binary.AppendUvarint(d.log, uint64(len(id)))
-		d.log = append(d.log, id...)
+		d.log = appendIDEntry(d.log, delta, id, 0)
 	}
 	d.lastAt = at
 	d.n++

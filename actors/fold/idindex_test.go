@@ -182,7 +182,7 @@ func runIDIndexOracle(t *testing.T, p *fold.Pipeline, seed uint64, mixed bool) {
 			log = append(log, logged{raw, now, v})
 		case op < 82: // a checkpoint, sometimes failing
 			index := !mixed || rng.IntN(2) == 0
-			parts, err := p.Snapshot(&s, since, nil, fold.SnapshotOptions{Packed: true, IDIndex: index})
+			parts, err := p.Snapshot(&s, since, nil, fold.SnapshotOptions{Packed: true, IDIndex: index, PackedParts: step%3 != 0})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -26,10 +26,15 @@ import (
 // the same in every later build. TestPackedFormatIsPinned holds the bytes;
 // a change to them is a new version, which the reader must tell apart.
 //
-//	packedCore  seq dups now, then per aggregate: count [number last], then
-//	            ids: n, then per id: len id now-at, where an id the store's
-//	            id index holds may be its fingerprint: len 0, then its 4
-//	            bytes (little-endian) (version 2; version 1 has none)
+//	packedIDs   seq dups now, then per aggregate: count [number last], then
+//	            ids: n, then per id its entry as the key's log keeps it
+//	            (appendIDEntry: its time from the previous id's, the
+//	            first's from now, and the id or its fingerprint), since
+//	            version 3
+//	packedCore  the same but for the ids: per id: len id now-at, where an
+//	            id the store's id index holds may be its fingerprint: len
+//	            0, then its 4 bytes (little-endian) (version 2; version 1
+//	            has none); read, no longer written
 //	packedProto a keyfold.v1.KeyState (AppendState)
 //
 // Integers are varints (signed ones zigzag); a number is an uvarint whose
@@ -39,14 +44,17 @@ import (
 const (
 	packedCore  = 1
 	packedProto = 2
+	packedIDs   = 5 // (3 and 4 are the snapshot cache's, cached.go)
 )
 
 // PackedVersion is the version of the packed form described above, which
-// stored packed snapshots carry.
-const PackedVersion = 2
+// stored packed snapshots carry: a build that knows an older one refuses
+// the states of this one rather than misreading them.
+const PackedVersion = 3
 
 // MinPackedVersion is the oldest version of the packed form this build
-// reads: version 2 added fingerprints, which version 1 states lack.
+// reads: version 2 added fingerprints, which version 1 states lack, and
+// version 3 the ids as entries (packedIDs).
 const MinPackedVersion = 1
 
 // maxPackedInt bounds the integers a number packs as: beyond it a float64
@@ -70,7 +78,7 @@ func (p *Pipeline) appendPacked(dst []byte, s *State, fpBefore int) ([]byte, err
 	if !p.packsCore() {
 		return p.appendState(append(dst, packedProto), s, fpBefore)
 	}
-	dst = append(dst, packedCore)
+	dst = append(dst, packedIDs)
 	dst = binary.AppendUvarint(dst, s.seq)
 	dst = binary.AppendUvarint(dst, s.dups)
 	dst = binary.AppendVarint(dst, s.now)
@@ -86,16 +94,8 @@ func (p *Pipeline) appendPacked(dst []byte, s *State, fpBefore int) ([]byte, err
 		dst = append(dst, a.last...)
 	}
 	dst = binary.AppendUvarint(dst, uint64(s.ids.len()))
-	for c := s.ids.cursor(); c.more(); {
-		id, fp, at := c.nextAs(fpBefore)
-		dst = binary.AppendUvarint(dst, uint64(len(id)))
-		if fp != 0 {
-			dst = binary.LittleEndian.AppendUint32(dst, fp)
-		}
-		dst = append(dst, id...)
-		dst = binary.AppendVarint(dst, s.now-at)
-	}
-	return dst, nil
+	c := s.ids.cursor()
+	return appendIDEntries(dst, &c, s.ids.len(), s.now, fpBefore), nil
 }
 
 // Packable reports whether s, newer than its stored snapshot, may be
@@ -146,7 +146,7 @@ func (p *Pipeline) UnpackState(data []byte) (State, error) {
 		return p.RestoreParts(&ks, func(b int64, _ int) ([]byte, error) {
 			return nil, fmt.Errorf("fold: packed state names id bucket %d", b)
 		})
-	case packedCore:
+	case packedCore, packedIDs:
 		if !p.packsCore() {
 			return State{}, errors.New("fold: packed state: positional, but the pipeline's states do not pack so")
 		}
@@ -192,9 +192,10 @@ func (p *Pipeline) UnpackState(data []byte) (State, error) {
 		// take packed (the length, the bytes, a time).
 		s.ids.log = make([]byte, 0, len(r.b))
 	}
+	prev := s.now
 	for range n {
-		id, fp := r.id()
-		at := s.now - r.varint()
+		id, fp, at := r.idOf(data[0], prev, s.now)
+		prev = at
 		if r.err == nil && at > horizon { // as loadIDs
 			if fp != 0 {
 				s.ids.addFingerprint(fp, at, p.bucketWidth())
@@ -259,19 +260,43 @@ func (r *packedReader) number() float64 {
 	return f
 }
 
-// id reads an id's length and bytes, or a length of 0 and its
-// fingerprint (not 0).
-func (r *packedReader) id() (id []byte, fp uint32) {
-	l := r.uvarint()
-	if l > 0 {
-		return r.bytes(l), 0
+// idOf reads the next id of a state of form (packedCore or packedIDs)
+// whose time is now, after an id of time prev (the first: after now): the
+// id, or its fingerprint (not 0), and its time.
+func (r *packedReader) idOf(form byte, prev, now int64) (id []byte, fp uint32, at int64) {
+	if form == packedIDs {
+		return r.entry(prev)
 	}
+	if l := r.uvarint(); l > 0 {
+		id = r.bytes(l)
+	} else {
+		fp = r.fingerprint()
+	}
+	return id, fp, now - r.varint() // (version 2: each from now)
+}
+
+// entry reads an id's entry (appendIDEntry), its time from prev.
+func (r *packedReader) entry(prev int64) (id []byte, fp uint32, at int64) {
+	h := r.uvarint()
+	at = prev + unzigzag(h>>1)
+	if h&1 != 0 {
+		return nil, r.fingerprint(), at
+	}
+	if l := r.uvarint(); l > 0 || r.err != nil {
+		return r.bytes(l), 0, at
+	}
+	r.err, r.b = errors.New("an id is empty"), nil
+	return nil, 0, at
+}
+
+// fingerprint reads an id's fingerprint (not 0).
+func (r *packedReader) fingerprint() (fp uint32) {
 	if b := r.bytes(fpLen); b != nil {
 		if fp = binary.LittleEndian.Uint32(b); fp == 0 {
 			r.err, r.b = errors.New("an id's fingerprint is 0"), nil
 		}
 	}
-	return nil, fp
+	return fp
 }
 
 // bytes returns the next n bytes, within r.b (not copied).

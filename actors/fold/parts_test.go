@@ -778,6 +778,7 @@ func TestPartsRandomWalk(t *testing.T) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 7))
 			spills := rand.New(rand.NewPCG(seed, 11)) // (the walk as it was, and spills)
+			forms := rand.New(rand.NewPCG(seed, 13))  // parts packed or not, mixed (a store upgraded)
 			p := pipes[0]
 			var s fold.State
 			ps := &partsStore{buckets: map[bucketPart][]byte{}}
@@ -823,7 +824,7 @@ func TestPartsRandomWalk(t *testing.T) {
 				if rng.IntN(40) != 0 {
 					continue
 				}
-				parts, err := p.SnapshotParts(&s, stored)
+				parts, err := p.Snapshot(&s, stored, nil, fold.SnapshotOptions{PackedParts: forms.IntN(2) == 0})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -92,7 +92,7 @@ func (p *Pipeline) UnpackShaped(shape, data []byte) (State, error) {
 	if err != nil {
 		return State{}, err
 	}
-	if len(data) == 0 || data[0] != packedCore {
+	if len(data) == 0 || (data[0] != packedCore && data[0] != packedIDs) {
 		return State{}, errors.New("fold: packed state: not positional")
 	}
 	r := packedReader{b: data[1:]}
@@ -110,9 +110,11 @@ func (p *Pipeline) UnpackShaped(shape, data []byte) (State, error) {
 	if n > uint64(len(r.b)) { // each id takes two bytes at least
 		return State{}, errors.New("fold: packed state: too many ids")
 	}
+	prev := ks.NowMs
 	for range n {
-		id, fp := r.id()
-		ks.Seen = append(ks.Seen, &keyfoldv1.SeenID{Id: string(id), Fingerprint: fp, AtMs: ks.NowMs - r.varint()})
+		id, fp, at := r.idOf(data[0], prev, ks.NowMs)
+		ks.Seen = append(ks.Seen, &keyfoldv1.SeenID{Id: string(id), Fingerprint: fp, AtMs: at})
+		prev = at
 	}
 	if r.err == nil && len(r.b) > 0 {
 		r.err = errors.New("trailing bytes")

@@ -157,11 +157,14 @@ func FuzzUnpackShaped(f *testing.F) {
 // bytes a build stored read the same in every later one: these, of
 // examples/bench.yaml's aggregates after three events (one a duplicate),
 // and their shape. A change to either is a new fold.PackedVersion, which
-// readers of older snapshots must tell apart, not a change of this test.
+// readers of older snapshots must tell apart, not a change of this test:
+// the bytes of each older version are read here too.
 func TestPackedFormatIsPinned(t *testing.T) {
 	const (
-		packedHex = "010201f0f192c0f264020100000000000023400002010000000000002940000200042246522201000002000002026531f02e026532b817"
+		packedHex = "050201f0f192c0f264020100000000000023400002010000000000002940000200042246522201000002000002de5d026531f02e026532"
 		shapeHex  = "0506616d6f756e740373756d0762696767657374036d617807636f756e747279046c617374066661696c656405636f756e7405746f74616c05636f756e74"
+		// Versions 1 and 2 (the ids as len id now-at).
+		packedV2Hex = "010201f0f192c0f264020100000000000023400002010000000000002940000200042246522201000002000002026531f02e026532b817"
 	)
 	spec := fold.Spec{Key: "user_id", ID: "event_id", Aggregates: map[string]fold.AggregateSpec{
 		"total":   {Op: "count"},
@@ -187,7 +190,17 @@ func TestPackedFormatIsPinned(t *testing.T) {
 	if hex.EncodeToString(packed) != packedHex || hex.EncodeToString(shape) != shapeHex {
 		t.Fatalf("the packed form changed:\npacked %x\nshape  %x", packed, shape)
 	}
-	stored, _ := hex.DecodeString(packedHex)
+	for _, h := range []string{packedHex, packedV2Hex} {
+		readsPinned(t, p, spec, h, shapeHex)
+	}
+}
+
+// readsPinned checks that the pinned packed state stored (hex) reads as
+// TestPackedFormatIsPinned's events left it, with its own shape and by
+// name under another configuration.
+func readsPinned(t *testing.T, p *fold.Pipeline, spec fold.Spec, storedHex, shapeHex string) {
+	t.Helper()
+	stored, _ := hex.DecodeString(storedHex)
 	storedShape, _ := hex.DecodeString(shapeHex)
 	got, err := p.UnpackShaped(storedShape, stored) // its own shape: positional
 	if err != nil {

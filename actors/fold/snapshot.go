@@ -303,8 +303,8 @@ func (parts *Parts) CoreState() (*keyfoldv1.KeyState, error) {
 	return &ks, nil
 }
 
-// BucketPart is one stored part of an id bucket (an encoded
-// keyfold.v1.SeenBucket).
+// BucketPart is one stored part of an id bucket: an encoded
+// keyfold.v1.SeenBucket, or its packed form (SnapshotOptions.PackedParts).
 type BucketPart struct {
 	Bucket int64
 	Part   int
@@ -348,6 +348,11 @@ type SnapshotOptions struct {
 	// restored from it looks an event's id up in the index only when the
 	// id has the fingerprint of one applied before (ApplyEvent).
 	IDIndex bool
+	// PackedParts: the id buckets' parts in their packed form
+	// (appendPackedPart), for a store that allows packed snapshots (which
+	// a keyfold that reads neither refuses to open); else as
+	// keyfold.v1.SeenBucket messages.
+	PackedParts bool
 }
 
 // Snapshot is SnapshotPartsAppend in the form o says.
@@ -429,12 +434,17 @@ func (p *Pipeline) Snapshot(s *State, since uint64, dst []byte, o SnapshotOption
 			lo, hi := max(part*partIDs, first)-first, min((part+1)*partIDs, bi.added)-first
 			c.skip(lo - j)
 			var data []byte // nil (deleted) if all its ids expired
-			if hi > lo {
+			switch {
+			case hi <= lo:
+			case o.PackedParts:
+				data = appendPackedPart(make([]byte, 0, 2+(hi-lo)*perID), &c, hi-lo, fpBefore)
+			default:
 				data = make([]byte, 0, (hi-lo)*perID)
+				for range hi - lo {
+					data = appendSeenID(data, sbIDs, &c, fpBefore)
+				}
 			}
-			for j = lo; j < hi; j++ {
-				data = appendSeenID(data, sbIDs, &c, fpBefore)
-			}
+			j = max(hi, lo)
 			parts.Buckets = append(parts.Buckets, BucketPart{Bucket: bi.bucket, Part: part, Data: data})
 		}
 		if len(bi.marks) == maxMarks {

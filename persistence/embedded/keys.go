@@ -69,8 +69,11 @@ const (
 // packed form (actors/packed.go); the key layout is version 2's. Version 4
 // adds the id index ('i' keys) and snapshots that hold fingerprints of the
 // ids it keeps (keyfold.v1.SeenID.fingerprint), which older keyfolds would
-// read as no ids.
-const formatVersion = 4
+// read as no ids. Version 5 keeps remembered ids as a key's log does, in
+// packed states (fold.PackedVersion 3) and in id bucket parts (their
+// packed form, fold.SnapshotOptions.PackedParts), about half the bytes;
+// a version 4 keyfold would fail to read them, so it refuses the store.
+const formatVersion = 5
 
 var (
 	metaFormatKey = []byte("mformat")

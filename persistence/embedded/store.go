@@ -170,10 +170,10 @@ func (s *Store) Dir() string { return s.dir }
 
 // checkFormat records the key layout's version in a new store, moves the
 // log of a version 1 store out of Pebble (see migrateLog), records version
-// 4 in a version 2 or 3 store (nothing else changes: from then on it may
-// hold packed snapshots and fingerprints of ids, which keyfolds that know
-// only an older version cannot read), and refuses a store of another
-// version.
+// 5 in a version 2 to 4 store (nothing else changes: from then on it may
+// hold packed snapshots, fingerprints of ids and ids in their packed
+// form, which keyfolds that know only an older version cannot read), and
+// refuses a store of another version.
 func (s *Store) checkFormat() error {
 	var v uint64
 	err := s.inPebble(func() (err error) {
@@ -187,11 +187,11 @@ func (s *Store) checkFormat() error {
 		return fmt.Errorf("format version: %w", err)
 	case v == 1:
 		return s.migrateLog()
-	case v == 2 || v == 3:
+	case v >= 2 && v < formatVersion:
 		if err := s.write(func() error { return s.db.Set(metaFormatKey, encodeUint64(formatVersion), pebble.Sync) }); err != nil {
 			return fmt.Errorf("format version: %w", err)
 		}
-		s.log.Info(fmt.Sprintf("store format %d to %d: snapshots may be stored packed and keep fingerprints of the ids in the store's id index from now on; keyfolds before it cannot open this store", v, formatVersion), "dir", s.dir)
+		s.log.Info(fmt.Sprintf("store format %d to %d: snapshots may be stored packed, keep fingerprints of the ids in the store's id index and keep ids in their packed form from now on; keyfolds before it cannot open this store", v, formatVersion), "dir", s.dir)
 	case v != formatVersion:
 		return fmt.Errorf("unknown format version %d (this build knows %d): %w", v, formatVersion, persistence.ErrIncompatible)
 	}
