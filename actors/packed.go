@@ -125,7 +125,7 @@ func loadPacked(ctx context.Context, store persistence.Store, pipelines map[stri
 		for j, ref := range missing {
 			names[j] = ref.name
 		}
-		vals, err := readGroups(ctx, store, groups, names)
+		vals, _, err := readGroups(ctx, store, groups, names, false)
 		if err != nil {
 			return err
 		}
