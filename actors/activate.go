@@ -53,28 +53,17 @@ type keyAt struct {
 
 // loadKeys reads the snapshots of keys, and then the id buckets they name:
 // one read each for all the keys' groups (persistence.Snapshots.GetGroups,
-// one round trip on Redis), or one read for both from a store that reads
-// a key's parts with it (persistence.PartsReader: the buckets' parts are
-// named after their key, keys.go). A key without a snapshot (never seen,
-// or erased) loads as empty. out[i] is keys[i]'s.
+// one round trip on Redis). A key without a snapshot (never seen, or
+// erased) loads as empty. out[i] is keys[i]'s.
 func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string]*fold.Pipeline, keys []keyAt) ([]loaded, error) {
 	groups := make([]uint32, len(keys))
 	names := make([]string, len(keys))
 	for i, k := range keys {
 		groups[i], names[i] = k.group, k.id.snapshotKey()
 	}
-	withParts := persistence.ReadsParts(store)
-	datas, read, err := readGroups(ctx, store, groups, names, withParts)
+	datas, err := readGroups(ctx, store, groups, names)
 	if err != nil {
 		return nil, err
-	}
-	// (A bucket's name holds its key's, and a key has one group: the
-	// names are distinct across the groups.)
-	buckets := map[string][]byte{}
-	for _, ps := range read {
-		for _, p := range ps {
-			buckets[p.Key] = p.Data
-		}
 	}
 	snaps := make([]*keyfoldv1.Snapshot, len(keys))
 	out := make([]loaded, len(keys))
@@ -102,9 +91,6 @@ func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string
 		}
 		snaps[i] = &snap
 		st := snap.GetState()
-		if withParts {
-			continue // (read with it: those not in buckets are not stored)
-		}
 		for bi, b := range st.GetSeenBuckets() {
 			for part := range fold.StoredParts(st, bi) {
 				bucketGroups = append(bucketGroups, keys[i].group)
@@ -112,8 +98,11 @@ func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string
 			}
 		}
 	}
+	// (A bucket's name holds its key's, and a key has one group: the
+	// names are distinct across the groups.)
+	buckets := map[string][]byte{}
 	if len(bucketNames) > 0 {
-		vals, _, err := readGroups(ctx, store, bucketGroups, bucketNames, false)
+		vals, err := readGroups(ctx, store, bucketGroups, bucketNames)
 		if err != nil {
 			return nil, err
 		}
@@ -143,11 +132,8 @@ func loadKeys(ctx context.Context, store persistence.Store, pipelines map[string
 }
 
 // readGroups reads the snapshots names[i] of groups groups[i], all in one
-// persistence.Snapshots.GetGroups; out[i] is names[i]'s (nil: none). With
-// parts (the store must read them, persistence.ReadsParts) it reads them
-// with persistence.PartsReader.GetGroupsWithParts instead, and parts[i]
-// are names[i]'s.
-func readGroups(ctx context.Context, store persistence.Snapshots, groups []uint32, names []string, withParts bool) (out [][]byte, parts [][]persistence.Snapshot, err error) {
+// persistence.Snapshots.GetGroups; out[i] is names[i]'s (nil: none).
+func readGroups(ctx context.Context, store persistence.Snapshots, groups []uint32, names []string) ([][]byte, error) {
 	type at struct{ read, i int }
 	var (
 		reads []persistence.GroupKeys
@@ -164,39 +150,25 @@ func readGroups(ctx context.Context, store persistence.Snapshots, groups []uint3
 		where[i] = at{r, len(reads[r].Keys)}
 		reads[r].Keys = append(reads[r].Keys, names[i])
 	}
-	var (
-		datas    [][][]byte
-		allParts [][][]persistence.Snapshot
-	)
-	if withParts {
-		datas, allParts, err = store.(persistence.PartsReader).GetGroupsWithParts(ctx, reads)
-	} else {
-		datas, err = store.GetGroups(ctx, reads)
-	}
+	datas, err := store.GetGroups(ctx, reads)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	if len(datas) != len(reads) || (withParts && len(allParts) != len(reads)) {
-		return nil, nil, fmt.Errorf("store returned %d groups' snapshots for %d groups", len(datas), len(reads))
+	if len(datas) != len(reads) {
+		return nil, fmt.Errorf("store returned %d groups' snapshots for %d groups", len(datas), len(reads))
 	}
 	for r, d := range datas {
-		if len(d) != len(reads[r].Keys) || (withParts && len(allParts[r]) != len(reads[r].Keys)) {
+		if len(d) != len(reads[r].Keys) {
 			// (Read as missing, its keys would start empty and
 			// overwrite their snapshots at the next checkpoint.)
-			return nil, nil, fmt.Errorf("store returned %d snapshots for %d keys of group %d", len(d), len(reads[r].Keys), reads[r].Group)
+			return nil, fmt.Errorf("store returned %d snapshots for %d keys of group %d", len(d), len(reads[r].Keys), reads[r].Group)
 		}
 	}
-	out = make([][]byte, len(names))
-	if withParts {
-		parts = make([][]persistence.Snapshot, len(names))
-	}
+	out := make([][]byte, len(names))
 	for i, w := range where {
 		out[i] = datas[w.read][w.i]
-		if withParts {
-			parts[i] = allParts[w.read][w.i]
-		}
 	}
-	return out, parts, nil
+	return out, nil
 }
 
 // newKey is the load of a key known to have no snapshot (read only).

@@ -125,7 +125,7 @@ func loadPacked(ctx context.Context, store persistence.Store, pipelines map[stri
 		for j, ref := range missing {
 			names[j] = ref.name
 		}
-		vals, _, err := readGroups(ctx, store, groups, names, false)
+		vals, err := readGroups(ctx, store, groups, names)
 		if err != nil {
 			return err
 		}

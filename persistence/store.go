@@ -81,29 +81,6 @@ type Snapshots interface {
 	GetGroups(ctx context.Context, reads []GroupKeys) (data [][][]byte, err error)
 }
 
-// PartsReader is implemented by a Snapshots store that can read, with a
-// key's snapshot and in the same look-up, the snapshots named after it:
-// its name, a NUL, and more (the parts of a key's remembered ids, named so
-// by the actors package). A node activating a key that left memory reads
-// them all: by name, that is a look-up each.
-type PartsReader interface {
-	// ReadsParts reports whether GetGroupsWithParts reads the parts; a
-	// store that cannot (an embedded store created before it could) says
-	// false, and they are read by name.
-	ReadsParts() bool
-	// GetGroupsWithParts is GetGroups, and parts[i][j] holds the snapshots
-	// (copies) whose names are reads[i].Keys[j]'s followed by a NUL and
-	// more, in name order, for each key that has a snapshot.
-	GetGroupsWithParts(ctx context.Context, reads []GroupKeys) (data [][][]byte, parts [][][]Snapshot, err error)
-}
-
-// ReadsParts reports whether s reads a key's parts with the key
-// (PartsReader).
-func ReadsParts(s Snapshots) bool {
-	r, ok := s.(PartsReader)
-	return ok && r.ReadsParts()
-}
-
 // GroupKeys names keys of one group to read (Snapshots.GetGroups).
 type GroupKeys struct {
 	Group uint32

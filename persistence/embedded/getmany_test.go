@@ -20,8 +20,25 @@ import (
 // as never stored (a new key: its state lost) while later keys read fine.
 func TestGetManyReportsAFailedRead(t *testing.T) {
 	ctx := context.Background()
-	var fault tableReadFault
-	s := fault.open(t)
+	// When armed, the table read after skip more fails, and only that one.
+	var (
+		armed atomic.Bool
+		skip  atomic.Int64
+	)
+	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if armed.Load() && op.Kind == errorfs.OpFileReadAt && strings.HasSuffix(op.Path, ".sst") && skip.Add(-1) == -1 {
+			armed.Store(false)
+			return errors.New("injected table read error")
+		}
+		return nil
+	}))
+	// A block cache too small to keep a block: every key's read goes to its
+	// table, whose values are large enough for a data block each.
+	s, err := OpenFS(t.TempDir(), Options{CacheSize: 1}, fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
 	st, err := s.Claim(ctx, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -57,64 +74,24 @@ func TestGetManyReportsAFailedRead(t *testing.T) {
 	if _, err := check(); err != nil { // (and the table is open)
 		t.Fatal(err)
 	}
-	n := fault.failEach(t, func() error {
-		_, err := s.GetMany(ctx, 1, keys)
-		return err
-	})
+	// Fail the call's first table read, then its second, and so on, until
+	// a call makes fewer reads: whichever key's read fails, the call fails.
+	n := 0
+	for ; ; n++ {
+		skip.Store(int64(n))
+		armed.Store(true)
+		got, err := s.GetMany(ctx, 1, keys)
+		if armed.Swap(false) {
+			break // no n-th read: every read of a call has failed once
+		}
+		if err == nil {
+			t.Fatalf("table read %d failed unreported: %d values read, one key's as never stored", n, len(got))
+		}
+	}
 	if n < len(keys) {
 		t.Fatalf("a call made %d table reads, want one per key at least (%d): the values are cached, not read", n, len(keys))
 	}
 	if _, err := check(); err != nil {
 		t.Fatalf("after the faults: %v", err)
-	}
-}
-
-// tableReadFault is a filesystem (fs) whose table reads fail one at a
-// time: once armed, the table read after skip more fails, and only that
-// one.
-type tableReadFault struct {
-	armed atomic.Bool
-	skip  atomic.Int64
-}
-
-// open opens a store on the filesystem with a block cache too small to
-// keep a block: every key's read goes to its table (with values large
-// enough for a data block each).
-func (f *tableReadFault) open(t *testing.T) *Store {
-	t.Helper()
-	s, err := OpenFS(t.TempDir(), Options{CacheSize: 1}, f.fs())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	return s
-}
-
-func (f *tableReadFault) fs() vfs.FS {
-	return errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if f.armed.Load() && op.Kind == errorfs.OpFileReadAt && strings.HasSuffix(op.Path, ".sst") && f.skip.Add(-1) == -1 {
-			f.armed.Store(false)
-			return errors.New("injected table read error")
-		}
-		return nil
-	}))
-}
-
-// failEach fails the first table read of call, then its second, and so
-// on, until a call makes fewer reads; each call with a failed read must
-// fail (an error, not a key read as never stored or with fewer parts). It
-// returns the reads of a call.
-func (f *tableReadFault) failEach(t *testing.T, call func() error) int {
-	t.Helper()
-	for n := 0; ; n++ {
-		f.skip.Store(int64(n))
-		f.armed.Store(true)
-		err := call()
-		if f.armed.Swap(false) {
-			return n // no n-th read: every read of a call has failed once
-		}
-		if err == nil {
-			t.Fatalf("table read %d failed unreported", n)
-		}
 	}
 }

@@ -119,7 +119,6 @@ func (o Options) reserve(total uint64) int64 {
 func (o Options) pebbleOptions(s *Store) *pebble.Options {
 	po := &pebble.Options{
 		FS:           backoffFS{o.fs, &s.disk.lastNoSpace, &s.disk.walErr},
-		Comparer:     s.cmp,
 		Logger:       pebbleLogger{l: o.Logger, s: s},
 		CacheSize:    o.CacheSize,
 		MemTableSize: o.MemTableSize,

@@ -27,9 +27,6 @@ type Store struct {
 	log     *slog.Logger
 	segSize int64 // see journal
 	reserve int64 // see Options.DiskReserve; negative: no check
-	// cmp orders the store's keys: keyComparer, or Pebble's default in a
-	// store created before it (comparer.go).
-	cmp *pebble.Comparer
 
 	// life guards db, closed, broken, parked and active: calls in progress
 	// hold an active count so that Close and a reopen wait for them (Pebble
@@ -141,10 +138,6 @@ func Open(dir string, opts Options) (*Store, error) {
 		}
 	}
 	if err := s.checkSpace(0); err != nil {
-		_ = lock.Close()
-		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
-	}
-	if s.cmp, err = openComparer(opts.fs, abs); err != nil {
 		_ = lock.Close()
 		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
 	}
@@ -856,33 +849,6 @@ func (s *Store) GetGroups(ctx context.Context, reads []persistence.GroupKeys) ([
 	return out, nil
 }
 
-// ReadsParts reports whether GetGroupsWithParts reads a key's parts with
-// it: in a store ordered by keyComparer (comparer.go), not in one created
-// before (persistence.PartsReader).
-func (s *Store) ReadsParts() bool { return s.cmp == keyComparer }
-
-// GetGroupsWithParts is GetGroups, and reads with each key's snapshot the
-// snapshots named after it (its name, a NUL and more), in the same
-// look-up where the store reads parts (ReadsParts; none otherwise)
-// (persistence.PartsReader).
-func (s *Store) GetGroupsWithParts(ctx context.Context, reads []persistence.GroupKeys) ([][][]byte, [][][]persistence.Snapshot, error) {
-	out := make([][][]byte, len(reads))
-	parts := make([][][]persistence.Snapshot, len(reads))
-	for i, r := range reads {
-		parts[i] = make([][]persistence.Snapshot, len(r.Keys))
-		var err error
-		if s.ReadsParts() {
-			out[i], err = s.getMany(ctx, r.Group, r.Keys, parts[i])
-		} else {
-			out[i], err = s.GetMany(ctx, r.Group, r.Keys)
-		}
-		if err != nil {
-			return nil, nil, err
-		}
-	}
-	return out, parts, nil
-}
-
 // GetMany returns copies of several snapshots; a missing one is nil.
 //
 // Several keys are read in key order with one iterator, whose tables'
@@ -893,19 +859,12 @@ func (s *Store) GetGroupsWithParts(ctx context.Context, reads []persistence.Grou
 // SeekPrefixGE consults the tables' bloom filters as Get does, so a key
 // without a snapshot still costs little.
 func (s *Store) GetMany(ctx context.Context, id uint32, keys []string) ([][]byte, error) {
-	return s.getMany(ctx, id, keys, nil)
-}
-
-// getMany is GetMany, reading into parts[i], if parts is not nil, the
-// snapshots named after keys[i] that follow it under its prefix
-// (keyComparer): a key's parts, with no look-up of their own.
-func (s *Store) getMany(ctx context.Context, id uint32, keys []string, parts [][]persistence.Snapshot) ([][]byte, error) {
 	if err := s.begin(ctx); err != nil {
 		return nil, fmt.Errorf("embedded: get group %d: %w", id, err)
 	}
 	defer s.end()
 	out := make([][]byte, len(keys))
-	if len(keys) == 1 && parts == nil {
+	if len(keys) == 1 {
 		v, err := s.snapshot(id, keys[0])
 		if err != nil && !errors.Is(err, pebble.ErrNotFound) {
 			return nil, fmt.Errorf("embedded: get group %d key %q: %w", id, keys[0], err)
@@ -937,23 +896,8 @@ func (s *Store) getMany(ctx context.Context, id uint32, keys []string, parts [][
 			_ = s.closeIter(it)
 			return nil, fmt.Errorf("embedded: get group %d key %q: %w", id, keys[i], err)
 		}
-		if !ok {
-			continue
-		}
-		out[i] = append(make([]byte, 0, len(v)), v...)
-		if parts == nil {
-			continue
-		}
-		for it.Next() { // (the keys of k's prefix: its parts)
-			v, err := it.ValueAndErr()
-			if err != nil {
-				break // (it.Error says)
-			}
-			parts[i] = append(parts[i], persistence.Snapshot{Key: string(it.Key()[len(lower):]), Data: append(make([]byte, 0, len(v)), v...)})
-		}
-		if err := it.Error(); err != nil {
-			_ = s.closeIter(it)
-			return nil, fmt.Errorf("embedded: get group %d key %q: %w", id, keys[i], err)
+		if ok {
+			out[i] = append(make([]byte, 0, len(v)), v...)
 		}
 	}
 	if err := errors.Join(it.Error(), s.closeIter(it)); err != nil {

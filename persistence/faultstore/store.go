@@ -2,7 +2,6 @@ package faultstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -24,7 +23,6 @@ type Store struct {
 var (
 	_ persistence.Store           = (*Store)(nil)
 	_ persistence.PackedSnapshots = (*Store)(nil)
-	_ persistence.PartsReader     = (*Store)(nil)
 	_ persistence.GroupsRecorder  = (*Store)(nil)
 )
 
@@ -267,27 +265,6 @@ func (s *Store) GetGroups(ctx context.Context, reads []persistence.GroupKeys) ([
 		return nil, err
 	}
 	return data, nil
-}
-
-// ReadsParts is the wrapped store's (persistence.PartsReader).
-func (s *Store) ReadsParts() bool { return persistence.ReadsParts(s.inner) }
-
-// GetGroupsWithParts implements persistence.PartsReader for a wrapped
-// store that reads parts (ReadsParts); it counts as an OpGet.
-func (s *Store) GetGroupsWithParts(ctx context.Context, reads []persistence.GroupKeys) ([][][]byte, [][][]persistence.Snapshot, error) {
-	r, ok := s.inner.(persistence.PartsReader)
-	if !ok {
-		return nil, nil, errors.New("faultstore: the wrapped store does not read parts")
-	}
-	f := s.call(OpGet)
-	if err := before(ctx, OpGet, f); err != nil {
-		return nil, nil, err
-	}
-	data, parts, err := r.GetGroupsWithParts(ctx, reads)
-	if err = after(f, err); err != nil {
-		return nil, nil, err
-	}
-	return data, parts, nil
 }
 
 // Get implements persistence.Snapshots.
