@@ -55,13 +55,17 @@ func (p *Pipeline) loadPart(s *State, data []byte, b int64, newest *newestRun) (
 			return 0, false, err
 		}
 		n++
-		if at/w != b {
-			misplaced = true
-		}
-		// (The string is only looked up and copied: nothing keeps it.)
-		p.restoreSeen(s, unsafe.String(unsafe.SliceData(id), len(id)), fp, at, newest)
+		misplaced = p.restorePartID(s, id, fp, at, b, w, newest) || misplaced
 	}
 	return n, misplaced, nil
+}
+
+// restorePartID restores one id of a stored part of bucket b (of width
+// w) and reports whether the id is misplaced, not in bucket b.
+func (p *Pipeline) restorePartID(s *State, id []byte, fp uint32, at, b, w int64, newest *newestRun) bool {
+	// (The string is only looked up and copied: nothing keeps it.)
+	p.restoreSeen(s, unsafe.String(unsafe.SliceData(id), len(id)), fp, at, newest)
+	return at/w != b
 }
 
 // A stored part's packed form (SnapshotOptions.PackedParts): its ids as
@@ -98,11 +102,7 @@ func (p *Pipeline) loadPackedPart(s *State, data []byte, b int64, newest *newest
 			return 0, false, fmt.Errorf("fold: id bucket part: %w", r.err)
 		}
 		prev = at
-		if at/w != b {
-			misplaced = true
-		}
-		// (The string is only looked up and copied: nothing keeps it.)
-		p.restoreSeen(s, unsafe.String(unsafe.SliceData(id), len(id)), fp, at, newest)
+		misplaced = p.restorePartID(s, id, fp, at, b, w, newest) || misplaced
 	}
 	return n, misplaced, nil
 }

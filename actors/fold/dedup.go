@@ -517,16 +517,11 @@ func idTimeDelta(at, prev int64) int64 {
 func appendIDEntries(dst []byte, c *idCursor, n int, prev int64, fpBefore int) []byte {
 	for i := 0; i < n && c.more(); i++ {
 		off := c.off
-		e, at := c.next()
-		switch {
-		case i > 0 && (c.fp || off >= fpBefore):
-			dst = append(dst, c.d.log[off:c.off]...)
-		case c.fp:
-			dst = appendIDEntry(dst, idTimeDelta(at, prev), e[:0], binary.LittleEndian.Uint32(e))
-		case off < fpBefore:
-			dst = appendIDEntry(dst, idTimeDelta(at, prev), e[:0], idFingerprint(e))
-		default:
-			dst = appendIDEntry(dst, idTimeDelta(at, prev), e, 0)
+		id, fp, at := c.nextAs(fpBefore)
+		if converted := !c.fp && fp != 0; i > 0 && !converted {
+			dst = append(dst, c.d.log[off:c.off]...) // (its delta is from prev already)
+		} else {
+			dst = appendIDEntry(dst, idTimeDelta(at, prev), id, fp)
 		}
 		prev = at
 	}

@@ -242,8 +242,7 @@ func readVarint[T uint64 | int64](r *packedReader, decode func([]byte) (T, int))
 func (r *packedReader) number() float64 {
 	v := r.uvarint()
 	if v&1 == 0 {
-		z := v >> 1
-		return float64(int64(z>>1) ^ -int64(z&1))
+		return float64(unzigzag(v >> 1))
 	}
 	if v != 1 && r.err == nil {
 		r.err, r.b = errors.New("bad number"), nil

@@ -349,9 +349,9 @@ type SnapshotOptions struct {
 	// id has the fingerprint of one applied before (ApplyEvent).
 	IDIndex bool
 	// PackedParts: the id buckets' parts in their packed form
-	// (appendPackedPart), for a store that allows packed snapshots (which
-	// a keyfold that reads neither refuses to open); else as
-	// keyfold.v1.SeenBucket messages.
+	// (appendPackedPart), for a store that allows packed snapshots (a
+	// keyfold that does not know the form fails to decode it, it does not
+	// misread it); else as keyfold.v1.SeenBucket messages.
 	PackedParts bool
 }
 
