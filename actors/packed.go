@@ -23,7 +23,8 @@ import (
 //	0x00 version  shape id (8 bytes, little-endian)  position (uvarint)  state
 //
 // where state is fold.Pipeline.AppendPacked's form (version
-// fold.PackedVersion, 2; 1 is read too), the aggregates by
+// fold.PackedVersion; older ones down to fold.MinPackedVersion are read
+// too), the aggregates by
 // position, and the shape id names the pipeline's aggregates (names and
 // ops) in that order: fold.Pipeline.Shape. Each checkpoint that writes
 // packed snapshots of a pipeline writes its shape beside them, under

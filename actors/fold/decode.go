@@ -73,13 +73,14 @@ func (p *Pipeline) restorePartID(s *State, id []byte, fp uint32, at, b, w int64,
 // after a marker no SeenBucket starts with (a field number of 0 is no
 // protobuf field's: a keyfold that does not know the form fails to decode
 // it rather than reading it as a part without ids) and the form's
-// version. 7 B an id the store's index holds, where a SeenID took 14
-// (BENCHMARKS.md, session 46).
+// version. 5 B an id the store's index holds, where a SeenID took 14
+// (BENCHMARKS.md, sessions 46 and 47). Version 1, read and no longer
+// written, has the entries of the packed form's version 3 (packedReader.entry).
 //
-//	0x00 0x01 entry...
+//	0x00 0x02 entry...
 const (
 	packedPartMarker  = 0x00
-	packedPartVersion = 1
+	packedPartVersion = 2
 )
 
 // appendPackedPart appends the packed part of the next n ids of cursor c
@@ -91,13 +92,14 @@ func appendPackedPart(dst []byte, c *idCursor, n int, fpBefore int) []byte {
 
 // loadPackedPart is loadPart of a part in its packed form.
 func (p *Pipeline) loadPackedPart(s *State, data []byte, b int64, newest *newestRun) (n int, misplaced bool, err error) {
-	if len(data) < 2 || data[1] != packedPartVersion {
+	if len(data) < 2 || data[1] < 1 || data[1] > packedPartVersion {
 		return 0, false, errors.New("fold: id bucket part: unknown packed form")
 	}
+	v1 := data[1] == 1
 	w := p.bucketWidth()
 	r := packedReader{b: data[2:]}
 	for prev := int64(0); len(r.b) > 0; n++ {
-		id, fp, at := r.entry(prev)
+		id, fp, at := r.entry(prev, v1)
 		if r.err != nil {
 			return 0, false, fmt.Errorf("fold: id bucket part: %w", r.err)
 		}

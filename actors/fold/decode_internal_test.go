@@ -99,10 +99,17 @@ func FuzzLoadPart(f *testing.F) {
 		packed(seenID{fpName(7), now}, seenID{"e", now}, seenID{fpName(7), now}), // the same twice
 		packed(seenID{"d", now - 1}, seenID{"e", now}, seenID{"d", now - 1}),     // older again
 		packed(seenID{"n", -5}),
-		{0x00, 0x02, 0x00, 0x01, 'x'},  // an unknown version
-		{0x00, 0x01, 0x00, 0x00},       // an empty id
-		{0x00, 0x01, 0x01, 0, 0, 0, 0}, // a fingerprint of 0
-		{0x00, 0x01, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, // a varint too long
+		{0x00, 0x03, 0x00, 0x01, 'x'},  // an unknown version
+		{0x00, 0x02, 0x00, 0x00},       // an empty id
+		{0x00, 0x02, 0x01, 0, 0, 0, 0}, // a fingerprint of 0
+		{0x00, 0x02, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, // a varint too long
+		// Whole seconds beyond the bound of a time difference, and at it.
+		binary.AppendUvarint([]byte{0x00, 0x02}, (maxIDDelta/1000+1)<<2|3),
+		append(binary.AppendUvarint([]byte{0x00, 0x02}, (maxIDDelta/1000)<<2|3), 1, 2, 3, 4),
+		// Version 1: entries whose times are in ms (the packed form's version 3's).
+		{0x00, 0x01, 0x00, 0x00},
+		{0x00, 0x01, 0x01, 1, 2, 3, 4, 0x06, 0x01, 'x'},
+		{0x00, 0x01, 0xa1, 0x1f, 1, 2, 3, 4, 0x04, 0x01, 'y'},
 	} {
 		f.Add(seed, now, int64(now/w))
 	}
@@ -174,15 +181,19 @@ func FuzzLoadPart(f *testing.F) {
 }
 
 // packedPartIDs decodes a stored part's packed form (decode.go) as it is
-// written down there, for FuzzLoadPart to hold loadPart to: 0x00, version
-// 1, then per id the uvarint of its time's difference from the previous
-// id's (the first's from 0) zigzagged, shifted left by one and its low bit
-// set for a fingerprint, then the fingerprint (4 bytes, not 0) or the id's
+// written down there and at appendIDEntry, for FuzzLoadPart to hold
+// loadPart to: 0x00, the version (1 or 2), then per id a uvarint header
+// whose low bit is set for a fingerprint; in version 2 its next bit set
+// for a time difference from the previous id's (the first's from 0) in
+// whole seconds in the bits above (at most 2^60 ms), else that difference
+// in ms zigzagged in the bits above; in version 1 the bits above the low
+// one the zigzag in ms; then the fingerprint (4 bytes, not 0) or the id's
 // length (not 0) and bytes.
 func packedPartIDs(data []byte) ([]*keyfoldv1.SeenID, error) {
-	if len(data) < 2 || data[0] != 0 || data[1] != 1 {
-		return nil, errors.New("not a packed part of version 1")
+	if len(data) < 2 || data[0] != 0 || (data[1] != 1 && data[1] != 2) {
+		return nil, errors.New("not a packed part of version 1 or 2")
 	}
+	unzz := func(z uint64) int64 { return int64(z>>1) ^ -int64(z&1) }
 	var ids []*keyfoldv1.SeenID
 	at := int64(0)
 	for b := data[2:]; len(b) > 0; {
@@ -191,8 +202,17 @@ func packedPartIDs(data []byte) ([]*keyfoldv1.SeenID, error) {
 			return nil, errors.New("bad header")
 		}
 		b = b[n:]
-		z := h >> 1
-		at += int64(z>>1) ^ -int64(z&1)
+		switch {
+		case data[1] == 1:
+			at += unzz(h >> 1)
+		case h&2 != 0:
+			if h>>2 > (1<<60)/1000 {
+				return nil, errors.New("time out of range")
+			}
+			at += int64(h>>2) * 1000
+		default:
+			at += unzz(h >> 2)
+		}
 		if h&1 == 1 {
 			if len(b) < 4 || binary.LittleEndian.Uint32(b) == 0 {
 				return nil, errors.New("bad fingerprint")
@@ -238,11 +258,14 @@ func idsOf(s *State) []seenID {
 func TestStoredIDFormsArePinned(t *testing.T) {
 	const (
 		T = 1733355000000
-		// The packed state: version 3 (ids as entries), and 2.
-		packedHex   = "050400d0c397c0f264040000049f810af79936bbf12e9975cefc91b309e18fc95ca01f026534"
+		// The packed state: version 4 (ids as entries, times to the second
+		// under this window), 3 (entries, times in ms), and 2.
+		packedHex   = "060400d0c397c0f26404000004bd8214f79936bb0b9975cefc9b01e18fc95c06026534"
+		packedV3Hex = "050400d0c397c0f264040000049f810af79936bbf12e9975cefc91b309e18fc95ca01f026534"
 		packedV2Hex = "010400d0c397c0f2640400000400f79936bbd08005009975cefc98e90400e18fc95cd00f02653400"
-		// The part: packed, and a SeenBucket message.
-		partHex      = "000181eeac80e5c901c9766770a11f2affcabaa11fcdef61e7a11ff59717ffa11fb4776ee1a11fd664b8cfa11f3baa747da11f5d2c63cd"
+		// The part: packed (version 2, and 1), and a SeenBucket message.
+		partHex      = "0002e3b08eea19c9766770072affcaba07cdef61e707f59717ff07b4776ee107d664b8cf073baa747d075d2c63cd"
+		partV1Hex    = "000181eeac80e5c901c9766770a11f2affcabaa11fcdef61e7a11ff59717ffa11fb4776ee1a11fd664b8cfa11f3baa747da11f5d2c63cd"
 		partProtoHex = "0a0c10c09b8ba0b9321dc97667700a0c10a8a38ba0b9321d2affcaba0a0c1090ab8ba0b9321dcdef61e70a0c10f8b28ba0b9321df59717ff0a0c10e0ba8ba0b9321db4776ee10a0c10c8c28ba0b9321dd664b8cf0a0c10b0ca8ba0b9321d3baa747d0a0c1098d28ba0b9321d5d2c63cd"
 	)
 	p, err := Compile("p", Spec{Key: "k", ID: "id", DedupWindow: time.Hour, Aggregates: map[string]AggregateSpec{"n": {Op: "count"}}})
@@ -273,8 +296,15 @@ func TestStoredIDFormsArePinned(t *testing.T) {
 	if hex.EncodeToString(packed) != packedHex {
 		t.Fatalf("the packed form changed: %x", packed)
 	}
-	want := []seenID{{fpName(Fingerprint("e1")), T}, {fpName(Fingerprint("e2")), T + 1500}, {fpName(Fingerprint("e3")), T + 40000}, {"e4", T + 41000}}
-	for _, h := range []string{packedHex, packedV2Hex} {
+	// e2, applied at T+1500, is kept at T+2000 since version 4.
+	want := []seenID{{fpName(Fingerprint("e1")), T}, {fpName(Fingerprint("e2")), T + 2000}, {fpName(Fingerprint("e3")), T + 40000}, {"e4", T + 41000}}
+	wantV3 := slices.Clone(want)
+	wantV3[1].at = T + 1500
+	for _, h := range []string{packedHex, packedV3Hex, packedV2Hex} {
+		want := want
+		if h != packedHex {
+			want = wantV3
+		}
 		b, _ := hex.DecodeString(h)
 		got, err := p.UnpackState(b)
 		if err != nil {
@@ -301,7 +331,7 @@ func TestStoredIDFormsArePinned(t *testing.T) {
 	for i := 32; i < 40; i++ {
 		want = append(want, seenID{fpName(Fingerprint(fmt.Sprint("e", i))), T + int64(i)*1000})
 	}
-	for _, h := range []string{partHex, partProtoHex} {
+	for _, h := range []string{partHex, partV1Hex, partProtoHex} {
 		b, _ := hex.DecodeString(h)
 		got := State{now: T + 40000}
 		newest := newestRun{at: math.MinInt64}

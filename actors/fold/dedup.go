@@ -459,17 +459,21 @@ func (d *idSet) idAt(off int32) ([]byte, bool) {
 }
 
 // An id's entry, in the log and in the stored forms that keep ids as the
-// log does (the packed form's ids since version 3, a stored part's packed
-// form): the uvarint of its time's difference from the previous id's,
-// zigzagged and shifted left by one, its low bit set for a fingerprint;
-// then the fingerprint's 4 bytes (little-endian), or the id's length
-// (uvarint, not 0) and its bytes. A key remembering an id by its
-// fingerprint since a few minutes takes 7 bytes for it, where the packed
-// form's version 2 took 8 or 9 and a SeenID message 14 (BENCHMARKS.md,
-// session 46). Times are ms: the difference between two ids' is kept
-// within ±2^61 (idTimeDelta), 73 million years.
+// log does (the packed form's ids since version 4, a stored part's packed
+// form since its version 2): a uvarint header, then the fingerprint's 4
+// bytes (little-endian), or the id's length (uvarint, not 0) and its
+// bytes. The header's low bit is set for a fingerprint; its next bit says
+// how the rest holds the id's time's difference from the previous id's:
+// set, in whole seconds (the difference is a multiple of 1000 ms, not
+// negative); clear, in ms, zigzagged. Under a dedup window of a minute or
+// more a key keeps its ids' times to the second (Pipeline.idAt), so a
+// fingerprint some 30 s after the previous id takes 5 bytes, where the
+// entries of the packed form's version 3 took 7 (their difference always
+// in ms), its version 2 8 or 9 and a SeenID message 14
+// (BENCHMARKS.md, sessions 46 and 47). The difference between two ids'
+// times is kept within ±2^60 ms (idTimeDelta), 36 million years.
 func appendIDEntry[T string | []byte](b []byte, delta int64, id T, fp uint32) []byte {
-	h := uint64(delta<<1^delta>>63) << 1
+	h := entryHeader(delta)
 	if fp != 0 {
 		return binary.LittleEndian.AppendUint32(binary.AppendUvarint(b, h|1), fp)
 	}
@@ -478,12 +482,29 @@ func appendIDEntry[T string | []byte](b []byte, delta int64, id T, fp uint32) []
 	return append(b, id...)
 }
 
+// entryHeader is an entry's header for a time difference of delta ms
+// (within ±maxIDDelta), its fingerprint bit clear.
+func entryHeader(delta int64) uint64 {
+	if delta >= 0 && delta%1000 == 0 {
+		return uint64(delta/1000)<<2 | 2
+	}
+	return uint64(delta<<1^delta>>63) << 2
+}
+
+// entryDelta is the time difference an entry's header holds.
+func entryDelta(h uint64) int64 {
+	if h&2 != 0 {
+		return int64(h>>2) * 1000
+	}
+	return unzigzag(h >> 2)
+}
+
 // idEntryAt decodes the entry at the start of b, which the log wrote
 // (appendIDEntry): its time's difference from the previous id's, its
 // bytes (a fingerprint's 4 if fp), and its length.
 func idEntryAt(b []byte) (delta int64, e []byte, fp bool, n int) {
 	h, n := binary.Uvarint(b)
-	delta = unzigzag(h >> 1)
+	delta = entryDelta(h)
 	if h&1 != 0 {
 		return delta, b[n : n+fpLen], true, n + fpLen
 	}
@@ -495,8 +516,8 @@ func idEntryAt(b []byte) (delta int64, e []byte, fp bool, n int) {
 func unzigzag(z uint64) int64 { return int64(z>>1) ^ -int64(z&1) }
 
 // maxIDDelta bounds the difference between two ids' times that an entry
-// keeps.
-const maxIDDelta = 1 << 61
+// keeps (its zigzag, shifted left by two, fits in 64 bits).
+const maxIDDelta = 1 << 60
 
 // idTimeDelta returns at - prev, within ±maxIDDelta: only the times of a
 // state decoded from damaged bytes are further apart.

@@ -26,11 +26,13 @@ import (
 // the same in every later build. TestPackedFormatIsPinned holds the bytes;
 // a change to them is a new version, which the reader must tell apart.
 //
-//	packedIDs   seq dups now, then per aggregate: count [number last], then
-//	            ids: n, then per id its entry as the key's log keeps it
-//	            (appendIDEntry: its time from the previous id's, the
+//	packedEntries seq dups now, then per aggregate: count [number last],
+//	            then ids: n, then per id its entry as the key's log keeps
+//	            it (appendIDEntry: its time from the previous id's, the
 //	            first's from now, and the id or its fingerprint), since
-//	            version 3
+//	            version 4
+//	packedIDs   the same, each entry's time difference in ms whatever it
+//	            is (version 3); read, no longer written
 //	packedCore  the same but for the ids: per id: len id now-at, where an
 //	            id the store's id index holds may be its fingerprint: len
 //	            0, then its 4 bytes (little-endian) (version 2; version 1
@@ -42,19 +44,21 @@ import (
 // representable: |n| < 2^53, not -0) and 1 for a float64 in the 8 bytes
 // that follow (little-endian bits).
 const (
-	packedCore  = 1
-	packedProto = 2
-	packedIDs   = 5 // (3 and 4 are the snapshot cache's, cached.go)
+	packedCore    = 1
+	packedProto   = 2
+	packedIDs     = 5 // (3 and 4 are the snapshot cache's, cached.go)
+	packedEntries = 6
 )
 
 // PackedVersion is the version of the packed form described above, which
 // stored packed snapshots carry: a build that knows an older one refuses
 // the states of this one rather than misreading them.
-const PackedVersion = 3
+const PackedVersion = 4
 
 // MinPackedVersion is the oldest version of the packed form this build
-// reads: version 2 added fingerprints, which version 1 states lack, and
-// version 3 the ids as entries (packedIDs).
+// reads: version 2 added fingerprints, which version 1 states lack,
+// version 3 the ids as entries (packedIDs), and version 4 entries whose
+// times may be whole seconds (packedEntries).
 const MinPackedVersion = 1
 
 // maxPackedInt bounds the integers a number packs as: beyond it a float64
@@ -78,7 +82,7 @@ func (p *Pipeline) appendPacked(dst []byte, s *State, fpBefore int) ([]byte, err
 	if !p.packsCore() {
 		return p.appendState(append(dst, packedProto), s, fpBefore)
 	}
-	dst = append(dst, packedIDs)
+	dst = append(dst, packedEntries)
 	dst = binary.AppendUvarint(dst, s.seq)
 	dst = binary.AppendUvarint(dst, s.dups)
 	dst = binary.AppendVarint(dst, s.now)
@@ -146,7 +150,7 @@ func (p *Pipeline) UnpackState(data []byte) (State, error) {
 		return p.RestoreParts(&ks, func(b int64, _ int) ([]byte, error) {
 			return nil, fmt.Errorf("fold: packed state names id bucket %d", b)
 		})
-	case packedCore, packedIDs:
+	case packedCore, packedIDs, packedEntries:
 		if !p.packsCore() {
 			return State{}, errors.New("fold: packed state: positional, but the pipeline's states do not pack so")
 		}
@@ -259,12 +263,15 @@ func (r *packedReader) number() float64 {
 	return f
 }
 
-// idOf reads the next id of a state of form (packedCore or packedIDs)
-// whose time is now, after an id of time prev (the first: after now): the
-// id, or its fingerprint (not 0), and its time.
+// idOf reads the next id of a state of form (packedCore, packedIDs or
+// packedEntries) whose time is now, after an id of time prev (the first:
+// after now): the id, or its fingerprint (not 0), and its time.
 func (r *packedReader) idOf(form byte, prev, now int64) (id []byte, fp uint32, at int64) {
-	if form == packedIDs {
-		return r.entry(prev)
+	switch form {
+	case packedEntries:
+		return r.entry(prev, false)
+	case packedIDs:
+		return r.entry(prev, true)
 	}
 	if l := r.uvarint(); l > 0 {
 		id = r.bytes(l)
@@ -274,10 +281,23 @@ func (r *packedReader) idOf(form byte, prev, now int64) (id []byte, fp uint32, a
 	return id, fp, now - r.varint() // (version 2: each from now)
 }
 
-// entry reads an id's entry (appendIDEntry), its time from prev.
-func (r *packedReader) entry(prev int64) (id []byte, fp uint32, at int64) {
+// entry reads an id's entry (appendIDEntry), its time from prev. With v3,
+// an entry of the packed form's version 3 or a stored part's packed form's
+// version 1: as appendIDEntry's but for the header, the zigzag of the
+// time difference in ms shifted left by one, its low bit set for a
+// fingerprint.
+func (r *packedReader) entry(prev int64, v3 bool) (id []byte, fp uint32, at int64) {
 	h := r.uvarint()
-	at = prev + unzigzag(h>>1)
+	switch {
+	case v3:
+		at = prev + unzigzag(h>>1)
+		h &= 1 // (the fingerprint bit, where entries have it)
+	case h&2 != 0 && h>>2 > maxIDDelta/1000:
+		r.err, r.b = errors.New("an id's time is out of range"), nil
+		return nil, 0, 0
+	default:
+		at = prev + entryDelta(h)
+	}
 	if h&1 != 0 {
 		return nil, r.fingerprint(), at
 	}

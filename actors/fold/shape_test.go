@@ -161,8 +161,11 @@ func FuzzUnpackShaped(f *testing.F) {
 // the bytes of each older version are read here too.
 func TestPackedFormatIsPinned(t *testing.T) {
 	const (
-		packedHex = "050201f0f192c0f264020100000000000023400002010000000000002940000200042246522201000002000002de5d026531f02e026532"
+		packedHex = "060201f0f192c0f264020100000000000023400002010000000000002940000200042246522201000002000002bcbb010265310a026532"
 		shapeHex  = "0506616d6f756e740373756d0762696767657374036d617807636f756e747279046c617374066661696c656405636f756e7405746f74616c05636f756e74"
+		// Version 3 (entries, their times in ms), written before ids' times
+		// were kept to the second under a window of a minute or more.
+		packedV3Hex = "050201f0f192c0f264020100000000000023400002010000000000002940000200042246522201000002000002de5d026531f02e026532"
 		// Versions 1 and 2 (the ids as len id now-at).
 		packedV2Hex = "010201f0f192c0f264020100000000000023400002010000000000002940000200042246522201000002000002026531f02e026532b817"
 	)
@@ -190,15 +193,17 @@ func TestPackedFormatIsPinned(t *testing.T) {
 	if hex.EncodeToString(packed) != packedHex || hex.EncodeToString(shape) != shapeHex {
 		t.Fatalf("the packed form changed:\npacked %x\nshape  %x", packed, shape)
 	}
-	for _, h := range []string{packedHex, packedV2Hex} {
-		readsPinned(t, p, spec, h, shapeHex)
+	// e2, applied 1.5 s after e1, is kept at 2 s since version 4.
+	readsPinned(t, p, spec, packedHex, shapeHex, 1733355002000)
+	for _, h := range []string{packedV3Hex, packedV2Hex} {
+		readsPinned(t, p, spec, h, shapeHex, 1733355001500)
 	}
 }
 
 // readsPinned checks that the pinned packed state stored (hex) reads as
 // TestPackedFormatIsPinned's events left it, with its own shape and by
 // name under another configuration.
-func readsPinned(t *testing.T, p *fold.Pipeline, spec fold.Spec, storedHex, shapeHex string) {
+func readsPinned(t *testing.T, p *fold.Pipeline, spec fold.Spec, storedHex, shapeHex string, e2At int64) {
 	t.Helper()
 	stored, _ := hex.DecodeString(storedHex)
 	storedShape, _ := hex.DecodeString(shapeHex)
@@ -213,7 +218,7 @@ func readsPinned(t *testing.T, p *fold.Pipeline, spec fold.Spec, storedHex, shap
 		{Name: "country", Op: "last", Count: 2, LastJson: []byte(`"FR"`)},
 		{Name: "failed", Op: "count", Count: 1},
 		{Name: "total", Op: "count", Count: 2},
-	}, Seen: []*keyfoldv1.SeenID{{Id: "e1", AtMs: 1733355000000}, {Id: "e2", AtMs: 1733355001500}}}
+	}, Seen: []*keyfoldv1.SeenID{{Id: "e1", AtMs: 1733355000000}, {Id: "e2", AtMs: e2At}}}
 	if !proto.Equal(ks, want) {
 		t.Fatalf("stored bytes read as\n%v\nwant\n%v", ks, want)
 	}

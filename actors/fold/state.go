@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/DataDog/sketches-go/ddsketch"
 	"github.com/axiomhq/hyperloglog"
@@ -210,7 +211,7 @@ func (p *Pipeline) ApplyEvent(s *State, ev *Event, nowMs int64) Verdict {
 			s.dups++
 			return Duplicate
 		}
-		s.ids.add(ev.ID, s.now, p.bucketWidth())
+		s.ids.add(ev.ID, p.idAt(s.now), p.bucketWidth())
 	}
 	if len(s.aggs) < len(p.aggs) {
 		s.aggs = append(s.aggs, make([]aggState, len(p.aggs)-len(s.aggs))...)
@@ -336,6 +337,31 @@ func (a *aggState) merge(op Op, b *aggState, newer bool) {
 // expireIDs forgets ids applied longer than the dedup window ago.
 func (p *Pipeline) expireIDs(s *State) {
 	s.ids.expire(s.now-p.dedupWindow.Milliseconds(), p.bucketWidth(), s.version)
+}
+
+// secondIDsWindow is the shortest dedup window under which a key keeps its
+// ids' times to the second (idAt).
+const secondIDsWindow = time.Minute
+
+// idAt is the time a key keeps for an id it applies at processing time
+// now (Unix ms): now, or under a dedup window of a minute or more, now
+// rounded up to the second. An entry of the key's log then holds the time
+// since the previous id in one byte or two, not three (appendIDEntry),
+// and a key's remembered ids are most of the bytes its snapshots take at
+// a million keys (BENCHMARKS.md, session 47). Rounded up, an id is
+// remembered for at least the window, up to a second more; everything
+// that reads the id's time (its expiry, its bucket, its entry in the
+// store's id index) reads the rounded one.
+func (p *Pipeline) idAt(now int64) int64 {
+	if p.dedupWindow < secondIDsWindow {
+		return now
+	}
+	if r := now % 1000; r > 0 {
+		return now - r + 1000
+	} else if r < 0 {
+		return now - r
+	}
+	return now
 }
 
 // bucketWidth is the span of processing time, in ms, whose ids share a

@@ -73,7 +73,11 @@ const (
 // packed states (fold.PackedVersion 3) and in id bucket parts (their
 // packed form, fold.SnapshotOptions.PackedParts), about half the bytes;
 // a version 4 keyfold would fail to read them, so it refuses the store.
-const formatVersion = 5
+// Version 6 keeps the ids' times to the second where the dedup window
+// allows it, in entries an older keyfold would fail to read (the packed
+// form's version 4, a part's packed form's version 2); it reads what
+// version 5 wrote.
+const formatVersion = 6
 
 var (
 	metaFormatKey = []byte("mformat")
