@@ -7,6 +7,7 @@
 #
 # Usage: scripts/bench-ab.sh KEYS ROUNDS NODE_BIN...
 #   DURATION=30s (each run), CONFIG=file, RATE=events/s (half load),
+#   WARMUP=duration, WARMUP_EVENTS=n (bench-scale.sh's),
 #   PROF=DIR: each run writes the node's CPU profile under
 #   DIR/BIN-KEYS-rROUND/ (bench-scale.sh's PROFILES)
 #   OUTDIR=dir for the JSON lines (default: a temp dir, printed)
@@ -15,7 +16,7 @@
 # this runs.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-[ $# -ge 3 ] || { sed -n '2,17p' "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n '2,16p' "$0"; exit 2; }
 keys=$1 rounds=$2
 shift 2
 outdir=${OUTDIR:-$(mktemp -d)}

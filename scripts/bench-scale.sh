@@ -24,6 +24,10 @@
 #   Keys remember the ids they applied (dedup_window): 30s leaves a million
 #   keys a few ids each, 300s about 25, which costs keyfold more than half
 #   its rate there (BENCHMARKS.md, session 39); measure both.
+#   WARMUP_EVENTS=n: load n events (not measured) instead, or first with
+#   WARMUP: two builds then meet the measured phase after the same load,
+#   their keys remembering as many ids (after the same time a faster build
+#   applied more events)
 #   RATE=events/s: offer this rate instead of loading as fast as acks come
 #   (keyfold bench --rate), to read the ack latency at a given load
 #   TARGETS="naive redis embedded": the targets to run (a subset skips the
@@ -48,7 +52,7 @@ read -ra phases <<<"${PHASES:-first steady}"
 read -ra targets <<<"${TARGETS:-naive redis embedded}"
 want() { [[ " ${targets[*]} " == *" $1 "* ]]; }
 config=${CONFIG:-$root/examples/bench.yaml}
-load=(--stream --window 8 --concurrency 4 --batch 100 --duration "$duration" ${RATE:+--rate "$RATE"} ${WARMUP:+--warmup "$WARMUP"})
+load=(--stream --window 8 --concurrency 4 --batch 100 --duration "$duration" ${RATE:+--rate "$RATE"} ${WARMUP:+--warmup "$WARMUP"} ${WARMUP_EVENTS:+--warmup-events "$WARMUP_EVENTS"})
 
 work=$(mktemp -d)
 out=${OUT:-$work/results.jsonl}

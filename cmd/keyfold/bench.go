@@ -37,7 +37,10 @@ that the measured phase finds every key stored already (steady state);
 with --metrics it then waits until the node has checkpointed them
 (keyfold_dirty_keys 0), so that the first checkpoint of a million new keys
 is not measured as part of the steady state. --warmup loads for a while
-before measuring.
+before measuring; --warmup-events loads that many events instead (or
+first, with both), so that two builds are measured after the same load,
+not after the same time: a faster build given the same minutes applies
+more events, and its keys remember more ids when it is measured.
 
 --naive-redis URL loads a Redis by hand instead of a node, the design
 users write without keyfold: per event one Lua script (SET NX of the id
@@ -102,6 +105,7 @@ measured apart.`,
 	f.Float64Var(&o.zipfS, "zipf-s", 1.1, "with --dist zipf: the exponent (> 1; larger is more skewed)")
 	f.BoolVar(&o.preload, "preload", false, "first send one event to every key (not measured), so that the measured phase finds every key stored")
 	f.DurationVar(&o.warmup, "warmup", 0, "load this long before measuring")
+	f.Int64Var(&o.warmupEvents, "warmup-events", 0, "load this many events before measuring (with --warmup, whichever ends first)")
 	f.DurationVar(&o.preloadTimeout, "preload-timeout", 10*time.Minute, "with --preload and --metrics, how long to wait for the node to checkpoint the preloaded keys")
 	f.IntVar(&o.batch, "batch", 100, "events per request")
 	f.IntVar(&o.concurrency, "concurrency", 8, "concurrent clients")
@@ -127,6 +131,7 @@ type benchOptions struct {
 	preload                          bool
 	rate                             float64 // events/s offered while measuring; 0: closed loop
 	warmup, duration, preloadTimeout time.Duration
+	warmupEvents                     int64 // events to load before measuring (0: --warmup alone)
 	metrics, redisInfo               string
 	json                             bool
 	trace                            string // a file for every ack of the measured phase
@@ -199,14 +204,20 @@ type benchResult struct {
 	MaxMs      float64 `json:"max_ms"`
 	PreloadedS float64 `json:"preload_seconds,omitempty"`
 	SettledS   float64 `json:"preload_checkpointed_seconds,omitempty"` // after the preload, until the node stored it
-	Rate       float64 `json:"rate,omitempty"`                         // events/s offered (--rate)
+	// WarmupEvents were acknowledged in the WarmupS of the warm-up.
+	WarmupEvents int64   `json:"warmup_events,omitempty"`
+	WarmupS      float64 `json:"warmup_seconds,omitempty"`
+	Rate         float64 `json:"rate,omitempty"` // events/s offered (--rate)
 	memoryStats
 	cpuStats
 }
 
 func bench(ctx context.Context, o benchOptions, out io.Writer) error {
-	if o.keys < 1 || o.batch < 1 || o.concurrency < 1 || o.duration <= 0 || o.window < 1 || o.warmup < 0 || o.preloadTimeout <= 0 {
+	if o.keys < 1 || o.batch < 1 || o.concurrency < 1 || o.duration <= 0 || o.window < 1 || o.preloadTimeout <= 0 {
 		return errors.New("--keys, --batch, --concurrency, --window, --duration and --preload-timeout must be positive")
+	}
+	if o.warmup < 0 || o.warmupEvents < 0 {
+		return errors.New("--warmup and --warmup-events must not be negative")
 	}
 	if _, err := newKeyPicker(o, 0); err != nil {
 		return err
@@ -254,10 +265,26 @@ func bench(ctx context.Context, o benchOptions, out io.Writer) error {
 		}
 	}
 	pickers := func(i int) keyPicker { p, _ := newKeyPicker(o, uint64(i)+1); return p }
-	if o.warmup > 0 {
-		if _, _, err := loadPhase(ctx, o, sinks, &seq, o.warmup, 0, pickers, nil); err != nil {
+	if o.warmup > 0 || o.warmupEvents > 0 {
+		picked := atomic.Int64{} // with --warmup-events: the events the warm-up sent
+		warm := func(i int) keyPicker {
+			pick := pickers(i)
+			if o.warmupEvents == 0 {
+				return pick
+			}
+			return func() int {
+				if picked.Add(1) > o.warmupEvents {
+					return -1
+				}
+				return pick()
+			}
+		}
+		start := time.Now()
+		n, _, err := loadPhase(ctx, o, sinks, &seq, o.warmup, 0, warm, nil)
+		if err != nil {
 			return fmt.Errorf("bench: warmup: %w", err)
 		}
+		res.WarmupEvents, res.WarmupS = n, time.Since(start).Seconds()
 	}
 	var trace io.Writer // nil: no trace
 	if o.trace != "" {

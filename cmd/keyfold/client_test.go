@@ -210,6 +210,19 @@ func TestBench(t *testing.T) {
 		}
 	}
 
+	// A warm-up of a number of events sends exactly that many (not a
+	// batch's worth more per client), and the result says how many were
+	// acknowledged; a negative number is refused.
+	out, err = runCLI(t, "bench", "--addr", grpcAddr, "--stream", "--keys", "50", "--warmup-events", "37",
+		"--duration", "200ms", "--batch", "10", "--concurrency", "2", "--json")
+	res = benchResult{}
+	if err != nil || json.Unmarshal([]byte(out), &res) != nil || res.WarmupEvents != 37 || res.WarmupS <= 0 || res.Events == 0 {
+		t.Fatalf("bench --warmup-events 37: %v\n%s", err, out)
+	}
+	if _, err := runCLI(t, "bench", "--addr", grpcAddr, "--warmup-events", "-1", "--duration", "200ms"); err == nil || !strings.Contains(err.Error(), "--warmup-events") {
+		t.Errorf("bench --warmup-events -1: %v", err)
+	}
+
 	// An offered rate: the clients send on a schedule, so no more than the
 	// rate's events go out (a batch's worth of slack per client), and the
 	// result says what was offered. A rate that is not one is refused.
