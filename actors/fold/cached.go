@@ -27,7 +27,8 @@ import (
 // states, refuses it.
 //
 //	packedBuckets  buckets: n, then per bucket: bucket added; then the
-//	               state's packed form (packedCore or packedProto)
+//	               state's packed form (AppendPacked's: packedEntries or
+//	               packedProto)
 //
 // The spill (actors/spill.go) keeps a changed key in memory's stead until
 // a checkpoint writes it, in a form of its own too. Until session 45 it
