@@ -50,6 +50,10 @@ const (
 	packedEntries = 6
 )
 
+// positional reports whether a packed state of form f holds its aggregates
+// by position (every form but packedProto).
+func positional(f byte) bool { return f == packedCore || f == packedIDs || f == packedEntries }
+
 // PackedVersion is the version of the packed form described above, which
 // stored packed snapshots carry: a build that knows an older one refuses
 // the states of this one rather than misreading them.
@@ -141,8 +145,8 @@ func (p *Pipeline) UnpackState(data []byte) (State, error) {
 	if len(data) == 0 {
 		return State{}, errors.New("fold: packed state: empty")
 	}
-	switch data[0] {
-	case packedProto:
+	switch {
+	case data[0] == packedProto:
 		var ks keyfoldv1.KeyState
 		if err := proto.Unmarshal(data[1:], &ks); err != nil {
 			return State{}, fmt.Errorf("fold: packed state: %w", err)
@@ -150,12 +154,10 @@ func (p *Pipeline) UnpackState(data []byte) (State, error) {
 		return p.RestoreParts(&ks, func(b int64, _ int) ([]byte, error) {
 			return nil, fmt.Errorf("fold: packed state names id bucket %d", b)
 		})
-	case packedCore, packedIDs, packedEntries:
-		if !p.packsCore() {
-			return State{}, errors.New("fold: packed state: positional, but the pipeline's states do not pack so")
-		}
-	default:
+	case !positional(data[0]):
 		return State{}, fmt.Errorf("fold: packed state: unknown form %d", data[0])
+	case !p.packsCore():
+		return State{}, errors.New("fold: packed state: positional, but the pipeline's states do not pack so")
 	}
 	// The state's variable parts share two allocations, whatever their
 	// number: the last values one byte slice, the ids one string. Every

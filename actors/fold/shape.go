@@ -92,7 +92,7 @@ func (p *Pipeline) UnpackShaped(shape, data []byte) (State, error) {
 	if err != nil {
 		return State{}, err
 	}
-	if len(data) == 0 || (data[0] != packedCore && data[0] != packedIDs && data[0] != packedEntries) {
+	if len(data) == 0 || !positional(data[0]) {
 		return State{}, errors.New("fold: packed state: not positional")
 	}
 	r := packedReader{b: data[1:]}

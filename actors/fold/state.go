@@ -356,12 +356,11 @@ func (p *Pipeline) idAt(now int64) int64 {
 	if p.dedupWindow < secondIDsWindow {
 		return now
 	}
-	if r := now % 1000; r > 0 {
-		return now - r + 1000
-	} else if r < 0 {
-		return now - r
+	r := now % 1000 // (negative for a negative now)
+	if r > 0 {
+		r -= 1000
 	}
-	return now
+	return now - r
 }
 
 // bucketWidth is the span of processing time, in ms, whose ids share a
