@@ -141,7 +141,12 @@ func appendPackedNumber(b []byte, f float64) []byte {
 // UnpackState decodes a state AppendPacked encoded with this pipeline, to
 // the state a snapshot of it restores (RestoreParts): at RestoredVersion,
 // its ids expired by its clock dropped. The state keeps nothing of data.
-func (p *Pipeline) UnpackState(data []byte) (State, error) {
+func (p *Pipeline) UnpackState(data []byte) (State, error) { return p.unpackState(data, true) }
+
+// unpackState is UnpackState; byCopy, it copies ids whose entries the
+// log can take as they are (copyIDs), else it adds each one (a test
+// compares the two).
+func (p *Pipeline) unpackState(data []byte, byCopy bool) (State, error) {
 	if len(data) == 0 {
 		return State{}, errors.New("fold: packed state: empty")
 	}
@@ -193,6 +198,9 @@ func (p *Pipeline) UnpackState(data []byte) (State, error) {
 		return State{}, errors.New("fold: packed state: too many ids")
 	}
 	horizon := s.now - p.dedupWindow.Milliseconds()
+	if byCopy && n > 0 && data[0] == packedEntries && p.copyIDs(&s, &r, n, horizon) {
+		n = 0 // (copied)
+	}
 	if n > 0 {
 		// One allocation for the ids: their log takes about what they
 		// take packed (the length, the bytes, a time).
@@ -217,6 +225,60 @@ func (p *Pipeline) UnpackState(data []byte) (State, error) {
 		return State{}, fmt.Errorf("fold: packed state: %w", r.err)
 	}
 	return s, nil
+}
+
+// copyIDs gives s, unpacked from form packedEntries with no ids yet, the
+// n ids that follow in r by copying their entries into its log, the
+// expired ones (not after horizon) left out: the packed form's entries
+// are the log's own (appendIDEntries), and adding them one by one,
+// decoded and encoded again, was most of what unpacking a key cost once
+// keys remembered a few dozen ids (BENCHMARKS.md, session 48). It walks
+// the entries once, checking each as UnpackState does, writes the first
+// id kept as addID would, and copies the entries after it if the ids kept
+// are a run of entries (only a prefix expired: ids are added in time
+// order) and no difference between two of them is one the log would
+// clamp (idTimeDelta): then the log is the one adding them would have
+// written (byte for byte, from entries written by appendIDEntry).
+// Otherwise, or if an entry is bad, it reports false and leaves s and r
+// as they were, for UnpackState to add the ids one by one (or report the
+// problem).
+func (p *Pipeline) copyIDs(s *State, r *packedReader, n uint64, horizon int64) bool {
+	w := *r
+	prev, rest, kept, fps := s.now, -1, 0, false
+	var first []byte // the first id kept (none: a fingerprint's)
+	var firstFP uint32
+	var firstAt int64
+	for range n {
+		before := prev
+		id, fp, at := w.entry(prev, false)
+		prev = at
+		switch {
+		case w.err != nil:
+			return false
+		case rest < 0 && at <= horizon: // as UnpackState's
+			continue
+		case rest < 0: // the first kept, which the log begins anew (as addID)
+			rest, first, firstFP, firstAt = len(r.b)-len(w.b), id, fp, at
+		case at <= horizon || idTimeDelta(at, before) != at-before:
+			return false
+		}
+		kept++
+		fps = fps || fp != 0
+	}
+	if kept > 0 {
+		d := &s.ids
+		// One allocation, of the capacity UnpackState gives the log: the
+		// first entry's time is 0 from the log's base, no longer than it
+		// was from the previous id's.
+		d.log = appendIDEntry(make([]byte, 0, len(r.b)), 0, first, firstFP)
+		d.log = append(d.log, r.b[rest:len(r.b)-len(w.b)]...)
+		d.n, d.baseAt, d.headAt, d.lastAt, d.fps = int32(kept), firstAt, firstAt, prev, fps
+		if kept > inlineIDs { // as addID does on the way
+			d.toBuckets(p.bucketWidth())
+		}
+	}
+	r.b = w.b
+	return true
 }
 
 // packedReader reads a packed state; the first problem sticks in err, and
