@@ -68,7 +68,7 @@ free_port() { free_ports 1; }
 # freed by the first ask can come back from the next).
 free_ports() { python3 -c 'import socket, sys; ss = [socket.socket() for _ in range(int(sys.argv[1]))]; [s.bind(("127.0.0.1", 0)) for s in ss]; print(*[s.getsockname()[1] for s in ss])' "$1"; }
 
-go build -o "$work/keyfold" "$root/cmd/keyfold"
+go build -C "$root" -o "$work/keyfold" ./cmd/keyfold # (from anywhere: -C finds the module)
 kf=$work/keyfold
 nodebin=${NODE_BIN:-$kf}
 rport=$(free_port)
