@@ -17,8 +17,7 @@ var copiedSpec = Spec{Key: "k", ID: "id", DedupWindow: time.Hour,
 	Aggregates: map[string]AggregateSpec{"n": {Op: "count"}, "sum": {Op: "sum", Field: "v"}, "last": {Op: "last", Field: "s"}}}
 
 // packedIDsOf returns the packed form of a state that applied ids events
-// every gap ms from 1000 (ids from i0 on), the ids as fingerprints if
-// indexed; a state whose ids are in buckets is packed as the snapshot
+// every gap ms from 1000, the ids as fingerprints if indexed; a state whose ids are in buckets is packed as the snapshot
 // cache packs it, without its buckets' table (UnpackState's input).
 func packedIDsOf(tb testing.TB, p *Pipeline, ids, gap int, indexed bool) []byte {
 	var s State
@@ -114,11 +113,12 @@ func sameUnpacked(t *testing.T, p *Pipeline, a, b *State) {
 		t.Fatalf("id sets differ: %d ids, last at %d, fps %v, spilled %v and %d, %d, %v, %v",
 			da.n, da.lastAt, da.fps, da.spilled, db.n, db.lastAt, db.fps, db.spilled)
 	}
-	if first := idsFrom(da.cursor(), -1); len(first) > 0 && da.headAt > first[0].at {
-		t.Fatalf("headAt %d after the first id's time %d", da.headAt, first[0].at)
-	}
-	if ia, ib := idsFrom(da.cursor(), -1), idsFrom(db.cursor(), -1); !slices.Equal(ia, ib) {
+	ia, ib := idsFrom(da.cursor(), -1), idsFrom(db.cursor(), -1)
+	if !slices.Equal(ia, ib) {
 		t.Fatalf("ids differ:\n%v\n%v", ia, ib)
+	}
+	if len(ia) > 0 && da.headAt > ia[0].at {
+		t.Fatalf("headAt %d after the first id's time %d", da.headAt, ia[0].at)
 	}
 	if len(da.buckets) != len(db.buckets) {
 		t.Fatalf("%d buckets and %d", len(da.buckets), len(db.buckets))
@@ -178,11 +178,11 @@ func TestUnpackCopiesPackedIDs(t *testing.T) {
 	}
 	for name, data := range cases {
 		t.Run(name, func(t *testing.T) {
-			// Up to the ids, as UnpackState reads them.
 			s, err := p.unpackState(data, false)
 			if err != nil {
 				t.Fatal(err)
 			}
+			// Up to the ids, as UnpackState reads them.
 			r := packedReader{b: data[1:]}
 			fresh := State{seq: r.uvarint(), dups: r.uvarint(), now: r.varint()}
 			for range p.aggs {
