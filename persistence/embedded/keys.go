@@ -121,7 +121,17 @@ func logPos(key []byte) (persistence.Position, error) {
 }
 
 func snapshotKey(group uint32, key string) []byte {
-	return append(groupKey(kindSnapshot, group, len(key)), key...)
+	return appendSnapshotKey(make([]byte, 0, 5+len(key)), group, key)
+}
+
+// appendSnapshotKey appends the key of a key's snapshot to dst.
+func appendSnapshotKey(dst []byte, group uint32, key string) []byte {
+	return append(appendGroupKey(dst, kindSnapshot, group), key...)
+}
+
+// appendGroupKey appends kind+group to dst.
+func appendGroupKey(dst []byte, kind byte, group uint32) []byte {
+	return binary.BigEndian.AppendUint32(append(dst, kind), group)
 }
 
 // timerKey returns the key of a key's timer index entry.
@@ -148,8 +158,12 @@ func groupBounds(kind byte, group uint32) (lower, upper []byte) {
 
 // idKey returns the key of an id in a group's id index.
 func idKey(group uint32, bucket int64, key, id string) []byte {
-	k := groupKey(kindID, group, 8+4+len(key)+len(id))
-	k = binary.BigEndian.AppendUint64(k, uint64(bucket))
+	return appendIDKey(make([]byte, 0, 5+8+4+len(key)+len(id)), group, bucket, key, id)
+}
+
+// appendIDKey appends the key of an id in a group's id index to dst.
+func appendIDKey(dst []byte, group uint32, bucket int64, key, id string) []byte {
+	k := binary.BigEndian.AppendUint64(appendGroupKey(dst, kindID, group), uint64(bucket))
 	k = binary.BigEndian.AppendUint32(k, uint32(len(key)))
 	k = append(k, key...)
 	return append(k, id...)
