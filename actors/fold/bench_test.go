@@ -221,45 +221,57 @@ func BenchmarkSnapshot(b *testing.B) {
 // n ids (all but the newest in the store's id index already) after one
 // more event, as a store with an id index takes it: packed, the new id
 // handed over. The ids come a 24h window's nth apart, so that the key
-// keeps n.
+// keeps n. from=memory: the key stayed in memory since its last snapshot;
+// from=cache: it came back from the snapshot cache for the event (its ids
+// fingerprints), as most keys do at a million keys.
 func BenchmarkSnapshotIndexed(b *testing.B) {
 	p := quickstart(b)
 	now := int64(1_700_000_000_000)
-	for _, n := range []int{8, 30, 96} {
-		b.Run(fmt.Sprintf("ids=%d", n), func(b *testing.B) {
-			var s fold.State
-			apply := func(i int) {
-				ev, err := p.Prepare([]byte(fmt.Sprintf(`{"user_id":"k","event_id":"event-%08d"}`, i)))
+	for _, from := range []string{"memory", "cache"} {
+		for _, n := range []int{8, 30, 96} {
+			b.Run(fmt.Sprintf("from=%s/ids=%d", from, n), func(b *testing.B) {
+				var s fold.State
+				apply := func(i int) {
+					ev, err := p.Prepare([]byte(fmt.Sprintf(`{"user_id":"k","event_id":"event-%08d"}`, i)))
+					if err != nil {
+						b.Fatal(err)
+					}
+					p.Apply(&s, ev, now+int64(i)*(86_400_000/int64(n)/1000*1000+1000))
+				}
+				o := fold.SnapshotOptions{Packed: true, IDIndex: true, PackedParts: true}
+				for i := range n {
+					apply(i)
+				}
+				parts, err := p.Snapshot(&s, 0, nil, o)
 				if err != nil {
 					b.Fatal(err)
 				}
-				p.Apply(&s, ev, now+int64(i)*(86_400_000/int64(n)/1000*1000+1000))
-			}
-			o := fold.SnapshotOptions{Packed: true, IDIndex: true, PackedParts: true}
-			for i := range n {
-				apply(i)
-			}
-			parts, err := p.Snapshot(&s, 0, nil, o)
-			if err != nil {
-				b.Fatal(err)
-			}
-			s.Persisted(parts.Version)
-			var buf []byte
-			b.ReportAllocs()
-			i := n
-			for b.Loop() {
-				b.StopTimer()
-				apply(i)
-				i++
-				b.StartTimer()
-				parts, err := p.Snapshot(&s, parts.Version, buf[:0], o)
-				if err != nil || len(parts.IDs) != 1 {
-					b.Fatalf("snapshot: %v, %d ids handed over", err, len(parts.IDs))
-				}
-				buf = parts.CoreData
 				s.Persisted(parts.Version)
-			}
-		})
+				var buf, cached []byte
+				b.ReportAllocs()
+				i := n
+				for b.Loop() {
+					b.StopTimer()
+					if from == "cache" {
+						if cached, err = p.AppendCached(cached[:0], &s); err != nil {
+							b.Fatal(err)
+						}
+						if s, err = p.UnpackCached(cached); err != nil {
+							b.Fatal(err)
+						}
+					}
+					apply(i)
+					i++
+					b.StartTimer()
+					parts, err := p.Snapshot(&s, parts.Version, buf[:0], o)
+					if err != nil || len(parts.IDs) != 1 {
+						b.Fatalf("snapshot: %v, %d ids handed over", err, len(parts.IDs))
+					}
+					buf = parts.CoreData
+					s.Persisted(parts.Version)
+				}
+			})
+		}
 	}
 }
 

@@ -558,6 +558,11 @@ func addID[T string | []byte](d *idSet, id T, fp uint32, at int64, width int64) 
 	if fp != 0 {
 		d.log = appendIDEntry(d.log, delta, id, fp)
 		d.fps = true
+		if int(d.indexed) == off {
+			// (No id in full before it: the ids a key restored holds as
+			// fingerprints come first, and unindexed starts after them.)
+			d.indexed = int32(len(d.log))
+		}
 	} else {
 		d.log = appendIDEntry(d.log, delta, id, 0)
 	}

@@ -245,6 +245,9 @@ func (p *Pipeline) unpackState(data []byte, byCopy bool) (State, error) {
 func (p *Pipeline) copyIDs(s *State, r *packedReader, n uint64, horizon int64) bool {
 	w := *r
 	prev, rest, kept, fps := s.now, -1, 0, false
+	// lead: the ids kept so far are fingerprints; leadEnd: where in r the
+	// last of them ends.
+	lead, leadEnd := true, 0
 	var first []byte // the first id kept (none: a fingerprint's)
 	var firstFP uint32
 	var firstAt int64
@@ -264,6 +267,9 @@ func (p *Pipeline) copyIDs(s *State, r *packedReader, n uint64, horizon int64) b
 		}
 		kept++
 		fps = fps || fp != 0
+		if lead = lead && fp != 0; lead {
+			leadEnd = len(r.b) - len(w.b)
+		}
 	}
 	if kept > 0 {
 		d := &s.ids
@@ -271,6 +277,9 @@ func (p *Pipeline) copyIDs(s *State, r *packedReader, n uint64, horizon int64) b
 		// first entry's time is 0 from the log's base, no longer than it
 		// was from the previous id's.
 		d.log = appendIDEntry(make([]byte, 0, len(r.b)), 0, first, firstFP)
+		if firstFP != 0 { // the leading fingerprints' end, as addID sets it
+			d.indexed = int32(len(d.log) + leadEnd - rest)
+		}
 		d.log = append(d.log, r.b[rest:len(r.b)-len(w.b)]...)
 		d.n, d.baseAt, d.headAt, d.lastAt, d.fps = int32(kept), firstAt, firstAt, prev, fps
 		if kept > inlineIDs { // as addID does on the way

@@ -97,3 +97,47 @@ func TestUnindexedCountsBack(t *testing.T) {
 		}
 	}
 }
+
+// TestRestoredFingerprintsSkipped: a state restored with its ids as
+// fingerprints (from the snapshot cache, copied or added one by one, or
+// from its stored parts) knows that none of them is for the index: the
+// next snapshot hands over only the ids applied since, without walking
+// past the fingerprints (indexed is where they end), as one that stayed
+// in memory does.
+func TestRestoredFingerprintsSkipped(t *testing.T) {
+	p, err := Compile("p", copiedSpec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ids := range []int{1, 5, inlineIDs, inlineIDs + 1, 3 * partIDs} {
+		data := packedIDsOf(t, p, ids, 25_000, true)
+		for _, byCopy := range []bool{true, false} {
+			what := fmt.Sprintf("%d ids, copied %v", ids, byCopy)
+			s, err := p.unpackState(data, byCopy)
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			if int(s.ids.indexed) != len(s.ids.log) {
+				t.Fatalf("%s: indexed at %d, the fingerprints end at %d", what, s.ids.indexed, len(s.ids.log))
+			}
+			ev, err := p.Prepare([]byte(`{"k":"a","id":"new","v":1,"s":"y"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := int64(1000 + ids*25_000)
+			if v := p.ApplyEvent(&s, ev, now); v != Applied {
+				t.Fatalf("%s: a new id: %v", what, v)
+			}
+			want := []IndexedID{{ID: "new", At: now}}
+			if got := unindexedByWalk(&s.ids); !slices.Equal(got, want) {
+				t.Fatalf("%s: by the walk: %v, want %v", what, got, want)
+			}
+			if int(s.ids.indexed) <= int(s.ids.head) {
+				t.Fatalf("%s: unindexed would walk the fingerprints", what)
+			}
+			if got := s.ids.unindexed(nil, s.version); !slices.Equal(got, want) {
+				t.Fatalf("%s: %v, want %v", what, got, want)
+			}
+		}
+	}
+}
