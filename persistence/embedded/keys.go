@@ -89,10 +89,7 @@ var (
 
 // groupKey returns kind+group, with room for more bytes.
 func groupKey(kind byte, group uint32, extra int) []byte {
-	k := make([]byte, 5, 5+extra)
-	k[0] = kind
-	binary.BigEndian.PutUint32(k[1:], group)
-	return k
+	return appendGroupKey(make([]byte, 0, 5+extra), kind, group)
 }
 
 func epochKey(group uint32) []byte      { return groupKey(kindEpoch, group, 0) }
