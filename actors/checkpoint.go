@@ -266,12 +266,13 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32, pace *pacer) error
 	dirty := slices.Clone(gs.dirty)
 	spilled := h.freezeSpillLocked(g)
 	dropIDs := h.idDropBucket(gs.nowMs, gs.idsDropped)
-	d := checkpointData{CheckpointData: persistence.CheckpointData{Snapshots: make([]persistence.Snapshot, 0, len(dirty)+gs.spilled+1), Through: through}}
+	// The lists are sized as the group's last round filled them a key:
+	// grown by append, the ids' alone were a tenth of the bytes the node
+	// allocated at a million keys (BENCHMARKS.md, session 49).
+	keys := len(dirty) + gs.spilled
+	d := checkpointData{CheckpointData: persistence.CheckpointData{Snapshots: make([]persistence.Snapshot, 0, gs.lastRound.capFor(keys, gs.lastRound.snapshots)+1), Through: through}}
 	if h.indexing.Load() {
-		// About an id a key, most of them new since the last round: grown
-		// from empty, the slice was a tenth of the bytes the node allocated
-		// at a million keys (BENCHMARKS.md, session 49).
-		d.IDs = make([]persistence.StoredID, 0, len(dirty)+gs.spilled)
+		d.IDs = make([]persistence.StoredID, 0, gs.lastRound.capFor(keys, max(gs.lastRound.ids, gs.lastRound.keys)))
 	}
 	h.mu.Unlock()
 	stored := false
@@ -362,6 +363,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32, pace *pacer) error
 	}
 	gs.idsDropped = max(gs.idsDropped, dropIDs)
 	gs.covered = max(gs.covered, covers)
+	gs.lastRound = roundSize{keys: len(got) + len(moved) + fromSpill, snapshots: len(d.Snapshots), ids: len(d.IDs)}
 	h.retireSpillLocked(g, spilled) // its keys are stored: to the snapshot cache
 	h.retireMovedLocked(g, moved)   // likewise, those written from the spill or that spilled since
 	h.evictLocked()                 // the keys it cleaned may leave memory now
@@ -595,6 +597,24 @@ func (h *Host) idDropBucket(groupNow int64, dropped int64) int64 {
 		return 0
 	}
 	return b
+}
+
+// roundSize is what a group's checkpoint wrote: its keys, snapshots (the
+// keys' cores, their stored parts and the group's clock) and ids.
+type roundSize struct{ keys, snapshots, ids int }
+
+// capFor returns a capacity for the entries of a checkpoint of keys keys,
+// of which the round r wrote n for r.keys: as many a key, and a sixteenth
+// more, since most rounds' keys take about as many events as the last's.
+// It is at most twice n and an entry a key (a round of a few keys with
+// many entries each does not size the next for thousands of keys alike),
+// and before a first round an entry a key.
+func (r roundSize) capFor(keys, n int) int {
+	if r.keys == 0 {
+		return keys
+	}
+	perKey := float64(n) / float64(r.keys)
+	return min(int(float64(keys)*perKey*17/16)+1, 2*n+keys)
 }
 
 // appendSnapshot adds a key's snapshot to a checkpoint's data.

@@ -203,6 +203,9 @@ type groupState struct {
 	// stored is the filter of the keys the store has a snapshot of
 	// (storedkeys.go); nil: any may have one.
 	stored *storedKeys
+	// lastRound is what the group's last stored checkpoint wrote, by
+	// which the next one sizes its lists.
+	lastRound roundSize
 }
 
 // changed is the number of the group's keys changed since their snapshots:
