@@ -333,7 +333,8 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32, pace *pacer) error
 	stored = true
 	filter.saved(layers)
 	h.stats.checkpoints.Add(1)
-	h.stats.snapshots.Add(int64(len(got) + len(moved) + fromSpill))
+	written := len(got) + len(moved) + fromSpill // (moved grows below)
+	h.stats.snapshots.Add(int64(written))
 
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -363,7 +364,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32, pace *pacer) error
 	}
 	gs.idsDropped = max(gs.idsDropped, dropIDs)
 	gs.covered = max(gs.covered, covers)
-	gs.lastRound = roundSize{keys: len(got) + len(moved) + fromSpill, snapshots: len(d.Snapshots), ids: len(d.IDs)}
+	gs.lastRound = roundSize{keys: written, snapshots: len(d.Snapshots), ids: len(d.IDs)}
 	h.retireSpillLocked(g, spilled) // its keys are stored: to the snapshot cache
 	h.retireMovedLocked(g, moved)   // likewise, those written from the spill or that spilled since
 	h.evictLocked()                 // the keys it cleaned may leave memory now
