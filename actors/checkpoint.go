@@ -269,7 +269,7 @@ func (h *Host) checkpointGroup(ctx context.Context, g uint32, pace *pacer) error
 	// The lists are sized as the group's last round filled them a key:
 	// grown by append, the ids' alone were a tenth of the bytes the node
 	// allocated at a million keys (BENCHMARKS.md, session 49).
-	keys := len(dirty) + gs.spilled
+	keys := gs.changed()
 	d := checkpointData{CheckpointData: persistence.CheckpointData{Snapshots: make([]persistence.Snapshot, 0, gs.lastRound.capFor(keys, gs.lastRound.snapshots)+1), Through: through}}
 	if h.indexing.Load() {
 		d.IDs = make([]persistence.StoredID, 0, gs.lastRound.capFor(keys, max(gs.lastRound.ids, gs.lastRound.keys)))
@@ -614,8 +614,7 @@ func (r roundSize) capFor(keys, n int) int {
 	if r.keys == 0 {
 		return keys
 	}
-	perKey := float64(n) / float64(r.keys)
-	return min(int(float64(keys)*perKey*17/16)+1, 2*n+keys)
+	return min(keys*n*17/(16*r.keys)+1, 2*n+keys)
 }
 
 // appendSnapshot adds a key's snapshot to a checkpoint's data.
