@@ -133,13 +133,15 @@ func (c Config) derivedGoMemoryLimit(available uint64, warnings *[]string) int64
 
 // nodeMemory returns the memory of c's node that the Go runtime's limit does
 // not count (offHeap: the snapshot cache's entries, which fastcache maps
-// outside the heap, and with cgo Pebble's block cache, with 15% for its
-// slop, and memtables) and the store's memory it does count (storeGo:
-// those of Pebble's without cgo).
+// outside the heap, and with cgo the block caches of the embedded store's
+// two Pebbles, with 15% for their slop, and their memtables) and the
+// store's memory it does count (storeGo: those of Pebble's without cgo).
 func (c Config) nodeMemory() (offHeap, storeGo int64) {
 	offHeap = actors.CacheEntryMemory(c.maxMemory(), c.CacheMemory)
 	if c.Store == nil && c.Redis == "" {
-		store := int64(1.15*float64(cmp.Or(c.StoreCacheMemory, embedded.DefaultCacheSize))) + 2*embedded.DefaultMemTableSize
+		// The store's Pebble and its id index's: two block caches, two
+		// memtables each.
+		store := int64(1.15*float64(cmp.Or(c.StoreCacheMemory, embedded.DefaultCacheSize)+embedded.IDIndexCacheSize)) + 4*embedded.DefaultMemTableSize
 		if cgoEnabled {
 			offHeap += store
 		} else {

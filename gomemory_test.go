@@ -18,7 +18,7 @@ func TestGoRuntime(t *testing.T) {
 	capped := func(avail, cache int64) int64 {
 		off := float64(cache)
 		if cgoEnabled {
-			off += 1.15*embedded.DefaultCacheSize + 2*embedded.DefaultMemTableSize
+			off += 1.15*(embedded.DefaultCacheSize+embedded.IDIndexCacheSize) + 4*embedded.DefaultMemTableSize
 		}
 		return int64(0.9*float64(avail) - off)
 	}

@@ -283,6 +283,12 @@ func (s *Store) limitedError(msg string, err error) {
 func (s *Store) openDB() (*pebble.DB, error) {
 	po := s.opts.pebbleOptions(s)
 	po.Lock = s.lock
+	return s.openPebble(s.dir, po)
+}
+
+// openPebble opens a Pebble in dir (the store's, or its id index's),
+// giving up when its recovery runs out of space.
+func (s *Store) openPebble(dir string, po *pebble.Options) (*pebble.DB, error) {
 	failed := make(chan error, 1)
 	s.life.Lock()
 	s.openFailed = failed
@@ -309,7 +315,7 @@ func (s *Store) openDB() (*pebble.DB, error) {
 			}
 			done <- r
 		}()
-		r.db, r.err = pebble.Open(s.dir, po)
+		r.db, r.err = pebble.Open(dir, po)
 	}()
 	var err error
 	select {
@@ -342,11 +348,16 @@ func (s *Store) reopen() {
 		s.life.Unlock()
 		return // Close closes db
 	}
-	db, j := s.db, s.journal
-	s.db, s.journal = nil, nil
+	db, j, x := s.db, s.journal, s.ids
+	s.db, s.journal, s.ids = nil, nil, nil
 	s.life.Unlock()
 	tail := j.failedTail() // the log is cut where its syncs ended
 	j.close()
+	if x != nil { // nil if the store failed while it opened
+		if err := s.inPebble(x.db.Close); err != nil {
+			s.log.Debug("closing the failed store's id index", "dir", s.dir, "err", err.Error())
+		}
+	}
 	if err := s.inPebble(db.Close); err != nil {
 		s.log.Debug("closing the failed store", "dir", s.dir, "err", err.Error())
 	}
@@ -358,10 +369,15 @@ func (s *Store) reopen() {
 			return
 		}
 		var err error
+		var legacy bool
 		if err = s.checkSpace(0); err == nil {
 			if db, err = s.openDB(); err == nil {
 				if j, err = s.openJournal(db, tail); err == nil {
-					break
+					if x, legacy, err = s.openIndex(db); err == nil {
+						s.legacyIDs = legacy
+						break
+					}
+					j.close()
 				}
 				_ = s.inPebble(db.Close)
 			}
@@ -386,10 +402,10 @@ func (s *Store) reopen() {
 	s.life.Lock()
 	defer s.life.Unlock()
 	if s.parked { // the new Pebble's recovery got stuck meanwhile
-		s.db, s.journal = db, j
+		s.db, s.journal, s.ids = db, j, x
 		return
 	}
-	s.db, s.journal, s.broken = db, j, nil
+	s.db, s.journal, s.ids, s.broken = db, j, x, nil
 	s.log.Info("store reopened", "dir", s.dir)
 }
 

@@ -444,12 +444,12 @@ func TestLogMigration(t *testing.T) {
 	}
 }
 
-// TestFormatVersions: a format 2, 3, 4 or 5 store (its log already out of
-// Pebble) is moved to format 6 at its next open with its data as it was,
-// and allows packed snapshots; a store of a format this build does not
-// know is refused, unchanged.
+// TestFormatVersions: a format 2 to 6 store (its log already out of
+// Pebble) is moved to the current format at its next open with its data as
+// it was, and allows packed snapshots; a store of a format this build does
+// not know is refused, unchanged.
 func TestFormatVersions(t *testing.T) {
-	for _, from := range []uint64{2, 3, 4, 5} {
+	for _, from := range []uint64{2, 3, 4, 5, 6} {
 		t.Run(fmt.Sprint(from), func(t *testing.T) { testFormatVersionFrom(t, from) })
 	}
 }
@@ -469,11 +469,11 @@ func testFormatVersionFrom(t *testing.T, from uint64) {
 		t.Fatal(err)
 	}
 	s = openSmall(t, dir, 512)
-	if v, err := getDecoded(s, metaFormatKey, decodeUint64); err != nil || v != 6 {
-		t.Errorf("format = %d, %v; want 6", v, err)
+	if v, err := getDecoded(s, metaFormatKey, decodeUint64); err != nil || v != formatVersion {
+		t.Errorf("format = %d, %v; want %d", v, err, formatVersion)
 	}
 	if !persistence.AllowsPacked(s) || !persistence.HasIDIndex(s) {
-		t.Error("a format 6 store does not allow packed snapshots, or has no id index")
+		t.Errorf("a format %d store does not allow packed snapshots, or has no id index", formatVersion)
 	}
 	if got, err := s.Get(t.Context(), 1, "k"); err != nil || string(got) != "v" {
 		t.Errorf("snapshot after the move = %q, %v", got, err)
@@ -481,7 +481,7 @@ func testFormatVersionFrom(t *testing.T, from uint64) {
 	if got := readLog(t, s, 1, 0); len(got) != 3 {
 		t.Errorf("log after the move = %v, want 3 records", got)
 	}
-	if err := s.db.Set(metaFormatKey, encodeUint64(7), pebble.Sync); err != nil {
+	if err := s.db.Set(metaFormatKey, encodeUint64(formatVersion+1), pebble.Sync); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
@@ -491,7 +491,7 @@ func testFormatVersionFrom(t *testing.T, from uint64) {
 		if err == nil {
 			s.Close()
 		}
-		t.Fatalf("open of a format 7 store: %v, want ErrIncompatible", err)
+		t.Fatalf("open of a format %d store: %v, want ErrIncompatible", formatVersion+1, err)
 	}
 }
 

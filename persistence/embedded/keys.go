@@ -27,13 +27,18 @@ import (
 //	                       then its data
 //	'p' len:4 name         the sequence number of the last output record a
 //	                       trim of pipeline name deleted (uint64)
+//	'n' group:4            the ids and drop of the group's last checkpoint
+//	                       while the id index may not hold them yet (its own
+//	                       Pebble, ids.go): appendPendingIDs's form
 //	'i' group:4 bucket:8 len:4 key id
-//	                       an id in the group's id index, under its time
-//	                       bucket; the value is when its key applied it
-//	                       (int64 Unix ms). A bucket's ids are contiguous, so
-//	                       that dropping the buckets below one is one range
+//	                       formats 4 to 6 only, read until dropped: an id in
+//	                       the group's id index, under its time bucket; the
+//	                       value is when its key applied it (int64 Unix
+//	                       ms). A bucket's ids are contiguous, so that
+//	                       dropping the buckets below one is one range
 //	                       deletion; the key is length-prefixed, so that no
-//	                       key's ids are a prefix of another's.
+//	                       key's ids are a prefix of another's. Format 7
+//	                       keeps the index in a Pebble of its own (ids.go).
 //
 // A group's last position is not stored: it is the larger of the position of
 // its last log record and its checkpoint. A checkpoint never goes beyond the
@@ -60,6 +65,7 @@ const (
 	kindOutput     = 'o'
 	kindOutputTrim = 'p'
 	kindID         = 'i'
+	kindPendingIDs = 'n'
 )
 
 // formatVersion is the version of this key layout, recorded in a new store.
@@ -76,8 +82,11 @@ const (
 // Version 6 keeps the ids' times to the second where the dedup window
 // allows it, in entries an older keyfold would fail to read (the packed
 // form's version 4, a part's packed form's version 2); it reads what
-// version 5 wrote.
-const formatVersion = 6
+// version 5 wrote. Version 7 keeps the id index in a Pebble of its own
+// (ids.go), which an older keyfold would not look in; it reads the
+// index an older version left in the store's Pebble until the drops
+// emptied it.
+const formatVersion = 7
 
 var (
 	metaFormatKey = []byte("mformat")

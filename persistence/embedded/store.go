@@ -35,16 +35,20 @@ type Store struct {
 	life sync.Mutex
 	idle sync.Cond // signalled when active drops to 0 after Close began or the store broke
 	db   *pebble.DB
-	// journal is the groups' log (journal.go); it changes with db.
-	journal *journal
-	closed  bool
-	broken  error         // why calls fail until the reopen (ErrFailed …), or nil
-	parked  bool          // a Pebble goroutine is parked (see pebbleLogger.Fatalf): db cannot be closed
-	wedged  chan struct{} // closed when parked is set: calls stop waiting for Pebble (wedge.go)
-	active  int
-	done    chan struct{} // closed when Close is over
-	stop    chan struct{} // closed when Close begins: ends a reopen
-	jobs    sync.WaitGroup
+	// journal is the groups' log (journal.go), ids the id index (ids.go);
+	// they change with db. legacyIDs reports that db held ids of the index
+	// an older format kept there when it opened (LookupIDs reads them too).
+	journal   *journal
+	ids       *idIndex
+	legacyIDs bool
+	closed    bool
+	broken    error         // why calls fail until the reopen (ErrFailed …), or nil
+	parked    bool          // a Pebble goroutine is parked (see pebbleLogger.Fatalf): db cannot be closed
+	wedged    chan struct{} // closed when parked is set: calls stop waiting for Pebble (wedge.go)
+	active    int
+	done      chan struct{} // closed when Close is over
+	stop      chan struct{} // closed when Close begins: ends a reopen
+	jobs      sync.WaitGroup
 
 	openFailed chan error // during openDB: a reason to give up on Pebble's Open
 
@@ -61,8 +65,10 @@ type Store struct {
 	pipelinesMu sync.Mutex
 	pipelines   map[string]*pipeline // output logs, by pipeline name
 
-	// testHookCommit, if set, runs before a checkpoint's batch is committed.
-	testHookCommit func(group uint32)
+	// testHookCommit, if set, runs before a checkpoint's batch is committed;
+	// testHookIndex after a checkpoint with ids committed it, before its ids
+	// are written into the id index.
+	testHookCommit, testHookIndex func(group uint32)
 }
 
 var (
@@ -81,8 +87,11 @@ var (
 // Checkpoint takes it only around its checks, so a checkpoint's sync never
 // holds up the appends of the same group.
 type group struct {
-	fence      sync.RWMutex
-	trim       sync.Mutex // serialises Checkpoints, so the stored checkpoint only grows
+	fence sync.RWMutex
+	trim  sync.Mutex // serialises Checkpoints, so the stored checkpoint only grows
+	// ids is held by a Checkpoint with ids from its commit until the id
+	// index holds them, and shared by LookupIDs (see idIndex).
+	ids        sync.RWMutex
 	mu         sync.Mutex
 	loaded     bool
 	epoch      persistence.Epoch
@@ -155,6 +164,10 @@ func Open(dir string, opts Options) (*Store, error) {
 		_ = s.Close()
 		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
 	}
+	if s.ids, s.legacyIDs, err = s.openIndex(s.db); err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("embedded: open %s: %w", dir, err)
+	}
 	s.disk.opened.Store(true)
 	s.log.Debug("store opened", "dir", abs)
 	return s, nil
@@ -169,11 +182,12 @@ func (s *Store) PackedSnapshots() bool { return true }
 func (s *Store) Dir() string { return s.dir }
 
 // checkFormat records the key layout's version in a new store, moves the
-// log of a version 1 store out of Pebble (see migrateLog), records version
-// 5 in a version 2 to 4 store (nothing else changes: from then on it may
-// hold packed snapshots, fingerprints of ids and ids in their packed
-// form, which keyfolds that know only an older version cannot read), and
-// refuses a store of another version.
+// log of a version 1 store out of Pebble (see migrateLog), records the
+// current version in a version 2 to 6 store (nothing else changes: from
+// then on it may hold packed snapshots, fingerprints of ids, ids in their
+// packed form and the id index in its own Pebble, which keyfolds that
+// know only an older version cannot read), and refuses a store of another
+// version.
 func (s *Store) checkFormat() error {
 	var v uint64
 	err := s.inPebble(func() (err error) {
@@ -191,7 +205,7 @@ func (s *Store) checkFormat() error {
 		if err := s.write(func() error { return s.db.Set(metaFormatKey, encodeUint64(formatVersion), pebble.Sync) }); err != nil {
 			return fmt.Errorf("format version: %w", err)
 		}
-		s.log.Info(fmt.Sprintf("store format %d to %d: snapshots may be stored packed, keep fingerprints of the ids in the store's id index and keep ids in their packed form from now on; keyfolds before it cannot open this store", v, formatVersion), "dir", s.dir)
+		s.log.Info(fmt.Sprintf("store format %d to %d: snapshots may be stored packed, keep fingerprints of the ids in the store's id index, keep ids in their packed form, and the id index is kept in the ids directory from now on (the ids an older format indexed are read where they are until dropped); keyfolds before it cannot open this store", v, formatVersion), "dir", s.dir)
 	case v != formatVersion:
 		return fmt.Errorf("unknown format version %d (this build knows %d): %w", v, formatVersion, persistence.ErrIncompatible)
 	}
@@ -344,7 +358,12 @@ func (s *Store) Close() error {
 	case s.db != nil:
 		// Pebble may get stuck while it closes (a compaction it waits for
 		// parks): then inPebble gives up on it.
-		err = s.inPebble(s.db.Close)
+		if s.ids != nil {
+			err = s.inPebble(s.ids.db.Close)
+		}
+		if derr := s.inPebble(s.db.Close); err == nil {
+			err = derr
+		}
 		if s.journal != nil {
 			s.journal.close()
 		}
@@ -663,23 +682,23 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 	}
 	b := s.db.NewBatch()
 	defer closeBatch(&b)
-	if d.DropIDsBefore > 0 {
+	// The ids go to the id index after this batch is committed; the batch
+	// holds them as pending until then (see idIndex).
+	pendingIDs := len(d.IDs) > 0 || d.DropIDsBefore > 0
+	if pendingIDs {
+		if err := b.Set(pendingIDsKey(id), appendPendingIDs(nil, d.DropIDsBefore, d.IDs), nil); err != nil {
+			return fmt.Errorf("embedded: checkpoint group %d: ids: %w", id, err)
+		}
+	}
+	if d.DropIDsBefore > 0 && s.legacyIDs {
 		if err := b.DeleteRange(idBucketKey(id, 0), idBucketKey(id, d.DropIDsBefore), nil); err != nil {
 			return fmt.Errorf("embedded: checkpoint group %d: drop ids: %w", id, err)
 		}
 	}
-	// One buffer for the keys and values of ids and snapshots, which Set
-	// copies into the batch: a key allocated for each was 3% of the bytes
-	// the node allocated at a million keys (BENCHMARKS.md, session 49).
+	// One buffer for the keys of snapshots, which Set copies into the
+	// batch: a key allocated for each was 3% of the bytes the node
+	// allocated at a million keys (BENCHMARKS.md, session 49).
 	var kb []byte
-	var at [8]byte
-	for _, sid := range d.IDs {
-		kb = appendIDKey(kb[:0], id, sid.Bucket, sid.Key, sid.ID)
-		binary.BigEndian.PutUint64(at[:], uint64(sid.At))
-		if err := b.Set(kb, at[:], nil); err != nil {
-			return fmt.Errorf("embedded: checkpoint group %d id %q of key %q: %w", id, sid.ID, sid.Key, err)
-		}
-	}
 	for _, sn := range d.Snapshots {
 		kb = appendSnapshotKey(kb[:0], id, sn.Key)
 		if sn.Data == nil {
@@ -716,8 +735,20 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 	if s.testHookCommit != nil {
 		s.testHookCommit(id)
 	}
+	if pendingIDs {
+		gr.ids.Lock()
+		defer gr.ids.Unlock()
+	}
 	if err := s.commit(&b); err != nil {
 		return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
+	}
+	if pendingIDs {
+		if s.testHookIndex != nil {
+			s.testHookIndex(id)
+		}
+		if err := s.indexIDs(id, d.DropIDsBefore, d.IDs); err != nil {
+			return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
+		}
 	}
 	if advance {
 		g.mu.Lock()
@@ -729,7 +760,8 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 }
 
 // LookupIDs returns the times the ids were stored with in the group's id
-// index (0: not held), from one consistent view of it.
+// index (0: not held), from one consistent view of it (and one of the index
+// an older format kept in the store's Pebble, while that holds ids).
 func (s *Store) LookupIDs(ctx context.Context, id uint32, lookups []persistence.IDLookup) ([]int64, error) {
 	if err := persistence.CheckIDLookups(lookups); err != nil {
 		return nil, fmt.Errorf("embedded: look up ids of group %d: %w", id, err)
@@ -740,6 +772,18 @@ func (s *Store) LookupIDs(ctx context.Context, id uint32, lookups []persistence.
 	defer s.end()
 	at := make([]int64, len(lookups))
 	if len(lookups) == 0 {
+		return at, nil
+	}
+	gr := s.group(id)
+	gr.ids.RLock()
+	defer gr.ids.RUnlock()
+	err := s.inPebble(func() error {
+		return s.ids.lookUp(id, lookups, at, ctx.Err)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("embedded: look up ids of group %d: %w", id, err)
+	}
+	if !s.legacyIDs {
 		return at, nil
 	}
 	// One iterator, so that the look-ups see one view, with the bottom
@@ -757,6 +801,9 @@ func (s *Store) LookupIDs(ctx context.Context, id uint32, lookups []persistence.
 				_ = s.closeIter(it)
 				return nil, fmt.Errorf("embedded: look up ids of group %d: %w", id, err)
 			}
+		}
+		if at[i] != 0 {
+			continue // the index holds the later one
 		}
 		v, ok, err := seekValue(it, idKey(id, l.Bucket, l.Key, l.ID))
 		var u uint64
