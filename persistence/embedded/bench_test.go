@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/keyfold/keyfold/persistence"
+	"github.com/keyfold/keyfold/persistence/embedded"
 )
 
 // BenchmarkAppend appends batches of 2 KB records spread over 16 groups per
@@ -111,5 +112,63 @@ func BenchmarkCheckpoint(b *testing.B) {
 		if err := s.Checkpoint(ctx, 0, st.Epoch, d); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkLookupIDs looks up ids in an index of many level 0 tables, as a
+// dedup window's flushes leave it (the id index is never compacted: a day
+// at one flush a minute is 1,440 tables), each table a minute of 4,096
+// ids of 16 groups: an id held (a table of the middle minute holds it) and
+// one absent from a minute that has a table (its Bloom filter says no).
+func BenchmarkLookupIDs(b *testing.B) {
+	for _, tables := range []int{16, 256, 1440} {
+		b.Run(fmt.Sprintf("tables=%d", tables), func(b *testing.B) {
+			ctx := b.Context()
+			s := open(b, b.TempDir())
+			defer s.Close()
+			epochs := map[uint32]persistence.Epoch{}
+			for g := range uint32(16) {
+				st, err := s.Claim(ctx, g)
+				if err != nil {
+					b.Fatal(err)
+				}
+				epochs[g] = st.Epoch
+			}
+			for m := range int64(tables) {
+				for g := range uint32(16) {
+					var ids []persistence.StoredID
+					for k := range 256 {
+						ids = append(ids, persistence.StoredID{Bucket: m, Key: fmt.Sprintf("user-%07d", k), ID: fmt.Sprintf("event-%d-%d-%d", m, g, k), At: 1 + m})
+					}
+					if err := s.Checkpoint(ctx, g, epochs[g], persistence.CheckpointData{IDs: ids}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := embedded.FlushIDIndex(s); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if n := embedded.IDIndexTables(s); n < tables {
+				b.Fatalf("%d tables, want at least %d", n, tables)
+			}
+			mid := int64(tables / 2)
+			held := persistence.IDLookup{Bucket: mid, Key: "user-0000100", ID: fmt.Sprintf("event-%d-3-100", mid)}
+			absent := persistence.IDLookup{Bucket: mid, Key: "user-0000100", ID: "never"}
+			for _, c := range []struct {
+				name string
+				l    persistence.IDLookup
+				want int64
+			}{{"held", held, 1 + mid}, {"absent", absent, 0}} {
+				b.Run(c.name, func(b *testing.B) {
+					b.ReportAllocs()
+					for b.Loop() {
+						at, err := s.LookupIDs(ctx, 3, []persistence.IDLookup{c.l})
+						if err != nil || at[0] != c.want {
+							b.Fatalf("LookupIDs = %v, %v; want %d", at, err, c.want)
+						}
+					}
+				})
+			}
+		})
 	}
 }

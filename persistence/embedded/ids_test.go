@@ -1,8 +1,9 @@
 package embedded
 
 import (
-	"bytes"
+	"encoding/binary"
 	"errors"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -163,55 +164,56 @@ func TestIDsFoundOnceSnapshotsAre(t *testing.T) {
 	}
 }
 
-// TestIDIndexSweep: the buckets below the lowest one any group holds ids in
-// (after drops, or where a group's ids all expired) are cut out of the
-// index's tables; the buckets above stay, also after a reopen.
+// TestIDIndexSweep: the buckets no group holds ids in any more (each
+// dropped them, or a group's ids there expired) are cut out of the index's
+// tables, whole tables where they hold nothing else; the buckets a group
+// holds stay, also after a reopen.
 func TestIDIndexSweep(t *testing.T) {
 	dir := t.TempDir()
 	s := openSmall(t, dir, 512)
 	ep := claim(t, s, 1, 2, 3)
 	future := time.Now().Add(time.Hour).UnixMilli()
+	// Group 3's ids have expired: they hold back no sweep.
+	checkpointIDs(t, s, 3, ep[3], 0, persistence.StoredID{Bucket: 0, Key: "k", ID: "x", At: idT0, Expires: time.Now().Add(-time.Minute).UnixMilli()})
 	for bucket := int64(1); bucket <= 6; bucket++ {
 		for g := uint32(1); g <= 2; g++ {
 			checkpointIDs(t, s, g, ep[g], 0, persistence.StoredID{Bucket: bucket, Key: "k", ID: "x", At: idT0 + bucket, Expires: future})
 		}
+		if err := s.ids.db.Flush(); err != nil { // a table a bucket
+			t.Fatal(err)
+		}
 	}
-	// Group 3's ids have expired: they hold back no sweep.
-	checkpointIDs(t, s, 3, ep[3], 0, persistence.StoredID{Bucket: 0, Key: "k", ID: "x", At: idT0, Expires: time.Now().Add(-time.Minute).UnixMilli()})
-	if err := s.ids.db.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	checkpointIDs(t, s, 1, ep[1], 4)
-	if s.ids.cut != 1 {
-		t.Errorf("cut below %d, want 1 (group 2 holds bucket 1, group 3's bucket 0 expired)", s.ids.cut)
-	}
-	checkpointIDs(t, s, 2, ep[2], 3)
-	if s.ids.cut != 3 {
-		t.Errorf("cut below %d, want 3 (group 2 holds bucket 3)", s.ids.cut)
-	}
-	// An excise of a span the memtable overlaps (the drops' range
-	// deletions) takes effect on the tables at the memtable's flush.
-	if err := s.ids.db.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	smallest := func() []byte {
+	// The buckets the index's tables hold ids in.
+	tables := func() []int64 {
 		t.Helper()
-		var low []byte
-		tables, err := s.ids.db.SSTables()
+		if err := s.ids.db.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		levels, err := s.ids.db.SSTables()
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, level := range tables {
+		var buckets []int64
+		for _, level := range levels {
 			for _, tb := range level {
-				if k := tb.Smallest.UserKey; k[0] == kindIndexedID && (low == nil || bytes.Compare(k, low) < 0) {
-					low = k
+				for b := int64(binary.BigEndian.Uint64(tb.Smallest.UserKey[1:])); b <= int64(binary.BigEndian.Uint64(tb.Largest.UserKey[1:])); b++ {
+					buckets = append(buckets, b)
 				}
 			}
 		}
-		return low
+		slices.Sort(buckets)
+		return slices.Compact(buckets)
 	}
-	if low := smallest(); bytes.Compare(low, indexedIDGroupKey(nil, 3, 0)) < 0 {
-		t.Errorf("a table holds ids from %x, below bucket 3", low)
+	if got := tables(); !slices.Equal(got, []int64{0, 1, 2, 3, 4, 5, 6}) {
+		t.Fatalf("tables hold buckets %v before a drop", got)
+	}
+	checkpointIDs(t, s, 1, ep[1], 4)
+	if got := tables(); !slices.Equal(got, []int64{1, 2, 3, 4, 5, 6}) {
+		t.Errorf("tables hold buckets %v after group 1's drop below 4, want 1-6 (group 2 holds 1-6, group 3's bucket 0 expired)", got)
+	}
+	checkpointIDs(t, s, 2, ep[2], 3)
+	if got := tables(); !slices.Equal(got, []int64{3, 4, 5, 6}) {
+		t.Errorf("tables hold buckets %v after group 2's drop below 3, want 3-6", got)
 	}
 	ls := []persistence.IDLookup{{Bucket: 2, Key: "k", ID: "x"}, {Bucket: 3, Key: "k", ID: "x"}, {Bucket: 4, Key: "k", ID: "x"}}
 	check := func() {
@@ -230,6 +232,50 @@ func TestIDIndexSweep(t *testing.T) {
 	s = openSmall(t, dir, 512)
 	defer func() { _ = s.Close() }()
 	check()
+	// A group's ids stored again below its drop are held again; once
+	// dropped again they are cut out.
+	checkpointIDs(t, s, 1, ep[1], 0, persistence.StoredID{Bucket: 2, Key: "k", ID: "late", At: idT0 + 20, Expires: future})
+	if got := lookUp(t, s, 1, persistence.IDLookup{Bucket: 2, Key: "k", ID: "late"}); !slices.Equal(got, []int64{idT0 + 20}) {
+		t.Errorf("an id stored below the group's drop = %v", got)
+	}
+	if got := tables(); !slices.Equal(got, []int64{2, 3, 4, 5, 6}) {
+		t.Errorf("tables hold buckets %v, want 2-6", got)
+	}
+	checkpointIDs(t, s, 1, ep[1], 4)
+	if got := tables(); !slices.Equal(got, []int64{3, 4, 5, 6}) {
+		t.Errorf("tables hold buckets %v after the drop again, want 3-6", got)
+	}
+}
+
+// TestIDDrops: a group's drops as look-ups apply them, against the rule
+// they implement: an id stored in generation g of bucket b is dropped iff
+// a later drop was above b. Drops in random order, as the model says.
+func TestIDDrops(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 200 {
+		var d idDrops
+		var marks []int64 // marks[k-1]: drop k's bucket
+		for range rng.IntN(8) {
+			b := int64(rng.IntN(10))
+			d = d.add(b)
+			marks = append(marks, b)
+			back, err := decodeIDDrops(d.append(nil))
+			if err != nil || back.gen != d.gen || !slices.Equal(back.points, d.points) {
+				t.Fatalf("drops %+v decode as %+v, %v", d, back, err)
+			}
+		}
+		for gen := uint64(0); gen <= d.gen; gen++ {
+			for b := int64(0); b < 11; b++ {
+				want := false
+				for k := gen + 1; k <= uint64(len(marks)); k++ {
+					want = want || marks[k-1] > b
+				}
+				if got := d.dropped(b, gen); got != want {
+					t.Fatalf("marks %v: dropped(bucket %d, gen %d) = %v, want %v", marks, b, gen, got, want)
+				}
+			}
+		}
+	}
 }
 
 // FuzzDecodePendingIDs: whatever the bytes, decoding does not panic, and
@@ -248,6 +294,23 @@ func FuzzDecodePendingIDs(f *testing.F) {
 		drop2, ids2, err := decodePendingIDs(again)
 		if err != nil || drop2 != drop || !slices.Equal(ids2, ids) {
 			t.Fatalf("decoded %d %v from %x, which encodes to %x, decoded as %d %v, %v", drop, ids, b, again, drop2, ids2, err)
+		}
+	})
+}
+
+// FuzzDecodeIDDrops: whatever the bytes, decoding does not panic, and what
+// it accepts is a staircase that encodes to bytes decoding to the same.
+func FuzzDecodeIDDrops(f *testing.F) {
+	f.Add(idDrops{}.add(5).add(3).append(nil))
+	f.Add([]byte{2, 2, 1, 9, 2, 9})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		d, err := decodeIDDrops(b)
+		if err != nil {
+			return
+		}
+		back, err := decodeIDDrops(d.append(nil))
+		if err != nil || back.gen != d.gen || !slices.Equal(back.points, d.points) {
+			t.Fatalf("decoded %+v from %x, which decodes back as %+v, %v", d, b, back, err)
 		}
 	})
 }

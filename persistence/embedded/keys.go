@@ -27,9 +27,13 @@ import (
 //	                       then its data
 //	'p' len:4 name         the sequence number of the last output record a
 //	                       trim of pipeline name deleted (uint64)
-//	'n' group:4            the ids and drop of the group's last checkpoint
-//	                       while the id index may not hold them yet (its own
-//	                       Pebble, ids.go): appendPendingIDs's form
+//	'n' group:4            the ids of the group's last checkpoint with ids
+//	                       while the id index (its own Pebble, ids.go) may
+//	                       not hold them yet: appendPendingIDs's form
+//	'd' group:4            the group's drops of its ids (idDrops's form)
+//	'h' bucket:8 group:4   the group holds ids in the bucket of the id
+//	                       index; the value is their latest Expires (int64
+//	                       Unix ms; math.MaxInt64: never)
 //	'i' group:4 bucket:8 len:4 key id
 //	                       formats 4 to 6 only, read until dropped: an id in
 //	                       the group's id index, under its time bucket; the
@@ -66,6 +70,8 @@ const (
 	kindOutputTrim = 'p'
 	kindID         = 'i'
 	kindPendingIDs = 'n'
+	kindIDDrops    = 'd'
+	kindIDHeld     = 'h'
 )
 
 // formatVersion is the version of this key layout, recorded in a new store.

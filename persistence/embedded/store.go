@@ -97,6 +97,7 @@ type group struct {
 	epoch      persistence.Epoch
 	checkpoint persistence.Position
 	last       persistence.Position
+	drops      idDrops // its drops of ids (see idIndex)
 }
 
 // Open opens the store in dir, creating it if needed. Pebble locks the
@@ -445,6 +446,9 @@ func (s *Store) load(id uint32, g *group) error {
 		return fmt.Errorf("load checkpoint: %w", err)
 	}
 	g.last = max(g.checkpoint, s.journal.last(id))
+	if g.drops, err = getDecoded(s, idDropsKey(id), decodeIDDrops); err != nil && !errors.Is(err, pebble.ErrNotFound) {
+		return fmt.Errorf("load drops of ids: %w", err)
+	}
 	return nil
 }
 
@@ -653,6 +657,17 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 		return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
 	}
 	defer s.end()
+	if err := s.checkpoint(id, epoch, d); err != nil {
+		return err
+	}
+	if d.DropIDsBefore > 0 {
+		s.sweepIDs() // with the group's locks released
+	}
+	return nil
+}
+
+// checkpoint is Checkpoint's work, in a call begun.
+func (s *Store) checkpoint(id uint32, epoch persistence.Epoch, d persistence.CheckpointData) error {
 	gr := s.group(id)
 	gr.trim.Lock()
 	defer gr.trim.Unlock()
@@ -662,7 +677,7 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 	if err != nil {
 		return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
 	}
-	owns, checkpoint, last := g.owns(epoch), g.checkpoint, g.last
+	owns, checkpoint, last, drops := g.owns(epoch), g.checkpoint, g.last, g.drops
 	g.mu.Unlock()
 	if !owns {
 		return fmt.Errorf("embedded: checkpoint group %d: %w", id, persistence.ErrFenced)
@@ -683,10 +698,20 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 	b := s.db.NewBatch()
 	defer closeBatch(&b)
 	// The ids go to the id index after this batch is committed; the batch
-	// holds them as pending until then (see idIndex).
-	pendingIDs := len(d.IDs) > 0 || d.DropIDsBefore > 0
-	if pendingIDs {
-		if err := b.Set(pendingIDsKey(id), appendPendingIDs(nil, d.DropIDsBefore, d.IDs), nil); err != nil {
+	// holds them as pending until then, and the index's records (see
+	// idIndex).
+	var plan idPlan
+	withIDs := len(d.IDs) > 0 || d.DropIDsBefore > 0
+	if withIDs {
+		s.ids.gate.RLock()
+		defer s.ids.gate.RUnlock()
+		plan = s.ids.plan(id, drops, d.DropIDsBefore, d.IDs)
+		if err := plan.addToBatch(b, id, d.DropIDsBefore > 0); err != nil {
+			return fmt.Errorf("embedded: checkpoint group %d: ids: %w", id, err)
+		}
+	}
+	if len(d.IDs) > 0 {
+		if err := b.Set(pendingIDsKey(id), appendPendingIDs(nil, plan.drops.gen, d.IDs), nil); err != nil {
 			return fmt.Errorf("embedded: checkpoint group %d: ids: %w", id, err)
 		}
 	}
@@ -735,18 +760,24 @@ func (s *Store) Checkpoint(ctx context.Context, id uint32, epoch persistence.Epo
 	if s.testHookCommit != nil {
 		s.testHookCommit(id)
 	}
-	if pendingIDs {
+	if withIDs {
 		gr.ids.Lock()
 		defer gr.ids.Unlock()
 	}
 	if err := s.commit(&b); err != nil {
 		return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
 	}
-	if pendingIDs {
+	if withIDs {
+		g.mu.Lock()
+		g.drops = plan.drops
+		g.mu.Unlock()
+		s.ids.committed(id, &plan)
+	}
+	if len(d.IDs) > 0 {
 		if s.testHookIndex != nil {
 			s.testHookIndex(id)
 		}
-		if err := s.indexIDs(id, d.DropIDsBefore, d.IDs); err != nil {
+		if err := s.indexIDs(id, plan.drops.gen, d.IDs); err != nil {
 			return fmt.Errorf("embedded: checkpoint group %d: %w", id, err)
 		}
 	}
@@ -777,8 +808,14 @@ func (s *Store) LookupIDs(ctx context.Context, id uint32, lookups []persistence.
 	gr := s.group(id)
 	gr.ids.RLock()
 	defer gr.ids.RUnlock()
-	err := s.inPebble(func() error {
-		return s.ids.lookUp(id, lookups, at, ctx.Err)
+	g, err := s.lockGroup(id)
+	if err != nil {
+		return nil, fmt.Errorf("embedded: look up ids of group %d: %w", id, err)
+	}
+	drops := g.drops
+	g.mu.Unlock()
+	err = s.inPebble(func() error {
+		return s.ids.lookUp(id, drops, lookups, at, ctx.Err)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("embedded: look up ids of group %d: %w", id, err)
