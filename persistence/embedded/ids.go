@@ -111,6 +111,11 @@ func (s *Store) idsOptions() *pebble.Options {
 	po.L0CompactionThreshold = math.MaxInt32
 	po.L0CompactionFileThreshold = math.MaxInt32
 	po.L0StopWritesThreshold = math.MaxInt32
+	// One table a flush: Pebble splits a flush into tables of 2 MiB by
+	// default, to compact them apart, which here would only multiply the
+	// tables a day of ids leaves (a first run at a million keys flushed
+	// ~50 a minute).
+	po.TargetFileSizes[0] = 1 << 30
 	po.Experimental.LevelMultiplier = 0 // Pebble's default: no level but 0 is used
 	for i := range po.Levels {
 		po.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
