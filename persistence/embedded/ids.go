@@ -190,6 +190,10 @@ func (x *idIndex) load(db *pebble.DB) error {
 		return err
 	}
 	for valid := it.First(); valid; {
+		if len(it.Key()) < 1+8+4+4 {
+			_ = it.Close()
+			return fmt.Errorf("malformed index key %q", it.Key())
+		}
 		bucket := int64(binary.BigEndian.Uint64(it.Key()[1:]))
 		x.written[bucket] = struct{}{}
 		if bucket == math.MaxInt64 {
