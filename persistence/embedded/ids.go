@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
-	"github.com/cockroachdb/pebble/v2/bloom"
 
 	"github.com/keyfold/keyfold/persistence"
 )
@@ -102,8 +101,9 @@ const (
 
 // idsOptions returns the index's Pebble options: the store's (its
 // filesystem, logger and listeners, so that a failed WAL write or a full
-// disk fails and reopens the store as the store's own Pebble does), with
-// compactions off and level 0 unbounded.
+// disk fails and reopens the store as the store's own Pebble does, and its
+// Bloom filters on every level), with compactions off and level 0
+// unbounded.
 func (s *Store) idsOptions() *pebble.Options {
 	po := s.opts.pebbleOptions(s)
 	po.CacheSize = IDIndexCacheSize
@@ -116,10 +116,6 @@ func (s *Store) idsOptions() *pebble.Options {
 	// tables a day of ids leaves (a first run at a million keys flushed
 	// ~50 a minute).
 	po.TargetFileSizes[0] = 1 << 30
-	po.Experimental.LevelMultiplier = 0 // Pebble's default: no level but 0 is used
-	for i := range po.Levels {
-		po.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
-	}
 	return po
 }
 
@@ -643,14 +639,13 @@ func (r *uvarintReader) next() uint64 {
 	return v
 }
 
+// varint reads a zigzag varint (binary.AppendVarint's form).
 func (r *uvarintReader) varint() int64 {
-	v, n := binary.Varint(r.b)
-	if n <= 0 {
-		r.bad = true
-		return 0
+	u := r.next()
+	if u&1 != 0 {
+		return ^int64(u >> 1)
 	}
-	r.b = r.b[n:]
-	return v
+	return int64(u >> 1)
 }
 
 func (r *uvarintReader) str() string {
