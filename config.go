@@ -49,6 +49,14 @@ type Config struct {
 	// MiB, used as blocks are read). It is memory on top of MaxMemory.
 	// Ignored when Redis or Store is set. See embedded.Options.CacheSize.
 	StoreCacheMemory int64 `yaml:"store_cache_memory"`
+	// StoreMappedReads says whether the embedded store reads its tables
+	// through mappings of their files (Unix): "" or "on" (the default),
+	// or "off", pread(2) for every block read. A read of a key beyond the
+	// memory then costs no system call once its page is mapped; the
+	// mapped pages count in the process's resident memory (the page
+	// cache's, which the kernel may reclaim). See
+	// embedded.Options.PreadTables.
+	StoreMappedReads string `yaml:"store_mapped_reads"`
 	// Redis, if set, is the URL of the Redis that keeps the node's state
 	// instead of the embedded store: redis://[user:password@]host:port/db,
 	// or rediss:// for TLS. Ignored when Store is set; embedders that need
@@ -263,6 +271,9 @@ func (c Config) withDefaults() Config {
 	if c.Metrics == nil {
 		c.Metrics = prometheus.NewRegistry()
 		c.Metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		if rf := residentFileCollector(); rf != nil {
+			c.Metrics.MustRegister(rf)
+		}
 	}
 	return c
 }
@@ -334,10 +345,12 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 	if c.GoGCPercent < 0 && c.GoMemoryLimit < 0 {
 		errs = append(errs, errors.New("keyfold: config: go_gc_percent is negative (off) and go_memory_limit too: nothing would start a collection"))
 	}
-	switch c.HugePages {
-	case "", "on", "off":
-	default:
-		errs = append(errs, fmt.Errorf("keyfold: config: huge_pages %q: want on or off", c.HugePages))
+	for _, o := range []struct{ name, v string }{{"huge_pages", c.HugePages}, {"store_mapped_reads", c.StoreMappedReads}} {
+		switch o.v {
+		case "", "on", "off":
+		default:
+			errs = append(errs, fmt.Errorf("keyfold: config: %s %q: want on or off", o.name, o.v))
+		}
 	}
 	if c.KeyGroups > MaxKeyGroups {
 		errs = append(errs, fmt.Errorf("keyfold: config: key_groups %d is more than %d", c.KeyGroups, MaxKeyGroups))

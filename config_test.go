@@ -124,6 +124,7 @@ func TestValidate(t *testing.T) {
 		}},
 		{"huge pages on and off", Config{Pipelines: good, HugePages: "off"}, nil},
 		{"huge pages misspelt", Config{Pipelines: good, HugePages: "true"}, []string{`huge_pages "true": want on or off`}},
+		{"mapped reads misspelt", Config{Pipelines: good, StoreMappedReads: "false"}, []string{`store_mapped_reads "false": want on or off`}},
 		{"cluster without grpc", Config{Pipelines: good, Redis: "redis://127.0.0.1:6379", Cluster: "c", Advertise: "h:1"},
 			[]string{"a cluster member needs a gRPC address"}},
 		{"everything wrong", Config{

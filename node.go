@@ -175,7 +175,7 @@ func (n *Node) run(ctx context.Context) (err error) {
 		log.Info("store: redis", "addr", s.Addr(), "cluster", n.cfg.RedisCluster, "prefix", s.Prefix())
 		store = s
 	default:
-		s, err := embedded.Open(n.cfg.DataDir, embedded.Options{Logger: log, DiskReserve: n.cfg.DiskReserve, CacheSize: n.cfg.StoreCacheMemory})
+		s, err := embedded.Open(n.cfg.DataDir, embedded.Options{Logger: log, DiskReserve: n.cfg.DiskReserve, CacheSize: n.cfg.StoreCacheMemory, PreadTables: n.cfg.StoreMappedReads == "off"})
 		if err != nil {
 			return fmt.Errorf("keyfold: open store: %w", err)
 		}

@@ -40,7 +40,7 @@ col = lambda k: [r.get(k, 0) for r in rs]
 ev, cpu, p99, rss = col("events_per_s"), col("node_cpu_us_per_event"), col("p99_ms"), col("node_rss_bytes")
 print(f"{sys.argv[2]}: events/s {[round(x/1e3,1) for x in ev]}k (median {st.median(ev)/1e3:.1f}k), "
       f"µs/event {[round(x,1) for x in cpu]} (median {st.median(cpu):.2f}), p99 ms {[round(x) for x in p99]}, "
-      f"RSS MB {[int(x/2**20) for x in rss]}, "
+      f"RSS MB {[int(x/2**20) for x in rss]} (mapped files {[int(x/2**20) for x in col('node_rss_file_bytes')]}), "
       f"store tables B/event flushed {[round(x) for x in col('node_store_flushed_bytes_per_event')]} "
       f"compacted {[round(x) for x in col('node_store_compacted_bytes_per_event')]}")
 PY

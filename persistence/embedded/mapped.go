@@ -1,0 +1,124 @@
+//go:build unix
+
+package embedded
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"runtime/debug"
+	"slices"
+	"strings"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"golang.org/x/sys/unix"
+)
+
+// Tables read through a mapping of their file.
+//
+// A snapshot read that misses Pebble's block cache reads a block of 4 KiB
+// from the table's file: a pread(2) each, from the page cache once the
+// machine has seen the file. With many more keys than the node holds in
+// memory that is most events' read, and on a virtual machine a system call
+// costs microseconds (ten million keys: pread alone was 19% of the node's
+// CPU, BENCHMARKS.md, session 50). A table is immutable once written, so
+// the store maps it when Pebble opens it for reads (as RocksDB's
+// allow_mmap_reads does), and a block read is a copy from the mapping:
+// the first read of a page faults it in (with the pages around it the page
+// cache holds), later ones cost no kernel entry at all.
+//
+// Only what Pebble opens for random reads (point reads, iterators) is
+// mapped; a compaction reopens its inputs for sequential reads, which keep
+// pread and the kernel's readahead. A mapping that cannot be made (a table
+// too large for the address space, the process's limit of mappings) leaves
+// the file read by pread, as does a filesystem that is not the disk (a
+// test's fault injection). madvise(MADV_RANDOM) keeps a fault from reading
+// ahead of a block that is not cached, as Pebble's fadvise does for pread.
+//
+// A page that cannot be read (an I/O error on the disk; a file truncated
+// under the mapping, which Pebble never does) is a SIGBUS where pread would
+// have returned EIO. ReadAt asks the runtime for a panic instead of a crash
+// (debug.SetPanicOnFault) and returns it as the read's error, so a failing
+// disk fails the read that met it, as it would without the mapping.
+
+// mappedFS maps the tables that Pebble opens for random reads (see above).
+type mappedFS struct {
+	vfs.FS
+}
+
+// mapTables returns fs with its tables read through mappings, or fs itself
+// where that is not done: any filesystem but the disk's.
+func mapTables(fs vfs.FS) vfs.FS {
+	if fs != vfs.Default {
+		return fs
+	}
+	return mappedFS{fs}
+}
+
+func (f mappedFS) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
+	file, err := f.FS.Open(name, opts...)
+	if err != nil || !strings.HasSuffix(name, ".sst") || !slices.Contains(opts, vfs.RandomReadsOption) {
+		return file, err
+	}
+	return mapFile(file), nil
+}
+
+// mapFile returns file read through a mapping of it, or file itself if it
+// cannot be mapped.
+func mapFile(file vfs.File) vfs.File {
+	fd := file.Fd()
+	if fd == vfs.InvalidFd {
+		return file
+	}
+	info, err := file.Stat()
+	if err != nil || info.Size() <= 0 || info.Size() > math.MaxInt {
+		return file
+	}
+	m, err := unix.Mmap(int(fd), 0, int(info.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return file
+	}
+	_ = unix.Madvise(m, unix.MADV_RANDOM) // (advice: nothing to do if refused)
+	return &mappedFile{File: file, m: m, name: info.Name()}
+}
+
+// mappedFile is a table read through a mapping of its file. Reads other
+// than ReadAt (Pebble makes none on a table it opened for random reads) go
+// to the file.
+type mappedFile struct {
+	vfs.File
+	m    []byte
+	name string
+}
+
+var errNegativeOffset = errors.New("embedded: read at a negative offset")
+
+// ReadAt copies from the mapping. A fault there (see above) is returned
+// as an error.
+func (f *mappedFile) ReadAt(p []byte, off int64) (n int, err error) {
+	if off < 0 {
+		return 0, errNegativeOffset
+	}
+	if off >= int64(len(f.m)) {
+		return 0, io.EOF
+	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			n, err = 0, fmt.Errorf("embedded: reading table %s at offset %d: its mapping faulted (a disk I/O error, or the file shrank): %v", f.name, off, r)
+		}
+	}()
+	n = copy(p, f.m[off:])
+	if n < len(p) {
+		err = io.EOF
+	}
+	return n, err
+}
+
+// Close unmaps the file, then closes it.
+func (f *mappedFile) Close() error {
+	err := unix.Munmap(f.m)
+	f.m = nil
+	return errors.Join(err, f.File.Close())
+}
