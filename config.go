@@ -54,8 +54,8 @@ type Config struct {
 	// or "off", pread(2) for every block read. A read of a key beyond the
 	// memory then costs no system call once its page is mapped; the
 	// mapped pages count in the process's resident memory (the page
-	// cache's, which the kernel may reclaim). See
-	// embedded.Options.PreadTables.
+	// cache's, which the kernel may reclaim), and in the Linux OOM
+	// killer's score. See embedded.Options.PreadTables.
 	StoreMappedReads string `yaml:"store_mapped_reads"`
 	// Redis, if set, is the URL of the Redis that keeps the node's state
 	// instead of the embedded store: redis://[user:password@]host:port/db,

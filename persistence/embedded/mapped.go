@@ -6,9 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -21,20 +21,25 @@ import (
 // from the table's file: a pread(2) each, from the page cache once the
 // machine has seen the file. With many more keys than the node holds in
 // memory that is most events' read, and on a virtual machine a system call
-// costs microseconds (ten million keys: pread alone was 19% of the node's
-// CPU, BENCHMARKS.md, session 50). A table is immutable once written, so
-// the store maps it when Pebble opens it for reads (as RocksDB's
-// allow_mmap_reads does), and a block read is a copy from the mapping:
-// the first read of a page faults it in (with the pages around it the page
-// cache holds), later ones cost no kernel entry at all.
+// costs microseconds (ten million keys: the store's reads were 45% of the
+// node's CPU, pread alone 8%; BENCHMARKS.md, session 52). A table is
+// immutable once written, so the store maps it when Pebble opens it for
+// reads (as RocksDB's allow_mmap_reads does), and a block read is a copy
+// from the mapping: the first read of a page faults it in (with the pages
+// around it that the page cache holds), later ones cost no kernel entry.
 //
 // Only what Pebble opens for random reads (point reads, iterators) is
-// mapped; a compaction reopens its inputs for sequential reads, which keep
-// pread and the kernel's readahead. A mapping that cannot be made (a table
-// too large for the address space, the process's limit of mappings) leaves
-// the file read by pread, as does a filesystem that is not the disk (a
-// test's fault injection). madvise(MADV_RANDOM) keeps a fault from reading
-// ahead of a block that is not cached, as Pebble's fadvise does for pread.
+// mapped; a compaction reopens its inputs for sequential reads, and reads
+// their data blocks by pread with the kernel's readahead. A mapping that
+// cannot be made (the process's limit of mappings) leaves the file read
+// by pread, as does a filesystem that is not the disk (a test's fault
+// injection) and a 32-bit process (its address space). madvise(MADV_RANDOM)
+// keeps a fault from reading ahead of a block that is not cached, as
+// Pebble's fadvise does for pread (RocksDB does the same); a read larger
+// than largeRead (a table's filter, its top-level index, its properties,
+// read once into the block cache) goes to the file, one system call where
+// a cold page cache would fault page by page. An iterator that reads
+// sequentially gets readahead(2) from Pebble (options.go).
 //
 // A page that cannot be read (an I/O error on the disk; a file truncated
 // under the mapping, which Pebble never does) is a SIGBUS where pread would
@@ -47,10 +52,14 @@ type mappedFS struct {
 	vfs.FS
 }
 
+// largeRead is the largest read served from a mapping.
+const largeRead = 64 << 10
+
 // mapTables returns fs with its tables read through mappings, or fs itself
-// where that is not done: any filesystem but the disk's.
+// where that is not done: any filesystem but the disk's, and a 32-bit
+// process.
 func mapTables(fs vfs.FS) vfs.FS {
-	if fs != vfs.Default {
+	if fs != vfs.Default || strconv.IntSize < 64 {
 		return fs
 	}
 	return mappedFS{fs}
@@ -72,7 +81,7 @@ func mapFile(file vfs.File) vfs.File {
 		return file
 	}
 	info, err := file.Stat()
-	if err != nil || info.Size() <= 0 || info.Size() > math.MaxInt {
+	if err != nil || info.Size() <= 0 {
 		return file
 	}
 	m, err := unix.Mmap(int(fd), 0, int(info.Size()), unix.PROT_READ, unix.MAP_SHARED)
@@ -94,11 +103,14 @@ type mappedFile struct {
 
 var errNegativeOffset = errors.New("embedded: read at a negative offset")
 
-// ReadAt copies from the mapping. A fault there (see above) is returned
-// as an error.
+// ReadAt copies from the mapping (a read larger than largeRead reads the
+// file). A fault there (see above) is returned as an error.
 func (f *mappedFile) ReadAt(p []byte, off int64) (n int, err error) {
 	if off < 0 {
 		return 0, errNegativeOffset
+	}
+	if len(p) > largeRead {
+		return f.File.ReadAt(p, off)
 	}
 	if off >= int64(len(f.m)) {
 		return 0, io.EOF
