@@ -113,8 +113,7 @@ func TestMappedTableReads(t *testing.T) {
 // A store's tables are mapped once Pebble reads them: /proc/self/maps
 // lists them.
 func TestStoreMapsItsTables(t *testing.T) {
-	maps, err := os.ReadFile("/proc/self/maps")
-	if err != nil {
+	if _, err := os.Stat("/proc/self/maps"); err != nil {
 		t.Skipf("no /proc/self/maps: %v", err)
 	}
 	dir := t.TempDir()
@@ -140,7 +139,8 @@ func TestStoreMapsItsTables(t *testing.T) {
 		if v, err := s.Get(ctx, 1, "k"); err != nil || string(v) != "v" {
 			t.Fatalf("Get = %q, %v", v, err)
 		}
-		if maps, err = os.ReadFile("/proc/self/maps"); err != nil {
+		maps, err := os.ReadFile("/proc/self/maps")
+		if err != nil {
 			t.Fatal(err)
 		}
 		if mapped := bytes.Contains(maps, []byte(dir)) && bytes.Contains(maps, []byte(".sst")); mapped == pread {
