@@ -14,7 +14,6 @@ import (
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/keyfold/keyfold/persistence"
 )
 
 // writeTable writes n random bytes to a file named like a table and
@@ -107,51 +106,6 @@ func TestMappedTableReads(t *testing.T) {
 	os.Truncate(path, 0) // (the mapping now faults, the file reads nothing)
 	if n, err := f.ReadAt(make([]byte, largeRead+1), 0); n != 0 || err != io.EOF {
 		t.Fatalf("a large read of an emptied table = %d, %v; want the file's io.EOF", n, err)
-	}
-}
-
-// A store's tables are mapped once Pebble reads them: /proc/self/maps
-// lists them.
-func TestStoreMapsItsTables(t *testing.T) {
-	if _, err := os.Stat("/proc/self/maps"); err != nil {
-		t.Skipf("no /proc/self/maps: %v", err)
-	}
-	dir := t.TempDir()
-	for _, pread := range []bool{false, true} {
-		s, err := Open(dir, Options{PreadTables: pread})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx := t.Context()
-		st, err := s.Claim(ctx, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.Append(ctx, []persistence.Entry{{Group: 1, Epoch: st.Epoch, Data: []byte("x")}}); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Checkpoint(ctx, 1, st.Epoch, persistence.CheckpointData{Through: 1, Snapshots: []persistence.Snapshot{{Key: "k", Data: []byte("v")}}}); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.db.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		if v, err := s.Get(ctx, 1, "k"); err != nil || string(v) != "v" {
-			t.Fatalf("Get = %q, %v", v, err)
-		}
-		maps, err := os.ReadFile("/proc/self/maps")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if mapped := bytes.Contains(maps, []byte(dir)) && bytes.Contains(maps, []byte(".sst")); mapped == pread {
-			t.Errorf("PreadTables %v: tables mapped %v\n%s", pread, mapped, maps)
-		}
-		if err := s.Close(); err != nil {
-			t.Fatal(err)
-		}
-		if maps, _ = os.ReadFile("/proc/self/maps"); bytes.Contains(maps, []byte(dir)) {
-			t.Fatalf("a closed store's tables are still mapped:\n%s", maps)
-		}
 	}
 }
 
