@@ -93,7 +93,11 @@ type Config struct {
 	// become readable), in one store call.
 	OutputInterval time.Duration
 	// Now is the processing-time clock; nil is time.Now. Its readings are
-	// logged with the inputs, so replay never reads it.
+	// logged with the inputs, so replay never reads it. The ids a key
+	// applied are stored to expire a week past the dedup window by it, and
+	// a store judges that expiry by its own clock (embedded.Options.Now;
+	// the Redis server's): a host on another clock than the wall clock
+	// gives its store the same one.
 	Now func() time.Time
 }
 

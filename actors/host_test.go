@@ -45,7 +45,13 @@ type harness struct {
 
 func openStore(t testing.TB, dir string) *embedded.Store {
 	t.Helper()
-	s, err := embedded.Open(dir, embedded.Options{})
+	return openStoreWith(t, dir, embedded.Options{})
+}
+
+// openStoreWith opens an embedded store in dir with opts.
+func openStoreWith(t testing.TB, dir string, opts embedded.Options) *embedded.Store {
+	t.Helper()
+	s, err := embedded.Open(dir, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -730,7 +736,7 @@ func TestDedupAcrossBucketsAndRestarts(t *testing.T) {
 		Now: func() time.Time { return time.UnixMilli(clock.Load()) },
 	}
 	dir := t.TempDir()
-	store := openStore(t, dir)
+	store := openStoreWith(t, dir, embedded.Options{Now: cfg.Now})
 	hs := start(t, store, cfg)
 	for i := range 100 {
 		clock.Store(t0 + 40*int64(i))
@@ -773,12 +779,15 @@ func TestHostDedupUnderFaults(t *testing.T) {
 			}
 			var clock atomic.Int64
 			clock.Store(1_000_000)
-			fs := faultstore.New(openStore(t, t.TempDir()))
+			now := func() time.Time { return time.UnixMilli(clock.Load()) }
+			// The store judges the ids' expiry by the host's clock: by
+			// the wall clock, ids stamped in 1970 expire at once.
+			fs := faultstore.New(openStoreWith(t, t.TempDir(), embedded.Options{Now: now}))
 			// Odd seeds: passivated keys leave memory (read back from the
 			// store); even seeds: they stay resident.
 			cfg := actors.Config{Pipelines: map[string]*fold.Pipeline{"p": p}, MaxActive: 2, Groups: 4,
 				CheckpointInterval: time.Millisecond, CheckpointRecords: 3, IdleTimeout: time.Millisecond, MaxMemory: -int64(seed % 2),
-				Now: func() time.Time { return time.UnixMilli(clock.Load()) }}
+				Now: now}
 			oracle := map[string]*fold.State{}
 			hs := start(t, fs, cfg)
 			for i := range 600 {

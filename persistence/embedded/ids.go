@@ -10,7 +10,6 @@ import (
 	"math"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -389,7 +388,7 @@ func (s *Store) replayPendingIDs(db *pebble.DB, x *idIndex) error {
 // sweepIDs cuts the buckets no group holds ids in out of the index. A
 // failure is logged: the next drop's sweep tries again.
 func (s *Store) sweepIDs() {
-	if err := s.ids.sweep(s, time.Now().UnixMilli()); err != nil {
+	if err := s.ids.sweep(s, s.opts.Now().UnixMilli()); err != nil {
 		s.limitedError("id index: cutting out the dropped buckets failed (the next drop tries again)", err)
 	}
 }

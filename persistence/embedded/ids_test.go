@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -244,6 +245,34 @@ func TestIDIndexSweep(t *testing.T) {
 	checkpointIDs(t, s, 1, ep[1], 4)
 	if got := tables(); !slices.Equal(got, []int64{3, 4, 5, 6}) {
 		t.Errorf("tables hold buckets %v after the drop again, want 3-6", got)
+	}
+}
+
+// TestIDExpiryByTheStoresClock: the sweep judges the ids' Expires by
+// Options.Now, not the wall clock: ids that expire an hour after the
+// store's clock (years before the wall clock's) stay found through another
+// group's drop, and go once the store's clock passes their expiry.
+func TestIDExpiryByTheStoresClock(t *testing.T) {
+	var clock atomic.Int64
+	clock.Store(idT0)
+	s, err := Open(t.TempDir(), Options{Now: func() time.Time { return time.UnixMilli(clock.Load()) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Close() }()
+	ep := claim(t, s, 1, 2)
+	hour := time.Hour.Milliseconds()
+	checkpointIDs(t, s, 1, ep[1], 0, persistence.StoredID{Bucket: 10, Key: "k", ID: "x", At: idT0, Expires: idT0 + hour})
+	checkpointIDs(t, s, 2, ep[2], 0, persistence.StoredID{Bucket: 1, Key: "k", ID: "y", At: idT0, Expires: idT0 + 4*hour})
+	x := persistence.IDLookup{Bucket: 10, Key: "k", ID: "x"}
+	checkpointIDs(t, s, 2, ep[2], 2) // a drop: a sweep
+	if got := lookUp(t, s, 1, x); !slices.Equal(got, []int64{idT0}) {
+		t.Fatalf("an id an hour from expiring by the store's clock, after a sweep = %v, want [%d]", got, idT0)
+	}
+	clock.Add(2 * hour)
+	checkpointIDs(t, s, 2, ep[2], 3)
+	if got := lookUp(t, s, 1, x); !slices.Equal(got, []int64{0}) {
+		t.Errorf("an id expired by the store's clock, after a sweep = %v, want [0]", got)
 	}
 }
 

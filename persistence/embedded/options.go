@@ -62,6 +62,13 @@ type Options struct {
 	// gives it (they are the page cache's, which the kernel may reclaim).
 	PreadTables bool
 
+	// Now is the clock the store judges the ids' expiry by
+	// (persistence.StoredID.Expires); nil is time.Now. A host run on a
+	// clock of its own (actors.Config.Now, in tests) gives the store the
+	// same one: the ids it stamps a week past the dedup window by its
+	// clock would otherwise be judged by another.
+	Now func() time.Time
+
 	// fs is the filesystem, vfs.Default unless a test injects faults.
 	fs vfs.FS
 	// segmentSize is the size of a log segment (journal.go), 64 MiB unless
@@ -108,6 +115,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.fs == nil {
 		o.fs = vfs.Default
+	}
+	if o.Now == nil {
+		o.Now = time.Now
 	}
 	return o
 }
