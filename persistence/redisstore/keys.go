@@ -12,15 +12,16 @@ import (
 )
 
 // The key layout, for a prefix P (Options.Prefix, "keyfold" by default) and
-// a key group N (decimal), in a store of format 3 (below):
+// a key group N (decimal), in a store of format 4 (below):
 //
 //	P:meta               hash   format (layout version: below), groups (number of key groups),
 //	                            keylayout (how keys map to groups)
 //	{P:N}:m              hash   epoch, checkpoint: the group's fencing token and its
 //	                            checkpoint position
 //	{P:N}:log:E          stream the group's log, named after the group's epoch E; the
-//	                            record at position n has the ID n-0 and one field, d,
-//	                            holding the record
+//	                            record at position n has the ID n-0 and one field: d,
+//	                            holding the record, or s, holding an S2 block of it
+//	                            where that is smaller (records.go)
 //	{P:N}:s:KEY          string the snapshot stored under KEY (opaque, binary)
 //	{P:N}:due            zset   the group's timer index: member KEY, score the
 //	                            Unix ms its next timer is due
@@ -84,22 +85,29 @@ import (
 // whose P:meta has no groups is new (a group operation before CheckGroups
 // records the format alone).
 //
-// Formats: a new store records 3. Format 2 (a store created between
-// packed snapshots and format 3) and format 1 (before packed snapshots)
-// keep their layout, which is the one above but for the log, named
-// {P:N}:log whatever the epoch, and the group meta's third field, last
-// (the last appended position), which every append checks and sets.
-// Formats 2 and 3 allow snapshots in keyfold's packed form
+// Formats: a new store records 4. Format 3 (a store created between epoch
+// logs and compressed records) keeps its layout, the one above but for
+// the log's field s: its records are all stored as they are (field d), so
+// that nodes of an older build may still run on it (what this package's
+// comments say of format 3 holds for 4 too). Format 2 (a store
+// created between packed snapshots and format 3) and format 1 (before
+// packed snapshots) keep theirs, which is format 3's but for the log,
+// named {P:N}:log whatever the epoch, and the group meta's third field,
+// last (the last appended position), which every append checks and sets.
+// Formats 2 to 4 allow snapshots in keyfold's packed form
 // (actors/packed.go); on format 1 keyfold writes the other form
-// (persistence.PackedSnapshots), so that nodes of an older build may still
-// run on it. A keyfold that does not know a store's format refuses it.
+// (persistence.PackedSnapshots), likewise. A keyfold that does not know a
+// store's format refuses it.
 const (
-	formatVersion = 3
+	formatVersion = 4
 	// minPackedFormat is the first format that allows packed snapshots.
 	minPackedFormat = 2
 	// minEpochLogFormat is the first format whose logs are named after
 	// their epoch.
 	minEpochLogFormat = 3
+	// minCompressedLogFormat is the first format whose log records may be
+	// compressed (records.go).
+	minCompressedLogFormat = 4
 )
 
 // keys builds the store's Redis keys.

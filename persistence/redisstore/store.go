@@ -437,10 +437,17 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 		if s.cluster {
 			pipelined = s.c.Pipelined
 		}
+		// Format 4 compresses the records (records.go).
+		var enc recordEncoder
+		compress := f >= minCompressedLogFormat
 		cmds := make([]*redis.Cmd, len(calls))
 		_, _ = pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, c := range calls {
-				cmds[i] = p.Do(ctx, "xadd", s.k.epochLog(c.group, c.epoch), "nomkstream", streamID(known[c.group]+1), "d", entries[c.entries[0]].Data)
+				field, value := fieldRecord, entries[c.entries[0]].Data
+				if compress {
+					field, value = enc.encode(value)
+				}
+				cmds[i] = p.Do(ctx, "xadd", s.k.epochLog(c.group, c.epoch), "nomkstream", streamID(known[c.group]+1), field, value)
 			}
 			return nil
 		})
@@ -608,11 +615,11 @@ func (s *Store) Read(ctx context.Context, group uint32, after persistence.Positi
 			if err != nil {
 				return s.wrap(op, err)
 			}
-			d, ok := m.Values["d"].(string)
-			if !ok {
-				return s.wrap(op, fmt.Errorf("log entry %s has no record", m.ID))
+			d, err := decodeRecord(m.Values)
+			if err != nil {
+				return s.wrap(op, fmt.Errorf("log entry %s: %w", m.ID, err))
 			}
-			if err := fn(p, []byte(d)); err != nil {
+			if err := fn(p, d); err != nil {
 				return err // fn's own error, as it is
 			}
 			after = p

@@ -1,6 +1,7 @@
 package redisstore_test
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -26,7 +27,10 @@ import (
 // SIGKILL and starts it again from its append-only file, so the durability
 // tests check what survives a crash of Redis itself.
 func TestConformance(t *testing.T) {
-	t.Run("format 3", func(t *testing.T) { testConformance(t, "") })
+	t.Run("format 4", func(t *testing.T) { testConformance(t, "") })
+	// A store created at format 3 keeps it: its records are stored as
+	// they are.
+	t.Run("format 3", func(t *testing.T) { testConformance(t, "3") })
 	// A store created at format 2 keeps its layout (one log per group,
 	// whatever the epoch; the last position in the group's meta).
 	t.Run("format 2", func(t *testing.T) { testConformance(t, "2") })
@@ -86,10 +90,11 @@ func TestLayout(t *testing.T) {
 		meta    map[string]string
 		recheck bool // a second claim renames the log
 	}{
-		{format: "", log: "{lay3:7}:log:1", meta: map[string]string{"epoch": "1", "checkpoint": "1"}},
+		{format: "", log: "{lay4:7}:log:1", meta: map[string]string{"epoch": "1", "checkpoint": "1"}},
+		{format: "3", log: "{lay3:7}:log:1", meta: map[string]string{"epoch": "1", "checkpoint": "1"}},
 		{format: "2", log: "{lay2:7}:log", meta: map[string]string{"epoch": "1", "checkpoint": "1", "last": "2"}},
 	} {
-		p := "lay" + cmp.Or(c.format, "3")
+		p := "lay" + cmp.Or(c.format, "4")
 		if c.format != "" {
 			rc.HSet(ctx, p+":meta", "format", c.format)
 		}
@@ -149,7 +154,7 @@ func TestLayout(t *testing.T) {
 		if got := rc.XRange(ctx, c.log, "-", "+").Val(); len(got) != 1 || got[0].ID != "2-0" || got[0].Values["d"] != "b" {
 			t.Errorf("%s: log = %v, want the one record 2-0 above the checkpoint", p, got)
 		}
-		if got := rc.HGetAll(ctx, p+":meta").Val(); got["groups"] != "16" || got["format"] != cmp.Or(c.format, "3") {
+		if got := rc.HGetAll(ctx, p+":meta").Val(); got["groups"] != "16" || got["format"] != cmp.Or(c.format, "4") {
 			t.Errorf("%s: store meta = %v", p, got)
 		}
 		wantDue := []redis.Z{{Score: 5, Member: "t"}, {Score: 1767225600000, Member: "k\x00x"}}
@@ -163,10 +168,10 @@ func TestLayout(t *testing.T) {
 		if got, err := s.ReadOutputs(ctx, "pipe", "", 10); err != nil || len(got) != 2 || got[0].Cursor != out[0].ID {
 			t.Errorf("%s: ReadOutputs = %v, %v; want the stream IDs as cursors", p, got, err)
 		}
-		if c.format != "" {
+		if c.format == "2" {
 			continue
 		}
-		// Format 3: the next claim moves the log to the next epoch's
+		// Formats 3 and 4: the next claim moves the log to the next epoch's
 		// name, trimmed records and last position with it.
 		if st, err = s.Claim(ctx, 7); err != nil || st.Epoch != 2 || st.Last != 2 || st.Checkpoint != 1 {
 			t.Fatalf("%s: second Claim = %+v, %v; want epoch 2, checkpoint 1, last 2", p, st, err)
@@ -185,10 +190,10 @@ func TestLayout(t *testing.T) {
 	}
 }
 
-// TestFormatVersions: a new store records format 3, which allows packed
-// snapshots, as does 2; a store created at format 2 or 1 keeps it, and one
-// of format 1 does not allow them (nodes of an older build may run on it);
-// another format is refused.
+// TestFormatVersions: a new store records format 4, which allows packed
+// snapshots, as do 3 and 2; a store created at format 3, 2 or 1 keeps it,
+// and one of format 1 does not allow them (nodes of an older build may run
+// on it); another format is refused.
 func TestFormatVersions(t *testing.T) {
 	srv := redistest.Start(t)
 	rc := srv.Client()
@@ -199,9 +204,10 @@ func TestFormatVersions(t *testing.T) {
 		refused        bool
 	}{
 		{prefix: "new", packed: true},
+		{prefix: "three", format: "3", packed: true},
 		{prefix: "two", format: "2", packed: true},
 		{prefix: "old", format: "1"},
-		{prefix: "newer", format: "4", refused: true},
+		{prefix: "newer", format: "5", refused: true},
 	} {
 		if c.format != "" {
 			rc.HSet(ctx, c.prefix+":meta", "format", c.format, "groups", "16", "keylayout", "2")
@@ -232,7 +238,7 @@ func TestFormatVersions(t *testing.T) {
 		if s.PackedSnapshots() != c.packed || persistence.AllowsPacked(s) != c.packed {
 			t.Errorf("%s: packed snapshots allowed: %v, want %v", c.prefix, s.PackedSnapshots(), c.packed)
 		}
-		if got := rc.HGet(ctx, c.prefix+":meta", "format").Val(); got != cmp.Or(c.format, "3") {
+		if got := rc.HGet(ctx, c.prefix+":meta", "format").Val(); got != cmp.Or(c.format, "4") {
 			t.Errorf("%s: format %q recorded", c.prefix, got)
 		}
 	}
@@ -698,5 +704,78 @@ func TestIDBucketExpiry(t *testing.T) {
 	at, err := s.LookupIDs(ctx, 1, []persistence.IDLookup{{Bucket: 0, Key: "k", ID: "a"}, {Bucket: 2, Key: "k", ID: "g"}})
 	if err != nil || !slices.Equal(at, []int64{0, 1}) {
 		t.Errorf("LookupIDs after the drop = %v, %v; want [0 1]", at, err)
+	}
+}
+
+// TestCompressedRecords: a format 4 store keeps a record that S2 makes
+// smaller in field s and one it does not in field d; a format 3 store keeps
+// every record in field d (a node of an older build may read its logs).
+// Read returns each record as appended, and fails on a damaged entry.
+func TestCompressedRecords(t *testing.T) {
+	srv := redistest.Start(t)
+	rc := srv.Client()
+	ctx := t.Context()
+	records := [][]byte{
+		[]byte(strings.Repeat(`{"user_id":"u7","type":"login_ok","geo":{"country":"DE"}}`, 6)),
+		[]byte("x"),
+		{0x9e, 0x11, 0x42, 0x07, 0xd3, 0x5a, 0xc1, 0x88},
+		[]byte(strings.Repeat(`{"user_id":"u8","type":"login_failed"}`, 3)),
+	}
+	for _, c := range []struct {
+		format string
+		fields string // of the records in the log
+	}{{"", "sdds"}, {"3", "dddd"}} {
+		p := "rec" + cmp.Or(c.format, "4")
+		if c.format != "" {
+			rc.HSet(ctx, p+":meta", "format", c.format)
+		}
+		s, err := redisstore.New(rc, redisstore.Options{Prefix: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.CheckGroups(ctx, 16, 2); err != nil {
+			t.Fatal(err)
+		}
+		st, err := s.Claim(ctx, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range records { // one record a call: the host's appends
+			if _, err := s.Append(ctx, []persistence.Entry{{Group: 3, Epoch: st.Epoch, Data: r}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		log := "{" + p + ":3}:log:" + strconv.FormatUint(st.Epoch, 10)
+		var fields string
+		for i, m := range rc.XRange(ctx, log, "-", "+").Val() {
+			for f, v := range m.Values {
+				fields += f
+				if f == "s" && len(v.(string)) >= len(records[i]) {
+					t.Errorf("%s: record %d compressed to %d bytes from %d", p, i, len(v.(string)), len(records[i]))
+				}
+			}
+		}
+		if fields != c.fields {
+			t.Errorf("%s: the records' fields are %q, want %q", p, fields, c.fields)
+		}
+		var got [][]byte
+		err = s.Read(ctx, 3, 0, func(_ persistence.Position, d []byte) error {
+			got = append(got, d)
+			return nil
+		})
+		if err != nil || !slices.EqualFunc(got, records, bytes.Equal) {
+			t.Errorf("%s: Read = %q, %v; want %q", p, got, err, records)
+		}
+		// A damaged entry (a block that says it holds 1 GiB) fails the
+		// read, naming it, after the records before it.
+		rc.XAdd(ctx, &redis.XAddArgs{Stream: log, ID: "5-0", Values: []any{"s", "\x80\x80\x80\x80\x04\x00a"}})
+		got = got[:0]
+		err = s.Read(ctx, 3, 0, func(_ persistence.Position, d []byte) error {
+			got = append(got, d)
+			return nil
+		})
+		if err == nil || !strings.Contains(err.Error(), "5-0") || len(got) != len(records) {
+			t.Errorf("%s: Read of a damaged entry = %d records, %v; want the %d before it and an error naming 5-0", p, len(got), err, len(records))
+		}
 	}
 }
