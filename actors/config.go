@@ -97,7 +97,8 @@ type Config struct {
 	// applied are stored to expire a week past the dedup window by it, and
 	// a store judges that expiry by its own clock (embedded.Options.Now;
 	// the Redis server's): a host on another clock than the wall clock
-	// gives its store the same one.
+	// gives its store the same one. (The stores also stamp outputs with
+	// the wall clock, which output retention reads against this one.)
 	Now func() time.Time
 }
 

@@ -8,7 +8,8 @@
 // epoch; an append adds each group's record to the log of its epoch with
 // XADD NOMKSTREAM (once another owner claimed the group, that log is gone),
 // all groups of a commit in one MULTI/EXEC, each record compressed with S2
-// where that makes it smaller (format 4, records.go); a checkpoint writes snapshots
+// where that makes it smaller (format 4, records.go; the scripts' appends,
+// after a failure, store theirs as they are); a checkpoint writes snapshots
 // and the group's timer index (a sorted set), advances the checkpoint
 // position and trims the stream in one MULTI/EXEC under a WATCH of the
 // group's meta, which a claim changes. Stores created before that layout

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/klauspost/compress/s2"
 )
@@ -13,13 +14,14 @@ import (
 //
 // Why: with appendonly and appendfsync always, every byte an append writes
 // is read from the socket, kept in the stream, written to the append-only
-// file and synced, and written again by the next AOF rewrite, which Redis
-// starts each time the file doubles. The rewrites, not the appends, were
-// most of what bounded keyfold on Redis (at 100k keys, 131k events/s
-// with rewrites off against 76k with them on: BENCHMARKS.md, session 53).
-// Login events of the bench compress to about half; S2 does it at ~1.5
-// GB/s on this machine, a tenth of a microsecond an event, where zstd's
-// fastest level took ten times as long for a few percent less.
+// file and synced; and Redis rewrites the file (a forked child writes out
+// the whole dataset) each time it doubles, so the more bytes appended, the
+// more often. The rewrites, not the appends, were most of what bounded
+// keyfold on Redis (at 100k keys, 131k events/s with rewrites off against
+// 76k with them on: BENCHMARKS.md, session 53). Login events of the bench
+// compress to about half; S2 does it at ~1.5 GB/s on this machine, a
+// tenth of a microsecond an event, where zstd's fastest level took 13
+// times as long for 17% fewer bytes.
 const (
 	fieldRecord     = "d"
 	fieldCompressed = "s"
@@ -31,8 +33,44 @@ const (
 	maxCompressedRecord = 64 << 20
 )
 
-// recordEncoder compresses the records of one Append into one buffer.
+// recordEncoder compresses the records of one Append into one buffer,
+// sized for them at once (reserve) and handed to the next Append once
+// this one's commands are sent and answered (release).
 type recordEncoder struct{ buf []byte }
+
+// encodeBufs holds the buffers of Appends that released theirs.
+var encodeBufs sync.Pool // of *[]byte
+
+// maxPooledEncodeBuf bounds the buffers kept for the next Append (a
+// commit's records at 100k keys compress into ~150 KiB).
+const maxPooledEncodeBuf = 8 << 20
+
+// encodedLen is the room encode may take for a record of n bytes.
+func encodedLen(n int) int {
+	if n > maxCompressedRecord {
+		return 0
+	}
+	return s2.MaxEncodedLen(n)
+}
+
+// reserve gives e a buffer of at least n bytes: a released one if large
+// enough.
+func (e *recordEncoder) reserve(n int) {
+	if p, ok := encodeBufs.Get().(*[]byte); ok && cap(*p) >= n {
+		e.buf = (*p)[:0]
+		return
+	}
+	e.buf = make([]byte, 0, n)
+}
+
+// release hands e's buffer to the next Append; the values encode returned
+// must no longer be read.
+func (e *recordEncoder) release() {
+	if b := e.buf[:0]; cap(b) > 0 && cap(b) <= maxPooledEncodeBuf {
+		encodeBufs.Put(&b)
+	}
+	e.buf = nil
+}
 
 // encode returns the field and value that store data: the S2 block of data
 // (in e's buffer, valid until the Append is sent) if smaller, else data.
@@ -40,10 +78,11 @@ func (e *recordEncoder) encode(data []byte) (field string, value []byte) {
 	if len(data) > maxCompressedRecord {
 		return fieldRecord, data
 	}
-	n := s2.MaxEncodedLen(len(data))
+	n := encodedLen(len(data))
 	if cap(e.buf)-len(e.buf) < n {
-		// A new buffer: values handed out before keep the old one.
-		e.buf = make([]byte, 0, max(n, 2*cap(e.buf), 64<<10))
+		// (Not reserved for: a new buffer, the values handed out before
+		// keep the old one.)
+		e.buf = make([]byte, 0, max(n, 2*cap(e.buf)))
 	}
 	start := len(e.buf)
 	z := s2.Encode(e.buf[start:start+n], data)

@@ -440,6 +440,14 @@ func (s *Store) Append(ctx context.Context, entries []persistence.Entry) ([]pers
 		// Format 4 compresses the records (records.go).
 		var enc recordEncoder
 		compress := f >= minCompressedLogFormat
+		if compress {
+			n := 0
+			for _, c := range calls {
+				n += encodedLen(len(entries[c.entries[0]].Data))
+			}
+			enc.reserve(n)
+			defer enc.release() // (once the commands are answered)
+		}
 		cmds := make([]*redis.Cmd, len(calls))
 		_, _ = pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, c := range calls {

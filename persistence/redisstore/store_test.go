@@ -766,6 +766,22 @@ func TestCompressedRecords(t *testing.T) {
 		if err != nil || !slices.EqualFunc(got, records, bytes.Equal) {
 			t.Errorf("%s: Read = %q, %v; want %q", p, got, err, records)
 		}
+		// After Redis is killed and restarted from its append-only file,
+		// and a claim renamed the log: the same records.
+		srv.Kill()
+		srv.Restart()
+		if st, err = s.Claim(ctx, 3); err != nil || st.Last != 4 {
+			t.Fatalf("%s: claim after Redis's restart = %+v, %v; want last position 4", p, st, err)
+		}
+		log = "{" + p + ":3}:log:" + strconv.FormatUint(st.Epoch, 10)
+		got = got[:0]
+		err = s.Read(ctx, 3, 0, func(_ persistence.Position, d []byte) error {
+			got = append(got, d)
+			return nil
+		})
+		if err != nil || !slices.EqualFunc(got, records, bytes.Equal) {
+			t.Errorf("%s: Read after a restart and a claim = %q, %v; want %q", p, got, err, records)
+		}
 		// A damaged entry (a block that says it holds 1 GiB) fails the
 		// read, naming it, after the records before it.
 		rc.XAdd(ctx, &redis.XAddArgs{Stream: log, ID: "5-0", Values: []any{"s", "\x80\x80\x80\x80\x04\x00a"}})
