@@ -73,7 +73,7 @@ func (e *recordEncoder) release() {
 }
 
 // encode returns the field and value that store data: the S2 block of data
-// (in e's buffer, valid until the Append is sent) if smaller, else data.
+// (in e's buffer, until release) if smaller, else data.
 func (e *recordEncoder) encode(data []byte) (field string, value []byte) {
 	if len(data) > maxCompressedRecord {
 		return fieldRecord, data
