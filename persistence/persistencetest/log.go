@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"math"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/keyfold/keyfold/persistence"
 )
@@ -82,6 +86,49 @@ func testLargeRecord(e *env) {
 	big := bytes.Repeat([]byte("0123456789abcdef"), 1<<16)
 	e.append(persistence.Entry{Group: 1, Epoch: ep, Data: big}, persistence.Entry{Group: 1, Epoch: ep, Data: []byte{}})
 	e.wantLog(1, 0, rec{1, string(big)}, rec{2, ""})
+}
+
+// Records of any content, appended as a host appends them (one record a
+// group a call; a store may compress them: Redis format 4), read back as
+// they were, after a reopen and after the next claim too.
+func testRecordsOneACall(e *env) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	noise := make([]byte, 4096) // random: does not compress
+	for i := range noise {
+		noise[i] = byte(rng.Uint32())
+	}
+	contents := []string{
+		strings.Repeat(`{"user_id":"u17","event_id":"e-1","type":"login_ok","geo":{"country":"DE"}}`, 40),
+		string(noise),
+		"x",
+		strings.Repeat("0123456789abcdef", 1<<16), // a megabyte that compresses to little
+		"",
+	}
+	groups := []uint32{3, 4}
+	var want = map[uint32][]rec{}
+	for _, g := range groups {
+		ep := e.claim(g).Epoch
+		for i, c := range contents {
+			c += strconv.Itoa(int(g)) // (differs by group)
+			e.append(persistence.Entry{Group: g, Epoch: ep, Data: []byte(c)})
+			want[g] = append(want[g], rec{persistence.Position(i + 1), c})
+		}
+	}
+	check := func(when string) {
+		e.t.Helper()
+		for _, g := range groups {
+			if got := e.read(g, 0); !slices.Equal(got, want[g]) {
+				e.t.Errorf("%s: group %d's records differ from those appended (%d records read, want %d)", when, g, len(got), len(want[g]))
+			}
+		}
+	}
+	check("after the appends")
+	e.reopen()
+	check("after a reopen")
+	for _, g := range groups {
+		e.claim(g)
+	}
+	check("after the next claim")
 }
 
 // Read returns only the records after the given position.

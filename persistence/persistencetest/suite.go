@@ -38,6 +38,7 @@ var tests = []test{
 	{name: "AppendEmpty", run: testAppendEmpty},
 	{name: "AppendCopiesData", run: testAppendCopiesData},
 	{name: "LargeRecord", run: testLargeRecord},
+	{name: "RecordsOneACall", run: testRecordsOneACall},
 	{name: "ReadAfter", run: testReadAfter},
 	{name: "ReadFnError", run: testReadFnError},
 	{name: "Claim", run: testClaim},
