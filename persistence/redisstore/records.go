@@ -75,10 +75,10 @@ func (e *recordEncoder) release() {
 // encode returns the field and value that store data: the S2 block of data
 // (in e's buffer, until release) if smaller, else data.
 func (e *recordEncoder) encode(data []byte) (field string, value []byte) {
-	if len(data) > maxCompressedRecord {
-		return fieldRecord, data
-	}
 	n := encodedLen(len(data))
+	if n == 0 {
+		return fieldRecord, data // (over maxCompressedRecord)
+	}
 	if cap(e.buf)-len(e.buf) < n {
 		// (Not reserved for: a new buffer, the values handed out before
 		// keep the old one.)

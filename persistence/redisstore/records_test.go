@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"math/rand/v2"
 	"testing"
@@ -90,19 +91,10 @@ func TestDecodeRecordRefuses(t *testing.T) {
 		t.Error("a truncated block decoded")
 	}
 	// A block whose header says 1 GiB: a uvarint length, then a literal.
-	huge := append(binaryUvarint(1<<30), 0, 'a')
+	huge := append(binary.AppendUvarint(nil, 1<<30), 0, 'a')
 	if _, err := decompressRecord(huge); !errors.Is(err, errRecordTooLarge) {
 		t.Errorf("a block saying 1 GiB: %v, want errRecordTooLarge", err)
 	}
-}
-
-func binaryUvarint(v uint64) []byte {
-	var b []byte
-	for v >= 0x80 {
-		b = append(b, byte(v)|0x80)
-		v >>= 7
-	}
-	return append(b, byte(v))
 }
 
 // FuzzDecompressRecord: any bytes in a compressed entry either decode to
@@ -114,7 +106,7 @@ func FuzzDecompressRecord(f *testing.F) {
 		f.Add(s2.Encode(nil, r))
 	}
 	f.Add([]byte{})
-	f.Add(append(binaryUvarint(1<<30), 0, 'a'))
+	f.Add(append(binary.AppendUvarint(nil, 1<<30), 0, 'a'))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if d, err := decompressRecord(b); err == nil && len(d) > maxCompressedRecord {
 			t.Fatalf("decoded %d bytes", len(d))

@@ -77,6 +77,20 @@ func testConformance(t *testing.T, format string) {
 	})
 }
 
+// newAtFormat returns a store with prefix p that recorded format before
+// its first call ("": a new store).
+func newAtFormat(t *testing.T, rc *redis.Client, p, format string) *redisstore.Store {
+	t.Helper()
+	if format != "" {
+		rc.HSet(t.Context(), p+":meta", "format", format)
+	}
+	s, err := redisstore.New(rc, redisstore.Options{Prefix: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // TestLayout checks the documented key layout of each format: every key of
 // a group carries the group's hash tag (one Redis Cluster slot), and a
 // checkpoint leaves only the records above it in the stream.
@@ -95,13 +109,7 @@ func TestLayout(t *testing.T) {
 		{format: "2", log: "{lay2:7}:log", meta: map[string]string{"epoch": "1", "checkpoint": "1", "last": "2"}},
 	} {
 		p := "lay" + cmp.Or(c.format, "4")
-		if c.format != "" {
-			rc.HSet(ctx, p+":meta", "format", c.format)
-		}
-		s, err := redisstore.New(rc, redisstore.Options{Prefix: p})
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := newAtFormat(t, rc, p, c.format)
 		if l, err := s.CheckGroups(ctx, 16, 2); err != nil || l != 2 {
 			t.Fatalf("%s: CheckGroups of a new store: layout %d, %v; want 2", p, l, err)
 		}
@@ -726,13 +734,7 @@ func TestCompressedRecords(t *testing.T) {
 		fields string // of the records in the log
 	}{{"", "sdds"}, {"3", "dddd"}} {
 		p := "rec" + cmp.Or(c.format, "4")
-		if c.format != "" {
-			rc.HSet(ctx, p+":meta", "format", c.format)
-		}
-		s, err := redisstore.New(rc, redisstore.Options{Prefix: p})
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := newAtFormat(t, rc, p, c.format)
 		if _, err := s.CheckGroups(ctx, 16, 2); err != nil {
 			t.Fatal(err)
 		}
@@ -758,11 +760,16 @@ func TestCompressedRecords(t *testing.T) {
 		if fields != c.fields {
 			t.Errorf("%s: the records' fields are %q, want %q", p, fields, c.fields)
 		}
-		var got [][]byte
-		err = s.Read(ctx, 3, 0, func(_ persistence.Position, d []byte) error {
-			got = append(got, d)
-			return nil
-		})
+		// read returns the group's records.
+		read := func() ([][]byte, error) {
+			var got [][]byte
+			err := s.Read(ctx, 3, 0, func(_ persistence.Position, d []byte) error {
+				got = append(got, d)
+				return nil
+			})
+			return got, err
+		}
+		got, err := read()
 		if err != nil || !slices.EqualFunc(got, records, bytes.Equal) {
 			t.Errorf("%s: Read = %q, %v; want %q", p, got, err, records)
 		}
@@ -774,22 +781,14 @@ func TestCompressedRecords(t *testing.T) {
 			t.Fatalf("%s: claim after Redis's restart = %+v, %v; want last position 4", p, st, err)
 		}
 		log = "{" + p + ":3}:log:" + strconv.FormatUint(st.Epoch, 10)
-		got = got[:0]
-		err = s.Read(ctx, 3, 0, func(_ persistence.Position, d []byte) error {
-			got = append(got, d)
-			return nil
-		})
+		got, err = read()
 		if err != nil || !slices.EqualFunc(got, records, bytes.Equal) {
 			t.Errorf("%s: Read after a restart and a claim = %q, %v; want %q", p, got, err, records)
 		}
 		// A damaged entry (a block that says it holds 1 GiB) fails the
 		// read, naming it, after the records before it.
 		rc.XAdd(ctx, &redis.XAddArgs{Stream: log, ID: "5-0", Values: []any{"s", "\x80\x80\x80\x80\x04\x00a"}})
-		got = got[:0]
-		err = s.Read(ctx, 3, 0, func(_ persistence.Position, d []byte) error {
-			got = append(got, d)
-			return nil
-		})
+		got, err = read()
 		if err == nil || !strings.Contains(err.Error(), "5-0") || len(got) != len(records) {
 			t.Errorf("%s: Read of a damaged entry = %d records, %v; want the %d before it and an error naming 5-0", p, len(got), err, len(records))
 		}
