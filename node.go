@@ -593,7 +593,7 @@ func (n *Node) diskFull() bool {
 
 func (n *Node) diskStats() metrics.DiskStats {
 	d := n.disk.Load().Disk()
-	return metrics.DiskStats{Full: d.Full, FreeBytes: d.FreeBytes, ReserveBytes: d.ReserveBytes, FlushedBytes: d.FlushedBytes, CompactedBytes: d.CompactedBytes}
+	return metrics.DiskStats{Full: d.Full, FreeBytes: d.FreeBytes, ReserveBytes: d.ReserveBytes, FlushedBytes: d.FlushedBytes, CompactedBytes: d.CompactedBytes, UnmappedTables: d.UnmappedTables}
 }
 
 // resolveKeyGroups returns the number of key groups the node runs with: the

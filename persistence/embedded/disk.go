@@ -68,6 +68,8 @@ type diskState struct {
 	// and compactions wrote since Open (all its openings: counted as they
 	// end, FlushEnd and CompactionEnd).
 	flushed, compacted atomic.Int64
+	// unmapped counts the tables the kernel refused to map (mapped.go).
+	unmapped mapRefusals
 }
 
 // flushEnd counts a flush's tables.
@@ -107,6 +109,10 @@ type DiskStats struct {
 	// log's segments are not among them): per event stored, what a key
 	// count costs the disk and the CPU that compacts.
 	FlushedBytes, CompactedBytes int64
+	// UnmappedTables counts the tables opened for point reads since Open
+	// that the kernel refused to map (mapped.go): read by pread instead, a
+	// system call per block. Not 0 points at vm.max_map_count.
+	UnmappedTables int64
 }
 
 // Disk looks at the store's filesystem and reports its state.
@@ -127,6 +133,7 @@ func (s *Store) Disk() DiskStats {
 		ReserveBytes:   s.reserve,
 		FlushedBytes:   s.disk.flushed.Load(),
 		CompactedBytes: s.disk.compacted.Load(),
+		UnmappedTables: s.disk.unmapped.n.Load(),
 	}
 }
 

@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"golang.org/x/sys/unix"
@@ -33,7 +36,11 @@ import (
 // their data blocks by pread with the kernel's readahead. A mapping that
 // cannot be made (the process's limit of mappings) leaves the file read
 // by pread, as does a filesystem that is not the disk (a test's fault
-// injection) and a 32-bit process (its address space). madvise(MADV_RANDOM)
+// injection) and a 32-bit process (its address space). A table the kernel
+// refuses to map is counted (DiskStats.UnmappedTables) and logged as a
+// warning, at most once a minute: its reads cost a system call each, and a
+// node that reaches vm.max_map_count (ENOMEM) at ten million keys would
+// otherwise slow down without a word. madvise(MADV_RANDOM)
 // keeps a fault from reading ahead of a block that is not cached, as
 // Pebble's fadvise does for pread (RocksDB does the same); a read larger
 // than largeRead (a table's filter, its top-level index, its properties,
@@ -50,19 +57,53 @@ import (
 // mappedFS maps the tables that Pebble opens for random reads (see above).
 type mappedFS struct {
 	vfs.FS
+	refused *mapRefusals
 }
+
+// mapRefusals counts the tables the kernel refused to map, and warns of
+// them at most once every mapWarnEvery.
+type mapRefusals struct {
+	n      atomic.Int64
+	warned atomic.Int64 // unix nanoseconds of the last warning
+	log    *slog.Logger
+}
+
+// mapWarnEvery is the least time between two warnings of refused mappings.
+const mapWarnEvery = time.Minute
+
+// refuse counts a table that could not be mapped, and warns.
+func (r *mapRefusals) refuse(name string, err error) {
+	if r == nil {
+		return
+	}
+	n := r.n.Add(1)
+	now, last := time.Now().UnixNano(), r.warned.Load()
+	if now-last < int64(mapWarnEvery) || !r.warned.CompareAndSwap(last, now) {
+		return
+	}
+	hint := ""
+	if errors.Is(err, unix.ENOMEM) {
+		hint = "the process may have as many mappings as vm.max_map_count allows (sysctl vm.max_map_count): each table open for reads is a mapping"
+	}
+	if r.log != nil {
+		r.log.Warn("embedded: a table could not be mapped; it is read by pread instead, a system call per block read", "table", name, "err", err, "refused_since_open", n, "hint", hint)
+	}
+}
+
+// mmap maps a file for mapFile (a variable for the tests' refusals).
+var mmap = unix.Mmap
 
 // largeRead is the largest read served from a mapping.
 const largeRead = 64 << 10
 
 // mapTables returns fs with its tables read through mappings, or fs itself
 // where that is not done: any filesystem but the disk's, and a 32-bit
-// process.
-func mapTables(fs vfs.FS) vfs.FS {
+// process. The tables the kernel refuses to map are counted in refused.
+func mapTables(fs vfs.FS, refused *mapRefusals) vfs.FS {
 	if fs != vfs.Default || strconv.IntSize < 64 {
 		return fs
 	}
-	return mappedFS{fs}
+	return mappedFS{fs, refused}
 }
 
 func (f mappedFS) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
@@ -70,12 +111,12 @@ func (f mappedFS) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
 	if err != nil || !strings.HasSuffix(name, ".sst") || !slices.Contains(opts, vfs.RandomReadsOption) {
 		return file, err
 	}
-	return mapFile(file), nil
+	return mapFile(file, f.refused), nil
 }
 
 // mapFile returns file read through a mapping of it, or file itself if it
-// cannot be mapped.
-func mapFile(file vfs.File) vfs.File {
+// cannot be mapped (the kernel's refusal is counted in refused).
+func mapFile(file vfs.File, refused *mapRefusals) vfs.File {
 	fd := file.Fd()
 	if fd == vfs.InvalidFd {
 		return file
@@ -84,8 +125,9 @@ func mapFile(file vfs.File) vfs.File {
 	if err != nil || info.Size() <= 0 {
 		return file
 	}
-	m, err := unix.Mmap(int(fd), 0, int(info.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	m, err := mmap(int(fd), 0, int(info.Size()), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
+		refused.refuse(info.Name(), err)
 		return file
 	}
 	_ = unix.Madvise(m, unix.MADV_RANDOM) // (advice: nothing to do if refused)

@@ -4,10 +4,13 @@ package embedded
 
 import (
 	"bytes"
+	"log/slog"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/keyfold/keyfold/persistence"
+	"golang.org/x/sys/unix"
 )
 
 // A store's tables are mapped once Pebble reads them: /proc/self/maps
@@ -50,5 +53,53 @@ func TestStoreMapsItsTables(t *testing.T) {
 		if maps, _ = os.ReadFile("/proc/self/maps"); bytes.Contains(maps, []byte(dir)) {
 			t.Fatalf("a closed store's tables are still mapped:\n%s", maps)
 		}
+	}
+}
+
+// A table the kernel refuses to map (here ENOMEM, as at vm.max_map_count)
+// is read by pread: the reads still return what the store holds, the
+// store counts the table (DiskStats.UnmappedTables), and the log has one
+// warning naming the cause, not one per table.
+func TestUnmappedTablesCountedAndWarned(t *testing.T) {
+	refusals := 0
+	defer func(m func(int, int64, int, int, int) ([]byte, error)) { mmap = m }(mmap)
+	mmap = func(int, int64, int, int, int) ([]byte, error) {
+		refusals++
+		return nil, unix.ENOMEM
+	}
+	var logs bytes.Buffer
+	s, err := Open(t.TempDir(), Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := t.Context()
+	st, err := s.Claim(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, key := range []string{"k1", "k2"} {
+		if _, err := s.Append(ctx, []persistence.Entry{{Group: 1, Epoch: st.Epoch, Data: []byte("x")}}); err != nil {
+			t.Fatal(err)
+		}
+		through := persistence.Position(i + 1)
+		if err := s.Checkpoint(ctx, 1, st.Epoch, persistence.CheckpointData{Through: through, Snapshots: []persistence.Snapshot{{Key: key, Data: []byte("v" + key)}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.db.Flush(); err != nil { // (a table of its own)
+			t.Fatal(err)
+		}
+		if v, err := s.Get(ctx, 1, key); err != nil || string(v) != "v"+key {
+			t.Fatalf("Get(%s) = %q, %v", key, v, err)
+		}
+	}
+	if refusals < 2 {
+		t.Fatalf("the store asked to map %d tables, want 2 or more", refusals)
+	}
+	if got := s.Disk().UnmappedTables; got != int64(refusals) {
+		t.Errorf("DiskStats.UnmappedTables = %d, want the %d refused", got, refusals)
+	}
+	if n := strings.Count(logs.String(), "could not be mapped"); n != 1 || !strings.Contains(logs.String(), "vm.max_map_count") {
+		t.Errorf("%d warnings of refused mappings (want 1, naming vm.max_map_count):\n%s", n, logs.String())
 	}
 }

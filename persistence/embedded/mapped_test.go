@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -35,7 +36,7 @@ func writeTable(t *testing.T, n int) (string, []byte) {
 func TestMappedTableReads(t *testing.T) {
 	const size = 3*4096 + 123
 	path, data := writeTable(t, size)
-	fs := mapTables(vfs.Default)
+	fs := mapTables(vfs.Default, &mapRefusals{log: slog.New(slog.DiscardHandler)})
 	f, err := fs.Open(path, vfs.RandomReadsOption)
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +95,7 @@ func TestMappedTableReads(t *testing.T) {
 		f.Close()
 	}
 	// A filesystem other than the disk's (a test's faults) is left alone.
-	if mem := vfs.NewMem(); mapTables(mem) != mem {
+	if mem := vfs.NewMem(); mapTables(mem, nil) != mem {
 		t.Fatal("an in-memory filesystem maps tables")
 	}
 	// A read larger than largeRead goes to the file.
@@ -113,7 +114,7 @@ func TestMappedTableReads(t *testing.T) {
 // stand-in for a disk's I/O error) is the read's error, not a crash.
 func TestMappedTableFault(t *testing.T) {
 	path, _ := writeTable(t, 4*4096)
-	f, err := mapTables(vfs.Default).Open(path, vfs.RandomReadsOption)
+	f, err := mapTables(vfs.Default, &mapRefusals{log: slog.New(slog.DiscardHandler)}).Open(path, vfs.RandomReadsOption)
 	if err != nil {
 		t.Fatal(err)
 	}

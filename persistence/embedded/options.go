@@ -137,18 +137,19 @@ func (o Options) reserve(total uint64) int64 {
 }
 
 // pebbleFS returns the filesystem Pebble reads and writes through: the
-// store's, its tables mapped unless PreadTables says not to.
-func (o Options) pebbleFS() vfs.FS {
+// store's, its tables mapped unless PreadTables says not to (those the
+// kernel refuses to map counted in refused).
+func (o Options) pebbleFS(refused *mapRefusals) vfs.FS {
 	if o.PreadTables {
 		return o.fs
 	}
-	return mapTables(o.fs)
+	return mapTables(o.fs, refused)
 }
 
 // pebbleOptions returns the Pebble options for one opening of the store.
 func (o Options) pebbleOptions(s *Store) *pebble.Options {
 	po := &pebble.Options{
-		FS:           backoffFS{o.pebbleFS(), &s.disk.lastNoSpace, &s.disk.walErr},
+		FS:           backoffFS{o.pebbleFS(&s.disk.unmapped), &s.disk.lastNoSpace, &s.disk.walErr},
 		Logger:       pebbleLogger{l: o.Logger, s: s},
 		CacheSize:    o.CacheSize,
 		MemTableSize: o.MemTableSize,

@@ -139,6 +139,7 @@ func Open(dir string, opts Options) (*Store, error) {
 		pipelines: map[string]*pipeline{},
 	}
 	s.idle.L = &s.life
+	s.disk.unmapped.log = opts.Logger
 	if du, err := opts.fs.GetDiskUsage(abs); err == nil {
 		if sizeMemTable {
 			s.opts.MemTableSize = memTableSize(du.TotalBytes)

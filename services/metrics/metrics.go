@@ -76,6 +76,9 @@ type DiskStats struct {
 	// FlushedBytes and CompactedBytes are the bytes of the tables the
 	// store's memtable flushes and compactions wrote since it opened.
 	FlushedBytes, CompactedBytes int64
+	// UnmappedTables counts the tables the store read by pread because the
+	// kernel refused to map them (vm.max_map_count).
+	UnmappedTables int64
 }
 
 // RegisterDisk registers the embedded store's disk metrics, read from
@@ -95,6 +98,8 @@ var (
 		"Bytes of the tables the embedded store's memtable flushes wrote (checkpoints' snapshots and ids, once each).", nil, nil)
 	storeCompactedDesc = prometheus.NewDesc("keyfold_store_compacted_bytes_total",
 		"Bytes of the tables the embedded store's compactions wrote: what it rewrote of its flushed tables (compared with flushed_bytes_total, its write amplification).", nil, nil)
+	storeUnmappedDesc = prometheus.NewDesc("keyfold_store_unmapped_tables_total",
+		"Tables the embedded store opened for point reads that the kernel refused to map (raise vm.max_map_count): read by pread instead, a system call per block read.", nil, nil)
 )
 
 // diskCollector reports the embedded store's disk metrics from one read of
@@ -107,6 +112,7 @@ func (c diskCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- diskReserveDesc
 	ch <- storeFlushedDesc
 	ch <- storeCompactedDesc
+	ch <- storeUnmappedDesc
 }
 
 func (c diskCollector) Collect(ch chan<- prometheus.Metric) {
@@ -120,6 +126,7 @@ func (c diskCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(diskReserveDesc, prometheus.GaugeValue, float64(d.ReserveBytes))
 	ch <- prometheus.MustNewConstMetric(storeFlushedDesc, prometheus.CounterValue, float64(d.FlushedBytes))
 	ch <- prometheus.MustNewConstMetric(storeCompactedDesc, prometheus.CounterValue, float64(d.CompactedBytes))
+	ch <- prometheus.MustNewConstMetric(storeUnmappedDesc, prometheus.CounterValue, float64(d.UnmappedTables))
 }
 
 // RegisterCluster registers a member's cluster counters, read from stats at

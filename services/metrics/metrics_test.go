@@ -39,7 +39,7 @@ func TestDiskMetrics(t *testing.T) {
 	reads := 0
 	stats := func() metrics.DiskStats {
 		reads++
-		return metrics.DiskStats{Full: true, FreeBytes: 10, ReserveBytes: 20, FlushedBytes: 30, CompactedBytes: 40}
+		return metrics.DiskStats{Full: true, FreeBytes: 10, ReserveBytes: 20, FlushedBytes: 30, CompactedBytes: 40, UnmappedTables: 2}
 	}
 	if err := metrics.RegisterDisk(reg, stats); err != nil {
 		t.Fatal(err)
@@ -51,6 +51,7 @@ func TestDiskMetrics(t *testing.T) {
 		"keyfold_store_disk_reserve_bytes":    20,
 		"keyfold_store_flushed_bytes_total":   30,
 		"keyfold_store_compacted_bytes_total": 40,
+		"keyfold_store_unmapped_tables_total": 2,
 	}
 	if len(got) != len(want) {
 		t.Fatalf("metrics %v, want %v", got, want)
