@@ -89,9 +89,11 @@ type Config struct {
 	// node (default 30s).
 	CheckpointInterval time.Duration `yaml:"checkpoint_interval"`
 	// CheckpointBytes starts a checkpoint once this many bytes were logged
-	// since the last one began (default 64 MiB), if the keys changed since
+	// since the last one began (default 128 MiB), if the keys changed since
 	// took two events each on average; CheckpointMaxBytes whatever they
-	// took (default 4 × CheckpointBytes). The latter bounds the replay
+	// took (default 256 MiB, or 4 × a CheckpointBytes set; a
+	// CheckpointMaxBytes set alone below 128 MiB is where checkpoints
+	// start too: actors.CheckpointBounds). The latter bounds the replay
 	// after a crash by the log's size; the former spares a checkpoint that
 	// would write about a snapshot per event (many more keys than events
 	// between two checkpoints).
@@ -242,12 +244,7 @@ func (c Config) withDefaults() Config {
 	if c.CheckpointInterval == 0 {
 		c.CheckpointInterval = actors.DefaultCheckpointInterval
 	}
-	if c.CheckpointBytes == 0 {
-		c.CheckpointBytes = actors.DefaultCheckpointBytes
-	}
-	if c.CheckpointMaxBytes == 0 {
-		c.CheckpointMaxBytes = actors.CheckpointMaxBytesFor(c.CheckpointBytes)
-	}
+	c.CheckpointBytes, c.CheckpointMaxBytes = actors.CheckpointBounds(c.CheckpointBytes, c.CheckpointMaxBytes)
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = actors.DefaultIdleTimeout
 	}
@@ -336,8 +333,8 @@ func (c Config) compile(requirePipelines bool) (map[string]*fold.Pipeline, error
 	if maxMemory := c.maxMemory(); maxMemory > 0 && c.CacheMemory > maxMemory {
 		errs = append(errs, fmt.Errorf("keyfold: config: cache_memory %d is more than max_memory %d, of which it is a part", c.CacheMemory, maxMemory))
 	}
-	if start := cmp.Or(c.CheckpointBytes, actors.DefaultCheckpointBytes); c.CheckpointMaxBytes > 0 && c.CheckpointMaxBytes < start {
-		errs = append(errs, fmt.Errorf("keyfold: config: checkpoint_max_bytes %d is less than checkpoint_bytes %d, the log at which a checkpoint may start", c.CheckpointMaxBytes, start))
+	if c.CheckpointBytes > 0 && c.CheckpointMaxBytes > 0 && c.CheckpointMaxBytes < c.CheckpointBytes {
+		errs = append(errs, fmt.Errorf("keyfold: config: checkpoint_max_bytes %d is less than checkpoint_bytes %d, the log at which a checkpoint may start", c.CheckpointMaxBytes, c.CheckpointBytes))
 	}
 	if c.GoMemoryLimit > 0 && c.GoMemoryLimit < MinGoMemoryLimit {
 		errs = append(errs, fmt.Errorf("keyfold: config: go_memory_limit %d is below %d MiB, too little for a node's process (negative: no limit)", c.GoMemoryLimit, MinGoMemoryLimit>>20))

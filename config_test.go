@@ -116,12 +116,14 @@ func TestValidate(t *testing.T) {
 		{"cache beyond the default max_memory", Config{Pipelines: good, CacheMemory: 2 << 30}, []string{
 			"cache_memory 2147483648 is more than max_memory 1073741824, of which it is a part",
 		}},
-		// checkpoint_max_bytes is checked against the checkpoint_bytes in
-		// effect: the default when unset.
+		// checkpoint_max_bytes is checked against a checkpoint_bytes set;
+		// set alone below the default start, it is the start too
+		// (actors.CheckpointBounds).
 		{"checkpoints wait up to a bound", Config{Pipelines: good, CheckpointBytes: 1 << 20, CheckpointMaxBytes: 1 << 20}, nil},
-		{"checkpoint bound below the start", Config{Pipelines: good, CheckpointMaxBytes: 32 << 20}, []string{
+		{"checkpoint bound below the start", Config{Pipelines: good, CheckpointBytes: 64 << 20, CheckpointMaxBytes: 32 << 20}, []string{
 			"checkpoint_max_bytes 33554432 is less than checkpoint_bytes 67108864",
 		}},
+		{"checkpoint bound alone below the default start", Config{Pipelines: good, CheckpointMaxBytes: 32 << 20}, nil},
 		{"huge pages on and off", Config{Pipelines: good, HugePages: "off"}, nil},
 		{"huge pages misspelt", Config{Pipelines: good, HugePages: "true"}, []string{`huge_pages "true": want on or off`}},
 		{"mapped reads misspelt", Config{Pipelines: good, StoreMappedReads: "false"}, []string{`store_mapped_reads "false": want on or off`}},
@@ -207,7 +209,7 @@ func TestWithDefaults(t *testing.T) {
 		DataDir:            DefaultDataDir,
 		CheckpointInterval: actors.DefaultCheckpointInterval,
 		CheckpointBytes:    actors.DefaultCheckpointBytes,
-		CheckpointMaxBytes: actors.DefaultCheckpointWait * actors.DefaultCheckpointBytes,
+		CheckpointMaxBytes: actors.DefaultCheckpointMaxBytes,
 		IdleTimeout:        actors.DefaultIdleTimeout,
 		MaxMemory:          actors.DefaultMaxMemory,
 		MaxBodyBytes:       DefaultMaxBodyBytes,

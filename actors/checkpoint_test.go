@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -207,7 +208,7 @@ func TestCheckpointRecordsFollowBytes(t *testing.T) {
 		records     int
 		wantRecords int
 	}{
-		{0, 0, 1024}, // the default 64 MiB
+		{0, 0, 2048}, // the default 128 MiB
 		{1 << 20, 0, actors.DefaultCheckpointRecords}, // at least the default
 		{256 << 20, 0, 4096},
 		{256 << 20, 7, 7}, // set: kept
@@ -215,6 +216,32 @@ func TestCheckpointRecordsFollowBytes(t *testing.T) {
 		got := actors.WithDefaults(actors.Config{CheckpointBytes: c.bytes, CheckpointRecords: c.records}).CheckpointRecords
 		if got != c.wantRecords {
 			t.Errorf("CheckpointBytes %d, CheckpointRecords %d: %d records, want %d", c.bytes, c.records, got, c.wantRecords)
+		}
+	}
+}
+
+// CheckpointBounds: the defaults together (the same 256 MiB bound as when
+// checkpoints began at 64 MiB), 4 × a start set alone, and a bound set
+// alone below the default start is the start too (a configuration valid
+// before the default start rose stays valid, and never waits).
+func TestCheckpointBounds(t *testing.T) {
+	const mib = 1 << 20
+	for _, c := range []struct{ bytes, max, wantBytes, wantMax int64 }{
+		{0, 0, 128 * mib, 256 * mib},
+		{64 * mib, 0, 64 * mib, 256 * mib},
+		{32 * mib, 0, 32 * mib, 128 * mib},
+		{0, 512 * mib, 128 * mib, 512 * mib},
+		{0, 64 * mib, 64 * mib, 64 * mib},
+		{10 * mib, 20 * mib, 10 * mib, 20 * mib},
+		{math.MaxInt64 / 2, 0, math.MaxInt64 / 2, math.MaxInt64},
+	} {
+		b, m := actors.CheckpointBounds(c.bytes, c.max)
+		if b != c.wantBytes || m != c.wantMax {
+			t.Errorf("CheckpointBounds(%d, %d) = %d, %d; want %d, %d", c.bytes, c.max, b, m, c.wantBytes, c.wantMax)
+		}
+		d := actors.WithDefaults(actors.Config{CheckpointBytes: c.bytes, CheckpointMaxBytes: c.max})
+		if d.CheckpointBytes != b || d.CheckpointMaxBytes != m {
+			t.Errorf("defaults of %d, %d: %d, %d; want CheckpointBounds's %d, %d", c.bytes, c.max, d.CheckpointBytes, d.CheckpointMaxBytes, b, m)
 		}
 	}
 }

@@ -42,8 +42,9 @@ type Config struct {
 	// (checkpointDeliveriesPerKey): with many more keys than events between
 	// two checkpoints (a million keys, uniform) nearly every event would
 	// otherwise be followed by a snapshot of its key, which costs about as
-	// much as the event. 0: 4 × CheckpointBytes. Equal to CheckpointBytes:
-	// a checkpoint never waits.
+	// much as the event. 0: DefaultCheckpointMaxBytes with the default
+	// CheckpointBytes, else 4 × CheckpointBytes (CheckpointBounds). Equal
+	// to CheckpointBytes: a checkpoint never waits.
 	CheckpointMaxBytes int64
 	// CheckpointRecords triggers a checkpoint early once any group's log has
 	// this many records above its checkpoint. 0: one per 64 KiB of
@@ -106,9 +107,10 @@ type Config struct {
 const (
 	DefaultGroups             = 256
 	DefaultCheckpointInterval = 30 * time.Second
-	DefaultCheckpointBytes    = 64 << 20
+	DefaultCheckpointBytes    = 128 << 20
+	DefaultCheckpointMaxBytes = 256 << 20 // with the default CheckpointBytes
 	DefaultCheckpointRecords  = 1000
-	DefaultCheckpointWait     = 4 // CheckpointMaxBytes's default, in CheckpointBytes
+	DefaultCheckpointWait     = 4 // CheckpointMaxBytes's default for a CheckpointBytes set, in CheckpointBytes
 	DefaultIdleTimeout        = 5 * time.Minute
 	DefaultMaxActive          = 100_000
 	DefaultMaxMemory          = 1 << 30
@@ -121,13 +123,32 @@ const (
 	DefaultOutputInterval    = 100 * time.Millisecond
 )
 
-// CheckpointMaxBytesFor is CheckpointMaxBytes's default for a
-// CheckpointBytes: DefaultCheckpointWait times it.
-func CheckpointMaxBytesFor(checkpointBytes int64) int64 {
-	if checkpointBytes > math.MaxInt64/DefaultCheckpointWait {
-		return math.MaxInt64
+// CheckpointBounds returns the CheckpointBytes and CheckpointMaxBytes in
+// effect for those given (0: unset). Both unset: DefaultCheckpointBytes
+// and DefaultCheckpointMaxBytes. A CheckpointBytes set alone:
+// DefaultCheckpointWait times it bounds the log. A CheckpointMaxBytes set
+// alone below DefaultCheckpointBytes: checkpoints may start there too.
+//
+// The default start was 64 MiB with the bound at 4 times it, the same
+// 256 MiB: where keys take several events between checkpoints (ten to a
+// hundred thousand under load) a round began every 64 MiB and wrote a
+// snapshot of nearly every key each time; at 128 MiB half as many, for
+// 1.2–1.45x the events per second at a hundred thousand keys on both
+// stores (BENCHMARKS.md, session 54). The replay bound did not move, and
+// with a million keys and more the rounds wait for two deliveries a key,
+// past 128 MiB already (checkpointDeliveriesPerKey).
+func CheckpointBounds(checkpointBytes, maxBytes int64) (start, bound int64) {
+	switch {
+	case checkpointBytes == 0 && maxBytes == 0:
+		return DefaultCheckpointBytes, DefaultCheckpointMaxBytes
+	case checkpointBytes == 0:
+		return min(DefaultCheckpointBytes, maxBytes), maxBytes
+	case maxBytes == 0 && checkpointBytes > math.MaxInt64/DefaultCheckpointWait:
+		return checkpointBytes, math.MaxInt64
+	case maxBytes == 0:
+		return checkpointBytes, DefaultCheckpointWait * checkpointBytes
 	}
-	return DefaultCheckpointWait * checkpointBytes
+	return checkpointBytes, maxBytes
 }
 
 // checkpointBytesPerRecord derives CheckpointRecords from CheckpointBytes.
@@ -171,12 +192,7 @@ func (c *Config) setDefaults() {
 	if c.CheckpointInterval == 0 {
 		c.CheckpointInterval = DefaultCheckpointInterval
 	}
-	if c.CheckpointBytes == 0 {
-		c.CheckpointBytes = DefaultCheckpointBytes
-	}
-	if c.CheckpointMaxBytes == 0 {
-		c.CheckpointMaxBytes = CheckpointMaxBytesFor(c.CheckpointBytes)
-	}
+	c.CheckpointBytes, c.CheckpointMaxBytes = CheckpointBounds(c.CheckpointBytes, c.CheckpointMaxBytes)
 	if c.CheckpointRecords == 0 {
 		c.CheckpointRecords = int(max(c.CheckpointBytes/checkpointBytesPerRecord, DefaultCheckpointRecords))
 	}
