@@ -34,10 +34,11 @@ free_ports() { python3 -c 'import socket, sys; ss = [socket.socket() for _ in ra
 go build -C "$root" -o "$work/keyfold" ./cmd/keyfold # (from anywhere: -C finds the module)
 kf=$work/keyfold
 nodebin=${NODE_BIN:-$kf}
-# The replay bound: checkpoint_max_bytes, by default 4 × checkpoint_bytes.
+# The replay bound: checkpoint_max_bytes, by default 256 MiB, or 4 ×
+# checkpoint_bytes where only that is set (actors.CheckpointBounds).
 start_bytes=$(awk '/^checkpoint_bytes:/{print $2}' "$config")
 limit=$(awk '/^checkpoint_max_bytes:/{print $2}' "$config")
-limit=$(python3 -c "print(int((${limit:-0} or 4 * ${start_bytes:-67108864}) * $fraction))")
+limit=$(python3 -c "print(int((${limit:-0} or 4 * ${start_bytes:-0} or 268435456) * $fraction))")
 read -r hport gport pport < <(free_ports 3) # (pport: the restarted node's profile)
 metrics() { curl -s "http://127.0.0.1:$hport/metrics" | awk '/^keyfold_log_bytes_unchecked /{printf "%d", $2}'; }
 
