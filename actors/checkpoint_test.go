@@ -234,6 +234,8 @@ func TestCheckpointBounds(t *testing.T) {
 		{0, 64 * mib, 64 * mib, 64 * mib},
 		{10 * mib, 20 * mib, 10 * mib, 20 * mib},
 		{math.MaxInt64 / 2, 0, math.MaxInt64 / 2, math.MaxInt64},
+		{-1, 0, -1, 0}, // (refused by Validate: left as it is)
+		{0, -1, 0, -1},
 	} {
 		b, m := actors.CheckpointBounds(c.bytes, c.max)
 		if b != c.wantBytes || m != c.wantMax {
@@ -242,6 +244,27 @@ func TestCheckpointBounds(t *testing.T) {
 		d := actors.WithDefaults(actors.Config{CheckpointBytes: c.bytes, CheckpointMaxBytes: c.max})
 		if d.CheckpointBytes != b || d.CheckpointMaxBytes != m {
 			t.Errorf("defaults of %d, %d: %d, %d; want CheckpointBounds's %d, %d", c.bytes, c.max, d.CheckpointBytes, d.CheckpointMaxBytes, b, m)
+		}
+	}
+}
+
+// The records at which a checkpoint no longer waits scale with the bound
+// over the start, not by a whole ratio (a bound set alone between 128 and
+// 256 MiB over the default start waited for no more records than the
+// start), and saturate.
+func TestCheckpointMaxRecords(t *testing.T) {
+	const mib = 1 << 20
+	for _, c := range []struct {
+		cfg  actors.Config
+		want uint64
+	}{
+		{actors.Config{}, 4096},
+		{actors.Config{CheckpointMaxBytes: 200 * mib}, 3200},
+		{actors.Config{CheckpointBytes: 64 * mib}, 4096},
+		{actors.Config{CheckpointBytes: 1, CheckpointMaxBytes: math.MaxInt64, CheckpointRecords: math.MaxInt}, math.MaxUint64},
+	} {
+		if got := actors.CheckpointMaxRecords(c.cfg); got != c.want {
+			t.Errorf("%+v: %d records, want %d", c.cfg, got, c.want)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"math/bits"
 	"slices"
 	"time"
 
@@ -133,12 +134,16 @@ const (
 // 256 MiB: where keys take several events between checkpoints (ten to a
 // hundred thousand under load) a round began every 64 MiB and wrote a
 // snapshot of nearly every key each time; at 128 MiB half as many, for
-// 1.2–1.45x the events per second at a hundred thousand keys on both
+// 1.07–1.46x the events per second at a hundred thousand keys on both
 // stores (BENCHMARKS.md, session 54). The replay bound did not move, and
 // with a million keys and more the rounds wait for two deliveries a key,
-// past 128 MiB already (checkpointDeliveriesPerKey).
+// past 128 MiB already (checkpointDeliveriesPerKey). Note that 128 MiB
+// set as CheckpointBytes is a CheckpointBytes set: its bound is 512 MiB.
+// A negative value (which Validate refuses) is returned as it is.
 func CheckpointBounds(checkpointBytes, maxBytes int64) (start, bound int64) {
 	switch {
+	case checkpointBytes < 0 || maxBytes < 0:
+		return checkpointBytes, maxBytes
 	case checkpointBytes == 0 && maxBytes == 0:
 		return DefaultCheckpointBytes, DefaultCheckpointMaxBytes
 	case checkpointBytes == 0:
@@ -168,15 +173,20 @@ const checkpointBytesPerRecord = 64 << 10
 const checkpointDeliveriesPerKey = 2
 
 // checkpointMaxRecords is CheckpointRecords scaled as CheckpointMaxBytes
-// scales CheckpointBytes: the records in a group above its checkpoint at
-// which a checkpoint no longer waits.
+// scales CheckpointBytes (not rounded down to a whole ratio: a bound of
+// 200 MiB over a start of 128 waits for 1.56 times the records): the
+// records in a group above its checkpoint at which a checkpoint no longer
+// waits.
 func (c *Config) checkpointMaxRecords() uint64 {
-	ratio := uint64(max(c.CheckpointMaxBytes/max(c.CheckpointBytes, 1), 1))
 	records := uint64(max(c.CheckpointRecords, 0))
-	if records > math.MaxUint64/ratio {
+	start := uint64(max(c.CheckpointBytes, 1))
+	bound := uint64(max(c.CheckpointMaxBytes, c.CheckpointBytes, 1))
+	hi, lo := bits.Mul64(records, bound)
+	if hi >= start {
 		return math.MaxUint64
 	}
-	return records * ratio
+	q, _ := bits.Div64(hi, lo, start)
+	return max(q, records)
 }
 
 // storeTimeout bounds one store call of the write path (an append, a

@@ -83,6 +83,13 @@ func SpillParked(h *Host) int {
 	return n
 }
 
+// CheckpointMaxRecords is the records at which a group's checkpoint no
+// longer waits, for c with its defaults.
+func CheckpointMaxRecords(c Config) uint64 {
+	c = WithDefaults(c)
+	return c.checkpointMaxRecords()
+}
+
 // WithDefaults returns c with its defaults filled in, as New does.
 func WithDefaults(c Config) Config {
 	c.setDefaults()

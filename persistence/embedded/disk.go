@@ -109,9 +109,9 @@ type DiskStats struct {
 	// log's segments are not among them): per event stored, what a key
 	// count costs the disk and the CPU that compacts.
 	FlushedBytes, CompactedBytes int64
-	// UnmappedTables counts the tables opened for point reads since Open
-	// that the kernel refused to map (mapped.go): read by pread instead, a
-	// system call per block. Not 0 points at vm.max_map_count.
+	// UnmappedTables counts the openings of tables for point reads since
+	// Open that the kernel refused to map (mapped.go): read by pread
+	// instead, a system call per block. Not 0 points at vm.max_map_count.
 	UnmappedTables int64
 }
 

@@ -60,13 +60,18 @@ type mappedFS struct {
 	refused *mapRefusals
 }
 
-// mapRefusals counts the tables the kernel refused to map, and warns of
-// them at most once every mapWarnEvery.
+// mapRefusals counts the openings of tables the kernel refused to map (a
+// table Pebble closes and opens again counts again), and warns of them at
+// most once every mapWarnEvery.
 type mapRefusals struct {
 	n      atomic.Int64
-	warned atomic.Int64 // unix nanoseconds of the last warning
+	warned atomic.Int64 // of the last warning: nanoseconds since mapEpoch, plus 1
 	log    *slog.Logger
 }
+
+// mapEpoch is where the warnings' times count from (monotonic: a wall
+// clock set back would silence them).
+var mapEpoch = time.Now()
 
 // mapWarnEvery is the least time between two warnings of refused mappings.
 const mapWarnEvery = time.Minute
@@ -77,17 +82,18 @@ func (r *mapRefusals) refuse(name string, err error) {
 		return
 	}
 	n := r.n.Add(1)
-	now, last := time.Now().UnixNano(), r.warned.Load()
-	if now-last < int64(mapWarnEvery) || !r.warned.CompareAndSwap(last, now) {
+	now, last := int64(time.Since(mapEpoch))+1, r.warned.Load()
+	if last != 0 && now-last < int64(mapWarnEvery) || !r.warned.CompareAndSwap(last, now) {
 		return
 	}
-	hint := ""
+	if r.log == nil {
+		return
+	}
+	attrs := []any{"table", name, "err", err, "refused_since_open", n}
 	if errors.Is(err, unix.ENOMEM) {
-		hint = "the process may have as many mappings as vm.max_map_count allows (sysctl vm.max_map_count): each table open for reads is a mapping"
+		attrs = append(attrs, "hint", "the process may have as many mappings as vm.max_map_count allows (sysctl vm.max_map_count): each table open for reads is a mapping")
 	}
-	if r.log != nil {
-		r.log.Warn("embedded: a table could not be mapped; it is read by pread instead, a system call per block read", "table", name, "err", err, "refused_since_open", n, "hint", hint)
-	}
+	r.log.Warn("embedded: a table could not be mapped; it is read by pread instead, a system call per block read", attrs...)
 }
 
 // mmap maps a file for mapFile (a variable for the tests' refusals).
@@ -111,12 +117,13 @@ func (f mappedFS) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
 	if err != nil || !strings.HasSuffix(name, ".sst") || !slices.Contains(opts, vfs.RandomReadsOption) {
 		return file, err
 	}
-	return mapFile(file, f.refused), nil
+	return mapFile(file, name, f.refused), nil
 }
 
-// mapFile returns file read through a mapping of it, or file itself if it
-// cannot be mapped (the kernel's refusal is counted in refused).
-func mapFile(file vfs.File, refused *mapRefusals) vfs.File {
+// mapFile returns file (at path) read through a mapping of it, or file
+// itself if it cannot be mapped (the kernel's refusal is counted in
+// refused).
+func mapFile(file vfs.File, path string, refused *mapRefusals) vfs.File {
 	fd := file.Fd()
 	if fd == vfs.InvalidFd {
 		return file
@@ -127,7 +134,7 @@ func mapFile(file vfs.File, refused *mapRefusals) vfs.File {
 	}
 	m, err := mmap(int(fd), 0, int(info.Size()), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
-		refused.refuse(info.Name(), err)
+		refused.refuse(path, err)
 		return file
 	}
 	_ = unix.Madvise(m, unix.MADV_RANDOM) // (advice: nothing to do if refused)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/keyfold/keyfold/persistence"
@@ -61,10 +62,10 @@ func TestStoreMapsItsTables(t *testing.T) {
 // store counts the table (DiskStats.UnmappedTables), and the log has one
 // warning naming the cause, not one per table.
 func TestUnmappedTablesCountedAndWarned(t *testing.T) {
-	refusals := 0
+	var refusals atomic.Int64 // (Pebble may open tables on goroutines of its own)
 	defer func(m func(int, int64, int, int, int) ([]byte, error)) { mmap = m }(mmap)
 	mmap = func(int, int64, int, int, int) ([]byte, error) {
-		refusals++
+		refusals.Add(1)
 		return nil, unix.ENOMEM
 	}
 	var logs bytes.Buffer
@@ -93,13 +94,12 @@ func TestUnmappedTablesCountedAndWarned(t *testing.T) {
 			t.Fatalf("Get(%s) = %q, %v", key, v, err)
 		}
 	}
-	if refusals < 2 {
-		t.Fatalf("the store asked to map %d tables, want 2 or more", refusals)
+	// (Counted after the refusal: read in this order, the count is at
+	// most the refusals.)
+	if got, refused := s.Disk().UnmappedTables, refusals.Load(); got < 2 || got > refused {
+		t.Errorf("DiskStats.UnmappedTables = %d, want the refused openings, %d, and 2 or more", got, refused)
 	}
-	if got := s.Disk().UnmappedTables; got != int64(refusals) {
-		t.Errorf("DiskStats.UnmappedTables = %d, want the %d refused", got, refusals)
-	}
-	if n := strings.Count(logs.String(), "could not be mapped"); n != 1 || !strings.Contains(logs.String(), "vm.max_map_count") {
+	if n := strings.Count(logs.String(), "could not be mapped"); n != 1 || !strings.Contains(logs.String(), "vm.max_map_count") || !strings.Contains(logs.String(), ".sst") {
 		t.Errorf("%d warnings of refused mappings (want 1, naming vm.max_map_count):\n%s", n, logs.String())
 	}
 }

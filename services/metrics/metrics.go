@@ -76,8 +76,8 @@ type DiskStats struct {
 	// FlushedBytes and CompactedBytes are the bytes of the tables the
 	// store's memtable flushes and compactions wrote since it opened.
 	FlushedBytes, CompactedBytes int64
-	// UnmappedTables counts the tables the store read by pread because the
-	// kernel refused to map them (vm.max_map_count).
+	// UnmappedTables counts the openings of tables the store read by
+	// pread because the kernel refused to map them (vm.max_map_count).
 	UnmappedTables int64
 }
 
@@ -99,7 +99,7 @@ var (
 	storeCompactedDesc = prometheus.NewDesc("keyfold_store_compacted_bytes_total",
 		"Bytes of the tables the embedded store's compactions wrote: what it rewrote of its flushed tables (compared with flushed_bytes_total, its write amplification).", nil, nil)
 	storeUnmappedDesc = prometheus.NewDesc("keyfold_store_unmapped_tables_total",
-		"Tables the embedded store opened for point reads that the kernel refused to map (raise vm.max_map_count): read by pread instead, a system call per block read.", nil, nil)
+		"Openings of tables for point reads that the kernel refused to map in the embedded store (raise vm.max_map_count): those tables are read by pread, a system call per block read.", nil, nil)
 )
 
 // diskCollector reports the embedded store's disk metrics from one read of
