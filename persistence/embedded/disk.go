@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -70,6 +71,16 @@ type diskState struct {
 	flushed, compacted atomic.Int64
 	// unmapped counts the tables the kernel refused to map (mapped.go).
 	unmapped mapRefusals
+}
+
+// mapRefusals counts the openings of tables the kernel refused to map (a
+// table Pebble closes and opens again counts again), and warns of them at
+// most once every mapWarnEvery (mapped.go; nothing is mapped on systems
+// other than Unix).
+type mapRefusals struct {
+	n     atomic.Int64
+	limit logLimit
+	log   *slog.Logger
 }
 
 // flushEnd counts a flush's tables.
@@ -280,7 +291,7 @@ func (s *Store) backgroundError(err error) {
 
 // limitedError logs an error of Pebble's, one a second at most.
 func (s *Store) limitedError(msg string, err error) {
-	if ok, dropped := s.bgLogs.allow(); ok {
+	if ok, dropped := s.bgLogs.allow(time.Second); ok {
 		s.log.Error(msg, "dir", s.dir, "err", err.Error(), "dropped", dropped)
 	}
 }

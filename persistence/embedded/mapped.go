@@ -6,12 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -60,19 +58,6 @@ type mappedFS struct {
 	refused *mapRefusals
 }
 
-// mapRefusals counts the openings of tables the kernel refused to map (a
-// table Pebble closes and opens again counts again), and warns of them at
-// most once every mapWarnEvery.
-type mapRefusals struct {
-	n      atomic.Int64
-	warned atomic.Int64 // of the last warning: nanoseconds since mapEpoch, plus 1
-	log    *slog.Logger
-}
-
-// mapEpoch is where the warnings' times count from (monotonic: a wall
-// clock set back would silence them).
-var mapEpoch = time.Now()
-
 // mapWarnEvery is the least time between two warnings of refused mappings.
 const mapWarnEvery = time.Minute
 
@@ -82,11 +67,7 @@ func (r *mapRefusals) refuse(name string, err error) {
 		return
 	}
 	n := r.n.Add(1)
-	now, last := int64(time.Since(mapEpoch))+1, r.warned.Load()
-	if last != 0 && now-last < int64(mapWarnEvery) || !r.warned.CompareAndSwap(last, now) {
-		return
-	}
-	if r.log == nil {
+	if ok, _ := r.limit.allow(mapWarnEvery); !ok || r.log == nil {
 		return
 	}
 	attrs := []any{"table", name, "err", err, "refused_since_open", n}

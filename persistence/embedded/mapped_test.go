@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -36,7 +35,7 @@ func writeTable(t *testing.T, n int) (string, []byte) {
 func TestMappedTableReads(t *testing.T) {
 	const size = 3*4096 + 123
 	path, data := writeTable(t, size)
-	fs := mapTables(vfs.Default, &mapRefusals{log: slog.New(slog.DiscardHandler)})
+	fs := mapTables(vfs.Default, nil)
 	f, err := fs.Open(path, vfs.RandomReadsOption)
 	if err != nil {
 		t.Fatal(err)
@@ -114,7 +113,7 @@ func TestMappedTableReads(t *testing.T) {
 // stand-in for a disk's I/O error) is the read's error, not a crash.
 func TestMappedTableFault(t *testing.T) {
 	path, _ := writeTable(t, 4*4096)
-	f, err := mapTables(vfs.Default, &mapRefusals{log: slog.New(slog.DiscardHandler)}).Open(path, vfs.RandomReadsOption)
+	f, err := mapTables(vfs.Default, nil).Open(path, vfs.RandomReadsOption)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -283,18 +283,22 @@ type wrapped struct {
 func (w *wrapped) Error() string { return w.msg }
 func (w *wrapped) Unwrap() error { return w.err }
 
-// logLimit spaces the store's repeated error messages (Pebble's background
-// errors) by at least a second, counting those it drops.
+// logLimit spaces the store's repeated messages (Pebble's background
+// errors, tables it could not map), counting those it drops.
 type logLimit struct {
-	last    atomic.Int64 // unix nanoseconds of the last message
+	last    atomic.Int64 // of the last message: nanoseconds since logEpoch, plus 1 (0: none yet)
 	dropped atomic.Int64
 }
 
-// allow reports whether a message may be logged now, and how many were
-// dropped since the last one.
-func (l *logLimit) allow() (bool, int64) {
-	now, last := time.Now().UnixNano(), l.last.Load()
-	if now-last < int64(time.Second) || !l.last.CompareAndSwap(last, now) {
+// logEpoch is where logLimit's times count from: the monotonic clock, which
+// a wall clock set back does not stop.
+var logEpoch = time.Now()
+
+// allow reports whether a message may be logged now, every apart from the
+// last, and how many were dropped since the last one.
+func (l *logLimit) allow(every time.Duration) (bool, int64) {
+	now, last := int64(time.Since(logEpoch))+1, l.last.Load()
+	if last != 0 && now-last < int64(every) || !l.last.CompareAndSwap(last, now) {
 		l.dropped.Add(1)
 		return false, 0
 	}
