@@ -212,3 +212,46 @@ func ingestAndPark(t *testing.T, hs *harness, keys, maxActive int) {
 		return st.ActiveKeys <= maxActive && st.ResidentKeys >= keys-maxActive
 	})
 }
+
+// Active keys yield their memory to resident ones: with more keys than
+// MaxActive and the resident tier full, the active keys' limit comes down
+// (to the floor at most) before a key leaves memory for want of room, so
+// that every key here stays in memory, within MaxMemory; charged their
+// actors, a quarter of them would have had to leave.
+func TestActiveKeysYieldMemoryToResidentOnes(t *testing.T) {
+	defer actors.SetActiveFloorMin(10)()
+	const maxActive, keys = 40, 80
+	fs := faultstore.New(openStore(t, t.TempDir()))
+	// Room for MaxActive active keys and about 20 resident ones (a key of
+	// this pipeline is charged well under 1 KiB parked).
+	maxMemory := int64(maxActive*actors.ActiveKeyBytes + 20<<10)
+	hs := start(t, fs, actors.Config{Groups: 4, MaxActive: maxActive, MaxMemory: maxMemory, CacheMemory: -1,
+		IdleTimeout: time.Hour, CheckpointInterval: 5 * time.Millisecond})
+	defer hs.shutdown()
+	for i := range keys {
+		hs.ingest(event(fmt.Sprintf("k%d", i), "x", i))
+	}
+	var st actors.Stats
+	eventually(t, "the active keys down to their limit, every key clean", func() bool {
+		st = hs.host.Stats()
+		return st.ActiveKeys <= st.ActiveLimit && st.DirtyKeys == 0
+	})
+	if st.ActiveLimit >= maxActive || st.ActiveLimit < 10 {
+		t.Errorf("active keys' limit %d, want below MaxActive %d and not below the floor 10", st.ActiveLimit, maxActive)
+	}
+	if held := st.ActiveKeys + st.ResidentKeys; held != keys {
+		t.Errorf("%d keys in memory (%d active, %d resident), want all %d", held, st.ActiveKeys, st.ResidentKeys, keys)
+	}
+	if charged := int64(st.ActiveLimit)*actors.ActiveKeyBytes + st.ResidentBytes; charged > maxMemory {
+		t.Errorf("active limit %d × %d B + resident %d B = %d B, over MaxMemory %d", st.ActiveLimit, actors.ActiveKeyBytes, st.ResidentBytes, charged, maxMemory)
+	}
+	reads := fs.Calls(faultstore.OpGet)
+	for i := range keys {
+		if v := hs.query(fmt.Sprintf("k%d", i)); v.Seq != 1 || v.Aggregates["sum"] != float64(i) {
+			t.Fatalf("k%d = %+v", i, v)
+		}
+	}
+	if n := fs.Calls(faultstore.OpGet) - reads; n != 0 {
+		t.Errorf("%d store reads for keys that were all in memory", n)
+	}
+}
