@@ -104,8 +104,7 @@ type Config struct {
 	// MaxActiveKeys bounds the keys with an actor: the recently used ones.
 	// Passivated keys stay in memory without one, within MaxMemory. 0 (the
 	// default): as many as a quarter of MaxMemory holds at 1.5 KiB each
-	// (174762 for 1 GiB). A bound, not a share: while the keys without an
-	// actor need the memory, fewer keep one, down to an eighth of it.
+	// (174762 for 1 GiB).
 	MaxActiveKeys int `yaml:"max_active_keys"`
 	// MaxMemory bounds, in bytes, the memory of the keys held in memory
 	// (default 1 GiB): each active key is charged 1.5 KiB, each key resident

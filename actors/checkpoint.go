@@ -665,10 +665,8 @@ func goneDirty(keys []*grain) error {
 	return nil
 }
 
-// passivateLoop passivates keys beyond the active keys' limit when nudged,
-// and idle ones every CheckpointInterval (when it also lets the limit grow
-// back into room the resident tier has: regrowActiveLocked), until ctx
-// ends or the host fails.
+// passivateLoop passivates keys beyond MaxActive when nudged, and idle ones
+// every CheckpointInterval, until ctx ends or the host fails.
 func (h *Host) passivateLoop(ctx context.Context) {
 	ticker := time.NewTicker(h.cfg.CheckpointInterval)
 	defer ticker.Stop()
@@ -679,18 +677,14 @@ func (h *Host) passivateLoop(ctx context.Context) {
 		case <-h.failCh:
 			return
 		case <-ticker.C:
-			h.mu.Lock()
-			h.regrowActiveLocked() // (on the tick only: nudges come as the tier fills)
-			h.mu.Unlock()
 		case <-h.passivateNow:
 		}
 		h.passivate()
 	}
 }
 
-// passivate stops grains idle past IdleTimeout and, while more grains are
-// active than their limit (MaxActive, or less: yieldActiveLocked), those
-// least recently used, into the
+// passivate stops grains idle past IdleTimeout and, while more than
+// MaxActive grains are active, those least recently used, into the
 // resident tier (dirty ones too: a checkpoint snapshots them there). It
 // walks the grains from the least recently used end of the order of use.
 //
@@ -734,7 +728,7 @@ const passivateBatch = 256
 // it met a key neither marked, idle nor in excess, or the end. h.mu must
 // be held.
 func (h *Host) passivateSomeLocked(idleBefore int64, n int) (done bool) {
-	excess := h.lru.n - h.resident.activeMax
+	excess := h.lru.n - h.cfg.MaxActive
 	for g := h.lru.tail; g != nil; n-- {
 		if n == 0 {
 			return false

@@ -377,7 +377,7 @@ func (h *Host) commit(reqs []*ingestReq) {
 		}
 		h.nudgeCheckpoint()
 	}
-	if h.lru.n > h.resident.activeMax {
+	if h.lru.n > h.cfg.MaxActive {
 		h.nudgePassivate()
 	}
 	if lost != nil {
@@ -529,9 +529,8 @@ func failGroup(gb *groupBatch, err error) {
 // be applied by a replay (duplicates uncounted).
 func finishGroup(gb *groupBatch) { failGroup(gb, nil) }
 
-// nudgePassivate asks the passivation loop to passivate keys beyond the
-// active keys' limit (MaxActive, or less: yieldActiveLocked), without a
-// checkpoint.
+// nudgePassivate asks the passivation loop to passivate keys beyond
+// MaxActive, without a checkpoint.
 func (h *Host) nudgePassivate() {
 	select {
 	case h.passivateNow <- struct{}{}:

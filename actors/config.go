@@ -60,9 +60,7 @@ type Config struct {
 	// beyond it the least recently used ones are passivated into the
 	// resident tier (about: a key used again since it became active is
 	// kept over one that was not, see Host.passivate). 0: as many as a quarter of MaxMemory holds at
-	// ActiveKeyBytes each (DefaultMaxActive without a MaxMemory). It is a
-	// bound: while the resident tier has no room left, fewer keys keep an
-	// actor, down to an eighth of it (resident.go, "Active keys yield").
+	// ActiveKeyBytes each (DefaultMaxActive without a MaxMemory).
 	MaxActive int
 	// MaxMemory bounds, in bytes, the memory of the keys held in memory: the
 	// active ones (each charged ActiveKeyBytes) and those resident without
@@ -280,11 +278,11 @@ func CacheEntryMemory(maxMemory, cacheMemory int64) int64 {
 	return 0
 }
 
-// keysBudget is the memory left for the active and the resident keys:
-// MaxMemory less the snapshot cache's. The resident tier has what the
-// active keys' limit leaves of it (setActiveMaxLocked).
-func (c *Config) keysBudget() int64 {
-	return max(c.MaxMemory-max(c.CacheMemory, 0), 0)
+// residentBudget is the memory left for resident keys: MaxMemory less
+// what the active keys may take and the snapshot cache (none when that
+// leaves nothing).
+func (c *Config) residentBudget() int64 {
+	return max(c.MaxMemory-int64(c.MaxActive)*ActiveKeyBytes-max(c.CacheMemory, 0), 0)
 }
 
 // Validate reports every problem of c at once.

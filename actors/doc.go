@@ -23,8 +23,7 @@
 // event's group; a store of the old layout refuses joins (ErrLayout).
 //
 // Memory: a key has an actor while it is among about the MaxActive most
-// recently used (a key used twice is kept over one used once; fewer keys
-// keep one while the resident tier needs the memory); passivated, it stays in memory without one (the resident tier,
+// recently used (a key used twice is kept over one used once); passivated, it stays in memory without one (the resident tier,
 // resident.go) within MaxMemory; beyond that its state is kept packed in
 // the snapshot cache (cache.go) within CacheMemory, and beyond that only in
 // the store. A changed key beyond the budget is kept packed in the spill

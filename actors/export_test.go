@@ -28,14 +28,6 @@ func CachedKeys(h *Host, pipeline string, keys func(yield func(string) bool)) in
 	return n
 }
 
-// SetActiveFloorMin sets the least floor of the active keys' limit
-// (resident.go) until the returned function restores it.
-func SetActiveFloorMin(n int) (restore func()) {
-	was := activeFloorMin
-	activeFloorMin = n
-	return func() { activeFloorMin = was }
-}
-
 // SetMaxIdleActors bounds the idle actors kept for reuse (shell.go).
 func SetMaxIdleActors(h *Host, n int) {
 	h.mu.Lock()

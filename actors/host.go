@@ -256,8 +256,7 @@ func New(cfg Config) (*Host, error) {
 		clockLogged:   make(map[string]int64),
 	}
 	h.outputs.init()
-	h.resident.keys = cfg.keysBudget()
-	h.setActiveMaxLocked(cfg.MaxActive)
+	h.resident.max = cfg.residentBudget()
 	h.resident.spill.seed = maphash.MakeSeed()
 	h.cache = newSnapshotCache(cfg.CacheMemory)
 	h.stats.pipelines = make(map[string]*pipelineStats, len(cfg.Pipelines))
@@ -648,7 +647,7 @@ func (h *Host) sendRead(pipeline, key string, msg any) error {
 	} else {
 		h.sendLocked(id, g, msg)
 	}
-	over := h.lru.n > h.resident.activeMax
+	over := h.lru.n > h.cfg.MaxActive
 	h.mu.Unlock()
 	if over { // reads of unseen keys activate grains too
 		h.nudgePassivate()

@@ -581,7 +581,7 @@ func (h *Host) replayBatch(ctx context.Context, g uint32, batch []replayRecord) 
 	// a million keys left them all active (an actor spawned for each, and
 	// 1.5 GB) until Run's first passivation (BENCHMARKS.md, session 22).
 	h.mu.Lock()
-	over := h.lru.n > h.resident.activeMax
+	over := h.lru.n > h.cfg.MaxActive
 	h.mu.Unlock()
 	if over {
 		h.passivate()

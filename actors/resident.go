@@ -94,84 +94,6 @@ type resident struct {
 	spill                spill // the dirty keys that left memory (spill.go)
 	bytes                int64 // estimated, of every parked key, and the spill's
 	max                  int64 // budget: beyond it keys leave, clean ones first
-	// keys is what MaxMemory leaves the active and the resident keys
-	// together (less the snapshot cache); max is keys less activeMax ×
-	// ActiveKeyBytes (setActiveMaxLocked).
-	keys int64
-	// activeMax is the most keys that keep an actor now: MaxActive, until
-	// the resident tier has no room left, then lowered down to activeFloor
-	// (yieldActiveLocked), and raised again as room comes back
-	// (regrowActiveLocked).
-	activeMax int
-}
-
-// Active keys yield their memory to resident ones.
-//
-// An active key costs its actor (about 460 B) on top of what it costs
-// parked, and what its actor buys is an activation (a message, no store
-// read, no decoding) at its next event: about half a microsecond at 100k
-// keys (BENCHMARKS.md, session 55). What a resident key buys is a trip
-// through the snapshot cache or the store (encoding, decoding, a new grain
-// and its garbage). At a million keys evenly used, where more keys than
-// MaxActive take events, a quarter of MaxMemory held by actors and four
-// fifths of the events activating a key anyway, the same memory holding
-// parked keys kept a fifth of the events out of the cache. So MaxActive is
-// a bound, not a share: when the resident tier is full and a key would
-// leave memory for want of room, the active keys' limit comes down first
-// (their least recently used ones are passivated into the freed room),
-// down to a floor, which leaves room for the keys that take events at
-// once: an eighth of MaxActive (21,845 keys for the default 1 GiB), at
-// least a few commits' keys. Where every key fits, nothing changes.
-func (c *Config) activeFloor() int {
-	return min(c.MaxActive, max(c.MaxActive/8, activeFloorMin))
-}
-
-// activeFloorMin is the least floor of the active keys' limit (a variable
-// for tests): a few commits' keys.
-var activeFloorMin = 4096
-
-// setActiveMaxLocked sets how many keys may keep an actor, and gives the
-// resident tier what that leaves. h.mu must be held.
-func (h *Host) setActiveMaxLocked(n int) {
-	r := &h.resident
-	r.activeMax = n
-	r.max = max(r.keys-int64(n)*ActiveKeyBytes, 0) // (0 without a resident tier: keys is 0)
-}
-
-// yieldActiveLocked lowers the active keys' limit so that the resident
-// tier, over its budget, fits again (and by at least activeStep keys, so
-// that a tier filling key by key does not lower it key by key), not below
-// its floor; it reports whether it lowered it. The passivation loop
-// takes the active keys beyond it. h.mu must be held.
-func (h *Host) yieldActiveLocked() bool {
-	r := &h.resident
-	floor := h.cfg.activeFloor()
-	if r.activeMax <= floor || h.cfg.MaxMemory < 0 {
-		return false
-	}
-	over := int((r.bytes - r.max + ActiveKeyBytes - 1) / ActiveKeyBytes)
-	h.setActiveMaxLocked(max(r.activeMax-max(over, activeStep), floor))
-	if h.lru.n > r.activeMax {
-		h.nudgePassivate()
-	}
-	return true
-}
-
-// activeStep is the fewest keys yieldActiveLocked lowers the limit by.
-const activeStep = 1024
-
-// regrowActiveLocked raises the active keys' limit, lowered by
-// yieldActiveLocked, into half the room the resident tier has left: keys
-// that fit again keep their actors, and the other half keeps the tier
-// from asking the limit down again at once. h.mu must be held.
-func (h *Host) regrowActiveLocked() {
-	r := &h.resident
-	if r.activeMax >= h.cfg.MaxActive || h.cfg.MaxMemory < 0 {
-		return
-	}
-	if more := (r.max - r.bytes) / 2 / ActiveKeyBytes; more > 0 {
-		h.setActiveMaxLocked(int(min(int64(r.activeMax)+more, int64(h.cfg.MaxActive))))
-	}
 }
 
 // rlist names a resident list.
@@ -288,8 +210,7 @@ func needsActor(m any) bool {
 	return true
 }
 
-// evictLocked makes the resident tier fit its budget: first by lowering
-// the active keys' limit (yieldActiveLocked), then the least recently
+// evictLocked makes the resident tier fit its budget: the least recently
 // parked clean keys leave memory (their state is in their snapshots), into
 // the snapshot cache (cache.go); then the least recently parked dirty
 // ones, into the spill (spill.go). Those that cannot be spilled stay
@@ -298,9 +219,6 @@ func needsActor(m any) bool {
 func (h *Host) evictLocked() {
 	r := &h.resident
 	for r.bytes > r.max {
-		if h.yieldActiveLocked() {
-			continue // room taken from the active keys' (see activeFloor)
-		}
 		if g := r.clean.tail; g != nil {
 			h.groups[g.group].complete = false // a key leaves memory
 			h.cache.put(g)

@@ -71,9 +71,6 @@ type PipelineStats struct {
 // Stats are counters of a host, for tests, metrics and the dashboard.
 type Stats struct {
 	ActiveKeys int
-	// ActiveLimit is how many keys may keep an actor now: MaxActive, or
-	// less while the resident tier needs the room (resident.go).
-	ActiveLimit int
 	// ResidentKeys are the keys held in memory without an actor, and
 	// ResidentBytes the estimate of what they take (resident.go).
 	ResidentKeys  int
@@ -146,7 +143,6 @@ type Stats struct {
 func (h *Host) Stats() Stats {
 	h.mu.Lock()
 	n, dirty, unavailable, takingOver, logged, filterBytes := h.lru.n, 0, 0, 0, int64(0), int64(0)
-	activeLimit := h.resident.activeMax
 	resident, residentBytes := h.resident.n(), h.resident.bytes
 	spilled, spilledBytes := len(h.resident.spill.index), h.resident.spill.bytes
 	idle := len(h.shells)
@@ -184,7 +180,6 @@ func (h *Host) Stats() Stats {
 	return Stats{
 		Pipelines:     per,
 		ActiveKeys:    n,
-		ActiveLimit:   activeLimit,
 		ResidentKeys:  resident,
 		ResidentBytes: residentBytes,
 		CachedKeys:    cached,

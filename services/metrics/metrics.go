@@ -36,7 +36,6 @@ func RegisterHost(reg prometheus.Registerer, stats func() actors.Stats) error {
 		counter("key_groups_lost_total", "Key groups lost after a failed or fenced store write, then taken over again.", func(s actors.Stats) float64 { return float64(s.GroupsLost) }),
 		gauge("key_groups_unavailable", "Key groups not served now: being recovered or taken over again.", func(s actors.Stats) float64 { return float64(s.GroupsUnavailable) }),
 		gauge("active_keys", "Key actors in memory.", func(s actors.Stats) float64 { return float64(s.ActiveKeys) }),
-		gauge("active_keys_limit", "Keys that may keep an actor now: max_active_keys, or fewer while keys without an actor need the memory (max_memory).", func(s actors.Stats) float64 { return float64(s.ActiveLimit) }),
 		gauge("resident_keys", "Keys held in memory without an actor (passivated, within max_memory).", func(s actors.Stats) float64 { return float64(s.ResidentKeys) }),
 		gauge("resident_bytes", "Estimated memory of the keys held without an actor.", func(s actors.Stats) float64 { return float64(s.ResidentBytes) }),
 		gauge("cached_keys", "Entries of the snapshot cache's index: keys that left memory whose state it keeps packed, within cache_memory (it forgets entries whose space it reused lazily, and keys back in memory keep theirs until they leave again: up to twice the keys it can return).", func(s actors.Stats) float64 { return float64(s.CachedKeys) }),
