@@ -34,6 +34,11 @@ const (
 type collapser struct {
 	pagemap *os.File
 	entries []byte // read buffer of page map entries, reused
+	// rest is called after a collapse that took longer than pauseAfter,
+	// with how long it took (restAfterCollapse, collapsePauseAfter; tests
+	// record the calls).
+	rest       func(ctx context.Context, took time.Duration)
+	pauseAfter time.Duration
 }
 
 // newCollapser returns a collapser if the kernel collapses memory on
@@ -63,7 +68,7 @@ func openCollapser() (*collapser, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrHugePagesUnsupported, err)
 	}
-	return &collapser{pagemap: f}, nil
+	return &collapser{pagemap: f, rest: restAfterCollapse, pauseAfter: collapsePauseAfter}, nil
 }
 
 func (c *collapser) close() { c.pagemap.Close() }
@@ -122,6 +127,27 @@ func mapWindows(n int) (w []byte, unmap func() error, err error) {
 // pass stops at the first window the kernel had no huge page for (ENOMEM,
 // or EBUSY: the cgroup's limit): it would reclaim for every window after
 // it; the next pass tries again.
+// collapsePauseAfter is how long a collapse takes before the pass rests
+// after it, twice as long (restAfterCollapse). A collapse that copies a
+// window takes the process's mmap lock for writing, and every page fault
+// of every thread waits for it; back to back, a pass's hundreds of
+// collapses held a node's acks for 100 ms to a second every
+// HugePageInterval at half load (BENCHMARKS.md, session 55). One that
+// finds the window collapsed already takes microseconds: no rest.
+const collapsePauseAfter = 100 * time.Microsecond
+
+// restAfterCollapse waits twice as long as a collapse took (or until ctx
+// ends), so that the threads waiting for the mmap lock get it: the pass
+// holds it a third of the time at most.
+func restAfterCollapse(ctx context.Context, took time.Duration) {
+	t := time.NewTimer(2 * took)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
 func (c *collapser) pass(ctx context.Context) (hugePageStats, error) {
 	begin := time.Now()
 	var s hugePageStats
@@ -145,7 +171,11 @@ func (c *collapser) pass(ctx context.Context) (hugePageStats, error) {
 			// (A page the runtime gives back between the check and the
 			// collapse is filled by it: the one window's bound on
 			// memory added, until the runtime uses the page again.)
+			t := time.Now()
 			_, _, errno := unix.Syscall(unix.SYS_MADVISE, w, hugePage, unix.MADV_COLLAPSE)
+			if d := time.Since(t); d > c.pauseAfter {
+				c.rest(ctx, d)
+			}
 			switch errno {
 			case 0:
 				s.collapsed++

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -175,4 +176,30 @@ func kernelRelease() string {
 		return "unknown"
 	}
 	return unix.ByteSliceToString(u.Release[:])
+}
+
+// A pass rests after each collapse that took time (the copy of a window,
+// with the process's mmap lock held), not only at its end: every window
+// of a fresh area is followed by a rest as long as its collapse took
+// (which restAfterCollapse doubles), so that page faults waiting for the
+// lock get it between two windows.
+func TestCollapseRestsAfterEachCopy(t *testing.T) {
+	c := newTestCollapser(t)
+	var rests []time.Duration
+	c.rest = func(_ context.Context, took time.Duration) { rests = append(rests, took) }
+	c.pauseAfter = 0 // (a copy's time depends on the machine: every collapse rests here)
+	const windows = 4
+	a := hugeArea(t, windows)
+	startsSmall(t, a, uint64(len(a)))
+	if _, huge := collapseOnce(t, c, a, uint64(len(a))); huge != uint64(len(a)) {
+		t.Fatalf("the area has %d bytes in huge pages, want %d", huge, len(a))
+	}
+	if len(rests) < windows {
+		t.Fatalf("%d rests for a pass that collapsed %d fresh windows (and others), want one after each", len(rests), windows)
+	}
+	for i, d := range rests {
+		if d <= 0 {
+			t.Errorf("rest %d for a collapse of %v", i, d)
+		}
+	}
 }
