@@ -31,10 +31,11 @@ import (
 // returned between the check and the collapse is filled, at most a window
 // at a time, until the runtime uses it again. What it costs is the copy
 // of each window collapsed (2 MiB in the kernel, with its mmap lock held,
-// and the compaction it may take to find a free huge page) and a pass
-// over the process's page map. At a million keys it took 11–17% off the
-// node's CPU per event over gRPC, 12% in process (BENCHMARKS.md, session
-// 35). A kernel whose policy is "never" is left alone.
+// and the compaction it may take to find a free huge page; the pass rests
+// after each, restAfterCollapse) and a pass over the process's page map.
+// At a million keys it took 11–17% off the node's CPU per event over
+// gRPC, 12% in process (BENCHMARKS.md, session 35). A kernel whose policy
+// is "never" is left alone.
 
 // HugePageInterval is how often keyfold serve collapses its memory into
 // huge pages (Config.HugePages).

@@ -122,23 +122,18 @@ func mapWindows(n int) (w []byte, unmap func() error, err error) {
 	return m[off:end:end], unmap, nil
 }
 
-// pass collapses every window of the process's private anonymous memory
-// whose pages are all resident and the process's own, until ctx ends. A
-// pass stops at the first window the kernel had no huge page for (ENOMEM,
-// or EBUSY: the cgroup's limit): it would reclaim for every window after
-// it; the next pass tries again.
 // collapsePauseAfter is how long a collapse takes before the pass rests
 // after it, twice as long (restAfterCollapse). A collapse that copies a
-// window takes the process's mmap lock for writing, and every page fault
-// of every thread waits for it; back to back, a pass's hundreds of
-// collapses held a node's acks for 100 ms to a second every
-// HugePageInterval at half load (BENCHMARKS.md, session 55). One that
-// finds the window collapsed already takes microseconds: no rest.
+// window holds the process's mmap lock for writing while it copies, and
+// every page fault of every thread waits for it; back to back, a pass's
+// hundreds of collapses stalled a node's acks every HugePageInterval at
+// half load (BENCHMARKS.md, session 55). One that finds the window
+// collapsed already takes microseconds: no rest.
 const collapsePauseAfter = 100 * time.Microsecond
 
-// restAfterCollapse waits twice as long as a collapse took (or until ctx
-// ends), so that the threads waiting for the mmap lock get it: the pass
-// holds it a third of the time at most.
+// restAfterCollapse waits twice as long as a collapse took, or until ctx
+// ends, so that the threads waiting for the mmap lock get it: while it
+// copies windows, a pass holds the lock about a third of the time.
 func restAfterCollapse(ctx context.Context, took time.Duration) {
 	t := time.NewTimer(2 * took)
 	defer t.Stop()
@@ -148,6 +143,12 @@ func restAfterCollapse(ctx context.Context, took time.Duration) {
 	}
 }
 
+// pass collapses every window of the process's private anonymous memory
+// whose pages are all resident and the process's own, until ctx ends,
+// resting after each collapse that copied (c.rest). A pass stops at the
+// first window the kernel had no huge page for (ENOMEM, or EBUSY: the
+// cgroup's limit): it would reclaim for every window after it; the next
+// pass tries again.
 func (c *collapser) pass(ctx context.Context) (hugePageStats, error) {
 	begin := time.Now()
 	var s hugePageStats
@@ -155,11 +156,12 @@ func (c *collapser) pass(ctx context.Context) (hugePageStats, error) {
 	if err != nil {
 		return s, err
 	}
+windows:
 	for _, a := range areas {
-		if ctx.Err() != nil {
-			break
-		}
 		for w := a.start; w+hugePage <= a.end; w += hugePage {
+			if ctx.Err() != nil {
+				break windows
+			}
 			whole, err := c.whole(w)
 			if err != nil {
 				return s, err
@@ -173,9 +175,7 @@ func (c *collapser) pass(ctx context.Context) (hugePageStats, error) {
 			// memory added, until the runtime uses the page again.)
 			t := time.Now()
 			_, _, errno := unix.Syscall(unix.SYS_MADVISE, w, hugePage, unix.MADV_COLLAPSE)
-			if d := time.Since(t); d > c.pauseAfter {
-				c.rest(ctx, d)
-			}
+			took := time.Since(t)
 			switch errno {
 			case 0:
 				s.collapsed++
@@ -188,6 +188,9 @@ func (c *collapser) pass(ctx context.Context) (hugePageStats, error) {
 				// will not collapse: the probe showed it collapses
 				// others): the next pass tries again.
 				s.failed++
+			}
+			if took > c.pauseAfter {
+				c.rest(ctx, took)
 			}
 		}
 	}

@@ -203,3 +203,54 @@ func TestCollapseRestsAfterEachCopy(t *testing.T) {
 		}
 	}
 }
+
+// A collapse quicker than pauseAfter (a window collapsed already) is not
+// followed by a rest.
+func TestCollapseQuickNeedsNoRest(t *testing.T) {
+	c := newTestCollapser(t)
+	rests := 0
+	c.rest = func(context.Context, time.Duration) { rests++ }
+	c.pauseAfter = time.Hour
+	a := hugeArea(t, 2)
+	if _, huge := collapseOnce(t, c, a, uint64(len(a))); huge != uint64(len(a)) {
+		t.Fatalf("the area has %d bytes in huge pages, want %d", huge, len(a))
+	}
+	if rests != 0 {
+		t.Errorf("%d rests after collapses quicker than an hour", rests)
+	}
+}
+
+// restAfterCollapse waits twice the collapse's time, and no longer once
+// the pass's context ends.
+func TestRestAfterCollapse(t *testing.T) {
+	begin := time.Now()
+	restAfterCollapse(context.Background(), 5*time.Millisecond)
+	if d := time.Since(begin); d < 10*time.Millisecond {
+		t.Errorf("rested %v after a collapse of 5ms, want at least 10ms", d)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	begin = time.Now()
+	restAfterCollapse(ctx, time.Hour)
+	if d := time.Since(begin); d > time.Second {
+		t.Errorf("rested %v with the pass's context ended", d)
+	}
+}
+
+// A pass ends at the window after its context ends, resting or not.
+func TestCollapseStopsWhenCancelled(t *testing.T) {
+	c := newTestCollapser(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rests := 0
+	c.rest = func(context.Context, time.Duration) { rests++; cancel() }
+	c.pauseAfter = 0
+	hugeArea(t, 4)
+	s, err := c.pass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rests != 1 || s.windows != 1 {
+		t.Errorf("a pass cancelled at its first rest went on: %d rests, %d windows", rests, s.windows)
+	}
+}
