@@ -185,8 +185,8 @@ func kernelRelease() string {
 // lock get it between two windows.
 func TestCollapseRestsAfterEachCopy(t *testing.T) {
 	c := newTestCollapser(t)
-	var rests []time.Duration
-	c.rest = func(_ context.Context, took time.Duration) { rests = append(rests, took) }
+	rests := 0
+	c.rest = func(context.Context, time.Duration) { rests++ }
 	c.pauseAfter = 0 // (a copy's time depends on the machine: every collapse rests here)
 	const windows = 4
 	a := hugeArea(t, windows)
@@ -194,13 +194,8 @@ func TestCollapseRestsAfterEachCopy(t *testing.T) {
 	if _, huge := collapseOnce(t, c, a, uint64(len(a))); huge != uint64(len(a)) {
 		t.Fatalf("the area has %d bytes in huge pages, want %d", huge, len(a))
 	}
-	if len(rests) < windows {
-		t.Fatalf("%d rests for a pass that collapsed %d fresh windows (and others), want one after each", len(rests), windows)
-	}
-	for i, d := range rests {
-		if d <= 0 {
-			t.Errorf("rest %d for a collapse of %v", i, d)
-		}
+	if rests < windows {
+		t.Fatalf("%d rests for a pass that collapsed %d fresh windows (and others), want one after each", rests, windows)
 	}
 }
 
