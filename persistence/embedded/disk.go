@@ -301,6 +301,7 @@ func (s *Store) limitedError(msg string, err error) {
 func (s *Store) openDB() (*pebble.DB, error) {
 	po := s.opts.pebbleOptions(s)
 	po.Lock = s.lock
+	s.compactions = po.Experimental.CompactionScheduler.(*compactionScheduler)
 	return s.openPebble(s.dir, po)
 }
 

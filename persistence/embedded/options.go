@@ -182,6 +182,11 @@ func (o Options) pebbleOptions(s *Store) *pebble.Options {
 		po.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
 	}
 	po.Experimental.LevelMultiplier = levelMultiplier
+	// Compactions paced while they keep up (compactions.go); a new
+	// scheduler for each Pebble opened (one registers once).
+	po.Experimental.CompactionScheduler = newCompactionScheduler()
+	po.CompactionConcurrencyRange = func() (int, int) { return compactionConcurrencyLower, compactionConcurrencyUpper }
+	po.Experimental.L0CompactionConcurrency = l0CompactionConcurrency
 	if !o.PreadTables {
 		// Pebble reads ahead of an iterator whose reads look sequential:
 		// with readahead(2), then by reopening the table for sequential

@@ -65,6 +65,10 @@ type Store struct {
 	pipelinesMu sync.Mutex
 	pipelines   map[string]*pipeline // output logs, by pipeline name
 
+	// compactions paces the compactions of the Pebble open now
+	// (compactions.go).
+	compactions *compactionScheduler
+
 	// testHookCommit, if set, runs before a checkpoint's batch is committed;
 	// testHookIndex after a checkpoint with ids committed it, before its ids
 	// are written into the id index.
