@@ -34,15 +34,18 @@ const (
 	maxCompactionRest = 50 * time.Millisecond
 	// compactionConcurrency is the compactions Pebble runs at once: one,
 	// and two while level 0 is l0CompactionConcurrency sublevels deep or
-	// more, or the compaction debt passes Pebble's threshold
-	// (Options.Experimental.CompactionDebtConcurrency, 1 GiB). More than
-	// one allowed is also the sign that compactions fall behind: none
-	// rests then.
+	// more (not counting those being compacted), the compaction debt
+	// passes Pebble's threshold (Options.Experimental.
+	// CompactionDebtConcurrency, 1 GiB), deletions leave much garbage, or
+	// a manual compaction waits. More than one allowed is also the sign
+	// that compactions fall behind: none rests then. Nor while Pebble
+	// holds writes back (writesStalled), which the sublevels being
+	// compacted can bring about with one allowed.
 	compactionConcurrencyLower, compactionConcurrencyUpper = 1, 2
 	// l0CompactionConcurrency is half of the sublevels at which Pebble
 	// stops writes (L0StopWritesThreshold, 12), not Pebble's 10: a paced
-	// compaction lets level 0 grow, and the pacing ends with room to
-	// spare before writes would wait.
+	// compaction lets level 0 grow, and the pacing ends before it nears
+	// the stop.
 	l0CompactionConcurrency = 6
 )
 
@@ -54,18 +57,24 @@ type compactionScheduler struct {
 	db pebble.DBForCompaction
 
 	// rest is how long a compaction rests after working for worked (0:
-	// not at all); sleep rests, returning early if stop closes. Both are
-	// seams for tests.
+	// not at all); sleep rests, returning early if stop or hurry closes.
+	// Both are seams for tests.
 	rest  func(worked time.Duration) time.Duration
-	sleep func(d time.Duration, stop <-chan struct{})
+	sleep func(d time.Duration, stop, hurry <-chan struct{})
 	now   func() time.Time
 
 	mu      sync.Mutex
 	running int // compactions granted and not done
+	// stalled is set while Pebble holds writes back; hurry closes as it
+	// begins (ending the rests under way) and is made anew as it ends.
+	stalled bool
+	hurry   chan struct{}
 
-	poke chan struct{}
-	stop chan struct{}
-	done chan struct{}
+	poke       chan struct{}
+	stop       chan struct{}
+	stopOnce   sync.Once
+	registered bool // (only Register and Unregister use it)
+	done       chan struct{}
 
 	rests atomic.Int64 // rests taken (tests)
 }
@@ -77,6 +86,7 @@ func newCompactionScheduler() *compactionScheduler {
 		rest:  restAfterCompacting,
 		sleep: sleepUnlessStopped,
 		now:   time.Now,
+		hurry: make(chan struct{}),
 		poke:  make(chan struct{}, 1),
 		stop:  make(chan struct{}),
 		done:  make(chan struct{}),
@@ -91,12 +101,13 @@ func restAfterCompacting(worked time.Duration) time.Duration {
 	return min(time.Duration(float64(worked)*compactionRest), maxCompactionRest)
 }
 
-func sleepUnlessStopped(d time.Duration, stop <-chan struct{}) {
+func sleepUnlessStopped(d time.Duration, stop, hurry <-chan struct{}) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
 	case <-stop:
+	case <-hurry:
 	}
 }
 
@@ -105,14 +116,37 @@ func sleepUnlessStopped(d time.Duration, stop <-chan struct{}) {
 // or a compaction ends.
 func (s *compactionScheduler) Register(_ int, db pebble.DBForCompaction) {
 	s.db = db
+	s.registered = true
 	go s.loop()
 }
 
 // Unregister stops the loop and ends any rest under way; it returns once
-// the loop no longer calls the DB.
+// the loop no longer calls the DB, and compactions still running call it
+// no more either (they rest no more). It may be called again, and without
+// Register: openPebble calls it when pebble.Open fails after registering,
+// which Pebble does not.
 func (s *compactionScheduler) Unregister() {
-	close(s.stop)
-	<-s.done
+	s.stopOnce.Do(func() { close(s.stop) })
+	if s.registered {
+		<-s.done
+	}
+}
+
+// writesStalled is the DB's WriteStallBegin (true) and WriteStallEnd
+// (false): no compaction rests while writes wait, and those resting as
+// the stall begins go on.
+func (s *compactionScheduler) writesStalled(stalled bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if stalled == s.stalled {
+		return
+	}
+	s.stalled = stalled
+	if stalled {
+		close(s.hurry)
+	} else {
+		s.hurry = make(chan struct{})
+	}
 }
 
 func (s *compactionScheduler) loop() {
@@ -131,7 +165,7 @@ func (s *compactionScheduler) loop() {
 }
 
 // grantWaiting starts waiting compactions while Pebble allows more than
-// run.
+// are running.
 func (s *compactionScheduler) grantWaiting() {
 	for {
 		select {
@@ -203,18 +237,26 @@ type pacedCompaction struct {
 func (c *pacedCompaction) Started()                                  { c.since = c.s.now() }
 func (c *pacedCompaction) MeasureCPU(pebble.CompactionGoroutineKind) {}
 
-// CumulativeStats rests after a stretch of work, unless Pebble allows more
-// than one compaction (compactions fall behind: see
-// compactionConcurrencyUpper).
+// CumulativeStats rests after a stretch of work, unless compactions fall
+// behind (Pebble allows more than one, or holds writes back: see
+// compactionConcurrencyUpper) or the DB is closing.
 func (c *pacedCompaction) CumulativeStats(pebble.CompactionGrantHandleStats) {
 	worked := c.s.now().Sub(c.since)
 	d := c.s.rest(worked)
 	if d <= 0 {
 		return // the stretch goes on
 	}
-	if c.s.db.GetAllowedWithoutPermission() <= compactionConcurrencyLower {
+	select {
+	case <-c.s.stop:
+		return // unregistered: no more calls to the DB
+	default:
+	}
+	c.s.mu.Lock()
+	stalled, hurry := c.s.stalled, c.s.hurry
+	c.s.mu.Unlock()
+	if !stalled && c.s.db.GetAllowedWithoutPermission() <= compactionConcurrencyLower {
 		c.s.rests.Add(1)
-		c.s.sleep(d, c.s.stop)
+		c.s.sleep(d, c.s.stop, hurry)
 	}
 	c.since = c.s.now()
 }

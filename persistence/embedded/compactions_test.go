@@ -63,7 +63,7 @@ func pacedForTest(t *testing.T, db pebble.DBForCompaction) (s *compactionSchedul
 	var slept []time.Duration
 	s = newCompactionScheduler()
 	s.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
-	s.sleep = func(d time.Duration, _ <-chan struct{}) { mu.Lock(); defer mu.Unlock(); slept = append(slept, d) }
+	s.sleep = func(d time.Duration, _, _ <-chan struct{}) { mu.Lock(); defer mu.Unlock(); slept = append(slept, d) }
 	s.Register(1, db)
 	t.Cleanup(s.Unregister)
 	return s,
@@ -167,11 +167,9 @@ func TestCompactionSchedulerRunsWhatPebbleAllows(t *testing.T) {
 	}
 	waitFor(t, func() bool { return len(db.granted()) == 3 }, "the last waiting compaction to start")
 	db.granted()[2].Done()
-	s.mu.Lock()
-	running := s.running
-	s.mu.Unlock()
-	if running != 0 {
-		t.Fatalf("%d compactions counted running after all ended", running)
+	s.Unregister() // (the loop may count one while it looks for a waiting one)
+	if s.running != 0 {
+		t.Fatalf("%d compactions counted running after all ended", s.running)
 	}
 }
 
@@ -201,6 +199,57 @@ func TestUnregisterEndsARest(t *testing.T) {
 	if ok, _ := s.TrySchedule(); ok {
 		t.Fatal("TrySchedule granted a compaction after Unregister")
 	}
+	// Compactions still running rest no more, nor ask the DB.
+	h.CumulativeStats(pebble.CompactionGrantHandleStats{})
+	if n := s.rests.Load(); n != 1 {
+		t.Fatalf("%d rests, want the one before Unregister", n)
+	}
+	s.Unregister() // (again: a no-op)
+}
+
+// While Pebble holds writes back, no compaction rests, and one resting as
+// the stall begins goes on.
+func TestWriteStallEndsRests(t *testing.T) {
+	db := &fakeCompactions{allowed: 1}
+	s := newCompactionScheduler()
+	s.rest = func(time.Duration) time.Duration { return time.Hour }
+	s.Register(1, db)
+	defer s.Unregister()
+	ok, h := s.TrySchedule()
+	if !ok {
+		t.Fatal("TrySchedule refused")
+	}
+	h.Started()
+	rested := make(chan struct{})
+	go func() {
+		h.CumulativeStats(pebble.CompactionGrantHandleStats{})
+		close(rested)
+	}()
+	waitFor(t, func() bool { return s.rests.Load() == 1 }, "the compaction to rest")
+	s.writesStalled(true)
+	select {
+	case <-rested:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the rest went on after writes stalled")
+	}
+	h.CumulativeStats(pebble.CompactionGrantHandleStats{}) // returns at once
+	if n := s.rests.Load(); n != 1 {
+		t.Fatalf("%d rests while writes were stalled, want the one before", n)
+	}
+	s.writesStalled(false)
+	s.rest = func(time.Duration) time.Duration { return time.Millisecond }
+	h.CumulativeStats(pebble.CompactionGrantHandleStats{})
+	if n := s.rests.Load(); n != 2 {
+		t.Fatalf("after the stall: %d rests, want 2", n)
+	}
+	h.Done()
+}
+
+// Unregister without Register (pebble.Open failed before it) returns.
+func TestUnregisterUnregistered(t *testing.T) {
+	s := newCompactionScheduler()
+	s.Unregister()
+	s.Unregister()
 }
 
 // A store's compactions rest, and what they compacted reads back whole.
@@ -229,7 +278,7 @@ func TestStoreCompactionsRest(t *testing.T) {
 	if err := s.db.Compact(ctx, []byte{kindSnapshot}, []byte{kindSnapshot + 1}, false); err != nil {
 		t.Fatal(err)
 	}
-	if s.compactions.rests.Load() == 0 {
+	if s.compactions.Load().rests.Load() == 0 {
 		t.Fatalf("a compaction of %d keys' snapshots, three versions each, did not rest", keys)
 	}
 	got, err := s.GetMany(ctx, 0, []string{"key-0", "key-39999"})

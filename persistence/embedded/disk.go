@@ -301,7 +301,7 @@ func (s *Store) limitedError(msg string, err error) {
 func (s *Store) openDB() (*pebble.DB, error) {
 	po := s.opts.pebbleOptions(s)
 	po.Lock = s.lock
-	s.compactions = po.Experimental.CompactionScheduler.(*compactionScheduler)
+	s.compactions.Store(po.Experimental.CompactionScheduler.(*compactionScheduler))
 	return s.openPebble(s.dir, po)
 }
 
@@ -339,6 +339,11 @@ func (s *Store) openPebble(dir string, po *pebble.Options) (*pebble.DB, error) {
 	var err error
 	select {
 	case r := <-done:
+		if r.err != nil {
+			// Pebble registered its compaction scheduler, perhaps, and
+			// does not unregister it when the open fails after that.
+			po.Experimental.CompactionScheduler.Unregister()
+		}
 		return r.db, r.err
 	case err = <-failed:
 	case <-s.stop:
@@ -347,6 +352,8 @@ func (s *Store) openPebble(dir string, po *pebble.Options) (*pebble.DB, error) {
 	go func() { // the abandoned open: close what it opens
 		if r := <-done; r.db != nil {
 			_ = r.db.Close()
+		} else {
+			po.Experimental.CompactionScheduler.Unregister() // (as above)
 		}
 	}()
 	if isNoSpace(err) {

@@ -148,6 +148,9 @@ func (o Options) pebbleFS(refused *mapRefusals) vfs.FS {
 
 // pebbleOptions returns the Pebble options for one opening of the store.
 func (o Options) pebbleOptions(s *Store) *pebble.Options {
+	// A new compaction scheduler for each Pebble opened (one registers
+	// once), told of its write stalls.
+	compactions := newCompactionScheduler()
 	po := &pebble.Options{
 		FS:           backoffFS{o.pebbleFS(&s.disk.unmapped), &s.disk.lastNoSpace, &s.disk.walErr},
 		Logger:       pebbleLogger{l: o.Logger, s: s},
@@ -167,10 +170,16 @@ func (o Options) pebbleOptions(s *Store) *pebble.Options {
 			},
 			// Writes wait while flushes or compactions fall behind: every
 			// append (so every ack) waits with them.
-			WriteStallBegin: s.stallBegin,
-			WriteStallEnd:   s.stallEnd,
-			FlushEnd:        s.disk.flushEnd,
-			CompactionEnd:   s.disk.compactionEnd,
+			WriteStallBegin: func(info pebble.WriteStallBeginInfo) {
+				compactions.writesStalled(true)
+				s.stallBegin(info)
+			},
+			WriteStallEnd: func() {
+				compactions.writesStalled(false)
+				s.stallEnd()
+			},
+			FlushEnd:      s.disk.flushEnd,
+			CompactionEnd: s.disk.compactionEnd,
 		},
 	}
 	// Bloom filters (10 bits a key, ~1% false positives) on every level: an
@@ -182,9 +191,8 @@ func (o Options) pebbleOptions(s *Store) *pebble.Options {
 		po.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
 	}
 	po.Experimental.LevelMultiplier = levelMultiplier
-	// Compactions paced while they keep up (compactions.go); a new
-	// scheduler for each Pebble opened (one registers once).
-	po.Experimental.CompactionScheduler = newCompactionScheduler()
+	// Compactions paced while they keep up (compactions.go).
+	po.Experimental.CompactionScheduler = compactions
 	po.CompactionConcurrencyRange = func() (int, int) { return compactionConcurrencyLower, compactionConcurrencyUpper }
 	po.Experimental.L0CompactionConcurrency = l0CompactionConcurrency
 	if !o.PreadTables {

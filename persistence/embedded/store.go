@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -66,8 +67,8 @@ type Store struct {
 	pipelines   map[string]*pipeline // output logs, by pipeline name
 
 	// compactions paces the compactions of the Pebble open now
-	// (compactions.go).
-	compactions *compactionScheduler
+	// (compactions.go; tests read it).
+	compactions atomic.Pointer[compactionScheduler]
 
 	// testHookCommit, if set, runs before a checkpoint's batch is committed;
 	// testHookIndex after a checkpoint with ids committed it, before its ids
