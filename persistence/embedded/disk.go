@@ -341,8 +341,10 @@ func (s *Store) openPebble(dir string, po *pebble.Options) (*pebble.DB, error) {
 	case r := <-done:
 		if r.err != nil {
 			// Pebble registered its compaction scheduler, perhaps, and
-			// does not unregister it when the open fails after that.
-			po.Experimental.CompactionScheduler.Unregister()
+			// does not unregister it when the open fails after that. (On
+			// a goroutine of its own: its loop may be waiting for the
+			// mutex of a Pebble that a failed write parked; see stuck.)
+			go po.Experimental.CompactionScheduler.Unregister()
 		}
 		return r.db, r.err
 	case err = <-failed:
