@@ -22,8 +22,8 @@ import (
 
 const (
 	// compactionRest is how long a compaction rests for each unit of time
-	// it worked (3, a quarter of the time, was measured too, and did no
-	// better: BENCHMARKS.md, session 56).
+	// it worked (3, a quarter of the time, was measured too, without a
+	// clear gain over 1: BENCHMARKS.md, session 56).
 	compactionRest = 1.0
 	// compactionStretch is the least work after which a compaction rests:
 	// Pebble reports its progress every 128 keys, and resting after each
@@ -57,8 +57,8 @@ type compactionScheduler struct {
 	db pebble.DBForCompaction
 
 	// rest is how long a compaction rests after working for worked (0:
-	// not at all); sleep rests, returning early if stop or hurry closes.
-	// Both are seams for tests.
+	// not at all); sleep rests, returning early if stop or hurry closes;
+	// now is the clock. All three are seams for tests.
 	rest  func(worked time.Duration) time.Duration
 	sleep func(d time.Duration, stop, hurry <-chan struct{})
 	now   func() time.Time
