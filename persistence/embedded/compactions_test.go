@@ -302,3 +302,33 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// A Pebble's write stalls reach its compaction scheduler, and the store's
+// own record of the stall (pebbleOptions wires both).
+func TestWriteStallsReachTheScheduler(t *testing.T) {
+	s, err := Open(t.TempDir(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	po := s.opts.pebbleOptions(s)
+	c := po.Experimental.CompactionScheduler.(*compactionScheduler)
+	po.EventListener.WriteStallBegin(pebble.WriteStallBeginInfo{Reason: "memtable count limit reached"})
+	c.mu.Lock()
+	stalled := c.stalled
+	c.mu.Unlock()
+	s.stall.mu.Lock()
+	reason := s.stall.reason
+	s.stall.mu.Unlock()
+	if !stalled || reason != "memtable count limit reached" {
+		t.Fatalf("after WriteStallBegin: scheduler stalled %v, store's reason %q", stalled, reason)
+	}
+	po.EventListener.WriteStallEnd()
+	c.mu.Lock()
+	stalled = c.stalled
+	c.mu.Unlock()
+	if stalled {
+		t.Fatal("after WriteStallEnd the scheduler still counts writes stalled")
+	}
+	c.Unregister() // (never registered: a no-op)
+}
