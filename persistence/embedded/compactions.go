@@ -70,11 +70,10 @@ type compactionScheduler struct {
 	stalled bool
 	hurry   chan struct{}
 
-	poke       chan struct{}
-	stop       chan struct{}
-	stopOnce   sync.Once
-	registered bool // (only Register and Unregister use it)
-	done       chan struct{}
+	poke     chan struct{}
+	stop     chan struct{}
+	stopOnce sync.Once
+	done     chan struct{} // closed as the loop (started by Register) ends
 
 	rests atomic.Int64 // rests taken (tests)
 }
@@ -116,7 +115,6 @@ func sleepUnlessStopped(d time.Duration, stop, hurry <-chan struct{}) {
 // or a compaction ends.
 func (s *compactionScheduler) Register(_ int, db pebble.DBForCompaction) {
 	s.db = db
-	s.registered = true
 	go s.loop()
 }
 
@@ -127,7 +125,7 @@ func (s *compactionScheduler) Register(_ int, db pebble.DBForCompaction) {
 // which Pebble does not.
 func (s *compactionScheduler) Unregister() {
 	s.stopOnce.Do(func() { close(s.stop) })
-	if s.registered {
+	if s.db != nil { // registered: the loop runs
 		<-s.done
 	}
 }

@@ -155,7 +155,7 @@ func TestCompactionSchedulerRunsWhatPebbleAllows(t *testing.T) {
 	db.set(1, 3) // three wait
 	first.Done()
 	waitFor(t, func() bool { return len(db.granted()) == 1 }, "the waiting compaction to start after the first ended")
-	time.Sleep(250 * time.Millisecond) // (two ticks of the loop)
+	s.grantWaiting() // what the loop's next tick does
 	if n := len(db.granted()); n != 1 {
 		t.Fatalf("%d compactions started with one allowed", n)
 	}
@@ -173,29 +173,34 @@ func TestCompactionSchedulerRunsWhatPebbleAllows(t *testing.T) {
 	}
 }
 
-// Closing the store ends a compaction's rest: Unregister does not wait it out.
-func TestUnregisterEndsARest(t *testing.T) {
-	db := &fakeCompactions{allowed: 1}
-	s := newCompactionScheduler()
+// restingCompaction starts a compaction on a registered scheduler whose
+// rests last an hour, and returns once it rests; rested closes when the
+// rest ends.
+func restingCompaction(t *testing.T) (s *compactionScheduler, h pebble.CompactionGrantHandle, rested <-chan struct{}) {
+	t.Helper()
+	s = newCompactionScheduler()
 	s.rest = func(time.Duration) time.Duration { return time.Hour }
-	s.Register(1, db)
+	s.Register(1, &fakeCompactions{allowed: 1})
+	t.Cleanup(s.Unregister)
 	ok, h := s.TrySchedule()
 	if !ok {
 		t.Fatal("TrySchedule refused")
 	}
 	h.Started()
-	rested := make(chan struct{})
+	done := make(chan struct{})
 	go func() {
 		h.CumulativeStats(pebble.CompactionGrantHandleStats{})
-		close(rested)
+		close(done)
 	}()
 	waitFor(t, func() bool { return s.rests.Load() == 1 }, "the compaction to rest")
+	return s, h, done
+}
+
+// Closing the store ends a compaction's rest: Unregister does not wait it out.
+func TestUnregisterEndsARest(t *testing.T) {
+	s, h, rested := restingCompaction(t)
 	s.Unregister()
-	select {
-	case <-rested:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the rest went on after Unregister")
-	}
+	waitFor(t, func() bool { return isClosed(rested) }, "the rest to end after Unregister")
 	if ok, _ := s.TrySchedule(); ok {
 		t.Fatal("TrySchedule granted a compaction after Unregister")
 	}
@@ -210,28 +215,9 @@ func TestUnregisterEndsARest(t *testing.T) {
 // While Pebble holds writes back, no compaction rests, and one resting as
 // the stall begins goes on.
 func TestWriteStallEndsRests(t *testing.T) {
-	db := &fakeCompactions{allowed: 1}
-	s := newCompactionScheduler()
-	s.rest = func(time.Duration) time.Duration { return time.Hour }
-	s.Register(1, db)
-	defer s.Unregister()
-	ok, h := s.TrySchedule()
-	if !ok {
-		t.Fatal("TrySchedule refused")
-	}
-	h.Started()
-	rested := make(chan struct{})
-	go func() {
-		h.CumulativeStats(pebble.CompactionGrantHandleStats{})
-		close(rested)
-	}()
-	waitFor(t, func() bool { return s.rests.Load() == 1 }, "the compaction to rest")
+	s, h, rested := restingCompaction(t)
 	s.writesStalled(true)
-	select {
-	case <-rested:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the rest went on after writes stalled")
-	}
+	waitFor(t, func() bool { return isClosed(rested) }, "the rest to end as writes stalled")
 	h.CumulativeStats(pebble.CompactionGrantHandleStats{}) // returns at once
 	if n := s.rests.Load(); n != 1 {
 		t.Fatalf("%d rests while writes were stalled, want the one before", n)
@@ -289,6 +275,15 @@ func TestStoreCompactionsRest(t *testing.T) {
 		if string(got[i]) != string(value(2, k)) {
 			t.Fatalf("key-%d after the compaction: %q, want %q", k, got[i], value(2, k))
 		}
+	}
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }
 
