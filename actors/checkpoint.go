@@ -729,11 +729,11 @@ const passivateBatch = 256
 // be held.
 func (h *Host) passivateSomeLocked(idleBefore int64, n int) (done bool) {
 	excess := h.lru.n - h.cfg.MaxActive
-	for g := h.lru.tail; g != nil; n-- {
+	for g := h.lru.back(); g != nil; n-- {
 		if n == 0 {
 			return false
 		}
-		prev := g.order.prev
+		prev := h.grains.prev(g)
 		if g.used {
 			g.used = false
 			h.lru.touch(g)

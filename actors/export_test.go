@@ -73,8 +73,8 @@ func SpillParked(h *Host) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	n := 0
-	for g := h.resident.dirty.tail; g != nil; {
-		prev := g.order.prev
+	for g := h.resident.dirty.back(); g != nil; {
+		prev := h.grains.prev(g)
 		if h.spillLocked(g) {
 			n++
 		}
@@ -127,16 +127,56 @@ func InMemory(h *Host, pipeline, key string) bool {
 }
 
 // CheckRegistry fails if a key with an actor or parked is not the grain the
-// registry holds for it (a second grain of one key).
+// registry holds for it (a second grain of one key), or if the lists'
+// table (lru.go) holds other grains than the lists', or holds them
+// elsewhere than at their handles.
 func CheckRegistry(h *Host) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for _, l := range []*lru[grain, *grain]{&h.lru, &h.resident.clean, &h.resident.dirty, &h.resident.pinned} {
-		for g := l.head; g != nil; g = g.order.next {
+	listed := 0
+	for i, l := range []*lru{&h.lru, &h.resident.clean, &h.resident.dirty, &h.resident.pinned} {
+		n := 0
+		for g := l.front(); g != nil; g = h.grains.next(g) {
 			if h.keys[g.id] != g {
 				return fmt.Errorf("key %s/%s is in memory (tier %d) as a grain the registry does not hold", g.id.pipeline, g.id.key, g.tier)
 			}
+			if i == 0 && g.tier != tierActive || i > 0 && (g.tier != tierParked || h.resident.list(g) != l) {
+				return fmt.Errorf("key %s/%s (tier %d, resident list %d) is in list %d", g.id.pipeline, g.id.key, g.tier, g.rlist, i)
+			}
+			if n++; n > len(h.grains.slots) {
+				return fmt.Errorf("list %d does not end", i)
+			}
 		}
+		if n != l.n {
+			return fmt.Errorf("a list holds %d grains and counts %d", n, l.n)
+		}
+		listed += n
+	}
+	inTable := 0
+	for x, g := range h.grains.slots {
+		if g == nil {
+			continue
+		}
+		if g.slot != uint32(x) {
+			return fmt.Errorf("key %s/%s is at %d in the lists' table, its handle is %d", g.id.pipeline, g.id.key, x, g.slot)
+		}
+		inTable++
+	}
+	if inTable != listed || len(h.grains.slots) > 0 && inTable+len(h.grains.free) != len(h.grains.slots)-1 {
+		return fmt.Errorf("the lists' table holds %d grains and %d free handles of %d, the lists %d grains", inTable, len(h.grains.free), len(h.grains.slots)-1, listed)
+	}
+	parked := 0
+	for i := range h.groups {
+		for j, x := range h.groups[i].parked {
+			g := h.grains.grain(x)
+			if g == nil || g.tier != tierParked || g.group != uint32(i) || g.parkIdx != int32(j+1) {
+				return fmt.Errorf("group %d lists handle %d among its parked keys at %d, which is not its parked key there", i, x, j)
+			}
+		}
+		parked += len(h.groups[i].parked)
+	}
+	if parked != h.resident.n() {
+		return fmt.Errorf("the groups list %d parked keys, the resident tier %d", parked, h.resident.n())
 	}
 	return nil
 }

@@ -130,12 +130,13 @@ type grain struct {
 	spilled  bool
 	used     bool
 	sh       *shell
-	lastUsed int64 // unix nanos
-	order    links[*grain]
-	parkIdx  int32 // index+1 in groupState.parked; 0: not parked
-	dirtyIdx int32 // index+1 in groupState.dirty; 0: clean
+	lastUsed int64  // unix nanos
+	slot     uint32 // its handle in the lists' table (lru.go) while in a list; 0: none
+	parkIdx  int32  // index+1 in groupState.parked; 0: not parked
+	dirtyIdx int32  // index+1 in groupState.dirty; 0: clean
 	dirtyAt  persistence.Position
 	stop     *stoppingGrain
+	rsize    int64 // its estimated size while parked (resident.go)
 
 	// current is set once the state in memory is the key's: loaded, or
 	// kept while the key was parked (resident.go), so a new actor around
@@ -158,7 +159,6 @@ type grain struct {
 	// preloaded is the key's snapshot if the commit that activated it read
 	// it already (activate.go); nil: the grain reads it.
 	preloaded *loaded
-	rsize     int64 // its estimated size while parked (resident.go)
 }
 
 // grainKeyBytes is the longest key a grain keeps in its own bytes (longer

@@ -53,8 +53,11 @@ type Host struct {
 	// bookkeeping. Messages to grains are sent while holding it, so a grain
 	// is never passivated between being looked up and being sent to.
 	mu   sync.Mutex
-	keys map[keyID]*grain   // every key in memory (registry.go)
-	lru  lru[grain, *grain] // the active keys by last use
+	keys map[keyID]*grain // every key in memory (registry.go)
+	lru  lru              // the active keys by last use
+	// grains are the keys in the lists (lru.go): the active ones and the
+	// resident tier's.
+	grains grainTable
 	// entered counts the grains that entered the registry, so that a
 	// commit knows whether the keys it found in memory nowhere still are
 	// (commit.go).
@@ -188,8 +191,9 @@ type groupState struct {
 	// (processing time), by pipeline.
 	expiry map[string]*timerIndex
 	// parked are the group's keys in the resident tier (resident.go), in
-	// no order.
-	parked []*grain
+	// no order, by their handles in the lists' table (lru.go): a pointer
+	// each would be one more for the collector to follow to the grain.
+	parked []uint32
 	// spills are the group's arenas of spilled keys, spilled how many
 	// keys are in them (spill.go).
 	spills  []*spillArena
@@ -256,6 +260,8 @@ func New(cfg Config) (*Host, error) {
 		clockLogged:   make(map[string]int64),
 	}
 	h.outputs.init()
+	h.lru.t = &h.grains
+	h.resident.init(&h.grains)
 	h.resident.max = cfg.residentBudget()
 	h.resident.spill.seed = maphash.MakeSeed()
 	h.cache = newSnapshotCache(cfg.CacheMemory)
@@ -389,8 +395,8 @@ loop:
 // alone leaves running actors be.)
 func (h *Host) stopAll() {
 	h.mu.Lock()
-	for g := h.lru.head; g != nil; {
-		next := g.order.next
+	for g := h.lru.front(); g != nil; {
+		next := h.grains.next(g)
 		h.system.Root.Stop(g.sh.pid)
 		h.deactivateLocked(g)
 		h.forgetLocked(g)

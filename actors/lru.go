@@ -1,69 +1,160 @@
 package actors
 
-// lru orders elements by last use, most recent first, so that passivation
+// lru orders grains by last use, most recent first, so that passivation
 // (of the active grains) and eviction (of the resident ones, resident.go)
 // take the least recently used in time proportional to what they take.
 // (The active grains' order is kept lazily: a use marks the grain, and
 // passivation moves a marked grain it meets to the front; see passivate.)
 // (Passivation scanned and sorted every active key at each checkpoint, and
 // ran at every commit once the node held more than MaxActive keys: 14% of
-// the CPU at a million keys, BENCHMARKS.md.) The list is intrusive: the
-// links live in the elements (a links field, reached through P), so that
-// pushing and removing allocate nothing. Guarded by h.mu.
-type lru[T any, P linked[T]] struct {
-	head, tail P // most and least recently used
+// the CPU at a million keys, BENCHMARKS.md.) Pushing and removing allocate
+// nothing once the table has grown to the keys. Guarded by h.mu.
+//
+// The links are not in the grains. A grain in a list has a handle
+// (grain.slot), its place in the host's grainTable, and the table keeps
+// the links by handle, eight bytes each: removing a grain rewrites its
+// neighbours' links there, not in the neighbours themselves, which at a
+// million keys are two grains the CPU's caches do not hold (grain.links
+// was 2.5% of the node's CPU, a cache miss each). And the collector, which
+// follows every pointer to a grain (a cache miss each at a million keys:
+// the Green Tea collector's spanClass.sizeclass was 10% of the CPU), finds
+// one per grain in a list, the table's, instead of two, its neighbours'
+// (BENCHMARKS.md, session 57). The table grows by doubling, under h.mu
+// (at a million keys a copy of 16 MB), and does not shrink.
+type lru struct {
+	t          *grainTable
+	head, tail uint32 // most and least recently used; 0: none
 	n          int
 }
 
-// links are an element's neighbours in its list.
-type links[P any] struct{ prev, next P }
-
-// linked is a pointer to an element with links.
-type linked[T any] interface {
-	*T
-	links() *links[*T]
+// grainTable holds the grains in lists (lru) by handle, and their links.
+// Handle 0 is none. A grain has a handle exactly while it is in a list: it
+// takes one as it joins and gives it back as it leaves, so the table holds
+// no grain that left (nor keeps one from the collector).
+type grainTable struct {
+	slots []*grain
+	links []link
+	free  []uint32
 }
 
-func (l *lru[T, P]) pushFront(x P) {
-	lx := x.links()
-	lx.prev, lx.next = nil, (*T)(l.head)
-	if l.head != nil {
-		l.head.links().prev = x
+// link is a listed grain's neighbours, by handle.
+type link struct{ prev, next uint32 }
+
+// tableBytes is what the table takes a grain in a list: its slot and its
+// link (the resident tier's estimates, grainBytes).
+const tableBytes = 8 + 8
+
+// take gives g a handle.
+func (t *grainTable) take(g *grain) uint32 {
+	var x uint32
+	if n := len(t.free); n > 0 {
+		x, t.free = t.free[n-1], t.free[:n-1]
+	} else {
+		if len(t.slots) == 0 {
+			t.slots, t.links = make([]*grain, 1, 1024), make([]link, 1, 1024) // (0: none)
+		}
+		x = uint32(len(t.slots))
+		t.slots, t.links = append(t.slots, nil), append(t.links, link{})
 	}
-	l.head = x
-	if l.tail == nil {
-		l.tail = x
+	t.slots[x], t.links[x], g.slot = g, link{}, x
+	return x
+}
+
+// give takes g's handle back.
+func (t *grainTable) give(g *grain) {
+	t.slots[g.slot] = nil
+	t.free = append(t.free, g.slot)
+	g.slot = 0
+}
+
+// grain returns the grain of handle x, nil for 0.
+func (t *grainTable) grain(x uint32) *grain { return t.slots[x] }
+
+// next and prev return g's neighbours in its list (nil at an end): the
+// less and the more recently used.
+func (t *grainTable) next(g *grain) *grain { return t.slots[t.links[g.slot].next] }
+func (t *grainTable) prev(g *grain) *grain { return t.slots[t.links[g.slot].prev] }
+
+// front and back return the most and least recently used, nil if none.
+func (l *lru) front() *grain { return l.at(l.head) }
+func (l *lru) back() *grain  { return l.at(l.tail) }
+
+func (l *lru) at(x uint32) *grain {
+	if x == 0 {
+		return nil
 	}
+	return l.t.slots[x]
+}
+
+// pushFront adds g, which is in no list, as the most recently used.
+func (l *lru) pushFront(g *grain) {
+	if g.slot != 0 {
+		panic("actors: a grain joins a list while in one")
+	}
+	l.link(l.t.take(g))
 	l.n++
 }
 
-func (l *lru[T, P]) remove(x P) {
-	lx := x.links()
-	if lx.prev != nil {
-		P(lx.prev).links().next = lx.next
-	} else if l.head == x {
-		l.head = lx.next
+func (l *lru) link(x uint32) {
+	links := l.t.links
+	links[x] = link{next: l.head}
+	if l.head != 0 {
+		links[l.head].prev = x
 	}
-	if lx.next != nil {
-		P(lx.next).links().prev = lx.prev
-	} else if l.tail == x {
-		l.tail = lx.prev
+	l.head = x
+	if l.tail == 0 {
+		l.tail = x
 	}
-	lx.prev, lx.next = nil, nil
+}
+
+// remove takes g out of the list.
+func (l *lru) remove(g *grain) {
+	if g.slot == 0 {
+		panic("actors: a grain leaves a list it is not in")
+	}
+	l.unlink(g.slot)
+	l.t.give(g)
 	l.n--
 }
 
-func (l *lru[T, P]) touch(x P) {
-	if l.head == x {
-		return
+func (l *lru) unlink(x uint32) {
+	links := l.t.links
+	lx := links[x]
+	if lx.prev != 0 {
+		links[lx.prev].next = lx.next
+	} else if l.head == x {
+		l.head = lx.next
 	}
-	l.remove(x)
-	l.pushFront(x)
+	if lx.next != 0 {
+		links[lx.next].prev = lx.prev
+	} else if l.tail == x {
+		l.tail = lx.prev
+	}
+	links[x] = link{}
 }
 
-// A grain is in one list at a time: the active keys' (Host.lru) or one of
-// the resident tier's.
-func (g *grain) links() *links[*grain] { return &g.order }
+// moveTo moves g from the list to the front of to, keeping its handle
+// (which its group's parked keys name it by, resident.go).
+func (l *lru) moveTo(to *lru, g *grain) {
+	if g.slot == 0 {
+		panic("actors: a grain leaves a list it is not in")
+	}
+	l.unlink(g.slot)
+	l.n--
+	to.link(g.slot)
+	to.n++
+}
+
+// touch makes g, in the list, the most recently used.
+func (l *lru) touch(g *grain) {
+	if g.slot == 0 {
+		panic("actors: a grain is used in a list it is not in")
+	}
+	if x := g.slot; l.head != x {
+		l.unlink(x)
+		l.link(x)
+	}
+}
 
 // deactivateLocked takes an active key out of the order of use and drops
 // its actor (the caller tells the actor). h.mu must be held.

@@ -421,8 +421,8 @@ func (h *Host) loseLocked(groups map[uint32]persistence.Epoch, err error) {
 // after them), so the ingests they carry are answered; not held, the grains
 // do not park (parkLocked).
 func (h *Host) dropGroupsLocked(groups map[uint32]bool) {
-	for k := h.lru.head; k != nil; {
-		next := k.order.next
+	for k := h.lru.front(); k != nil; {
+		next := h.grains.next(k)
 		if groups[k.group] {
 			k.sh.send(&passivateMsg{})
 			h.deactivateLocked(k)

@@ -74,8 +74,8 @@ var errDropped = errors.New("actors: the key's group was dropped")
 
 // grainBytes is what a parked key costs beyond its state and its key's
 // bytes outside the grain (keyHeapBytes): the grain, and its entries in
-// the registry's map and its group's slice.
-var grainBytes = int(unsafe.Sizeof(grain{})) + 64
+// the registry's map, its group's slice and the lists' table (lru.go).
+var grainBytes = int(unsafe.Sizeof(grain{})) + 64 + tableBytes
 
 // keyHeapBytes is what the key's bytes take outside the grain: nothing if
 // they are in it (newGrainLocked).
@@ -90,7 +90,7 @@ type resident struct {
 	// The parked keys by parking, most recent first: those whose snapshot
 	// holds their state (clean), the others (dirty), which a checkpoint
 	// moves to clean, and the dirty ones that cannot be spilled (pinned).
-	clean, dirty, pinned lru[grain, *grain]
+	clean, dirty, pinned lru
 	spill                spill // the dirty keys that left memory (spill.go)
 	bytes                int64 // estimated, of every parked key, and the spill's
 	max                  int64 // budget: beyond it keys leave, clean ones first
@@ -105,6 +105,9 @@ const (
 	rlistPinned
 )
 
+// init makes the lists the table's.
+func (r *resident) init(t *grainTable) { r.clean.t, r.dirty.t, r.pinned.t = t, t, t }
+
 // n is the number of parked keys.
 func (r *resident) n() int { return r.clean.n + r.dirty.n + r.pinned.n }
 
@@ -115,7 +118,7 @@ func (r *resident) needsCheckpoint() bool {
 }
 
 // list returns the list g is in (or goes to).
-func (r *resident) list(g *grain) *lru[grain, *grain] {
+func (r *resident) list(g *grain) *lru {
 	switch g.rlist {
 	case rlistDirty:
 		return &r.dirty
@@ -178,10 +181,10 @@ func (h *Host) parkLocked(g *grain) {
 	}
 	g.rsize = int64(grainBytes + g.keyHeapBytes() + g.state.MemSize())
 	g.tier = tierParked
-	gs.parked = append(gs.parked, g)
-	g.parkIdx = int32(len(gs.parked))
 	r := &h.resident
-	r.list(g).pushFront(g)
+	r.list(g).pushFront(g) // (its handle: g.slot)
+	gs.parked = append(gs.parked, g.slot)
+	g.parkIdx = int32(len(gs.parked))
 	r.bytes += g.rsize
 	h.evictLocked()
 }
@@ -193,9 +196,9 @@ func (h *Host) cleanedLocked(g *grain) {
 	if g.rlist == rlistClean {
 		return
 	}
-	r.list(g).remove(g)
+	from := r.list(g)
 	g.rlist = rlistClean
-	r.clean.pushFront(g)
+	from.moveTo(&r.clean, g)
 }
 
 // needsActor reports whether a grain's message must be processed by its
@@ -219,7 +222,7 @@ func needsActor(m any) bool {
 func (h *Host) evictLocked() {
 	r := &h.resident
 	for r.bytes > r.max {
-		if g := r.clean.tail; g != nil {
+		if g := r.clean.back(); g != nil {
 			h.groups[g.group].complete = false // a key leaves memory
 			h.cache.put(g)
 			h.keyLeftMemory()
@@ -228,11 +231,10 @@ func (h *Host) evictLocked() {
 			h.forgetLocked(g)
 			continue
 		}
-		if g := r.dirty.tail; g != nil {
+		if g := r.dirty.back(); g != nil {
 			if !h.spillLocked(g) {
-				r.dirty.remove(g)
 				g.rlist = rlistPinned
-				r.pinned.pushFront(g)
+				r.dirty.moveTo(&r.pinned, g)
 			}
 			continue
 		}
@@ -247,11 +249,11 @@ func (h *Host) evictLocked() {
 // unparkLocked takes a grain out of the resident tier (the caller says
 // where it goes: its tier is still tierParked).
 func (h *Host) unparkLocked(g *grain) {
-	h.resident.list(g).remove(g)
-	h.resident.bytes -= g.rsize
 	gs := &h.groups[g.group]
-	removeAt(&gs.parked, g.parkIdx, func(moved *grain, idx int32) { moved.parkIdx = idx })
+	removeAt(&gs.parked, g.parkIdx, func(moved uint32, idx int32) { h.grains.grain(moved).parkIdx = idx })
 	g.parkIdx = 0
+	h.resident.list(g).remove(g) // (after: it takes the handle back)
+	h.resident.bytes -= g.rsize
 }
 
 // dropParkedLocked drops the parked keys of a group, and its spill.
@@ -259,7 +261,7 @@ func (h *Host) dropParkedLocked(group uint32) {
 	h.dropSpillLocked(group)
 	gs := &h.groups[group]
 	for n := len(gs.parked); n > 0; n = len(gs.parked) {
-		g := gs.parked[n-1]
+		g := h.grains.grain(gs.parked[n-1])
 		g.leaveMemory()
 		h.unparkLocked(g)
 		h.forgetLocked(g)

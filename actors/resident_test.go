@@ -83,6 +83,9 @@ func TestResidentKeysStayWithinBudget(t *testing.T) {
 	if fs.Calls(faultstore.OpGet) == reads {
 		t.Error("no key was read back from the store: none left memory")
 	}
+	if err := actors.CheckRegistry(hs.host); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Keys parked in an incarnation of their group leave with it: a host that
@@ -98,6 +101,9 @@ func TestResidentKeysLeaveWithTheirGroup(t *testing.T) {
 	groups := hs.host.Abandon(errors.New("test: lease lapsed"))
 	if st := hs.host.Stats(); st.ResidentKeys != 0 || st.ResidentBytes != 0 {
 		t.Fatalf("after abandoning every group: %d keys resident (%d bytes), want none", st.ResidentKeys, st.ResidentBytes)
+	}
+	if err := actors.CheckRegistry(hs.host); err != nil {
+		t.Fatal(err)
 	}
 	if err := hs.host.SetOwned(context.Background(), groups); err != nil {
 		t.Fatal(err)

@@ -321,6 +321,9 @@ func spillUnderCheckpointsAndCrash(t *testing.T, keys int) {
 	if st.Spills-spillsBefore.Load() == 0 || st.Unspills == 0 {
 		t.Errorf("stats %+v: want keys spilled and back, in the second half too", st)
 	}
+	if err := actors.CheckRegistry(hs.host); err != nil {
+		t.Error(err)
+	}
 	hs2 := crashAndRestart(t, hs, fs, dir, 4)
 	defer hs2.shutdown()
 	for i := range keys {
