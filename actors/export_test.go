@@ -143,7 +143,7 @@ func CheckRegistry(h *Host) error {
 			if i == 0 && g.tier != tierActive || i > 0 && (g.tier != tierParked || h.resident.list(g) != l) {
 				return fmt.Errorf("key %s/%s (tier %d, resident list %d) is in list %d", g.id.pipeline, g.id.key, g.tier, g.rlist, i)
 			}
-			if n++; n > len(h.grains.slots) {
+			if n++; n > len(h.grains.entries) {
 				return fmt.Errorf("list %d does not end", i)
 			}
 		}
@@ -153,7 +153,8 @@ func CheckRegistry(h *Host) error {
 		listed += n
 	}
 	inTable := 0
-	for x, g := range h.grains.slots {
+	for x, e := range h.grains.entries {
+		g := e.g
 		if g == nil {
 			continue
 		}
@@ -162,15 +163,14 @@ func CheckRegistry(h *Host) error {
 		}
 		inTable++
 	}
-	if inTable != listed || len(h.grains.slots) > 0 && inTable+len(h.grains.free) != len(h.grains.slots)-1 {
-		return fmt.Errorf("the lists' table holds %d grains and %d free handles of %d, the lists %d grains", inTable, len(h.grains.free), len(h.grains.slots)-1, listed)
+	if inTable != listed || len(h.grains.entries) > 0 && inTable+len(h.grains.free) != len(h.grains.entries)-1 {
+		return fmt.Errorf("the lists' table holds %d grains and %d free handles of %d, the lists %d grains", inTable, len(h.grains.free), len(h.grains.entries)-1, listed)
 	}
 	parked := 0
 	for i := range h.groups {
-		for j, x := range h.groups[i].parked {
-			g := h.grains.grain(x)
-			if g == nil || g.tier != tierParked || g.group != uint32(i) || g.parkIdx != int32(j+1) {
-				return fmt.Errorf("group %d lists handle %d among its parked keys at %d, which is not its parked key there", i, x, j)
+		for j, g := range h.groups[i].parked {
+			if g.tier != tierParked || g.group != uint32(i) || g.parkIdx != int32(j+1) {
+				return fmt.Errorf("group %d lists key %s/%s among its parked keys at %d, which is not its parked key there", i, g.id.pipeline, g.id.key, j)
 			}
 		}
 		parked += len(h.groups[i].parked)

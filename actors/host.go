@@ -191,9 +191,11 @@ type groupState struct {
 	// (processing time), by pipeline.
 	expiry map[string]*timerIndex
 	// parked are the group's keys in the resident tier (resident.go), in
-	// no order, by their handles in the lists' table (lru.go): a pointer
-	// each would be one more for the collector to follow to the grain.
-	parked []uint32
+	// no order. (Pointers, not their handles in the lists' table, lru.go:
+	// a handle cost a parked key's removal a read of the table besides the
+	// grain whose place it takes, more than the pointer costs the
+	// collector; BENCHMARKS.md, session 57.)
+	parked []*grain
 	// spills are the group's arenas of spilled keys, spilled how many
 	// keys are in them (spill.go).
 	spills  []*spillArena

@@ -12,15 +12,16 @@ package actors
 //
 // The links are not in the grains. A grain in a list has a handle
 // (grain.slot), its place in the host's grainTable, and the table keeps
-// the links by handle, eight bytes each: removing a grain rewrites its
-// neighbours' links there, not in the neighbours themselves, which at a
-// million keys are two grains the CPU's caches do not hold (grain.links
-// was 2.5% of the node's CPU, a cache miss each). And the collector, which
-// follows every pointer to a grain (a cache miss each at a million keys:
-// the Green Tea collector's spanClass.sizeclass was 10% of the CPU), finds
-// one per grain in a list, the table's, instead of two, its neighbours'
-// (BENCHMARKS.md, session 57). The table grows by doubling, under h.mu
-// (at a million keys a copy of 16 MB), and does not shrink.
+// the grain and its links by handle, 16 bytes each: removing a grain
+// rewrites its neighbours' links there, not in the neighbours themselves,
+// which at a million keys are two grains the CPU's caches do not hold
+// (grain.links was 2.5% of the node's CPU, a cache miss each). And the
+// collector, which follows every pointer to a grain (a cache miss each at
+// a million keys: the Green Tea collector's spanClass.sizeclass was 10% of
+// the CPU), finds one per grain in a list, the table's, instead of two,
+// its neighbours' (BENCHMARKS.md, session 57). The table grows by
+// doubling, under h.mu (at a million keys a copy of 16 MB), and does not
+// shrink.
 type lru struct {
 	t          *grainTable
 	head, tail uint32 // most and least recently used; 0: none
@@ -32,17 +33,21 @@ type lru struct {
 // takes one as it joins and gives it back as it leaves, so the table holds
 // no grain that left (nor keeps one from the collector).
 type grainTable struct {
-	slots []*grain
-	links []link
-	free  []uint32
+	entries []tableEntry
+	free    []uint32
 }
 
-// link is a listed grain's neighbours, by handle.
-type link struct{ prev, next uint32 }
+// tableEntry is a listed grain and its neighbours, by handle: together,
+// so that taking, giving and unlinking a handle reads one line of the
+// table each.
+type tableEntry struct {
+	g          *grain
+	prev, next uint32
+}
 
-// tableBytes is what the table takes a grain in a list: its slot and its
-// link (the resident tier's estimates, grainBytes).
-const tableBytes = 8 + 8
+// tableBytes is what the table takes a grain in a list (the resident
+// tier's estimates, grainBytes).
+const tableBytes = 16
 
 // take gives g a handle.
 func (t *grainTable) take(g *grain) uint32 {
@@ -50,30 +55,27 @@ func (t *grainTable) take(g *grain) uint32 {
 	if n := len(t.free); n > 0 {
 		x, t.free = t.free[n-1], t.free[:n-1]
 	} else {
-		if len(t.slots) == 0 {
-			t.slots, t.links = make([]*grain, 1, 1024), make([]link, 1, 1024) // (0: none)
+		if len(t.entries) == 0 {
+			t.entries = make([]tableEntry, 1, 1024) // (0: none)
 		}
-		x = uint32(len(t.slots))
-		t.slots, t.links = append(t.slots, nil), append(t.links, link{})
+		x = uint32(len(t.entries))
+		t.entries = append(t.entries, tableEntry{})
 	}
-	t.slots[x], t.links[x], g.slot = g, link{}, x
+	t.entries[x], g.slot = tableEntry{g: g}, x
 	return x
 }
 
 // give takes g's handle back.
 func (t *grainTable) give(g *grain) {
-	t.slots[g.slot] = nil
+	t.entries[g.slot] = tableEntry{}
 	t.free = append(t.free, g.slot)
 	g.slot = 0
 }
 
-// grain returns the grain of handle x, nil for 0.
-func (t *grainTable) grain(x uint32) *grain { return t.slots[x] }
-
 // next and prev return g's neighbours in its list (nil at an end): the
 // less and the more recently used.
-func (t *grainTable) next(g *grain) *grain { return t.slots[t.links[g.slot].next] }
-func (t *grainTable) prev(g *grain) *grain { return t.slots[t.links[g.slot].prev] }
+func (t *grainTable) next(g *grain) *grain { return t.entries[t.entries[g.slot].next].g }
+func (t *grainTable) prev(g *grain) *grain { return t.entries[t.entries[g.slot].prev].g }
 
 // front and back return the most and least recently used, nil if none.
 func (l *lru) front() *grain { return l.at(l.head) }
@@ -83,7 +85,7 @@ func (l *lru) at(x uint32) *grain {
 	if x == 0 {
 		return nil
 	}
-	return l.t.slots[x]
+	return l.t.entries[x].g
 }
 
 // pushFront adds g, which is in no list, as the most recently used.
@@ -96,10 +98,10 @@ func (l *lru) pushFront(g *grain) {
 }
 
 func (l *lru) link(x uint32) {
-	links := l.t.links
-	links[x] = link{next: l.head}
+	e := l.t.entries
+	e[x].prev, e[x].next = 0, l.head
 	if l.head != 0 {
-		links[l.head].prev = x
+		e[l.head].prev = x
 	}
 	l.head = x
 	if l.tail == 0 {
@@ -118,23 +120,22 @@ func (l *lru) remove(g *grain) {
 }
 
 func (l *lru) unlink(x uint32) {
-	links := l.t.links
-	lx := links[x]
-	if lx.prev != 0 {
-		links[lx.prev].next = lx.next
+	e := l.t.entries
+	prev, next := e[x].prev, e[x].next
+	if prev != 0 {
+		e[prev].next = next
 	} else if l.head == x {
-		l.head = lx.next
+		l.head = next
 	}
-	if lx.next != 0 {
-		links[lx.next].prev = lx.prev
+	if next != 0 {
+		e[next].prev = prev
 	} else if l.tail == x {
-		l.tail = lx.prev
+		l.tail = prev
 	}
-	links[x] = link{}
+	e[x].prev, e[x].next = 0, 0
 }
 
-// moveTo moves g from the list to the front of to, keeping its handle
-// (which its group's parked keys name it by, resident.go).
+// moveTo moves g from the list to the front of to, keeping its handle.
 func (l *lru) moveTo(to *lru, g *grain) {
 	if g.slot == 0 {
 		panic("actors: a grain leaves a list it is not in")

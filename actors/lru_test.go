@@ -73,11 +73,12 @@ func TestLRUOrder(t *testing.T) {
 				t.Fatalf("step %d: list %d has %d forwards and %d backwards, want %d in order", i, l, len(got), len(back), len(want[l]))
 			}
 		}
-		if len(table.links) > 0 && table.links[0] != (link{}) {
-			t.Fatalf("step %d: handle 0 (none) has links %+v", i, table.links[0])
+		if len(table.entries) > 0 && table.entries[0] != (tableEntry{}) {
+			t.Fatalf("step %d: handle 0 (none) has %+v", i, table.entries[0])
 		}
 		held := 0
-		for x, g := range table.slots {
+		for x, e := range table.entries {
+			g := e.g
 			if g == nil {
 				continue
 			}
@@ -86,8 +87,8 @@ func TestLRUOrder(t *testing.T) {
 			}
 			held++
 		}
-		if held != len(all) || held+len(table.free) != len(table.slots)-1 {
-			t.Fatalf("step %d: the table holds %d grains and %d free handles of %d, want %d grains", i, held, len(table.free), len(table.slots)-1, len(all))
+		if held != len(all) || held+len(table.free) != len(table.entries)-1 {
+			t.Fatalf("step %d: the table holds %d grains and %d free handles of %d, want %d grains", i, held, len(table.free), len(table.entries)-1, len(all))
 		}
 	}
 }

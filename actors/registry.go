@@ -98,13 +98,12 @@ func (h *Host) cleanLocked(g *grain) {
 
 // removeAt removes the element at index idx-1 of s by moving the last one
 // there, and tells the moved one its new index+1.
-func removeAt[E any](s *[]E, idx int32, moved func(E, int32)) {
+func removeAt(s *[]*grain, idx int32, moved func(*grain, int32)) {
 	i, last := int(idx-1), len(*s)-1
 	if i != last {
 		(*s)[i] = (*s)[last]
 		moved((*s)[i], idx)
 	}
-	var none E
-	(*s)[last] = none
+	(*s)[last] = nil
 	*s = (*s)[:last]
 }

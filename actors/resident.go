@@ -182,9 +182,9 @@ func (h *Host) parkLocked(g *grain) {
 	g.rsize = int64(grainBytes + g.keyHeapBytes() + g.state.MemSize())
 	g.tier = tierParked
 	r := &h.resident
-	r.list(g).pushFront(g) // (its handle: g.slot)
-	gs.parked = append(gs.parked, g.slot)
+	gs.parked = append(gs.parked, g)
 	g.parkIdx = int32(len(gs.parked))
+	r.list(g).pushFront(g)
 	r.bytes += g.rsize
 	h.evictLocked()
 }
@@ -249,11 +249,11 @@ func (h *Host) evictLocked() {
 // unparkLocked takes a grain out of the resident tier (the caller says
 // where it goes: its tier is still tierParked).
 func (h *Host) unparkLocked(g *grain) {
-	gs := &h.groups[g.group]
-	removeAt(&gs.parked, g.parkIdx, func(moved uint32, idx int32) { h.grains.grain(moved).parkIdx = idx })
-	g.parkIdx = 0
-	h.resident.list(g).remove(g) // (after: it takes the handle back)
+	h.resident.list(g).remove(g)
 	h.resident.bytes -= g.rsize
+	gs := &h.groups[g.group]
+	removeAt(&gs.parked, g.parkIdx, func(moved *grain, idx int32) { moved.parkIdx = idx })
+	g.parkIdx = 0
 }
 
 // dropParkedLocked drops the parked keys of a group, and its spill.
@@ -261,7 +261,7 @@ func (h *Host) dropParkedLocked(group uint32) {
 	h.dropSpillLocked(group)
 	gs := &h.groups[group]
 	for n := len(gs.parked); n > 0; n = len(gs.parked) {
-		g := h.grains.grain(gs.parked[n-1])
+		g := gs.parked[n-1]
 		g.leaveMemory()
 		h.unparkLocked(g)
 		h.forgetLocked(g)
