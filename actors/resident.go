@@ -181,9 +181,9 @@ func (h *Host) parkLocked(g *grain) {
 	}
 	g.rsize = int64(grainBytes + g.keyHeapBytes() + g.state.MemSize())
 	g.tier = tierParked
-	r := &h.resident
 	gs.parked = append(gs.parked, g)
 	g.parkIdx = int32(len(gs.parked))
+	r := &h.resident
 	r.list(g).pushFront(g)
 	r.bytes += g.rsize
 	h.evictLocked()

@@ -77,10 +77,7 @@ func pacedForTest(t *testing.T, db pebble.DBForCompaction) (s *compactionSchedul
 func TestCompactionRestsAsLongAsItWorked(t *testing.T) {
 	db := &fakeCompactions{allowed: 1}
 	s, advance, rests := pacedForTest(t, db)
-	ok, h := s.TrySchedule()
-	if !ok {
-		t.Fatal("TrySchedule refused the first compaction")
-	}
+	h := schedule(t, s)
 	h.Started()
 	report := func() { h.CumulativeStats(pebble.CompactionGrantHandleStats{}) }
 
@@ -117,10 +114,7 @@ func TestCompactionRestsAsLongAsItWorked(t *testing.T) {
 func TestCompactionBehindDoesNotRest(t *testing.T) {
 	db := &fakeCompactions{allowed: compactionConcurrencyUpper}
 	s, advance, rests := pacedForTest(t, db)
-	ok, h := s.TrySchedule()
-	if !ok {
-		t.Fatal("TrySchedule refused")
-	}
+	h := schedule(t, s)
 	h.Started()
 	for range 5 {
 		advance(10 * compactionStretch)
@@ -145,10 +139,7 @@ func TestCompactionBehindDoesNotRest(t *testing.T) {
 func TestCompactionSchedulerRunsWhatPebbleAllows(t *testing.T) {
 	db := &fakeCompactions{allowed: 1}
 	s, _, _ := pacedForTest(t, db)
-	ok, first := s.TrySchedule()
-	if !ok {
-		t.Fatal("TrySchedule refused the first compaction")
-	}
+	first := schedule(t, s)
 	if ok, _ := s.TrySchedule(); ok {
 		t.Fatal("TrySchedule granted a second compaction with one allowed")
 	}
@@ -173,6 +164,17 @@ func TestCompactionSchedulerRunsWhatPebbleAllows(t *testing.T) {
 	}
 }
 
+// schedule starts a compaction that Pebble allows, failing the test if the
+// scheduler refuses it.
+func schedule(t *testing.T, s *compactionScheduler) pebble.CompactionGrantHandle {
+	t.Helper()
+	ok, h := s.TrySchedule()
+	if !ok {
+		t.Fatal("TrySchedule refused a compaction Pebble allows")
+	}
+	return h
+}
+
 // restingCompaction starts a compaction on a registered scheduler whose
 // rests last an hour, and returns once it rests; rested closes when the
 // rest ends.
@@ -182,10 +184,7 @@ func restingCompaction(t *testing.T) (s *compactionScheduler, h pebble.Compactio
 	s.rest = func(time.Duration) time.Duration { return time.Hour }
 	s.Register(1, &fakeCompactions{allowed: 1})
 	t.Cleanup(s.Unregister)
-	ok, h := s.TrySchedule()
-	if !ok {
-		t.Fatal("TrySchedule refused")
-	}
+	h = schedule(t, s)
 	h.Started()
 	done := make(chan struct{})
 	go func() {
