@@ -33,15 +33,13 @@ const (
 func (p *Pipeline) appendCore(b []byte, s *State, fpBefore int) ([]byte, error) {
 	b = appendVarintField(b, ksSeq, s.seq)
 	b = appendVarintField(b, ksNow, uint64(s.now))
+	a := &s.aggs
 	for i := range p.aggs {
-		if i >= len(s.aggs) {
-			break
-		}
-		a := &s.aggs[i]
-		if a.count == 0 {
+		count := a.count(i)
+		if count == 0 {
 			continue
 		}
-		sk, err := encodeSketch(a)
+		sk, err := encodeSketch(a, i)
 		if err != nil {
 			return nil, fmt.Errorf("fold: encode aggregate %q: %w", p.aggs[i].name, err)
 		}
@@ -49,12 +47,12 @@ func (p *Pipeline) appendCore(b []byte, s *State, fpBefore int) ([]byte, error) 
 		var mark int
 		b, mark = beginMessage(b)
 		b = appendStringField(b, asName, p.aggs[i].name)
-		b = appendVarintField(b, asCount, a.count)
-		if bits := math.Float64bits(a.num); bits != 0 {
+		b = appendVarintField(b, asCount, count)
+		if bits := math.Float64bits(a.numOf(p.ops[i], i)); bits != 0 {
 			b = protowire.AppendTag(b, asNumber, protowire.Fixed64Type)
 			b = protowire.AppendFixed64(b, bits)
 		}
-		b = appendBytesField(b, asLast, a.last)
+		b = appendBytesField(b, asLast, a.lastOf(p.ops[i], i))
 		b = appendStringField(b, asOp, p.aggs[i].op.String())
 		b = appendBytesField(b, asSketch, sk)
 		b = endMessage(b, mark)

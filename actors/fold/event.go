@@ -236,7 +236,7 @@ func (a *aggregate) contribution(f *fields, env map[string]any, ref fieldRef) (c
 		}
 		c.val = []byte(s)
 	case a.op == OpLast && plainString(raw):
-		c.val = append([]byte(nil), raw...) // as encoding/json renders it
+		c.val = raw // as encoding/json renders it; the state copies it (aggSet.setLast)
 	case a.op == OpLast:
 		v, err := decodeValue(raw)
 		if err != nil {

@@ -218,7 +218,7 @@ func (p *Pipeline) decodePrepared(ev *Event, raw []byte, key string, enc []byte,
 			if !json.Valid(v) {
 				return &FieldError{Field: p.aggs[i].field, Reason: "last value is not JSON"}
 			}
-			c.val = append([]byte(nil), v...) // kept by the state: not the message's
+			c.val = append([]byte(nil), v...) // the event may outlive the message
 		case op == OpDistinct:
 			c.val = append([]byte(nil), d.bytes()...)
 		}

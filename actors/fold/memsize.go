@@ -19,7 +19,7 @@ const (
 // not maps.
 func (s *State) MemSize() int {
 	n := int(unsafe.Sizeof(*s))
-	n += aggsSize(s.aggs)
+	n += s.aggs.memSize()
 	n += s.ids.memSize() + s.h.memSize()
 	if s.timeState == nil {
 		return n
@@ -27,7 +27,7 @@ func (s *State) MemSize() int {
 	n += int(unsafe.Sizeof(*s.timeState))
 	n += cap(s.lateWin) * 8
 	for i := range s.wins {
-		n += int(unsafe.Sizeof(s.wins[i])) + aggsSize(s.wins[i].aggs) + cap(s.wins[i].superseded)*int(unsafe.Sizeof(resultRef{}))
+		n += int(unsafe.Sizeof(s.wins[i])) + s.wins[i].aggs.memSize() + cap(s.wins[i].superseded)*int(unsafe.Sizeof(resultRef{}))
 	}
 	n += cap(s.wait) * int(unsafe.Sizeof(waiting{}))
 	for i := range s.pats {
@@ -43,23 +43,6 @@ func (s *State) MemSize() int {
 		}
 	}
 	n += len(s.out) * 256 // results not yet taken: only between an apply and its take
-	return n
-}
-
-func aggsSize(aggs []aggState) int {
-	n := cap(aggs) * int(unsafe.Sizeof(aggState{}))
-	for i := range aggs {
-		n += cap(aggs[i].last)
-		if aggs[i].sketches != nil {
-			n += int(unsafe.Sizeof(sketches{}))
-		}
-		if aggs[i].hllSketch() != nil {
-			n += hllBytes
-		}
-		if aggs[i].ddSketch() != nil {
-			n += ddBytes
-		}
-	}
 	return n
 }
 

@@ -90,16 +90,18 @@ func (p *Pipeline) appendPacked(dst []byte, s *State, fpBefore int) ([]byte, err
 	dst = binary.AppendUvarint(dst, s.seq)
 	dst = binary.AppendUvarint(dst, s.dups)
 	dst = binary.AppendVarint(dst, s.now)
-	for i := range p.aggs {
-		if i >= len(s.aggs) || s.aggs[i].count == 0 {
+	a := &s.aggs
+	for i, op := range p.ops {
+		count := a.count(i)
+		if count == 0 {
 			dst = append(dst, 0) // count 0: empty, as it restores
 			continue
 		}
-		a := &s.aggs[i]
-		dst = binary.AppendUvarint(dst, a.count)
-		dst = appendPackedNumber(dst, a.num)
-		dst = binary.AppendUvarint(dst, uint64(len(a.last)))
-		dst = append(dst, a.last...)
+		dst = binary.AppendUvarint(dst, count)
+		dst = appendPackedNumber(dst, a.numOf(op, i))
+		last := a.lastOf(op, i)
+		dst = binary.AppendUvarint(dst, uint64(len(last)))
+		dst = append(dst, last...)
 	}
 	dst = binary.AppendUvarint(dst, uint64(s.ids.len()))
 	c := s.ids.cursor()
@@ -164,33 +166,27 @@ func (p *Pipeline) unpackState(data []byte, byCopy bool) (State, error) {
 	case !p.packsCore():
 		return State{}, errors.New("fold: packed state: positional, but the pipeline's states do not pack so")
 	}
-	// The state's variable parts share two allocations, whatever their
-	// number: the last values one byte slice, the ids one string. Every
+	// The state's variable parts take two allocations, whatever their
+	// number: the aggregates with their last values (aggSet), the ids'
+	// log. Every
 	// object a key holds is one more for each GC cycle to walk, and at a
 	// million keys that walk is what an event costs most beyond ten
 	// thousand keys (BENCHMARKS.md, session 15). (data is not kept: it is
 	// the snapshot cache's copy, and holds the ids' bytes once more.)
 	r := packedReader{b: data[1:]}
-	s := State{seq: r.uvarint(), dups: r.uvarint(), now: r.varint(), aggs: make([]aggState, len(p.aggs)), version: RestoredVersion}
-	total := 0 // of the last values
-	for i := range s.aggs {
-		a := &s.aggs[i]
-		if a.count = r.uvarint(); a.count == 0 {
-			continue
-		}
-		a.num = r.number()
-		if n := r.uvarint(); n > 0 {
-			a.last = r.bytes(n) // in data until moved below
-			total += len(a.last)
+	s := State{seq: r.uvarint(), dups: r.uvarint(), now: r.varint(), version: RestoredVersion}
+	aggs := r // read twice: for the last values' length, then the values
+	total := 0
+	for range p.ops {
+		if r.uvarint() > 0 {
+			r.number()
+			total += len(r.bytes(r.uvarint()))
 		}
 	}
-	if total > 0 {
-		lasts := make([]byte, 0, total)
-		for i := range s.aggs {
-			if a := &s.aggs[i]; len(a.last) > 0 {
-				lasts = append(lasts, a.last...)
-				a.last = lasts[len(lasts)-len(a.last) : len(lasts) : len(lasts)]
-			}
+	s.aggs = makeAggSet(len(p.ops), total)
+	for i := range p.ops {
+		if count := aggs.uvarint(); count > 0 {
+			s.aggs.restore(p.ops, i, count, aggs.number(), aggs.bytes(aggs.uvarint()))
 		}
 	}
 	n := r.uvarint()

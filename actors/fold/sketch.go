@@ -38,35 +38,39 @@ func newDDSketch() *ddsketch.DDSketch {
 	return dd
 }
 
-// encodeSketch returns the stored form of an aggregate's sketch, nil if it
+// encodeSketch returns the stored form of aggregate i's sketch, nil if it
 // has none.
-func encodeSketch(a *aggState) ([]byte, error) {
+func encodeSketch(a *aggSet, i int) ([]byte, error) {
+	sk := a.sketchesAt(i)
 	switch {
-	case a.hllSketch() != nil:
+	case sk == nil:
+		return nil, nil
+	case sk.hll != nil:
 		// The library's encoding depends on whether the sparse list was
 		// compacted, which Estimate does: compact first, so the same values
 		// always encode to the same bytes (replay equals live, byte for
 		// byte).
-		a.hll.Estimate()
-		return a.hll.MarshalBinary()
-	case a.ddSketch() != nil:
+		sk.hll.Estimate()
+		return sk.hll.MarshalBinary()
+	case sk.dd != nil:
 		// Deterministic: the same sketch always encodes to the same bytes.
-		return proto.MarshalOptions{Deterministic: true}.Marshal(a.dd.ToProto())
+		return proto.MarshalOptions{Deterministic: true}.Marshal(sk.dd.ToProto())
 	}
 	return nil, nil
 }
 
-// decodeSketch restores an aggregate's sketch for op.
-func decodeSketch(op Op, b []byte, a *aggState) error {
+// decodeSketch restores the sketch of aggregate i, of op, of a set of n.
+func decodeSketch(op Op, b []byte, a *aggSet, n, i int) error {
 	if len(b) == 0 {
 		return nil
 	}
 	switch op {
 	case OpDistinct:
-		a.sketch().hll = hyperloglog.New14()
-		if err := a.hll.UnmarshalBinary(b); err != nil {
+		h := hyperloglog.New14()
+		if err := h.UnmarshalBinary(b); err != nil {
 			return fmt.Errorf("distinct sketch: %w", err)
 		}
+		a.sketch(n, i).hll = h
 	case OpQuantiles:
 		var pb sketchpb.DDSketch
 		if err := proto.Unmarshal(b, &pb); err != nil {
@@ -78,19 +82,19 @@ func decodeSketch(op Op, b []byte, a *aggState) error {
 		if err != nil {
 			return fmt.Errorf("quantiles sketch: %w", err)
 		}
-		a.sketch().dd = dd
+		a.sketch(n, i).dd = dd
 	}
 	return nil
 }
 
-// quantileView is the value of a quantiles aggregate.
-func quantileView(a *aggState) any {
-	if a.ddSketch() == nil || a.dd.IsEmpty() {
+// quantileView is the value of a quantiles aggregate of sketch dd.
+func quantileView(dd *ddsketch.DDSketch) any {
+	if dd == nil || dd.IsEmpty() {
 		return nil
 	}
 	out := make(map[string]any, len(Quantiles))
 	for _, q := range Quantiles {
-		v, err := a.dd.GetValueAtQuantile(q.Q)
+		v, err := dd.GetValueAtQuantile(q.Q)
 		if err != nil {
 			return nil
 		}

@@ -71,10 +71,7 @@ func seenProto(d *idSet, fpBefore int) []*keyfoldv1.SeenID {
 func (p *Pipeline) coreProto(s *State) (*keyfoldv1.KeyState, error) {
 	ks := &keyfoldv1.KeyState{Seq: s.seq, NowMs: s.now, Duplicates: s.dups, WatermarkMs: s.Watermark(), Late: s.Late()}
 	for i := range p.aggs {
-		if i >= len(s.aggs) {
-			break
-		}
-		as, err := aggProto(&p.aggs[i], &s.aggs[i])
+		as, err := aggProto(&p.aggs[i], p.ops, &s.aggs, i)
 		if err != nil {
 			return nil, err
 		}
@@ -100,27 +97,30 @@ func (p *Pipeline) coreProto(s *State) (*keyfoldv1.KeyState, error) {
 	return ks, nil
 }
 
-// aggProto encodes one aggregate's state, nil while it is empty.
-func aggProto(agg *aggregate, a *aggState) (*keyfoldv1.AggregateState, error) {
-	if a.count == 0 {
+// aggProto encodes the state of agg, aggregate i of a set of ops, nil
+// while it is empty.
+func aggProto(agg *aggregate, ops []Op, a *aggSet, i int) (*keyfoldv1.AggregateState, error) {
+	count := a.count(i)
+	if count == 0 {
 		return nil, nil
 	}
-	sk, err := encodeSketch(a)
+	sk, err := encodeSketch(a, i)
 	if err != nil {
 		return nil, fmt.Errorf("fold: encode aggregate %q: %w", agg.name, err)
 	}
-	return &keyfoldv1.AggregateState{Name: agg.name, Op: agg.op.String(), Count: a.count, Number: a.num, LastJson: a.last, Sketch: sk}, nil
+	return &keyfoldv1.AggregateState{Name: agg.name, Op: agg.op.String(), Count: count, Number: a.numOf(ops[i], i), LastJson: a.lastOf(ops[i], i), Sketch: sk}, nil
 }
 
-// restoreAgg finds agg's state among stored ones by name; one of another op
-// is ignored (the aggregate starts afresh).
-func restoreAgg(agg *aggregate, stored []*keyfoldv1.AggregateState, a *aggState) error {
+// restoreAgg finds the state of agg, aggregate i of a set of ops
+// (allocated), among stored ones by name; one of another op is ignored
+// (the aggregate starts afresh).
+func restoreAgg(agg *aggregate, stored []*keyfoldv1.AggregateState, ops []Op, a *aggSet, i int) error {
 	for _, as := range stored {
 		if as.Name != agg.name || (as.Op != "" && as.Op != agg.op.String()) {
 			continue
 		}
-		*a = aggState{count: as.Count, num: as.Number, last: as.LastJson}
-		if err := decodeSketch(agg.op, as.Sketch, a); err != nil {
+		a.restore(ops, i, as.Count, as.Number, as.LastJson)
+		if err := decodeSketch(agg.op, as.Sketch, a, len(ops), i); err != nil {
 			return fmt.Errorf("fold: aggregate %q: %w", as.Name, err)
 		}
 	}
@@ -158,9 +158,9 @@ func (p *Pipeline) StateFromProto(ks *keyfoldv1.KeyState) (State, error) {
 
 func (p *Pipeline) stateFromCore(ks *keyfoldv1.KeyState) (State, error) {
 	// A restored state is at version 1, all of it stored: see Persisted.
-	s := State{seq: ks.Seq, dups: ks.Duplicates, now: ks.NowMs, aggs: make([]aggState, len(p.aggs)), version: RestoredVersion}
+	s := State{seq: ks.Seq, dups: ks.Duplicates, now: ks.NowMs, aggs: makeAggSet(len(p.ops), 0), version: RestoredVersion}
 	for i := range p.aggs {
-		if err := restoreAgg(&p.aggs[i], ks.Aggregates, &s.aggs[i]); err != nil {
+		if err := restoreAgg(&p.aggs[i], ks.Aggregates, p.ops, &s.aggs, i); err != nil {
 			return State{}, err
 		}
 	}

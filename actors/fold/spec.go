@@ -145,6 +145,7 @@ type Pipeline struct {
 	id          []string
 	dedupWindow time.Duration
 	aggs        []aggregate // sorted by name
+	ops         []Op        // the aggregates' (a key's aggSet is parallel to them)
 	windows     []window    // sorted by name
 	patterns    []pattern   // sorted by name
 	steps       []*where    // the patterns' filters, in order
@@ -238,6 +239,7 @@ func Compile(name string, spec Spec) (*Pipeline, error) {
 			agg.where = prog
 		}
 		p.aggs = append(p.aggs, agg)
+		p.ops = append(p.ops, op)
 	}
 	p.compileTime(spec, bad)
 	p.compilePatterns(spec, bad)

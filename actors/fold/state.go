@@ -6,9 +6,6 @@ import (
 	"math"
 	"time"
 
-	"github.com/DataDog/sketches-go/ddsketch"
-	"github.com/axiomhq/hyperloglog"
-
 	keyfoldv1 "github.com/keyfold/keyfold/proto/keyfold/v1"
 )
 
@@ -19,8 +16,8 @@ type State struct {
 	seq  uint64
 	dups uint64 // events skipped as duplicates
 	now  int64  // the key's clock: the largest processing time applied
-	aggs []aggState
-	ids  idSet // ids applied within the dedup window
+	aggs aggSet // parallel to the pipeline's (ops)
+	ids  idSet  // ids applied within the dedup window
 	// The event-time state, for a pipeline with windows or patterns; nil
 	// for one without (most keys, whose memory it would add a third to).
 	*timeState
@@ -53,43 +50,6 @@ func (s *State) timed() *timeState {
 		s.timeState = new(timeState)
 	}
 	return s.timeState
-}
-
-type aggState struct {
-	count     uint64
-	num       float64
-	last      []byte
-	*sketches // of a distinct or quantiles aggregate: nil for the others (most)
-}
-
-// sketches hold the sketch of a distinct or quantiles aggregate; one
-// pointer instead of two in every aggregate of every key in memory.
-type sketches struct {
-	hll *hyperloglog.Sketch // distinct
-	dd  *ddsketch.DDSketch  // quantiles
-}
-
-// hllSketch and ddSketch return the aggregate's sketch, nil if none.
-func (a *aggState) hllSketch() *hyperloglog.Sketch {
-	if a.sketches == nil {
-		return nil
-	}
-	return a.hll
-}
-
-func (a *aggState) ddSketch() *ddsketch.DDSketch {
-	if a.sketches == nil {
-		return nil
-	}
-	return a.dd
-}
-
-// sketch returns the aggregate's sketches, creating them if needed.
-func (a *aggState) sketch() *sketches {
-	if a.sketches == nil {
-		a.sketches = new(sketches)
-	}
-	return a.sketches
 }
 
 // Duplicates returns the number of events skipped because the key had
@@ -213,11 +173,8 @@ func (p *Pipeline) ApplyEvent(s *State, ev *Event, nowMs int64) Verdict {
 		}
 		s.ids.add(ev.ID, p.idAt(s.now), p.bucketWidth())
 	}
-	if len(s.aggs) < len(p.aggs) {
-		s.aggs = append(s.aggs, make([]aggState, len(p.aggs)-len(s.aggs))...)
-	}
-	for i := range p.aggs {
-		s.aggs[i].add(p.aggs[i].op, &ev.contrib[i])
+	for i := range p.ops {
+		s.aggs.add(p.ops, i, &ev.contrib[i])
 	}
 	s.seq++
 	if p.Timed() {
@@ -258,81 +215,6 @@ const IndexBucketMs = 60_000
 // IndexBucket is the bucket of the store's id index an id applied at at
 // (Unix ms) is stored under.
 func IndexBucket(at int64) int64 { return at / IndexBucketMs }
-
-// add folds one contribution into the aggregate.
-func (a *aggState) add(op Op, c *contribution) {
-	if !c.ok {
-		return
-	}
-	switch op {
-	case OpSum:
-		a.num += c.num
-	case OpMin:
-		if a.count == 0 || c.num < a.num {
-			a.num = c.num
-		}
-	case OpMax:
-		if a.count == 0 || c.num > a.num {
-			a.num = c.num
-		}
-	case OpLast:
-		a.last = c.val
-	case OpDistinct:
-		if sk := a.sketch(); sk.hll == nil {
-			sk.hll = hyperloglog.New14()
-		}
-		a.hll.Insert(c.val)
-	case OpQuantiles:
-		if sk := a.sketch(); sk.dd == nil {
-			sk.dd = newDDSketch()
-		}
-		if a.dd.Add(c.num) != nil {
-			return // outside the sketch's range (beyond ±1e300): not counted
-		}
-	}
-	a.count++
-}
-
-// merge folds b into a (sessions merging); for last, b's value wins if
-// newer.
-func (a *aggState) merge(op Op, b *aggState, newer bool) {
-	if b.count == 0 {
-		return
-	}
-	switch op {
-	case OpSum:
-		a.num += b.num
-	case OpMin:
-		if a.count == 0 || b.num < a.num {
-			a.num = b.num
-		}
-	case OpMax:
-		if a.count == 0 || b.num > a.num {
-			a.num = b.num
-		}
-	case OpLast:
-		if newer || a.count == 0 {
-			a.last = b.last
-		}
-	case OpDistinct:
-		if b.hllSketch() == nil {
-			break // nothing to merge
-		}
-		if sk := a.sketch(); sk.hll == nil {
-			sk.hll = hyperloglog.New14()
-		}
-		_ = a.hll.Merge(b.hll) // same precision: cannot fail
-	case OpQuantiles:
-		if b.ddSketch() == nil {
-			break // nothing to merge
-		}
-		if sk := a.sketch(); sk.dd == nil {
-			sk.dd = newDDSketch()
-		}
-		_ = a.dd.MergeWith(b.dd) // same mapping: cannot fail
-	}
-	a.count += b.count
-}
 
 // expireIDs forgets ids applied longer than the dedup window ago.
 func (p *Pipeline) expireIDs(s *State) {
@@ -376,42 +258,40 @@ func (p *Pipeline) bucketWidth() int64 {
 func (p *Pipeline) Aggregates(s *State) map[string]any {
 	out := make(map[string]any, len(p.aggs))
 	for i, agg := range p.aggs {
-		var a aggState
-		if i < len(s.aggs) {
-			a = s.aggs[i]
-		}
-		out[agg.name] = aggValue(agg.op, &a)
+		out[agg.name] = aggValue(p.ops, &s.aggs, i)
 	}
 	return out
 }
 
-// aggValue is the value of one aggregate, as Aggregates describes it.
-func aggValue(op Op, a *aggState) any {
-	switch op {
+// aggValue is the value of aggregate i of a set of ops, as Aggregates
+// describes it.
+func aggValue(ops []Op, a *aggSet, i int) any {
+	switch ops[i] {
 	case OpCount:
-		return a.count
+		return a.count(i)
 	case OpSum:
-		if math.IsInf(a.num, 0) || math.IsNaN(a.num) {
+		if n := a.num(i); math.IsInf(n, 0) || math.IsNaN(n) {
 			return Overflow
+		} else {
+			return n
 		}
-		return a.num
 	case OpMin, OpMax:
-		if a.count == 0 {
+		if a.count(i) == 0 {
 			return nil
 		}
-		return a.num // a value of an event: finite
+		return a.num(i) // a value of an event: finite
 	case OpLast:
-		if a.last == nil {
-			return nil
+		if v := a.last(i); v != nil {
+			return json.RawMessage(v)
 		}
-		return json.RawMessage(a.last)
+		return nil
 	case OpDistinct:
-		if a.hllSketch() == nil {
-			return uint64(0)
+		if h := a.hllSketch(i); h != nil {
+			return h.Estimate()
 		}
-		return a.hll.Estimate()
+		return uint64(0)
 	case OpQuantiles:
-		return quantileView(a)
+		return quantileView(a.ddSketch(i))
 	}
 	return nil
 }
@@ -462,7 +342,7 @@ func Erase(s *State) {
 		ts = &timeState{wm: old.wm, out: old.out}
 		for _, x := range old.wins {
 			if x.emitted > 0 && x.end <= old.wm {
-				ts.wins = append(ts.wins, win{spec: x.spec, start: x.start, end: x.end, emitted: x.emitted, aggs: make([]aggState, len(x.aggs)), superseded: x.superseded})
+				ts.wins = append(ts.wins, win{spec: x.spec, start: x.start, end: x.end, emitted: x.emitted, superseded: x.superseded})
 			}
 		}
 	}

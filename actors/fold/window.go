@@ -61,6 +61,7 @@ type window struct {
 	kind             windowKind
 	size, slide, gap int64 // ms
 	aggs             []int // indices into Pipeline.aggs
+	ops              []Op  // theirs (a window's aggSet is parallel to them)
 }
 
 // compileTime validates the event-time settings and the windows.
@@ -111,6 +112,7 @@ func (p *Pipeline) compileTime(spec Spec, bad func(entry, format string, args ..
 		if ws.Aggregates == nil {
 			for i := range p.aggs {
 				w.aggs = append(w.aggs, i)
+				w.ops = append(w.ops, p.aggs[i].op)
 			}
 		}
 		seen := map[string]bool{}
@@ -123,6 +125,7 @@ func (p *Pipeline) compileTime(spec Spec, bad func(entry, format string, args ..
 				bad(entry, "aggregate %q is listed twice", a)
 			default:
 				w.aggs = append(w.aggs, i)
+				w.ops = append(w.ops, p.aggs[i].op)
 			}
 			seen[a] = true
 		}
@@ -290,7 +293,7 @@ type win struct {
 	emitted    uint32 // results emitted; the next one's revision
 	count      uint64
 	lastSeq    uint64
-	aggs       []aggState // parallel to the spec's aggs
+	aggs       aggSet // parallel to the spec's aggs (window.ops)
 	// superseded are the last results of the sessions this one grew from,
 	// when they are not just its own previous revision (see shown).
 	superseded []resultRef
@@ -336,7 +339,7 @@ func (p *Pipeline) assign(s *State, ev *Event, t int64) bool {
 				s.lateFor(wi, len(p.windows))
 				break // this window and the earlier ones are gone
 			}
-			i := s.window(wi, start, end, len(w.aggs))
+			i := s.window(wi, start, end)
 			p.addTo(s, i, ev)
 			joined = true
 			if end <= s.wm { // complete already: a late update
@@ -406,7 +409,7 @@ func (p *Pipeline) joinSession(s *State, wi int, ev *Event, t int64) bool {
 	}
 	var i int
 	if len(merge) == 0 {
-		i = s.window(wi, start, end, len(p.windows[wi].aggs))
+		i = s.window(wi, start, end)
 	} else {
 		// The results shown so far of the sessions it grows from: the next
 		// result, under the new bounds' id, supersedes them all.
@@ -446,20 +449,21 @@ func (s *State) specRange(wi int) (lo, hi int) {
 }
 
 // window returns the index of the key's window (wi, start), adding it.
-func (s *State) window(wi int, start, end int64, naggs int) int {
+func (s *State) window(wi int, start, end int64) int {
 	i, found := slices.BinarySearchFunc(s.wins, win{spec: wi, start: start}, func(x, y win) int {
 		return cmp.Or(cmp.Compare(x.spec, y.spec), cmp.Compare(x.start, y.start))
 	})
 	if !found {
-		s.wins = slices.Insert(s.wins, i, win{spec: wi, start: start, end: end, aggs: make([]aggState, naggs)})
+		s.wins = slices.Insert(s.wins, i, win{spec: wi, start: start, end: end})
 	}
 	return i
 }
 
 func (p *Pipeline) addTo(s *State, i int, ev *Event) {
 	x := &s.wins[i]
-	for j, ai := range p.windows[x.spec].aggs {
-		x.aggs[j].add(p.aggs[ai].op, &ev.contrib[ai])
+	w := &p.windows[x.spec]
+	for j, ai := range w.aggs {
+		x.aggs.add(w.ops, j, &ev.contrib[ai])
 	}
 	x.count++
 	x.lastSeq = s.seq
@@ -467,8 +471,9 @@ func (p *Pipeline) addTo(s *State, i int, ev *Event) {
 
 // mergeWindows folds session src into dst.
 func (p *Pipeline) mergeWindows(dst, src *win) {
-	for j, ai := range p.windows[dst.spec].aggs {
-		dst.aggs[j].merge(p.aggs[ai].op, &src.aggs[j], src.lastSeq > dst.lastSeq)
+	ops := p.windows[dst.spec].ops
+	for j := range ops {
+		dst.aggs.merge(ops, j, &src.aggs, src.lastSeq > dst.lastSeq)
 	}
 	dst.count += src.count
 	dst.emitted = max(dst.emitted, src.emitted)
@@ -514,7 +519,7 @@ func OutputID(pipeline, key, name string, start, end int64, revision uint32) str
 func (p *Pipeline) windowValues(w *window, x *win) map[string]any {
 	values := make(map[string]any, len(w.aggs))
 	for j, ai := range w.aggs {
-		values[p.aggs[ai].name] = aggValue(p.aggs[ai].op, &x.aggs[j])
+		values[p.aggs[ai].name] = aggValue(w.ops, &x.aggs, j)
 	}
 	return values
 }
@@ -657,7 +662,7 @@ func (p *Pipeline) windowsProto(s *State) ([]*keyfoldv1.WindowState, error) {
 			ws.Superseded = append(ws.Superseded, &keyfoldv1.ResultRef{StartMs: r.start, EndMs: r.end, Revision: r.revision})
 		}
 		for j, ai := range w.aggs {
-			as, err := aggProto(&p.aggs[ai], &x.aggs[j])
+			as, err := aggProto(&p.aggs[ai], w.ops, &x.aggs, j)
 			if err != nil {
 				return nil, fmt.Errorf("fold: window %q: %w", w.name, err)
 			}
@@ -688,12 +693,12 @@ func (p *Pipeline) restoreWindows(s *State, stored []*keyfoldv1.WindowState) err
 		if w.kind != session && (ws.EndMs-ws.StartMs != w.size || ws.StartMs%w.slide != 0) {
 			continue // its size or slide changed: a window of the old shape cannot take events
 		}
-		x := win{spec: wi, start: ws.StartMs, end: ws.EndMs, emitted: ws.Emitted, count: ws.Count, lastSeq: ws.LastSeq, aggs: make([]aggState, len(w.aggs))}
+		x := win{spec: wi, start: ws.StartMs, end: ws.EndMs, emitted: ws.Emitted, count: ws.Count, lastSeq: ws.LastSeq, aggs: makeAggSet(len(w.ops), 0)}
 		for _, r := range ws.Superseded {
 			x.superseded = append(x.superseded, resultRef{r.StartMs, r.EndMs, r.Revision})
 		}
 		for j, ai := range w.aggs {
-			if err := restoreAgg(&p.aggs[ai], ws.Aggregates, &x.aggs[j]); err != nil {
+			if err := restoreAgg(&p.aggs[ai], ws.Aggregates, w.ops, &x.aggs, j); err != nil {
 				return fmt.Errorf("fold: window %q: %w", w.name, err)
 			}
 		}
