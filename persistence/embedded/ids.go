@@ -14,6 +14,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/keyfold/keyfold/persistence"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // The id index (persistence.CheckpointData.IDs, Store.LookupIDs) lives in a
@@ -697,6 +698,19 @@ func appendPendingIDs(dst []byte, gen uint64, ids []persistence.StoredID) []byte
 		dst = binary.AppendVarint(dst, id.Expires)
 	}
 	return dst
+}
+
+// pendingIDsSize is the length of appendPendingIDs's form.
+func pendingIDsSize(gen uint64, ids []persistence.StoredID) int {
+	n := protowire.SizeVarint(gen) + protowire.SizeVarint(uint64(len(ids)))
+	for _, id := range ids {
+		n += protowire.SizeVarint(uint64(id.Bucket)) +
+			protowire.SizeVarint(uint64(len(id.Key))) + len(id.Key) +
+			protowire.SizeVarint(uint64(len(id.ID))) + len(id.ID) +
+			protowire.SizeVarint(protowire.EncodeZigZag(id.At)) +
+			protowire.SizeVarint(protowire.EncodeZigZag(id.Expires))
+	}
+	return n
 }
 
 var errPendingIDs = errors.New("malformed pending ids")

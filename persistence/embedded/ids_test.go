@@ -309,7 +309,8 @@ func TestIDDrops(t *testing.T) {
 
 // FuzzDecodePendingIDs: whatever the bytes, decoding does not panic, and
 // what it accepts encodes to bytes that decode to the same (the encoding
-// is minimal, the decoding accepts longer varints).
+// is minimal, the decoding accepts longer varints), of the length
+// pendingIDsSize says (the checkpoint writes them in place).
 func FuzzDecodePendingIDs(f *testing.F) {
 	f.Add(appendPendingIDs(nil, 3, []persistence.StoredID{{Bucket: 1, Key: "k", ID: "a", At: idT0, Expires: idT0 + 1}}))
 	f.Add(appendPendingIDs(nil, 0, nil))
@@ -320,6 +321,9 @@ func FuzzDecodePendingIDs(f *testing.F) {
 			return
 		}
 		again := appendPendingIDs(nil, drop, ids)
+		if n := pendingIDsSize(drop, ids); n != len(again) {
+			t.Fatalf("%d %v: sized %d bytes, encoded in %d", drop, ids, n, len(again))
+		}
 		drop2, ids2, err := decodePendingIDs(again)
 		if err != nil || drop2 != drop || !slices.Equal(ids2, ids) {
 			t.Fatalf("decoded %d %v from %x, which encodes to %x, decoded as %d %v, %v", drop, ids, b, again, drop2, ids2, err)

@@ -717,7 +717,16 @@ func (s *Store) checkpoint(id uint32, epoch persistence.Epoch, d persistence.Che
 		}
 	}
 	if len(d.IDs) > 0 {
-		if err := b.Set(pendingIDsKey(id), appendPendingIDs(nil, plan.drops.gen, d.IDs), nil); err != nil {
+		// Written in the batch's own bytes: built apart and copied, the
+		// pending ids of a checkpoint at a million keys were 8% of the
+		// bytes the node allocated (BENCHMARKS.md, session 58).
+		key := pendingIDsKey(id)
+		op := b.SetDeferred(len(key), pendingIDsSize(plan.drops.gen, d.IDs))
+		copy(op.Key, key)
+		if v := appendPendingIDs(op.Value[:0:len(op.Value)], plan.drops.gen, d.IDs); len(v) != len(op.Value) || &v[0] != &op.Value[0] {
+			panic(fmt.Sprintf("embedded: pending ids took %d bytes, sized %d", len(v), len(op.Value)))
+		}
+		if err := op.Finish(); err != nil {
 			return fmt.Errorf("embedded: checkpoint group %d: ids: %w", id, err)
 		}
 	}
