@@ -137,7 +137,7 @@ func CheckRegistry(h *Host) error {
 	for i, l := range []*lru{&h.lru, &h.resident.clean, &h.resident.dirty, &h.resident.pinned} {
 		n := 0
 		for g := l.front(); g != nil; g = h.grains.next(g) {
-			if h.keys[g.id] != g {
+			if h.keys.get(g.id) != g {
 				return fmt.Errorf("key %s/%s is in memory (tier %d) as a grain the registry does not hold", g.id.pipeline, g.id.key, g.tier)
 			}
 			if i == 0 && g.tier != tierActive || i > 0 && (g.tier != tierParked || h.resident.list(g) != l) {
@@ -215,7 +215,7 @@ func IsPacked(data []byte) bool { return isPacked(data) }
 // the grain the key has in memory now was collected (nil if it has none).
 func WatchGrain(h *Host, pipeline, key string) func() bool {
 	h.mu.Lock()
-	g := h.keys[keyID{pipeline, key}]
+	g := h.keys.get(keyID{pipeline, key})
 	h.mu.Unlock()
 	if g == nil {
 		return nil

@@ -53,8 +53,8 @@ type Host struct {
 	// bookkeeping. Messages to grains are sent while holding it, so a grain
 	// is never passivated between being looked up and being sent to.
 	mu   sync.Mutex
-	keys map[keyID]*grain // every key in memory (registry.go)
-	lru  lru              // the active keys by last use
+	keys grainIndex // every key in memory (registry.go, keyindex.go)
+	lru  lru        // the active keys by last use
 	// grains are the keys in the lists (lru.go): the active ones and the
 	// resident tier's.
 	grains grainTable
@@ -248,7 +248,7 @@ func New(cfg Config) (*Host, error) {
 		store:         cfg.Store,
 		log:           cfg.Logger,
 		queue:         make(chan *ingestReq, 1024),
-		keys:          make(map[keyID]*grain),
+		keys:          newGrainIndex(),
 		maxShells:     maxPooledShells,
 		groups:        make([]groupState, cfg.Groups),
 		checkpointing: make([]sync.Mutex, cfg.Groups),
@@ -411,7 +411,7 @@ func (h *Host) stopAll() {
 	for g := range h.groups {
 		h.dropParkedLocked(uint32(g))
 	}
-	clear(h.keys) // (the stopping ones)
+	h.keys.clear() // (the stopping ones)
 	h.cache.reset()
 	h.mu.Unlock()
 	h.system.Shutdown()
@@ -729,7 +729,7 @@ func (h *Host) sendLoadedLocked(id keyID, group uint32, msg any, l *loaded) *gra
 // be held.
 func (h *Host) activateLocked(id keyID, group uint32, msg any, l *loaded) *grain {
 	g := h.newGrainLocked(id, group, l)
-	h.keys[g.id] = g // (g.id: its key's bytes are the grain's)
+	h.keys.put(g)
 	h.entered++
 	h.spawnLocked(g)
 	g.sh.send(msg)

@@ -4,8 +4,8 @@ import "github.com/keyfold/keyfold/persistence"
 
 // The registry of keys in memory.
 //
-// Every key in memory has one grain, found by the key's name in one map
-// (Host.keys), and the grain says where the key is: active (it has an actor,
+// Every key in memory has one grain, found by the key's name in one index
+// (Host.keys, keyindex.go), and the grain says where the key is: active (it has an actor,
 // and is in the order of use that passivation walks), stopping (its actor
 // was told to passivate it and has not yet reached that message), or parked
 // in the resident tier (resident.go). What the host keeps per group of its
@@ -39,7 +39,7 @@ const (
 // lookupLocked returns the key's grain if it is in memory, in its group's
 // current incarnation; nil if not. h.mu must be held.
 func (h *Host) lookupLocked(id keyID, group uint32) *grain {
-	g := h.keys[id]
+	g := h.keys.get(id)
 	if g == nil || g.epoch != h.groups[group].epoch {
 		return nil
 	}
@@ -49,11 +49,8 @@ func (h *Host) lookupLocked(id keyID, group uint32) *grain {
 // forgetLocked takes a grain out of the registry, if it is still the key's
 // there (an active or parked one always is). h.mu must be held.
 func (h *Host) forgetLocked(g *grain) {
-	switch {
-	case g.tier == tierActive || g.tier == tierParked:
-		delete(h.keys, g.id)
-	case g.tier == tierStopping && h.keys[g.id] == g:
-		delete(h.keys, g.id)
+	if g.tier != tierGone {
+		h.keys.remove(g)
 	}
 	g.tier = tierGone
 }

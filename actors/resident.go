@@ -74,7 +74,7 @@ var errDropped = errors.New("actors: the key's group was dropped")
 
 // grainBytes is what a parked key costs beyond its state and its key's
 // bytes outside the grain (keyHeapBytes): the grain, and its entries in
-// the registry's map, its group's slice and the lists' table (lru.go).
+// the registry's index (keyindex.go), its group's slice and the lists' table (lru.go).
 var grainBytes = int(unsafe.Sizeof(grain{})) + 64 + tableBytes
 
 // keyHeapBytes is what the key's bytes take outside the grain: nothing if
