@@ -179,13 +179,27 @@ func (a *aggSet) sketch(n, i int) *sketches {
 	return &(*a.sk)[i]
 }
 
+// newAggBytes allocates the bytes of an empty set of ops, with room for
+// short last values (a country, a status) so that the first does not
+// allocate again.
+func newAggBytes(ops []Op) []byte {
+	n := len(ops) * aggSlot
+	room := 0
+	for _, op := range ops {
+		if op == OpLast {
+			room += 8
+		}
+	}
+	return make([]byte, n, n+room)
+}
+
 // add folds one contribution into aggregate i.
 func (a *aggSet) add(ops []Op, i int, c *contribution) {
 	if !c.ok {
 		return
 	}
 	if a.b == nil {
-		a.b = make([]byte, len(ops)*aggSlot)
+		a.b = newAggBytes(ops)
 	}
 	count := a.count(i)
 	switch op := ops[i]; op {
@@ -225,7 +239,7 @@ func (a *aggSet) merge(ops []Op, i int, b *aggSet, newer bool) {
 		return
 	}
 	if a.b == nil {
-		a.b = make([]byte, len(ops)*aggSlot)
+		a.b = newAggBytes(ops)
 	}
 	count := a.count(i)
 	switch ops[i] {
