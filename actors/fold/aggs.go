@@ -96,7 +96,9 @@ func (a *aggSet) setLastRef(i, off, n int) {
 }
 
 // last returns last aggregate i's value (JSON), nil if it has none. It is
-// the set's own bytes: valid until the set changes.
+// the set's own bytes, which it changes in place: valid until the set
+// changes, so what leaves the key's actor (a query's answer, a message)
+// takes a copy.
 func (a *aggSet) last(i int) []byte {
 	off, n := a.lastRef(i)
 	if n == 0 {

@@ -2,6 +2,7 @@ package fold
 
 import (
 	"bytes"
+	"encoding/json"
 	"math/rand/v2"
 	"strconv"
 	"testing"
@@ -129,4 +130,40 @@ func equalAny(a, b []any) bool {
 		}
 	}
 	return true
+}
+
+// TestLastValueAnswersAreCopies: what a query or a state's message holds
+// of a last value stays as it was when the key applies more events (the
+// set changes its bytes in place, and an answer is read after the key's
+// actor moved on).
+func TestLastValueAnswersAreCopies(t *testing.T) {
+	p, err := Compile("p", Spec{Key: "k", Aggregates: map[string]AggregateSpec{"country": {Op: "last", Field: "c"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s State
+	apply := func(raw string) {
+		t.Helper()
+		ev, err := p.Prepare([]byte(raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Apply(&s, ev, 1)
+	}
+	apply(`{"k":"a","c":"DE"}`)
+	answer := p.Aggregates(&s)["country"]
+	ks, err := p.StateProto(&s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply(`{"k":"a","c":"FR"}`) // the same length: set in place
+	if got := string(answer.(json.RawMessage)); got != `"DE"` {
+		t.Errorf("the answer read before the second event says %s", got)
+	}
+	if got := string(ks.Aggregates[0].LastJson); got != `"DE"` {
+		t.Errorf("the message built before the second event says %s", got)
+	}
+	if got := string(p.Aggregates(&s)["country"].(json.RawMessage)); got != `"FR"` {
+		t.Errorf("the key says %s, want \"FR\"", got)
+	}
 }

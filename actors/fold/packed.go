@@ -168,10 +168,9 @@ func (p *Pipeline) unpackState(data []byte, byCopy bool) (State, error) {
 	}
 	// The state's variable parts take two allocations, whatever their
 	// number: the aggregates with their last values (aggSet), the ids'
-	// log. Every
-	// object a key holds is one more for each GC cycle to walk, and at a
-	// million keys that walk is what an event costs most beyond ten
-	// thousand keys (BENCHMARKS.md, session 15). (data is not kept: it is
+	// log. Every object a key holds is one more for each GC cycle to
+	// walk, and at a million keys that walk is what an event costs most
+	// beyond ten thousand keys (BENCHMARKS.md, sessions 15 and 57). (data is not kept: it is
 	// the snapshot cache's copy, and holds the ids' bytes once more.)
 	r := packedReader{b: data[1:]}
 	s := State{seq: r.uvarint(), dups: r.uvarint(), now: r.varint(), version: RestoredVersion}

@@ -1,6 +1,7 @@
 package fold
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -108,7 +109,7 @@ func aggProto(agg *aggregate, ops []Op, a *aggSet, i int) (*keyfoldv1.AggregateS
 	if err != nil {
 		return nil, fmt.Errorf("fold: encode aggregate %q: %w", agg.name, err)
 	}
-	return &keyfoldv1.AggregateState{Name: agg.name, Op: agg.op.String(), Count: count, Number: a.numOf(ops[i], i), LastJson: a.lastOf(ops[i], i), Sketch: sk}, nil
+	return &keyfoldv1.AggregateState{Name: agg.name, Op: agg.op.String(), Count: count, Number: a.numOf(ops[i], i), LastJson: bytes.Clone(a.lastOf(ops[i], i)), Sketch: sk}, nil // (the set changes its bytes in place)
 }
 
 // restoreAgg finds the state of agg, aggregate i of a set of ops

@@ -1,6 +1,7 @@
 package fold
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -282,7 +283,9 @@ func aggValue(ops []Op, a *aggSet, i int) any {
 		return a.num(i) // a value of an event: finite
 	case OpLast:
 		if v := a.last(i); v != nil {
-			return json.RawMessage(v)
+			// A copy: the set changes its bytes in place, and a query's
+			// answer is read after the key applies more events.
+			return json.RawMessage(bytes.Clone(v))
 		}
 		return nil
 	case OpDistinct:
