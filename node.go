@@ -448,6 +448,9 @@ func (n *Node) Close() error {
 // *BatchError (errors.Is ErrInvalidEvent) and nothing is applied. In a
 // cluster, each owner logs its keys' share; the call returns when all are
 // durable.
+//
+// The batch is logged and applied from the events' bytes, which the node
+// keeps, maybe after ctx ends: do not change them after the call.
 func (n *Node) Ingest(ctx context.Context, pipeline string, events []json.RawMessage) (IngestResult, error) {
 	raws := make([][]byte, len(events))
 	for i, e := range events {
@@ -465,7 +468,8 @@ func (n *Node) Ingest(ctx context.Context, pipeline string, events []json.RawMes
 // applied in that order (in a cluster: those of one key; a share routed
 // again while its group moves may come after a later batch). Wait for the
 // outcome with the returned PendingIngest (this is how the gRPC stream
-// keeps a stream's batches in order while several are in flight).
+// keeps a stream's batches in order while several are in flight). As with
+// Ingest, the node keeps the events' bytes: do not change them.
 func (n *Node) SubmitIngest(ctx context.Context, pipeline string, events [][]byte) (PendingIngest, error) {
 	r, err := n.route(pipeline)
 	if err != nil {

@@ -450,7 +450,8 @@ type Result struct {
 // whole batch with a *fold.BatchError, before anything is logged. Ingest
 // returns only after every event is in its group's log, synced, and applied.
 // If ctx ends first the events may still be applied; retrying events that
-// carry ids is safe.
+// carry ids is safe. The host keeps raws (it logs and applies the events
+// from them, maybe after ctx ends): the caller must not change them.
 func (h *Host) Ingest(ctx context.Context, pipeline string, raws [][]byte) (Result, error) {
 	p, err := h.Submit(ctx, pipeline, raws)
 	if err != nil {
