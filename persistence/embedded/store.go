@@ -724,7 +724,8 @@ func (s *Store) checkpoint(id uint32, epoch persistence.Epoch, d persistence.Che
 		op := b.SetDeferred(len(key), pendingIDsSize(plan.drops.gen, d.IDs))
 		copy(op.Key, key)
 		if v := appendPendingIDs(op.Value[:0:len(op.Value)], plan.drops.gen, d.IDs); len(v) != len(op.Value) || &v[0] != &op.Value[0] {
-			panic(fmt.Sprintf("embedded: pending ids took %d bytes, sized %d", len(v), len(op.Value)))
+			// (The batch is dropped: nothing of the checkpoint is written.)
+			return fmt.Errorf("embedded: checkpoint group %d: ids: %d bytes of pending ids, sized %d", id, len(v), len(op.Value))
 		}
 		if err := op.Finish(); err != nil {
 			return fmt.Errorf("embedded: checkpoint group %d: ids: %w", id, err)
