@@ -110,9 +110,6 @@ func (x *grainIndex) remove(g *grain) {
 	x.n--
 }
 
-// len returns the number of keys indexed.
-func (x *grainIndex) len() int { return x.n }
-
 // clear takes every grain out.
 func (x *grainIndex) clear() {
 	clear(x.slots)

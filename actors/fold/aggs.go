@@ -43,13 +43,12 @@ type sketches struct {
 
 // makeAggSet returns an empty set of n aggregates, allocated with room
 // for last values of extra bytes.
-func makeAggSet(n, extra int) aggSet {
-	if extra == 0 {
-		return aggSet{b: make([]byte, n*aggSlot)}
-	}
-	// Its capacity up to the size class (an append from nil rounds it).
-	return aggSet{b: append([]byte(nil), make([]byte, n*aggSlot+extra)...)[:n*aggSlot]}
-}
+func makeAggSet(n, extra int) aggSet { return aggSet{b: classBytes(n*aggSlot, n*aggSlot+extra)} }
+
+// classBytes returns n zero bytes with room for c at least: up to the
+// size class of c (an append from nil rounds it), not doubled as append
+// to a full slice would (a key's values rarely grow).
+func classBytes(n, c int) []byte { return append([]byte(nil), make([]byte, c)...)[:n] }
 
 // count returns aggregate i's count (0 for an empty set).
 func (a *aggSet) count(i int) uint64 {
@@ -139,10 +138,9 @@ func (a *aggSet) setLast(ops []Op, i int, v []byte) {
 		return
 	}
 	if need := len(a.b) + len(v); need > cap(a.b) {
-		// Grown to its size class, not doubled as append would: a key's
-		// values rarely grow.
-		b := append([]byte(nil), make([]byte, need)...)
-		a.b = b[:copy(b, a.b)]
+		b := classBytes(len(a.b), need)
+		copy(b, a.b)
+		a.b = b
 	}
 	a.setLastRef(i, len(a.b), len(v))
 	a.b = append(a.b, v...)
@@ -181,18 +179,16 @@ func (a *aggSet) sketch(n, i int) *sketches {
 	return &(*a.sk)[i]
 }
 
-// newAggBytes allocates the bytes of an empty set of ops, with room for
-// short last values (a country, a status) so that the first does not
-// allocate again.
-func newAggBytes(ops []Op) []byte {
-	n := len(ops) * aggSlot
+// allocate gives an empty set of ops its bytes, with room for short last
+// values (a country, a status) so that the first does not allocate again.
+func (a *aggSet) allocate(ops []Op) {
 	room := 0
 	for _, op := range ops {
 		if op == OpLast {
 			room += 8
 		}
 	}
-	return make([]byte, n, n+room)
+	a.b = makeAggSet(len(ops), room).b
 }
 
 // add folds one contribution into aggregate i.
@@ -201,7 +197,7 @@ func (a *aggSet) add(ops []Op, i int, c *contribution) {
 		return
 	}
 	if a.b == nil {
-		a.b = newAggBytes(ops)
+		a.allocate(ops)
 	}
 	count := a.count(i)
 	switch op := ops[i]; op {
@@ -241,7 +237,7 @@ func (a *aggSet) merge(ops []Op, i int, b *aggSet, newer bool) {
 		return
 	}
 	if a.b == nil {
-		a.b = newAggBytes(ops)
+		a.allocate(ops)
 	}
 	count := a.count(i)
 	switch ops[i] {

@@ -51,6 +51,17 @@ func (p *Pipeline) StateProto(s *State) (*keyfoldv1.KeyState, error) {
 		return nil, err
 	}
 	ks.Seen = seenProto(&s.ids, int(s.ids.indexed))
+	// The caller keeps the message, and the aggregates' sets change their
+	// last values in place: it holds copies. (A snapshot's message is
+	// marshalled in the key's actor, as it is built: no copy.)
+	for _, as := range ks.Aggregates {
+		as.LastJson = bytes.Clone(as.LastJson)
+	}
+	for _, ws := range ks.Windows {
+		for _, as := range ws.Aggregates {
+			as.LastJson = bytes.Clone(as.LastJson)
+		}
+	}
 	return ks, nil
 }
 
@@ -109,7 +120,7 @@ func aggProto(agg *aggregate, ops []Op, a *aggSet, i int) (*keyfoldv1.AggregateS
 	if err != nil {
 		return nil, fmt.Errorf("fold: encode aggregate %q: %w", agg.name, err)
 	}
-	return &keyfoldv1.AggregateState{Name: agg.name, Op: agg.op.String(), Count: count, Number: a.numOf(ops[i], i), LastJson: bytes.Clone(a.lastOf(ops[i], i)), Sketch: sk}, nil // (the set changes its bytes in place)
+	return &keyfoldv1.AggregateState{Name: agg.name, Op: agg.op.String(), Count: count, Number: a.numOf(ops[i], i), LastJson: a.lastOf(ops[i], i), Sketch: sk}, nil
 }
 
 // restoreAgg finds the state of agg, aggregate i of a set of ops

@@ -271,11 +271,11 @@ func aggValue(ops []Op, a *aggSet, i int) any {
 	case OpCount:
 		return a.count(i)
 	case OpSum:
-		if n := a.num(i); math.IsInf(n, 0) || math.IsNaN(n) {
+		n := a.num(i)
+		if math.IsInf(n, 0) || math.IsNaN(n) {
 			return Overflow
-		} else {
-			return n
 		}
+		return n
 	case OpMin, OpMax:
 		if a.count(i) == 0 {
 			return nil
